@@ -1,0 +1,55 @@
+//! Names that must match exactly across the operator, its manifests, its
+//! users' tooling and the backends (operator.md §0.3).
+
+/// API group of both custom resources.
+pub const GROUP: &str = "crawl.example.com";
+/// API version of both custom resources.
+pub const VERSION: &str = "v1alpha1";
+/// Project, binary, OpenTelemetry service name and managed-by value.
+pub const OPERATOR_NAME: &str = "egress-proxies-operator";
+/// Namespace the manifests install into.
+pub const INSTALL_NAMESPACE: &str = "egress-proxies-operator-system";
+
+/// Finalizer on managed Proxies: holds the object until its instance is gone.
+pub const FINALIZER: &str = "crawl.example.com/finalizer";
+/// Annotation holding the hash of the spec the instance was built from.
+pub const SPEC_HASH_ANNOTATION: &str = "crawl.example.com/spec-hash";
+/// Annotation that lets deletion drop the finalizer without cleanup;
+/// honoured only when its value is exactly `"true"`.
+pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+/// Label a Secret must carry before the operator reads cloud-init from it.
+pub const CLOUD_INIT_SECRET_LABEL: &str = "crawl.example.com/cloud-init";
+/// Standard ownership label on objects the operator creates.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// Backend-side mark: every instance the operator creates carries
+/// `proxy-operator-managed=true`.
+pub const MANAGED_MARK: &str = "proxy-operator-managed";
+/// The only value of [`MANAGED_MARK`] that counts as managed.
+pub const MANAGED_MARK_VALUE: &str = "true";
+/// Backend-side mark holding the owning Proxy's UID.
+pub const UID_MARK: &str = "proxy-operator-uid";
+/// Backend-side mark holding the installation identity, so GC can tell this
+/// installation's instances from another cluster's.
+pub const INSTALLATION_MARK: &str = "proxy-operator-installation";
+
+/// Name of the Lease used for leader election.
+pub const LEADER_ELECTION_ID: &str = "egress-proxies-operator.crawl.example.com";
+
+/// `true` only for the exact annotation value `"true"`.
+pub fn is_true_annotation(value: Option<&str>) -> bool {
+    value == Some("true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skip_cleanup_needs_exactly_true() {
+        assert!(is_true_annotation(Some("true")));
+        for v in [None, Some(""), Some("True"), Some("yes"), Some("1"), Some(" true")] {
+            assert!(!is_true_annotation(v), "{v:?}");
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The two custom resources (`Proxy`, `ProviderHealth`), their conditions
+//! and the names the operator shares with users and backends.
+
+pub mod condition;
+pub mod crd;
+pub mod constants;
+pub mod provider_health;
+pub mod proxy;
+
+pub use condition::{Condition, ConditionStatus};
+pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
+pub use proxy::{
+    CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,
+    ProxyStatus, SecretKeyRef,
+};

@@ -1,0 +1,302 @@
+//! The `Proxy` custom resource: one forward proxy that crawlers lease.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::condition::Condition;
+
+/// Desired state of a forward proxy. Managed Proxies are provisioned by the
+/// named provider; External Proxies already exist at `endpoint` and are only
+/// health-checked and advertised.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "crawl.example.com",
+    version = "v1alpha1",
+    kind = "Proxy",
+    doc = "A forward proxy with its own egress IP, provisioned by a provider (Managed) or already running elsewhere (External), health-checked and leased to crawlers by the operator.",
+    plural = "proxies",
+    singular = "proxy",
+    shortname = "px",
+    namespaced,
+    status = "ProxyStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "IP", type_ = "string", json_path = ".status.ip"),
+    printcolumn(
+        name = "Healthy",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Healthy\")].status"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(
+    validation = Rule::new("self.mode != 'External' || has(self.endpoint)")
+        .message("spec.endpoint is required when spec.mode is External")
+        .reason(Reason::FieldValueRequired)
+        .field_path(".endpoint"),
+    validation = Rule::new("self.mode != 'Managed' || (has(self.provider) && size(self.provider) > 0)")
+        .message("spec.provider is required when spec.mode is Managed")
+        .reason(Reason::FieldValueRequired)
+        .field_path(".provider"),
+    validation = Rule::new("self.mode != 'Managed' || has(self.port)")
+        .message("spec.port is required when spec.mode is Managed")
+        .reason(Reason::FieldValueRequired)
+        .field_path(".port")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    /// Managed: the operator provisions an instance through `provider`.
+    /// External: the proxy already runs at `endpoint`; the operator only
+    /// checks and advertises it. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.mode is immutable"))]
+    pub mode: ProxyMode,
+
+    /// Name of an entry in the operator's providers config (its `name`,
+    /// never its `type`), e.g. `kubernetes` or `gcp-eu`. Required for
+    /// Managed Proxies. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.provider is immutable"))]
+    pub provider: Option<String>,
+
+    /// Provider-agnostic placement hints. Each provider rejects what it
+    /// cannot satisfy, naming the field and value in the Proxy's status.
+    /// Changing any of them replaces the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+
+    /// TCP port the proxy listens on. Clients and health probes connect to
+    /// `http://<status.ip>:<port>`. Required for Managed Proxies; changing it
+    /// replaces the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+
+    /// User-data handed to the instance (cloud-config, script, MIME, ...).
+    /// Exactly one of `inline` or `secretRef`. The resolved text is part of
+    /// the spec hash: changing it, or the referenced Secret's content,
+    /// replaces the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+
+    /// Free-form key/values advertised by the discovery API and usable as
+    /// lease filters (e.g. `geo: home`). Changing them never replaces the
+    /// instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+
+    /// Where an External proxy listens. Required when `mode` is External.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+
+    /// Per-proxy probe settings; unset fields take the operator's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+}
+
+/// How the proxy comes to exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ProxyMode {
+    /// The operator provisions and replaces an instance through a provider.
+    #[default]
+    Managed,
+    /// The proxy exists outside the operator at `spec.endpoint`.
+    External,
+}
+
+/// Provider-agnostic placement hints; each provider documents which it uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Region, e.g. `europe-west1` (gcp ignores it; kvm ignores it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// Zone: a GCP zone such as `europe-west1-b`, or a kvm host name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+    /// Machine type: a GCE machine type, or a key of the kvm provider's
+    /// `machineTypes` catalogue.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine_type: String,
+    /// Image: a GCE image path, or a key of the kvm provider's `images`
+    /// catalogue (or an http(s) URL).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+}
+
+/// Cloud-init user-data: exactly one of `inline` or `secretRef`.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[x_kube(
+    validation = Rule::new("has(self.inline) != has(self.secretRef)")
+        .message("exactly one of cloudInit.inline or cloudInit.secretRef must be set")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInit {
+    /// The user-data document itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
+    /// A Secret in the Proxy's namespace holding the user-data. The Secret
+    /// must carry the label `crawl.example.com/cloud-init: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the Proxy's own namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret's data; defaults to `user-data`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key: Option<String>,
+}
+
+impl SecretKeyRef {
+    /// Key used when `key` is unset.
+    pub const DEFAULT_KEY: &'static str = "user-data";
+
+    /// The key to read, with the default applied.
+    pub fn key_or_default(&self) -> &str {
+        self.key.as_deref().unwrap_or(Self::DEFAULT_KEY)
+    }
+}
+
+/// Address of an External proxy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// Host name or IP address the proxy listens on.
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// TCP port the proxy listens on.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// Per-proxy probe settings. Every field is optional; an unset field takes
+/// the operator-wide default (see docs/api-reference.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckSpec {
+    /// URL fetched through the proxy: `https://` is reached with a CONNECT
+    /// tunnel and TLS, `http://` with a forward request. Default:
+    /// `--default-probe-url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    #[schemars(regex(pattern = r"^[hH][tT][tT][pP][sS]?://"))]
+    pub url: Option<String>,
+    /// HTTP status the target must answer with. Default: the operator's
+    /// expected status (204 for the default URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 599))]
+    pub expected_status: Option<i32>,
+    /// Seconds between probes. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub interval_seconds: Option<i32>,
+    /// Seconds one probe may take. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60))]
+    pub timeout_seconds: Option<i32>,
+    /// Consecutive successes needed to turn healthy. Default 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub success_threshold: Option<i32>,
+    /// Consecutive failures needed to turn unhealthy. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold: Option<i32>,
+}
+
+/// Observed state of a Proxy, written only by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Lifecycle phase: Provisioning, Running (instance up, not yet proven
+    /// healthy), Ready (probes pass through it) or Failed (needs a spec edit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ProxyPhase>,
+    /// Opaque instance ID returned by the provider; empty until an instance
+    /// was recorded as created.
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// Address clients connect to, set only from a Running instance (or the
+    /// External endpoint's host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Probe latency of the last status-affecting result, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub latency_millis: Option<i64>,
+    /// When the last status-affecting probe result was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<DateTime<Utc>>,
+    /// When the operator last asked the provider to delete the instance;
+    /// used to avoid resubmitting a delete on every poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_requested_at: Option<DateTime<Utc>>,
+    /// Conditions: `Provisioned` (instance exists and runs) and `Healthy`
+    /// (probes pass through the proxy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Lifecycle phase of a Proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ProxyPhase {
+    /// The instance is being created or replaced.
+    Provisioning,
+    /// The instance runs with an IP; no healthy probe verdict yet.
+    Running,
+    /// Probes pass through the proxy; it is advertised and leased.
+    Ready,
+    /// A permanent error; the Proxy waits for a spec edit.
+    Failed,
+}
+
+impl ProxyPhase {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyPhase::Provisioning => "Provisioning",
+            ProxyPhase::Running => "Running",
+            ProxyPhase::Ready => "Ready",
+            ProxyPhase::Failed => "Failed",
+        }
+    }
+}
+
+/// Condition types and reasons on a Proxy.
+pub mod conditions {
+    /// The instance exists and runs.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// Probes pass through the proxy.
+    pub const HEALTHY: &str = "Healthy";
+
+    /// Provisioned=True: the instance runs with an IP.
+    pub const REASON_INSTANCE_RUNNING: &str = "InstanceRunning";
+    /// Provisioned=False: a create was submitted or the instance boots.
+    pub const REASON_CREATING: &str = "Creating";
+    /// Provisioned=False: a quota or rate limit; retried after 5 minutes.
+    pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// Provisioned=False: the provider refused the request for good.
+    pub const REASON_PERMANENT_ERROR: &str = "PermanentError";
+    /// Provisioned=False: the named provider is not in the providers config.
+    pub const REASON_PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
+    /// Provisioned=False: the cloud-init Secret or key cannot be read.
+    pub const REASON_CLOUD_INIT_ERROR: &str = "CloudInitError";
+    /// Provisioned=False: the spec cannot be acted on (bypassed validation).
+    pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+}

@@ -1,0 +1,4 @@
+//! egress-proxies-operator: turns `Proxy` objects into forward proxies on
+//! Kubernetes, GCP or KVM, probes them, and leases healthy ones to crawlers.
+
+pub mod api;
