@@ -2,3 +2,8 @@
 //! Kubernetes, GCP or KVM, probes them, and leases healthy ones to crawlers.
 
 pub mod api;
+pub mod cli;
+pub mod config;
+pub mod metrics;
+pub mod provider;
+pub mod telemetry;

@@ -1,0 +1,344 @@
+//! Command-line flags (operator.md §8.1) and their validation.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::api::constants::INSTALL_NAMESPACE;
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// egress-proxies-operator: runs forward proxies (Squid) on Kubernetes, GCP
+/// and KVM from `Proxy` objects, probes them through themselves, and leases
+/// healthy ones to crawlers over an HTTP API.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "egress-proxies-operator", version, about, long_about = None)]
+pub struct Flags {
+    /// Path of the providers YAML file (required). In the cluster:
+    /// /etc/proxy-operator/providers.yaml from the providers-config ConfigMap.
+    #[arg(long, value_name = "FILE")]
+    pub providers_config: Option<PathBuf>,
+
+    /// Validate the providers file and exit: 0 when valid, 1 with every
+    /// problem listed otherwise. Needs no cluster.
+    #[arg(long)]
+    pub check_config: bool,
+
+    /// Address of the Prometheus /metrics endpoint (plain HTTP), e.g. :8443;
+    /// "0" turns it off.
+    #[arg(long, default_value = "0", value_name = "ADDR")]
+    pub metrics_bind_address: String,
+
+    /// Address serving /healthz and /readyz; "0" turns it off.
+    #[arg(long, default_value = ":8081", value_name = "ADDR")]
+    pub health_probe_bind_address: String,
+
+    /// Elect a leader through a coordination.k8s.io Lease so only one replica
+    /// reconciles, probes, collects garbage and checks providers.
+    #[arg(long)]
+    pub leader_elect: bool,
+
+    /// Namespace the operator runs in: holds the leader-election Lease and
+    /// feeds the default installation identity.
+    #[arg(long, env = "POD_NAMESPACE", default_value = INSTALL_NAMESPACE, value_name = "NS")]
+    pub operator_namespace: String,
+
+    /// How long a leader's Lease lasts without renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it steps down.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub leader_election_renew_deadline: Duration,
+
+    /// Interval between attempts to acquire or renew the Lease.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub leader_election_retry_period: Duration,
+
+    /// Only watch Proxies in this namespace (default: all namespaces). GC
+    /// still lists Proxies cluster-wide so it never mistakes another
+    /// namespace's instances for orphans.
+    #[arg(long, value_name = "NS")]
+    pub proxy_namespace: Option<String>,
+
+    /// Proxies reconciled at once.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub max_concurrent_reconciles: u16,
+
+    /// Identity written on every instance this installation creates; GC only
+    /// ever deletes instances carrying it. Default: derived from the
+    /// kube-system namespace UID and --operator-namespace.
+    #[arg(long, env = "INSTALLATION_ID", value_name = "ID")]
+    pub installation_id: Option<String>,
+
+    /// Concurrent health probes.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub health_workers: u16,
+
+    /// URL fetched through each proxy when its spec.healthCheck names none.
+    #[arg(long, default_value = "https://www.gstatic.com/generate_204", value_name = "URL")]
+    pub default_probe_url: String,
+
+    /// HTTP status the default probe URL must answer with.
+    #[arg(long, default_value_t = 204, value_parser = clap::value_parser!(u16).range(100..=599))]
+    pub default_probe_expected_status: u16,
+
+    /// PEM file of extra CA certificates trusted by probes (e.g. a private CA
+    /// in tests).
+    #[arg(long, value_name = "FILE")]
+    pub probe_ca_file: Option<PathBuf>,
+
+    /// Give every health probe its own root trace span (off by default:
+    /// one probe per proxy per second is a lot of spans).
+    #[arg(long)]
+    pub trace_health_probes: bool,
+
+    /// Address of the discovery and lease API; "0" turns it off.
+    #[arg(long, default_value = ":8090", value_name = "ADDR")]
+    pub discovery_bind_address: String,
+
+    /// Longest lease a client may ask for.
+    #[arg(long, default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
+    pub max_lease_ttl: Duration,
+
+    /// Lease length when the client asks for none.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub default_lease_ttl: Duration,
+
+    /// How long a proxy is not leased after a client reports it blocked or
+    /// failing (for that site, or for all sites).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_cooldown: Duration,
+
+    /// Leases one proxy may hold at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_leases_per_proxy: u32,
+
+    /// Time between orphan GC sweeps; 0 turns GC off.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub gc_interval: Duration,
+
+    /// Instances younger than this are never collected (protects creates in
+    /// flight).
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub gc_min_age: Duration,
+
+    /// At most this many instances are deleted per sweep, so a bug or a stale
+    /// cache cannot wipe a fleet.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub gc_max_deletes_per_sweep: u32,
+
+    /// Time between provider health checks: 0 turns them off (and deletes
+    /// every ProviderHealth object), otherwise at least 10s.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    pub provider_check_interval: Duration,
+
+    /// Time limit of one provider check round; 0 means min(15s, interval).
+    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    pub provider_check_timeout: Duration,
+
+    /// Log whole request and response payloads in the gcp wire log (large
+    /// payloads are elided otherwise). user-data is never logged.
+    #[arg(long)]
+    pub gcp_wire_log_full_payloads: bool,
+
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing
+    /// directives such as `info,egress_proxies_operator=debug`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_name = "FILTER")]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Parses `0`, or a humantime duration such as `10s`, `1m30s`, `2h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 10s, 1m, 1h30m, or 0)"))
+}
+
+/// Parses a bind address: `:PORT` (all interfaces), `HOST:PORT`, or `0`
+/// for off (returns `None`).
+pub fn parse_bind(s: &str) -> Result<Option<SocketAddr>, String> {
+    let s = s.trim();
+    if s == "0" || s.is_empty() {
+        return Ok(None);
+    }
+    let full = if let Some(port) = s.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else {
+        s.to_string()
+    };
+    full.parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|e| format!("invalid address {s:?}: {e} (use :PORT, HOST:PORT or 0)"))
+}
+
+/// Minimum provider check interval: keeps one status write per provider
+/// per round cheap.
+pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Validates `--provider-check-interval` and `--provider-check-timeout`.
+pub fn validate_check_flags(interval: Duration, timeout: Duration) -> Result<(), String> {
+    if interval.is_zero() {
+        return Ok(());
+    }
+    if interval < MIN_CHECK_INTERVAL {
+        return Err(format!(
+            "--provider-check-interval must be 0 (off) or at least 10s, got {}",
+            humantime::format_duration(interval)
+        ));
+    }
+    if timeout > interval {
+        return Err(format!(
+            "--provider-check-timeout must be at most the interval ({}), got {}",
+            humantime::format_duration(interval),
+            humantime::format_duration(timeout)
+        ));
+    }
+    Ok(())
+}
+
+/// The round timeout in force: an explicit timeout, or min(15s, interval).
+pub fn effective_check_timeout(interval: Duration, timeout: Duration) -> Duration {
+    if timeout.is_zero() {
+        interval.min(Duration::from_secs(15))
+    } else {
+        timeout
+    }
+}
+
+impl Flags {
+    /// Cross-flag checks clap cannot express; every problem is listed.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        for (flag, value) in [
+            ("--metrics-bind-address", &self.metrics_bind_address),
+            ("--health-probe-bind-address", &self.health_probe_bind_address),
+            ("--discovery-bind-address", &self.discovery_bind_address),
+        ] {
+            if let Err(e) = parse_bind(value) {
+                problems.push(format!("{flag}: {e}"));
+            }
+        }
+        if let Some(id) = &self.installation_id {
+            if let Err(e) = crate::provider::naming::validate_installation_id(id) {
+                problems.push(format!("--installation-id: {e}"));
+            }
+        }
+        if self.default_lease_ttl.is_zero() || self.default_lease_ttl > self.max_lease_ttl {
+            problems.push(format!(
+                "--default-lease-ttl must be positive and at most --max-lease-ttl ({}), got {}",
+                humantime::format_duration(self.max_lease_ttl),
+                humantime::format_duration(self.default_lease_ttl)
+            ));
+        }
+        let url_ok = url::Url::parse(&self.default_probe_url)
+            .map(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+            .unwrap_or(false);
+        if !url_ok {
+            problems.push(format!(
+                "--default-probe-url must be an http(s) URL, got {:?}",
+                self.default_probe_url
+            ));
+        }
+        if self.leader_elect
+            && (self.leader_election_renew_deadline >= self.leader_election_lease_duration
+                || self.leader_election_retry_period >= self.leader_election_renew_deadline)
+        {
+            problems.push(
+                "leader election needs retry-period < renew-deadline < lease-duration".to_string(),
+            );
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn check_flag_rules() {
+        let cases = [
+            (d(0), d(0), true),
+            (d(0), d(999), true), // off: the timeout is not checked
+            (d(9), d(0), false),
+            (d(10), d(0), true),
+            (d(60), d(60), true),
+            (d(60), d(61), false),
+            (d(60), d(15), true),
+        ];
+        for (interval, timeout, ok) in cases {
+            assert_eq!(validate_check_flags(interval, timeout).is_ok(), ok, "{interval:?} {timeout:?}");
+        }
+        let msg = validate_check_flags(d(5), d(0)).unwrap_err();
+        assert!(msg.contains("--provider-check-interval must be 0 (off) or at least 10s, got 5s"), "{msg}");
+        let msg = validate_check_flags(d(20), d(30)).unwrap_err();
+        assert!(msg.contains("--provider-check-timeout must be at most the interval (20s), got 30s"), "{msg}");
+    }
+
+    #[test]
+    fn effective_timeout_defaults() {
+        assert_eq!(effective_check_timeout(d(60), d(0)), d(15));
+        assert_eq!(effective_check_timeout(d(12), d(0)), d(12));
+        assert_eq!(effective_check_timeout(d(60), d(30)), d(30));
+    }
+
+    #[test]
+    fn durations_and_addresses() {
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("1m").unwrap(), d(60));
+        assert_eq!(parse_duration("1h30m").unwrap(), d(5400));
+        assert!(parse_duration("ten").is_err());
+        assert_eq!(parse_bind("0").unwrap(), None);
+        assert_eq!(parse_bind(":8090").unwrap(), Some("0.0.0.0:8090".parse().unwrap()));
+        assert_eq!(parse_bind("127.0.0.1:1").unwrap(), Some("127.0.0.1:1".parse().unwrap()));
+        assert_eq!(parse_bind("[::1]:80").unwrap(), Some("[::1]:80".parse().unwrap()));
+        assert!(parse_bind("localhost").is_err());
+    }
+
+    #[test]
+    fn defaults_are_valid_and_cross_checks_report_each_problem() {
+        let f = Flags::parse_from(["egress-proxies-operator"]);
+        f.validate().unwrap();
+        assert_eq!(f.max_concurrent_reconciles, 3);
+        assert_eq!(f.provider_check_interval, d(60));
+        let f = Flags::parse_from([
+            "x",
+            "--metrics-bind-address",
+            "nope",
+            "--installation-id",
+            "Bad ID",
+            "--default-lease-ttl",
+            "2h",
+        ]);
+        let problems = f.validate().unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].starts_with("--metrics-bind-address"));
+        assert!(problems[1].starts_with("--installation-id"));
+        assert!(problems[2].starts_with("--default-lease-ttl"));
+        assert!(Flags::try_parse_from(["x", "--max-concurrent-reconciles", "0"]).is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! The providers config file (`--providers-config`): named provider
+//! entries with strict parsing and load-time validation. Every error names
+//! the entry (index and name), the key and the reason, and all entries are
+//! checked before anything dials a backend.
+
+mod gcp;
+mod kvm;
+mod validate;
+
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub use gcp::GcpConfig;
+pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+
+use crate::provider::registry::ProviderType;
+
+/// The whole providers file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProvidersConfig {
+    /// Entries in file order.
+    pub providers: Vec<ProviderConfig>,
+}
+
+/// One named provider.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProviderConfig {
+    /// The name Proxies refer to in `spec.provider`; a DNS-1123 label.
+    pub name: String,
+    /// The backend type.
+    pub provider_type: ProviderType,
+    /// The type's settings.
+    pub settings: ProviderSettings,
+}
+
+/// Per-type settings: exactly the block that matches the type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProviderSettings {
+    /// `kubernetes:` (optional block).
+    Kubernetes(KubernetesConfig),
+    /// `gcp:`.
+    Gcp(GcpConfig),
+    /// `kvm:`.
+    Kvm(KvmConfig),
+}
+
+/// The `kubernetes` block.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// Container image of the Squid Pod.
+    #[serde(default = "default_squid_image")]
+    pub image: String,
+}
+
+/// Image of the Squid Pod when the block does not name one.
+pub const DEFAULT_SQUID_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
+
+fn default_squid_image() -> String {
+    DEFAULT_SQUID_IMAGE.to_string()
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            image: default_squid_image(),
+        }
+    }
+}
+
+/// Why a providers file was refused: every problem found, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// One message per problem, each naming where it is.
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("\n"))
+    }
+}
+
+impl ConfigError {
+    fn one(msg: impl Into<String>) -> Self {
+        ConfigError {
+            problems: vec![msg.into()],
+        }
+    }
+}
+
+/// Error loading the file itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read providers config {path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file was read but is not a valid config.
+    #[error("invalid providers config {path}:\n{source}")]
+    Invalid {
+        /// The path given.
+        path: String,
+        /// What is wrong.
+        source: ConfigError,
+    },
+}
+
+impl ProvidersConfig {
+    /// Reads and validates a providers file.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_slice(&bytes).map_err(|source| LoadError::Invalid { path: shown, source })
+    }
+
+    /// Parses and validates a providers document.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, ConfigError> {
+        validate::parse(bytes)
+    }
+
+    /// The entry called `name`.
+    pub fn get(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// Configured names in file order.
+    pub fn names(&self) -> Vec<&str> {
+        self.providers.iter().map(|p| p.name.as_str()).collect()
+    }
+}

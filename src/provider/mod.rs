@@ -1,0 +1,217 @@
+//! The provider contract: the only code that knows a backend implements
+//! [`Provider`]; everything above it branches on [`ErrorClass`] and
+//! [`InstanceState`] alone. See docs/providers.md for the rules.
+
+pub mod decorators;
+pub mod error;
+pub mod naming;
+pub mod registry;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::api::Placement;
+pub use error::{class_of, BoxError, ErrorClass, Op, ProviderError, Tagged};
+
+/// Cloud-init user-data. Its `Debug` prints only the byte count, so a
+/// request can be logged without leaking secrets the document may hold.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct UserData(String);
+
+impl UserData {
+    /// Wraps resolved cloud-init text.
+    pub fn new(text: impl Into<String>) -> Self {
+        UserData(text.into())
+    }
+    /// The document, for the backend call that delivers it. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// Size in bytes, which is what logs and spans may carry.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether there is no user-data.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for UserData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UserData(<{} bytes>)", self.0.len())
+    }
+}
+
+/// What the reconciler asks a provider to build.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreateRequest {
+    /// Deterministic instance name from the Proxy UID ([`naming::name_from_uid`]).
+    pub name: String,
+    /// The owning Proxy's UID, written as the backend's UID mark.
+    pub uid: String,
+    /// The Proxy's namespace.
+    pub namespace: String,
+    /// The Proxy's name.
+    pub proxy_name: String,
+    /// `spec.placement`, all-empty when absent.
+    pub placement: Placement,
+    /// Resolved cloud-init text.
+    pub cloud_init: UserData,
+    /// `spec.port`.
+    pub port: u16,
+    /// This installation's identity, written as the installation mark so GC
+    /// never touches another cluster's instances.
+    pub installation_id: String,
+}
+
+/// Lifecycle state of an instance as the reconciler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Exists but not usable yet (booting, no address, undeterminable).
+    Provisioning,
+    /// Usable; only ever reported with a non-empty IP.
+    Running,
+    /// Will not recover by itself (also every unknown backend state).
+    Stopped,
+    /// Gone for good or going (will not recover by itself).
+    Terminated,
+}
+
+impl InstanceState {
+    /// The capitalised name used in logs and status messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Provisioning => "Provisioning",
+            InstanceState::Running => "Running",
+            InstanceState::Stopped => "Stopped",
+            InstanceState::Terminated => "Terminated",
+        }
+    }
+}
+
+/// An instance as read back from the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    /// The providerID (self-contained: it holds the location).
+    pub id: String,
+    /// Address clients and probes connect to; empty while unknown.
+    pub ip: String,
+    /// Lifecycle state.
+    pub state: InstanceState,
+    /// Owning Proxy UID from the backend's mark; empty when unmarked.
+    pub uid: String,
+    /// Installation identity from the backend's mark; empty when unmarked.
+    pub installation_id: String,
+    /// Creation time from the backend; `None` when unknown or unparseable.
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+impl Instance {
+    /// An instance with only an ID and a state; marks and times unknown.
+    pub fn new(id: impl Into<String>, state: InstanceState) -> Self {
+        Instance {
+            id: id.into(),
+            ip: String::new(),
+            state,
+            uid: String::new(),
+            installation_id: String::new(),
+            created_at: None,
+        }
+    }
+}
+
+/// The result of ListByTag: the managed instances that could be read, and
+/// the scopes (zones, hosts) that could not. Instances from unread scopes are
+/// simply absent, which is safe for GC: it never deletes what is not listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Instances carrying the managed mark.
+    pub instances: Vec<Instance>,
+    /// Scopes left out, with why, for logs and metrics.
+    pub unread_scopes: Vec<String>,
+}
+
+/// One compute backend. Implementations must be safe for concurrent use
+/// (reconciles, a GC sweep and a health round call at once) and must return
+/// errors built with [`ProviderError`], classified at this edge.
+///
+/// Cancellation: dropping a returned future must abandon the call without
+/// disturbing other calls in flight.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The configured name (what `spec.provider` refers to).
+    fn name(&self) -> &str;
+
+    /// The provider's type.
+    fn provider_type(&self) -> registry::ProviderType;
+
+    /// Creates the instance named `req.name`, or returns the ID of the one
+    /// that already exists under that name (after checking it carries
+    /// `req.uid`). Should return once the request is submitted.
+    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError>;
+
+    /// Reads the instance. `NotFound` only when it is really gone, never
+    /// while a delete is in progress.
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError>;
+
+    /// Deletes the instance and everything create made. Idempotent.
+    async fn delete(&self, id: &str) -> Result<(), ProviderError>;
+
+    /// Every instance carrying the managed mark, for orphan GC.
+    async fn list_by_tag(&self) -> Result<Listing, ProviderError>;
+
+    /// The provider's health check, if it has one. Decorators deliberately
+    /// do not forward this: checks are never counted or traced as calls.
+    fn checker(&self) -> Option<Arc<dyn Checker>> {
+        None
+    }
+}
+
+/// The verdict for one target of a provider health check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetStatus {
+    /// Target name within the provider (a host, `apiserver`, a project).
+    pub name: String,
+    /// Where the check connected.
+    pub address: String,
+    /// Whether the check passed.
+    pub ready: bool,
+    /// `Reachable` when ready, otherwise a CamelCase reason.
+    pub reason: String,
+    /// Detail, usually the error text.
+    pub message: String,
+    /// How long this target's check took.
+    pub latency: Duration,
+    /// Provider-specific facts.
+    pub details: std::collections::BTreeMap<String, String>,
+}
+
+/// A provider's health check: one verdict per target, never an error.
+#[async_trait]
+pub trait Checker: Send + Sync {
+    /// Checks every target. Must return promptly once dropped or timed out,
+    /// and must not disturb reconciles sharing a connection.
+    async fn check(&self) -> Vec<TargetStatus>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_debug_never_shows_content() {
+        let req = CreateRequest {
+            cloud_init: UserData::new("#cloud-config\npassword: SENTINEL-SECRET\n"),
+            ..Default::default()
+        };
+        let shown = format!("{req:?}");
+        assert!(!shown.contains("SENTINEL-SECRET"), "{shown}");
+        assert!(shown.contains("<40 bytes>"), "{shown}");
+        assert_eq!(req.cloud_init.expose().len(), req.cloud_init.len());
+    }
+}

@@ -1,0 +1,114 @@
+//! The one list of provider types, and the registry that builds every
+//! configured provider (all or nothing), keeps the checkers of the
+//! undecorated providers, and hands out decorated providers by name.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::decorators::{MetricsProvider, TracingProvider};
+use super::{Checker, Provider};
+use crate::config::{ProviderConfig, ProvidersConfig};
+use crate::metrics::ProviderMetrics;
+
+/// Every provider type the operator knows. Config validation, the
+/// registry's constructor dispatch and the docs all derive from this enum,
+/// so a type cannot be accepted by one and unknown to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProviderType {
+    /// Squid Pods in the cluster.
+    Kubernetes,
+    /// Compute Engine VMs.
+    Gcp,
+    /// libvirt VMs on hypervisors reached over SSH.
+    Kvm,
+}
+
+impl ProviderType {
+    /// All types, in documentation order.
+    pub const ALL: [ProviderType; 3] = [ProviderType::Kubernetes, ProviderType::Gcp, ProviderType::Kvm];
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderType::Kubernetes => "kubernetes",
+            ProviderType::Gcp => "gcp",
+            ProviderType::Kvm => "kvm",
+        }
+    }
+
+    /// Parses the config spelling (exact, lowercase).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl fmt::Display for ProviderType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A constructor failed; the message names the provider.
+#[derive(Debug, thiserror::Error)]
+#[error("provider {name:?} ({provider_type}): {message}")]
+pub struct BuildError {
+    /// Configured name.
+    pub name: String,
+    /// Its type.
+    pub provider_type: ProviderType,
+    /// Why it could not be built (a config problem; constructors never dial).
+    pub message: String,
+}
+
+/// Every configured provider, decorated, plus the checkers of the
+/// undecorated ones in config order.
+#[derive(Clone, Default)]
+pub struct Registry {
+    providers: BTreeMap<String, Arc<dyn Provider>>,
+    checkers: Vec<(String, ProviderType, Option<Arc<dyn Checker>>)>,
+}
+
+impl Registry {
+    /// Builds every entry with `construct`, all or nothing, and wraps each
+    /// as tracing(metrics(provider)). `construct` must not dial backends.
+    pub fn build<F>(config: &ProvidersConfig, metrics: &ProviderMetrics, construct: F) -> Result<Self, BuildError>
+    where
+        F: Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, String>,
+    {
+        let mut reg = Registry::default();
+        for entry in &config.providers {
+            let raw = construct(entry).map_err(|message| BuildError {
+                name: entry.name.clone(),
+                provider_type: entry.provider_type,
+                message,
+            })?;
+            reg.checkers.push((entry.name.clone(), entry.provider_type, raw.checker()));
+            let decorated: Arc<dyn Provider> =
+                Arc::new(TracingProvider::new(Arc::new(MetricsProvider::new(raw, metrics.clone()))));
+            reg.providers.insert(entry.name.clone(), decorated);
+        }
+        Ok(reg)
+    }
+
+    /// The decorated provider called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.providers.get(name).cloned()
+    }
+
+    /// Whether `name` is configured.
+    pub fn contains(&self, name: &str) -> bool {
+        self.providers.contains_key(name)
+    }
+
+    /// Decorated providers by name.
+    pub fn providers(&self) -> impl Iterator<Item = (&str, &Arc<dyn Provider>)> {
+        self.providers.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// `(name, type, checker)` in config order; `None` when the provider has
+    /// no health check.
+    pub fn checkers(&self) -> &[(String, ProviderType, Option<Arc<dyn Checker>>)] {
+        &self.checkers
+    }
+}
