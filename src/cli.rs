@@ -85,7 +85,11 @@ pub struct Flags {
     pub health_workers: u16,
 
     /// URL fetched through each proxy when its spec.healthCheck names none.
-    #[arg(long, default_value = "https://www.gstatic.com/generate_204", value_name = "URL")]
+    #[arg(
+        long,
+        default_value = "https://www.gstatic.com/generate_204",
+        value_name = "URL"
+    )]
     pub default_probe_url: String,
 
     /// HTTP status the default probe URL must answer with.
@@ -227,7 +231,10 @@ impl Flags {
         let mut problems = Vec::new();
         for (flag, value) in [
             ("--metrics-bind-address", &self.metrics_bind_address),
-            ("--health-probe-bind-address", &self.health_probe_bind_address),
+            (
+                "--health-probe-bind-address",
+                &self.health_probe_bind_address,
+            ),
             ("--discovery-bind-address", &self.discovery_bind_address),
         ] {
             if let Err(e) = parse_bind(value) {
@@ -291,12 +298,22 @@ mod tests {
             (d(60), d(15), true),
         ];
         for (interval, timeout, ok) in cases {
-            assert_eq!(validate_check_flags(interval, timeout).is_ok(), ok, "{interval:?} {timeout:?}");
+            assert_eq!(
+                validate_check_flags(interval, timeout).is_ok(),
+                ok,
+                "{interval:?} {timeout:?}"
+            );
         }
         let msg = validate_check_flags(d(5), d(0)).unwrap_err();
-        assert!(msg.contains("--provider-check-interval must be 0 (off) or at least 10s, got 5s"), "{msg}");
+        assert!(
+            msg.contains("--provider-check-interval must be 0 (off) or at least 10s, got 5s"),
+            "{msg}"
+        );
         let msg = validate_check_flags(d(20), d(30)).unwrap_err();
-        assert!(msg.contains("--provider-check-timeout must be at most the interval (20s), got 30s"), "{msg}");
+        assert!(
+            msg.contains("--provider-check-timeout must be at most the interval (20s), got 30s"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -313,9 +330,18 @@ mod tests {
         assert_eq!(parse_duration("1h30m").unwrap(), d(5400));
         assert!(parse_duration("ten").is_err());
         assert_eq!(parse_bind("0").unwrap(), None);
-        assert_eq!(parse_bind(":8090").unwrap(), Some("0.0.0.0:8090".parse().unwrap()));
-        assert_eq!(parse_bind("127.0.0.1:1").unwrap(), Some("127.0.0.1:1".parse().unwrap()));
-        assert_eq!(parse_bind("[::1]:80").unwrap(), Some("[::1]:80".parse().unwrap()));
+        assert_eq!(
+            parse_bind(":8090").unwrap(),
+            Some("0.0.0.0:8090".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind("127.0.0.1:1").unwrap(),
+            Some("127.0.0.1:1".parse().unwrap())
+        );
+        assert_eq!(
+            parse_bind("[::1]:80").unwrap(),
+            Some("[::1]:80".parse().unwrap())
+        );
         assert!(parse_bind("localhost").is_err());
     }
 

@@ -16,13 +16,18 @@ async fn main() -> ExitCode {
         return check_config(&flags);
     }
     telemetry::init_logs(&flags.log_level, flags.log_format);
-    info!(version = env!("CARGO_PKG_VERSION"), "Starting egress-proxies-operator");
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        "Starting egress-proxies-operator"
+    );
 
     let Some(path) = flags.providers_config.clone() else {
         error!("--providers-config is required");
         return ExitCode::FAILURE;
     };
-    if let Err(e) = cli::validate_check_flags(flags.provider_check_interval, flags.provider_check_timeout) {
+    if let Err(e) =
+        cli::validate_check_flags(flags.provider_check_interval, flags.provider_check_timeout)
+    {
         error!(error = %e, "Invalid provider check flags");
         return ExitCode::FAILURE;
     }

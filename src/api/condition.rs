@@ -145,19 +145,34 @@ mod tests {
     #[test]
     fn set_condition_semantics() {
         let mut cs = Vec::new();
-        assert!(set(&mut cs, Condition::new("Ready", ConditionStatus::False, "A", "m1", t(0))));
+        assert!(set(
+            &mut cs,
+            Condition::new("Ready", ConditionStatus::False, "A", "m1", t(0))
+        ));
         // Same status, new reason and message: updated in place, time kept.
-        assert!(set(&mut cs, Condition::new("Ready", ConditionStatus::False, "B", "m2", t(5))));
+        assert!(set(
+            &mut cs,
+            Condition::new("Ready", ConditionStatus::False, "B", "m2", t(5))
+        ));
         assert_eq!(cs[0].last_transition_time, t(0));
         assert_eq!(cs[0].reason, "B");
         assert_eq!(cs[0].message, "m2");
         // Identical: no change reported.
-        assert!(!set(&mut cs, Condition::new("Ready", ConditionStatus::False, "B", "m2", t(9))));
+        assert!(!set(
+            &mut cs,
+            Condition::new("Ready", ConditionStatus::False, "B", "m2", t(9))
+        ));
         // Status flips: the transition time moves.
-        assert!(set(&mut cs, Condition::new("Ready", ConditionStatus::True, "B", "m2", t(10))));
+        assert!(set(
+            &mut cs,
+            Condition::new("Ready", ConditionStatus::True, "B", "m2", t(10))
+        ));
         assert_eq!(cs[0].last_transition_time, t(10));
         // Other types are independent.
-        assert!(set(&mut cs, Condition::new("Healthy", ConditionStatus::True, "Ok", "", t(11))));
+        assert!(set(
+            &mut cs,
+            Condition::new("Healthy", ConditionStatus::True, "Ok", "", t(11))
+        ));
         assert_eq!(cs.len(), 2);
         assert_eq!(find(&cs, "Healthy").unwrap().reason, "Ok");
         assert!(remove(&mut cs, "Healthy"));
@@ -167,8 +182,13 @@ mod tests {
 
     #[test]
     fn generation_change_is_a_change() {
-        let mut cs = vec![Condition::new("P", ConditionStatus::False, "R", "m", t(0)).at_generation(Some(1))];
-        assert!(set(&mut cs, Condition::new("P", ConditionStatus::False, "R", "m", t(1)).at_generation(Some(2))));
+        let mut cs = vec![
+            Condition::new("P", ConditionStatus::False, "R", "m", t(0)).at_generation(Some(1))
+        ];
+        assert!(set(
+            &mut cs,
+            Condition::new("P", ConditionStatus::False, "R", "m", t(1)).at_generation(Some(2))
+        ));
         assert_eq!(cs[0].observed_generation, Some(2));
         assert_eq!(cs[0].last_transition_time, t(0));
     }

@@ -48,7 +48,14 @@ mod tests {
     #[test]
     fn skip_cleanup_needs_exactly_true() {
         assert!(is_true_annotation(Some("true")));
-        for v in [None, Some(""), Some("True"), Some("yes"), Some("1"), Some(" true")] {
+        for v in [
+            None,
+            Some(""),
+            Some("True"),
+            Some("yes"),
+            Some("1"),
+            Some(" true"),
+        ] {
             assert!(!is_true_annotation(v), "{v:?}");
         }
     }

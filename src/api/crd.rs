@@ -4,8 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
     CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, CustomResourceSubresourceStatus,
-    CustomResourceSubresources,
-    CustomResourceValidation, JSONSchemaProps,
+    CustomResourceSubresources, CustomResourceValidation, JSONSchemaProps,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResourceExt;
@@ -68,7 +67,11 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
                 }),
                 additional_printer_columns: Some(vec![
                     column("Type", "string", ".status.type"),
-                    column("Ready", "string", ".status.conditions[?(@.type==\"Ready\")].status"),
+                    column(
+                        "Ready",
+                        "string",
+                        ".status.conditions[?(@.type==\"Ready\")].status",
+                    ),
                     column("Targets", "string", ".status.targetsReady"),
                     column("Last Check", "date", ".status.lastCheckTime"),
                     column("Age", "date", ".metadata.creationTimestamp"),
@@ -85,7 +88,10 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("proxies.crawl.example.com.yaml", proxy_crd()),
-        ("providerhealths.crawl.example.com.yaml", provider_health_crd()),
+        (
+            "providerhealths.crawl.example.com.yaml",
+            provider_health_crd(),
+        ),
     ]
 }
 

@@ -2,8 +2,8 @@
 //! and the names the operator shares with users and backends.
 
 pub mod condition;
-pub mod crd;
 pub mod constants;
+pub mod crd;
 pub mod provider_health;
 pub mod proxy;
 

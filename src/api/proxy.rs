@@ -12,6 +12,8 @@ use super::condition::Condition;
 /// Desired state of a forward proxy. Managed Proxies are provisioned by the
 /// named provider; External Proxies already exist at `endpoint` and are only
 /// health-checked and advertised.
+// clippy reads the repeated `type_ = ".."` of the printcolumns as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "crawl.example.com",
@@ -34,7 +36,11 @@ use super::condition::Condition;
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Healthy\")].status"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("self.mode != 'External' || has(self.endpoint)")
@@ -229,7 +235,11 @@ pub struct ProxyStatus {
     pub phase: Option<ProxyPhase>,
     /// Opaque instance ID returned by the provider; empty until an instance
     /// was recorded as created.
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider_id: Option<String>,
     /// Address clients connect to, set only from a Running instance (or the
     /// External endpoint's host).

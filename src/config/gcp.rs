@@ -42,13 +42,17 @@ impl GcpConfig {
             return Err("gcp.project is required".into());
         }
         if self.disk_size_gb < 0 {
-            return Err(format!("gcp.diskSizeGb must not be negative (got {})", self.disk_size_gb));
+            return Err(format!(
+                "gcp.diskSizeGb must not be negative (got {})",
+                self.disk_size_gb
+            ));
         }
         if self.network.is_empty() {
             return Err("gcp.network must not be empty".into());
         }
         if let Some(ep) = &self.endpoint {
-            super::validate::http_url(ep).map_err(|why| format!("gcp.endpoint {why} (got {ep:?})"))?;
+            super::validate::http_url(ep)
+                .map_err(|why| format!("gcp.endpoint {why} (got {ep:?})"))?;
         }
         Ok(())
     }

@@ -100,7 +100,7 @@ pub struct MachineType {
     #[serde(default)]
     pub vcpus: i32,
     /// Memory in MiB.
-    #[serde(default)]
+    #[serde(default, rename = "memoryMiB")]
     pub memory_mib: i64,
 }
 
@@ -154,7 +154,8 @@ fn default_pool() -> String {
     DEFAULT_POOL.into()
 }
 
-const KEY_RULE: &str = "letters, digits, dots, dashes or underscores, starting with a letter or digit";
+const KEY_RULE: &str =
+    "letters, digits, dots, dashes or underscores, starting with a letter or digit";
 
 impl KvmConfig {
     /// Load-time checks in the order of kvm.md §2.2, first error wins.
@@ -163,10 +164,15 @@ impl KvmConfig {
             return Err("kvm.sshKeyFile is required".into());
         }
         if self.known_hosts_file.is_empty() && !self.insecure_ignore_host_key {
-            return Err("kvm.knownHostsFile is required unless kvm.insecureIgnoreHostKey is true".into());
+            return Err(
+                "kvm.knownHostsFile is required unless kvm.insecureIgnoreHostKey is true".into(),
+            );
         }
         if self.disk_size_gb < 0 {
-            return Err(format!("kvm.diskSizeGb must not be negative (got {})", self.disk_size_gb));
+            return Err(format!(
+                "kvm.diskSizeGb must not be negative (got {})",
+                self.disk_size_gb
+            ));
         }
         for (key, img) in &self.images {
             if !is_identifier(key) {
@@ -174,20 +180,27 @@ impl KvmConfig {
                     "kvm.images[{key:?}]: key must be {KEY_RULE}: it becomes the cached volume name base-<key>.<format>"
                 ));
             }
-            http_url(&img.url).map_err(|why| format!("kvm.images[{key:?}].url {why} (got {:?})", img.url))?;
+            http_url(&img.url)
+                .map_err(|why| format!("kvm.images[{key:?}].url {why} (got {:?})", img.url))?;
             if let Some(sum) = &img.sha256 {
                 if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("kvm.images[{key:?}].sha256 must be 64 hex characters"));
+                    return Err(format!(
+                        "kvm.images[{key:?}].sha256 must be 64 hex characters"
+                    ));
                 }
             }
             if let Some(f) = &img.format {
                 if f != "qcow2" && f != "raw" {
-                    return Err(format!("kvm.images[{key:?}].format must be qcow2 or raw (got {f:?})"));
+                    return Err(format!(
+                        "kvm.images[{key:?}].format must be qcow2 or raw (got {f:?})"
+                    ));
                 }
             }
             if let Some(f) = &img.firmware {
                 if f != "uefi" && f != "bios" {
-                    return Err(format!("kvm.images[{key:?}].firmware must be uefi or bios (got {f:?})"));
+                    return Err(format!(
+                        "kvm.images[{key:?}].firmware must be uefi or bios (got {f:?})"
+                    ));
                 }
             }
         }
@@ -196,7 +209,9 @@ impl KvmConfig {
         }
         for (key, mt) in &self.machine_types {
             if mt.vcpus <= 0 || mt.memory_mib <= 0 {
-                return Err(format!("kvm.machineTypes[{key:?}] needs vcpus > 0 and memoryMiB > 0"));
+                return Err(format!(
+                    "kvm.machineTypes[{key:?}] needs vcpus > 0 and memoryMiB > 0"
+                ));
             }
         }
         if self.hosts.is_empty() {
@@ -220,7 +235,8 @@ impl KvmConfig {
             if h.address.is_empty() {
                 return Err(format!("{at}: address is required"));
             }
-            check_host_port(&h.address).map_err(|why| format!("{at}: address {:?} {why}", h.address))?;
+            check_host_port(&h.address)
+                .map_err(|why| format!("{at}: address {:?} {why}", h.address))?;
             if h.user.is_empty() {
                 return Err(format!("{at}: user is required"));
             }
@@ -228,7 +244,10 @@ impl KvmConfig {
                 return Err(format!("{at}: bridge is required"));
             }
             if h.socket.is_empty() || !h.socket.starts_with('/') {
-                return Err(format!("{at}: socket must be an absolute path (got {:?})", h.socket));
+                return Err(format!(
+                    "{at}: socket must be an absolute path (got {:?})",
+                    h.socket
+                ));
             }
             if h.pool.is_empty() {
                 return Err(format!("{at}: pool must not be empty"));
@@ -259,7 +278,10 @@ fn check_host_port(addr: &str) -> Result<(), String> {
         Some(parts) => parts,
         None => return Err("must be host:port".into()),
     };
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     if host.is_empty() || host.contains(':') && !addr.starts_with('[') {
         return Err("must be host:port (IPv6 in brackets)".into());
     }
@@ -278,7 +300,15 @@ mod tests {
         for ok in ["nas1.home.lan:22", "127.0.0.1:2222", "[::1]:22"] {
             check_host_port(ok).unwrap();
         }
-        for bad in ["nas1", "nas1:", ":22", "nas1:0", "nas1:99999", "::1:22", "h:ssh"] {
+        for bad in [
+            "nas1",
+            "nas1:",
+            ":22",
+            "nas1:0",
+            "nas1:99999",
+            "::1:22",
+            "h:ssh",
+        ] {
             assert!(check_host_port(bad).is_err(), "{bad}");
         }
     }

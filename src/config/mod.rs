@@ -120,7 +120,10 @@ impl ProvidersConfig {
             path: shown.clone(),
             source,
         })?;
-        Self::from_slice(&bytes).map_err(|source| LoadError::Invalid { path: shown, source })
+        Self::from_slice(&bytes).map_err(|source| LoadError::Invalid {
+            path: shown,
+            source,
+        })
     }
 
     /// Parses and validates a providers document.

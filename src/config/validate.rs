@@ -36,11 +36,16 @@ struct RawEntry {
 
 pub(super) fn parse(bytes: &[u8]) -> Result<ProvidersConfig, ConfigError> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(ConfigError::one("the file is empty; it needs a top-level providers: list"));
+        return Err(ConfigError::one(
+            "the file is empty; it needs a top-level providers: list",
+        ));
     }
-    let raw: RawFile = serde_norway::from_slice(bytes).map_err(|e| ConfigError::one(format!("{e}")))?;
+    let raw: RawFile =
+        serde_norway::from_slice(bytes).map_err(|e| ConfigError::one(format!("{e}")))?;
     let Some(entries) = raw.providers else {
-        return Err(ConfigError::one("providers is required (a list of provider entries)"));
+        return Err(ConfigError::one(
+            "providers is required (a list of provider entries)",
+        ));
     };
 
     let mut problems = Vec::new();
@@ -97,7 +102,10 @@ fn describe(v: &Value) -> &'static str {
 
 fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
     if !entry.is_mapping() {
-        return Err(format!("an entry must be a mapping with name and type (got {})", describe(&entry)));
+        return Err(format!(
+            "an entry must be a mapping with name and type (got {})",
+            describe(&entry)
+        ));
     }
     let raw: RawEntry = serde_norway::from_value(entry).map_err(|e| e.to_string())?;
 
@@ -118,7 +126,11 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
     let provider_type = ProviderType::parse(&type_name).ok_or_else(|| {
         format!(
             "unknown provider type {type_name:?} (known types: {})",
-            ProviderType::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
+            ProviderType::ALL
+                .iter()
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })?;
 
@@ -133,20 +145,33 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             None => {}
             Some(v) if block_type == provider_type => own = Some(v),
             Some(_) => {
-                return Err(format!("type is {provider_type} but a {block_type} block is set"));
+                return Err(format!(
+                    "type is {provider_type} but a {block_type} block is set"
+                ));
             }
         }
     }
 
     let block = |key: &str| -> Result<Value, String> {
-        own.clone().ok_or_else(|| format!("{key} block is required for type {key}"))
+        own.clone()
+            .ok_or_else(|| format!("{key} block is required for type {key}"))
     };
-    let strict = |key: &str, e: serde_norway::Error| format!("{key}: {e}");
+    // The path names the offending key inside the block, e.g. `kvm.hosts[0].user`.
+    fn strict<T: serde::de::DeserializeOwned>(key: &str, v: Value) -> Result<T, String> {
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                format!("{key}: {}", e.inner())
+            } else {
+                format!("{key}.{path}: {}", e.inner())
+            }
+        })
+    }
     let settings = match provider_type {
         ProviderType::Kubernetes => {
             let cfg = match own.clone() {
                 None => KubernetesConfig::default(),
-                Some(v) => serde_norway::from_value(v).map_err(|e| strict("kubernetes", e))?,
+                Some(v) => strict("kubernetes", v)?,
             };
             if cfg.image.trim().is_empty() {
                 return Err("kubernetes.image must not be empty".into());
@@ -154,12 +179,12 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             ProviderSettings::Kubernetes(cfg)
         }
         ProviderType::Gcp => {
-            let cfg: super::GcpConfig = serde_norway::from_value(block("gcp")?).map_err(|e| strict("gcp", e))?;
+            let cfg: super::GcpConfig = strict("gcp", block("gcp")?)?;
             cfg.validate()?;
             ProviderSettings::Gcp(cfg)
         }
         ProviderType::Kvm => {
-            let cfg: super::KvmConfig = serde_norway::from_value(block("kvm")?).map_err(|e| strict("kvm", e))?;
+            let cfg: super::KvmConfig = strict("kvm", block("kvm")?)?;
             cfg.validate()?;
             ProviderSettings::Kvm(cfg)
         }
@@ -174,7 +199,9 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
 /// A lowercase RFC 1123 label of at most 63 characters.
 pub fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
-    let inner_ok = b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
+    let inner_ok = b
+        .iter()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
     let edge_ok = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     !b.is_empty() && b.len() <= 63 && inner_ok && edge_ok(b.first()) && edge_ok(b.last())
 }
@@ -189,7 +216,12 @@ pub(super) fn is_identifier(s: &str) -> bool {
 /// An absolute http or https URL with a host.
 pub(super) fn http_url(s: &str) -> Result<(), String> {
     match url::Url::parse(s) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
+        Ok(u)
+            if matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some_and(|h| !h.is_empty()) =>
+        {
+            Ok(())
+        }
         _ => Err("must be an http(s) URL".into()),
     }
 }

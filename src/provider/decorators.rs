@@ -28,8 +28,12 @@ impl MetricsProvider {
     }
 
     fn record<T>(&self, op: Op, started: Instant, res: &Result<T, ProviderError>) {
-        self.metrics
-            .observe(self.inner.name(), op.as_str(), result_label(res), started.elapsed());
+        self.metrics.observe(
+            self.inner.name(),
+            op.as_str(),
+            result_label(res),
+            started.elapsed(),
+        );
     }
 }
 

@@ -109,7 +109,13 @@ impl fmt::Display for ProviderError {
 
 impl ProviderError {
     /// An error of `class` with a message and no underlying cause.
-    pub fn new(class: ErrorClass, op: Op, provider: &str, id: &str, message: impl Into<String>) -> Self {
+    pub fn new(
+        class: ErrorClass,
+        op: Op,
+        provider: &str,
+        id: &str,
+        message: impl Into<String>,
+    ) -> Self {
         ProviderError {
             class,
             op,
@@ -123,7 +129,13 @@ impl ProviderError {
     /// Wraps `cause` with `class`, unless the cause chain already carries a
     /// class (a provider may pre-tag internal errors with [`Tagged`]): that
     /// class wins.
-    pub fn wrap(class: ErrorClass, op: Op, provider: &str, id: &str, cause: impl Into<BoxError>) -> Self {
+    pub fn wrap(
+        class: ErrorClass,
+        op: Op,
+        provider: &str,
+        id: &str,
+        cause: impl Into<BoxError>,
+    ) -> Self {
         let cause = cause.into();
         let class = class_in_chain(cause.as_ref()).unwrap_or(class);
         ProviderError {
@@ -254,13 +266,27 @@ mod tests {
     fn class_of_table() {
         let io = std::io::Error::other("boom");
         let cases: Vec<(&str, Box<dyn StdError + 'static>, ErrorClass)> = vec![
-            ("unclassified is transient", Box::new(io), ErrorClass::Transient),
+            (
+                "unclassified is transient",
+                Box::new(io),
+                ErrorClass::Transient,
+            ),
             (
                 "provider error keeps its class",
-                Box::new(ProviderError::new(ErrorClass::Permanent, Op::Create, "gcp-eu", "", "bad zone")),
+                Box::new(ProviderError::new(
+                    ErrorClass::Permanent,
+                    Op::Create,
+                    "gcp-eu",
+                    "",
+                    "bad zone",
+                )),
                 ErrorClass::Permanent,
             ),
-            ("tagged", Box::new(Tagged::new(ErrorClass::QuotaExceeded, "pool full")), ErrorClass::QuotaExceeded),
+            (
+                "tagged",
+                Box::new(Tagged::new(ErrorClass::QuotaExceeded, "pool full")),
+                ErrorClass::QuotaExceeded,
+            ),
             (
                 "tag deeper in the chain",
                 Box::new(Outer(Tagged::new(ErrorClass::NotFound, "gone"))),
@@ -284,12 +310,16 @@ mod tests {
         assert_eq!(e.class(), ErrorClass::Permanent);
         assert!(e.cause::<Tagged>().is_some());
 
-        let e = ProviderError::classify_with(Op::Get, "gcp-eu", "zones/z/instances/n", SdkError { status: 403 }, |err| {
-            match err.downcast_ref::<SdkError>() {
+        let e = ProviderError::classify_with(
+            Op::Get,
+            "gcp-eu",
+            "zones/z/instances/n",
+            SdkError { status: 403 },
+            |err| match err.downcast_ref::<SdkError>() {
                 Some(s) if s.status == 403 => ErrorClass::QuotaExceeded,
                 _ => ErrorClass::Transient,
-            }
-        });
+            },
+        );
         assert!(e.is(ErrorClass::QuotaExceeded));
         assert_eq!(e.cause::<SdkError>().map(|s| s.status), Some(403));
         // A wrapped provider error is itself classified.
@@ -299,9 +329,21 @@ mod tests {
 
     #[test]
     fn message_names_provider_op_id_and_cause() {
-        let e = ProviderError::wrap(ErrorClass::Transient, Op::Delete, "gcp-eu", "zones/a/instances/b", std::io::Error::other("reset"));
+        let e = ProviderError::wrap(
+            ErrorClass::Transient,
+            Op::Delete,
+            "gcp-eu",
+            "zones/a/instances/b",
+            std::io::Error::other("reset"),
+        );
         let s = e.to_string();
-        for part in ["gcp-eu", "delete", "zones/a/instances/b", "transient", "reset"] {
+        for part in [
+            "gcp-eu",
+            "delete",
+            "zones/a/instances/b",
+            "transient",
+            "reset",
+        ] {
             assert!(s.contains(part), "{s} lacks {part}");
         }
         assert_eq!(e.provider(), "gcp-eu");

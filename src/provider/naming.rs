@@ -13,7 +13,9 @@ pub const NAME_PREFIX: &str = "proxy-";
 pub const SPEC_HASH_VERSION: &str = "v1";
 
 fn base32_lower(bytes: &[u8]) -> String {
-    data_encoding::BASE32_NOPAD.encode(bytes).to_ascii_lowercase()
+    data_encoding::BASE32_NOPAD
+        .encode(bytes)
+        .to_ascii_lowercase()
 }
 
 /// The instance name for a Proxy UID: `proxy-` and 16 lowercase base32
@@ -112,7 +114,12 @@ mod tests {
             let n = name_from_uid(uid);
             assert_eq!(n.len(), 22, "{n}");
             assert!(n.starts_with("proxy-"));
-            assert!(n[6..].bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)), "{n}");
+            assert!(
+                n[6..]
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)),
+                "{n}"
+            );
         }
         assert_ne!(name_from_uid("a"), name_from_uid("b"));
     }
@@ -129,14 +136,26 @@ mod tests {
     #[test]
     fn spec_hash_is_stable_and_versioned() {
         let p = placement("r", "z", "m", "i");
-        let a = spec_hash(HashInput { placement: Some(&p), cloud_init: "#cloud-config\n", port: 3128 });
-        let b = spec_hash(HashInput { placement: Some(&p.clone()), cloud_init: "#cloud-config\n", port: 3128 });
+        let a = spec_hash(HashInput {
+            placement: Some(&p),
+            cloud_init: "#cloud-config\n",
+            port: 3128,
+        });
+        let b = spec_hash(HashInput {
+            placement: Some(&p.clone()),
+            cloud_init: "#cloud-config\n",
+            port: 3128,
+        });
         assert_eq!(a, b);
         assert!(a.starts_with("v1:"));
         assert_eq!(a.len(), 3 + 64);
         // Pinned: a change here replaces every instance in every cluster.
         assert_eq!(
-            spec_hash(HashInput { placement: None, cloud_init: "", port: 3128 }),
+            spec_hash(HashInput {
+                placement: None,
+                cloud_init: "",
+                port: 3128
+            }),
             "v1:f533ec53621ca997416a855fdb6bd3033772f7e2c66cabda34bc6196bdd95343"
         );
     }
@@ -144,12 +163,21 @@ mod tests {
     #[test]
     fn spec_hash_changes_with_each_covered_field() {
         let base = placement("r", "z", "m", "i");
-        let h = |p: &Placement, ci: &str, port: i32| spec_hash(HashInput { placement: Some(p), cloud_init: ci, port });
+        let h = |p: &Placement, ci: &str, port: i32| {
+            spec_hash(HashInput {
+                placement: Some(p),
+                cloud_init: ci,
+                port,
+            })
+        };
         let reference = h(&base, "ci", 3128);
         let variants = [
             ("region", h(&placement("r2", "z", "m", "i"), "ci", 3128)),
             ("zone", h(&placement("r", "z2", "m", "i"), "ci", 3128)),
-            ("machineType", h(&placement("r", "z", "m2", "i"), "ci", 3128)),
+            (
+                "machineType",
+                h(&placement("r", "z", "m2", "i"), "ci", 3128),
+            ),
             ("image", h(&placement("r", "z", "m", "i2"), "ci", 3128)),
             ("cloudInit", h(&base, "ci2", 3128)),
             ("port", h(&base, "ci", 3129)),
@@ -158,10 +186,17 @@ mod tests {
             assert_ne!(&reference, v, "changing {field} must change the hash");
         }
         // Moving a value between fields is a different spec too.
-        assert_ne!(h(&placement("a", "", "", ""), "", 1), h(&placement("", "a", "", ""), "", 1));
+        assert_ne!(
+            h(&placement("a", "", "", ""), "", 1),
+            h(&placement("", "a", "", ""), "", 1)
+        );
         // Absent placement is the same as an all-empty one.
         assert_eq!(
-            spec_hash(HashInput { placement: None, cloud_init: "x", port: 1 }),
+            spec_hash(HashInput {
+                placement: None,
+                cloud_init: "x",
+                port: 1
+            }),
             h(&Placement::default(), "x", 1)
         );
     }
@@ -169,21 +204,38 @@ mod tests {
     #[test]
     fn spec_hash_ignores_attributes_and_health_settings() {
         use crate::api::{HealthCheckSpec, ProxySpec};
-        let mut a = ProxySpec { port: Some(3128), placement: Some(placement("r", "z", "m", "i")), ..Default::default() };
+        let mut a = ProxySpec {
+            port: Some(3128),
+            placement: Some(placement("r", "z", "m", "i")),
+            ..Default::default()
+        };
         let hash_of = |s: &ProxySpec| {
-            spec_hash(HashInput { placement: s.placement.as_ref(), cloud_init: "", port: s.port.unwrap_or(0) })
+            spec_hash(HashInput {
+                placement: s.placement.as_ref(),
+                cloud_init: "",
+                port: s.port.unwrap_or(0),
+            })
         };
         let before = hash_of(&a);
         a.attributes.insert("geo".into(), "home".into());
-        a.health_check = Some(HealthCheckSpec { interval_seconds: Some(9), ..Default::default() });
+        a.health_check = Some(HealthCheckSpec {
+            interval_seconds: Some(9),
+            ..Default::default()
+        });
         assert_eq!(before, hash_of(&a));
     }
 
     #[test]
     fn installation_ids() {
         let a = derive_installation_id("uid-1", "egress-proxies-operator-system");
-        assert_eq!(a, derive_installation_id("uid-1", "egress-proxies-operator-system"));
-        assert_ne!(a, derive_installation_id("uid-2", "egress-proxies-operator-system"));
+        assert_eq!(
+            a,
+            derive_installation_id("uid-1", "egress-proxies-operator-system")
+        );
+        assert_ne!(
+            a,
+            derive_installation_id("uid-2", "egress-proxies-operator-system")
+        );
         assert_ne!(a, derive_installation_id("uid-1", "other"));
         assert_eq!(a.len(), 16);
         validate_installation_id(&a).unwrap();

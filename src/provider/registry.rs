@@ -26,7 +26,11 @@ pub enum ProviderType {
 
 impl ProviderType {
     /// All types, in documentation order.
-    pub const ALL: [ProviderType; 3] = [ProviderType::Kubernetes, ProviderType::Gcp, ProviderType::Kvm];
+    pub const ALL: [ProviderType; 3] = [
+        ProviderType::Kubernetes,
+        ProviderType::Gcp,
+        ProviderType::Kvm,
+    ];
 
     /// The config spelling.
     pub fn as_str(self) -> &'static str {
@@ -61,18 +65,33 @@ pub struct BuildError {
     pub message: String,
 }
 
+/// A configured provider's health check, taken from the undecorated provider.
+#[derive(Clone)]
+pub struct CheckerEntry {
+    /// Configured name.
+    pub name: String,
+    /// Its type.
+    pub provider_type: ProviderType,
+    /// The check, or `None` when the type has none ("checks not implemented").
+    pub checker: Option<Arc<dyn Checker>>,
+}
+
 /// Every configured provider, decorated, plus the checkers of the
 /// undecorated ones in config order.
 #[derive(Clone, Default)]
 pub struct Registry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
-    checkers: Vec<(String, ProviderType, Option<Arc<dyn Checker>>)>,
+    checkers: Vec<CheckerEntry>,
 }
 
 impl Registry {
     /// Builds every entry with `construct`, all or nothing, and wraps each
     /// as tracing(metrics(provider)). `construct` must not dial backends.
-    pub fn build<F>(config: &ProvidersConfig, metrics: &ProviderMetrics, construct: F) -> Result<Self, BuildError>
+    pub fn build<F>(
+        config: &ProvidersConfig,
+        metrics: &ProviderMetrics,
+        construct: F,
+    ) -> Result<Self, BuildError>
     where
         F: Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, String>,
     {
@@ -83,9 +102,14 @@ impl Registry {
                 provider_type: entry.provider_type,
                 message,
             })?;
-            reg.checkers.push((entry.name.clone(), entry.provider_type, raw.checker()));
-            let decorated: Arc<dyn Provider> =
-                Arc::new(TracingProvider::new(Arc::new(MetricsProvider::new(raw, metrics.clone()))));
+            reg.checkers.push(CheckerEntry {
+                name: entry.name.clone(),
+                provider_type: entry.provider_type,
+                checker: raw.checker(),
+            });
+            let decorated: Arc<dyn Provider> = Arc::new(TracingProvider::new(Arc::new(
+                MetricsProvider::new(raw, metrics.clone()),
+            )));
             reg.providers.insert(entry.name.clone(), decorated);
         }
         Ok(reg)
@@ -106,9 +130,8 @@ impl Registry {
         self.providers.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    /// `(name, type, checker)` in config order; `None` when the provider has
-    /// no health check.
-    pub fn checkers(&self) -> &[(String, ProviderType, Option<Arc<dyn Checker>>)] {
+    /// Health checks in config order.
+    pub fn checkers(&self) -> &[CheckerEntry] {
         &self.checkers
     }
 }

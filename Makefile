@@ -1,0 +1,45 @@
+# egress-proxies-operator: the targets users of operator projects expect.
+
+CARGO ?= cargo
+IMG ?= egress-proxies-operator:dev
+BIN := target/debug/egress-proxies-operator
+
+.PHONY: all build test lint fmt crds manifests check-crds test-apiserver test-e2e run check-config docker-build help
+
+all: build
+
+help: ## List the targets.
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## Build the operator and crdgen.
+	$(CARGO) build --bins
+
+test: lint check-crds ## Every test tier that runs on this machine (the CI command).
+	$(CARGO) test --workspace --no-fail-fast
+
+lint: ## Formatting and clippy, warnings are errors.
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt: ## Format the code.
+	$(CARGO) fmt --all
+
+crds: ## Regenerate crds/*.yaml from the Rust types.
+	$(CARGO) run --quiet --bin crdgen -- crds
+
+manifests: crds ## Alias of crds.
+
+check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
+	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
+
+test-apiserver: ## Build the Kubernetes test API server (test support, never shipped).
+	$(CARGO) build -p test-apiserver
+
+check-config: build ## Validate a providers file: make check-config PROVIDERS=path.yaml
+	$(BIN) --providers-config $(PROVIDERS) --check-config
+
+run: build ## Run the operator against the current kubeconfig with a local providers file.
+	$(BIN) --providers-config $(or $(PROVIDERS),config/samples/providers-config.yaml) --health-probe-bind-address 127.0.0.1:8081 --discovery-bind-address 127.0.0.1:8090
+
+docker-build: ## Build the image (IMG=...).
+	docker build -t $(IMG) .

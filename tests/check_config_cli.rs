@@ -1,0 +1,177 @@
+//! `--check-config` as a new user meets it: the real binary, a file on disk,
+//! an exit code and a message naming the offending key or value, fast, and
+//! with no cluster anywhere.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn run(doc: &str) -> (i32, String, String, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("providers.yaml");
+    std::fs::write(&path, doc).unwrap();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--providers-config")
+        .arg(&path)
+        .arg("--check-config")
+        // Prove no cluster is needed: point any kube client at nothing.
+        .env("KUBECONFIG", dir.path().join("absent"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn broken_files_exit_1_naming_the_problem() {
+    let cases = [
+        (
+            "typo'd key",
+            "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      projcet: my-project\n",
+            vec!["providers[0] \"gcp-eu\"", "projcet"],
+        ),
+        ("unknown type", "providers:\n  - name: aws\n    type: aws\n", vec!["providers[0] \"aws\"", "unknown provider type \"aws\""]),
+        (
+            "duplicate name",
+            "providers:\n  - name: kubernetes\n    type: kubernetes\n  - name: kubernetes\n    type: kubernetes\n",
+            vec!["providers[1] \"kubernetes\"", "duplicate provider name"],
+        ),
+        ("invalid name", "providers:\n  - name: GCP_EU\n    type: kubernetes\n", vec!["\"GCP_EU\"", "DNS-1123"]),
+        (
+            "gcp without project",
+            "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      networkTag: egress\n",
+            vec!["providers[0] \"gcp-eu\"", "gcp.project is required"],
+        ),
+        ("not YAML", "providers: [\n", vec!["providers"]),
+    ];
+    for (what, doc, parts) in cases {
+        let (code, _out, err, took) = run(doc);
+        assert_eq!(code, 1, "{what}: exit code, stderr: {err}");
+        for p in parts {
+            assert!(err.contains(p), "{what}: stderr {err:?} lacks {p:?}");
+        }
+        // Generous bound: this is a smoke check that nothing dials out, the
+        // rule itself is "within a second" on a quiet machine.
+        assert!(took < Duration::from_secs(5), "{what} took {took:?}");
+        println!("{what}: {took:?}: {}", err.trim());
+    }
+}
+
+#[test]
+fn a_valid_file_exits_0_and_lists_the_providers() {
+    let doc = "providers:\n  - name: kubernetes\n    type: kubernetes\n  - name: gcp-eu\n    type: gcp\n    gcp: {project: p}\n";
+    let (code, out, err, _) = run(doc);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(
+        out.contains("valid, 2 provider(s): kubernetes (kubernetes), gcp-eu (gcp)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn missing_file_and_missing_flag_are_clear() {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .args([
+            "--check-config",
+            "--providers-config",
+            "/nonexistent/providers.yaml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("cannot read providers config /nonexistent/providers.yaml"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--providers-config is required"));
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--providers-config",
+        "--check-config",
+        "--metrics-bind-address",
+        "--health-probe-bind-address",
+        "--leader-elect",
+        "--proxy-namespace",
+        "--max-concurrent-reconciles",
+        "--installation-id",
+        "--health-workers",
+        "--default-probe-url",
+        "--probe-ca-file",
+        "--discovery-bind-address",
+        "--max-lease-ttl",
+        "--lease-cooldown",
+        "--gc-interval",
+        "--gc-min-age",
+        "--gc-max-deletes-per-sweep",
+        "--provider-check-interval",
+        "--provider-check-timeout",
+        "--gcp-wire-log-full-payloads",
+        "--trace-health-probes",
+        "--log-format",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn sigterm_stops_the_operator_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("providers.yaml");
+    std::fs::write(
+        &path,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--providers-config")
+        .arg(&path)
+        .args([
+            "--health-probe-bind-address",
+            "0",
+            "--discovery-bind-address",
+            "0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Give it time to install the signal handler.
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("operator did not stop within 10s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(err.contains("Loaded providers config"), "{err}");
+    assert!(err.contains("Shutting down"), "{err}");
+}
