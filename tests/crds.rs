@@ -98,13 +98,12 @@ fn schemas_are_structural_and_documented() {
     }
 }
 
-#[test]
-fn names_scopes_columns_and_subresources() {
-    let px = serde_json::to_value(crd::proxy_crd()).unwrap();
-    assert_eq!(px["metadata"]["name"], "proxies.crawl.example.com");
-    assert_eq!(px["spec"]["scope"], "Namespaced");
-    assert_eq!(px["spec"]["names"]["shortNames"][0], "px");
-    let v = &px["spec"]["versions"][0];
+/// Checks scope, short name, version, status subresource and printer
+/// columns; returns the version entry.
+fn identity<'a>(crd: &'a Value, scope: &str, short: &str, columns: &[&str]) -> &'a Value {
+    assert_eq!(crd["spec"]["scope"], scope);
+    assert_eq!(crd["spec"]["names"]["shortNames"][0], short);
+    let v = &crd["spec"]["versions"][0];
     assert_eq!(v["name"], "v1alpha1");
     assert!(v["subresources"]["status"].is_object());
     let cols: Vec<&str> = v["additionalPrinterColumns"]
@@ -113,7 +112,20 @@ fn names_scopes_columns_and_subresources() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(cols, ["Mode", "Provider", "Phase", "IP", "Healthy", "Age"]);
+    assert_eq!(cols, columns);
+    v
+}
+
+#[test]
+fn names_scopes_columns_and_subresources() {
+    let px = serde_json::to_value(crd::proxy_crd()).unwrap();
+    assert_eq!(px["metadata"]["name"], "proxies.crawl.example.com");
+    let v = identity(
+        &px,
+        "Namespaced",
+        "px",
+        &["Mode", "Provider", "Phase", "IP", "Healthy", "Age"],
+    );
     let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["properties"]["mode"]["default"], "Managed");
     assert_eq!(spec["properties"]["port"]["minimum"], 1.0);
@@ -148,17 +160,12 @@ fn names_scopes_columns_and_subresources() {
 
     let ph = serde_json::to_value(crd::provider_health_crd()).unwrap();
     assert_eq!(ph["metadata"]["name"], "providerhealths.crawl.example.com");
-    assert_eq!(ph["spec"]["scope"], "Cluster");
-    assert_eq!(ph["spec"]["names"]["shortNames"][0], "ph");
-    let v = &ph["spec"]["versions"][0];
-    assert!(v["subresources"]["status"].is_object());
-    let cols: Vec<&str> = v["additionalPrinterColumns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(cols, ["Type", "Ready", "Targets", "Last Check", "Age"]);
+    let v = identity(
+        &ph,
+        "Cluster",
+        "ph",
+        &["Type", "Ready", "Targets", "Last Check", "Age"],
+    );
     let props = &v["schema"]["openAPIV3Schema"]["properties"];
     assert!(props.get("spec").is_none(), "ProviderHealth has no spec");
     let targets = &props["status"]["properties"]["targets"];
