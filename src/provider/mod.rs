@@ -4,6 +4,7 @@
 
 pub mod decorators;
 pub mod error;
+pub mod kubernetes;
 pub mod naming;
 pub mod registry;
 
