@@ -5,6 +5,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod http;
 pub mod metrics;
 pub mod provider;
 pub mod telemetry;

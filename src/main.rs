@@ -1,13 +1,24 @@
-//! Composition root: flags, logs, config, then the runnables; nothing else.
+//! Composition root: flags, logs, config, client, providers, runnables.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
-use tracing::{error, info};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
 
 use egress_proxies_operator::cli::{self, Flags};
 use egress_proxies_operator::config::ProvidersConfig;
-use egress_proxies_operator::telemetry;
+use egress_proxies_operator::controller::{self, Context};
+use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::provider::naming::derive_installation_id;
+use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
+use egress_proxies_operator::{http, telemetry};
+
+/// How long runnables get to finish after SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -16,6 +27,14 @@ async fn main() -> ExitCode {
         return check_config(&flags);
     }
     telemetry::init_logs(&flags.log_level, flags.log_format);
+    // Two TLS backends are linked (ring via kube, aws-lc-rs via the Google
+    // client); rustls refuses to guess, so pick one for the whole process.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        warn!("A TLS crypto provider was already installed");
+    }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         "Starting egress-proxies-operator"
@@ -46,11 +65,101 @@ async fn main() -> ExitCode {
     };
     info!(providers = ?config.names(), "Loaded providers config");
 
-    // The runnables (reconciler, health engine, discovery, GC, provider
-    // health monitor) are added here as they land; until then the process
-    // only holds its validated configuration until asked to stop.
-    shutdown_signal().await;
-    info!("Shutting down");
+    // Stop signal shared by every runnable.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("Shutting down");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let metrics = Metrics::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Ok(Some(addr)) = cli::parse_bind(&flags.health_probe_bind_address) {
+        let stop = stopped();
+        tasks.spawn(async move {
+            if let Err(e) = http::serve_probes(addr, stop).await {
+                error!(%addr, error = %e, "Probe server failed");
+            }
+        });
+    }
+    if let Ok(Some(addr)) = cli::parse_bind(&flags.metrics_bind_address) {
+        let (m, stop) = (metrics.clone(), stopped());
+        tasks.spawn(async move {
+            if let Err(e) = http::serve_metrics(addr, m, stop).await {
+                error!(%addr, error = %e, "Metrics server failed");
+            }
+        });
+    }
+
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let deps = registry::Deps {
+        client: client.clone(),
+    };
+    let providers = match Registry::build(&config, &metrics.provider, |e| {
+        registry::construct(e, &deps)
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            error!(error = %e, "Failed to build providers");
+            return ExitCode::FAILURE;
+        }
+    };
+    let installation_id = match &flags.installation_id {
+        Some(id) => id.clone(),
+        None => match Api::<Namespace>::all(client.clone())
+            .get("kube-system")
+            .await
+        {
+            Ok(ns) => derive_installation_id(
+                &ns.metadata.uid.unwrap_or_default(),
+                &flags.operator_namespace,
+            ),
+            Err(e) => {
+                error!(error = %e, "Cannot read the kube-system namespace to derive the installation id; pass --installation-id");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    info!(installationID = %installation_id, "Installation identity");
+    if flags.leader_elect {
+        warn!("--leader-elect is not implemented yet: this replica acts as the leader; run a single replica");
+    }
+
+    let watch_pods = config
+        .providers
+        .iter()
+        .any(|p| p.provider_type == ProviderType::Kubernetes);
+    let ctx = Arc::new(Context::new(client, providers, installation_id, None));
+    let ns = flags.proxy_namespace.clone();
+    let concurrency = flags.max_concurrent_reconciles;
+    let stop = stopped();
+    tasks.spawn(async move {
+        controller::run(ctx, ns.as_deref(), concurrency, watch_pods, stop).await;
+    });
+    // Runnables finish their in-flight work on the stop signal; one that is
+    // stuck (e.g. a watch retrying an unreachable API server) is abandoned
+    // after a grace period so SIGTERM always ends the process.
+    let stop = stopped();
+    tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = async { stop.await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            warn!(grace = ?SHUTDOWN_GRACE, "Runnables did not stop in time; abandoning them");
+            tasks.abort_all();
+        }
+    }
     ExitCode::SUCCESS
 }
 
@@ -85,24 +194,17 @@ fn check_config(flags: &Flags) -> ExitCode {
 
 /// Resolves on SIGTERM or Ctrl-C.
 async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
-                let _ = tokio::signal::ctrl_c().await;
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        Err(e) => {
+            error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

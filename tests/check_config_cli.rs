@@ -139,6 +139,14 @@ fn sigterm_stops_the_operator_cleanly() {
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
     )
     .unwrap();
+    // A cluster that refuses connections: the operator must keep running
+    // (retrying its watches) and still stop promptly on SIGTERM.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"http://127.0.0.1:1\"}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
         .arg("--providers-config")
         .arg(&path)
@@ -147,12 +155,16 @@ fn sigterm_stops_the_operator_cleanly() {
             "0",
             "--discovery-bind-address",
             "0",
+            "--installation-id",
+            "test",
         ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // Give it time to install the signal handler.
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1500));
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -135,3 +135,25 @@ impl Registry {
         &self.checkers
     }
 }
+
+/// What constructors may use. Constructors never dial.
+#[derive(Clone)]
+pub struct Deps {
+    /// The operator's Kubernetes client.
+    pub client: kube::Client,
+}
+
+/// Builds the provider for one config entry: the single dispatch over
+/// [`ProviderType`]s, exhaustive so a new type cannot be forgotten.
+pub fn construct(entry: &ProviderConfig, deps: &Deps) -> Result<Arc<dyn Provider>, String> {
+    use crate::config::ProviderSettings;
+    match &entry.settings {
+        ProviderSettings::Kubernetes(cfg) => Ok(Arc::new(
+            super::kubernetes::KubernetesProvider::new(&entry.name, cfg, deps.client.clone()),
+        )),
+        ProviderSettings::Gcp(_) | ProviderSettings::Kvm(_) => Err(format!(
+            "provider type {} is not available in this build yet",
+            entry.provider_type
+        )),
+    }
+}
