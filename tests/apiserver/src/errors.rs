@@ -178,7 +178,13 @@ pub fn invalid(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> ApiE
     };
     let causes: Vec<Value> = errs
         .iter()
-        .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
+        .map(|e| {
+            let short = e
+                .message
+                .strip_prefix(&format!("{}: ", e.field))
+                .unwrap_or(&e.message);
+            json!({"reason": e.reason, "message": short, "field": e.field})
+        })
         .collect();
     ApiError::new(
         422,

@@ -113,7 +113,9 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
                 "platform": "linux/amd64"}),
         ),
         ["healthz" | "readyz" | "livez"] => Response::new(Body::from("ok")),
-        ["openapi", "v3"] => respond(200, &json!({"paths": {}})),
+        ["openapi", "v3"] => respond(200, &openapi_root(&app.store)),
+        ["openapi", "v3", "api", v] => openapi_gv(&app.store, "", v),
+        ["openapi", "v3", "apis", g, v] => openapi_gv(&app.store, g, v),
         ["api"] => respond(
             200,
             &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
@@ -130,6 +132,55 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         ["apis", g, v, rest @ ..] => ctx.resource(g, v, rest),
         _ => error(not_found_path()),
     }
+}
+
+/// The /openapi/v3 index: one entry per group/version.
+fn openapi_root(store: &Store) -> Value {
+    let mut paths = serde_json::Map::new();
+    for d in &store.defs {
+        let gv = d.prefix().trim_start_matches('/').to_string();
+        paths.insert(
+            gv.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=test{}", store.defs.len())}),
+        );
+    }
+    json!({"paths": paths})
+}
+
+/// A minimal per-group-version OpenAPI v3 document: only the PATCH operations,
+/// so kubectl sees that the server does field validation (`fieldValidation`)
+/// and leaves validation to the server. No component schemas are published,
+/// so kubectl uses JSON merge patches for custom resources.
+fn openapi_gv(store: &Store, g: &str, v: &str) -> Response {
+    let defs: Vec<&ResourceDef> = store
+        .defs
+        .iter()
+        .filter(|d| d.group == g && d.version == v)
+        .collect();
+    if defs.is_empty() {
+        return error(not_found_path());
+    }
+    let mut paths = serde_json::Map::new();
+    for d in defs {
+        let path = if d.namespaced {
+            format!("{}/namespaces/{{namespace}}/{}/{{name}}", d.prefix(), d.plural)
+        } else {
+            format!("{}/{}/{{name}}", d.prefix(), d.plural)
+        };
+        let op = json!({"patch": {
+            "x-kubernetes-group-version-kind": {"group": d.group, "version": d.version, "kind": d.kind},
+            "parameters": [
+                {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}}],
+            "responses": {"200": {"description": "OK"}}}});
+        paths.insert(path, op);
+    }
+    respond(
+        200,
+        &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"},
+            "paths": paths, "components": {"schemas": {}}}),
+    )
 }
 
 fn not_found_path() -> ApiError {

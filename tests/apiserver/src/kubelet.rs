@@ -46,6 +46,15 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            kill_group(&mut self.child);
+        }
+        remove_shm(&service_name(self.ip));
+    }
+}
+
 type Key = (String, String);
 
 #[derive(Default)]
@@ -137,12 +146,28 @@ fn pick_ip(st: &State, port: u16) -> Option<u8> {
     })
 }
 
+fn service_name(ip: u8) -> String {
+    format!("tk{}n{ip}", std::process::id())
+}
+
+/// Remove the /dev/shm segments squid leaves behind for a service name.
+fn remove_shm(service: &str) {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in dir.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!("{service}-")) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Kill a process group: TERM, a short grace, then KILL; reaps the child.
 fn kill_group(child: &mut Child) {
     let pgid = child.id() as i32;
     // SAFETY: kill(2) with a negative pid signals a process group we created.
     unsafe { libc::kill(-pgid, libc::SIGTERM) };
-    for _ in 0..20 {
+    for _ in 0..40 {
         if matches!(child.try_wait(), Ok(Some(_))) {
             break;
         }
@@ -295,8 +320,12 @@ fn spawn_squid(state: &Mutex<State>, k: &Key, uid: &str, conf: &str, port: u16) 
     // A shell watchdog runs squid and kills it when this process disappears, so
     // even a SIGKILLed test leaves nothing behind (squid drops privileges, which
     // clears PR_SET_PDEATHSIG, so that alone would not do).
-    let script = r#"squid="$1"; conf="$2"; parent="$3"
-"$squid" -N -f "$conf" & s=$!
+    // A per-pod service name keeps squid's shared-memory segments (/dev/shm) apart.
+    let service = service_name(ip);
+    remove_shm(&service);
+    let script = r#"squid="$1"; conf="$2"; parent="$3"; service="$4"
+"$squid" -N -n "$service" -f "$conf" & s=$!
+trap 'kill -KILL "$s" 2>/dev/null; wait "$s"; exit 143' TERM INT
 while kill -0 "$parent" 2>/dev/null && kill -0 "$s" 2>/dev/null; do sleep 0.3; done
 if kill -0 "$s" 2>/dev/null; then kill -TERM "$s"; sleep 0.5; kill -KILL "$s" 2>/dev/null; fi
 wait "$s""#;
@@ -307,6 +336,7 @@ wait "$s""#;
         .arg(SQUID)
         .arg(&conf_path)
         .arg(std::process::id().to_string())
+        .arg(&service)
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)
@@ -423,7 +453,7 @@ fn check_exits(store: &Store, state: &Mutex<State>) {
                         .find(|l| l.contains("FATAL"))
                         .unwrap_or("squid exited")
                         .to_string();
-                    st.done.insert(k.clone(), r.uid);
+                    st.done.insert(k.clone(), r.uid.clone());
                     exited.push((k, fatal, status.code().unwrap_or(-1)));
                 }
             }

@@ -107,8 +107,7 @@ pub fn builtins() -> Vec<ResourceDef> {
     cm.short_names = vec!["cm".into()];
     let mut ev = ResourceDef::builtin("", "Event", "events", true, false);
     ev.short_names = vec!["ev".into()];
-    let mut ev2 = ResourceDef::builtin("events.k8s.io", "Event", "events", true, false);
-    ev2.short_names = vec!["ev".into()];
+    let ev2 = ResourceDef::builtin("events.k8s.io", "Event", "events", true, false);
     vec![
         ns,
         pod,
