@@ -90,6 +90,13 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let query = parse_query(req.uri().query());
     let accept = header(&req, "accept");
     let content_type = header(&req, "content-type");
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        return error(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the test API server only accepts JSON bodies, not {content_type}"),
+        ));
+    }
     let body = match axum::body::to_bytes(req.into_body(), 32 << 20).await {
         Ok(b) => b,
         Err(e) => return error(ApiError::bad_request(format!("reading body: {e}"))),
