@@ -67,7 +67,11 @@ impl ApiError {
     }
 
     pub fn method_not_allowed() -> Self {
-        ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
     }
 
     /// The `Status` object.
@@ -173,7 +177,10 @@ pub fn invalid(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> ApiE
     } else {
         format!(
             "[{}]",
-            errs.iter().map(|e| e.message.as_str()).collect::<Vec<_>>().join(", ")
+            errs.iter()
+                .map(|e| e.message.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
     let causes: Vec<Value> = errs
@@ -189,7 +196,12 @@ pub fn invalid(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> ApiE
     ApiError::new(
         422,
         "Invalid",
-        format!("{} \"{}\" is invalid: {}", qualified(kind, group), name, joined),
+        format!(
+            "{} \"{}\" is invalid: {}",
+            qualified(kind, group),
+            name,
+            joined
+        ),
     )
     .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes}))
 }

@@ -45,15 +45,13 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
+            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(v) => {
+                    out.push(v);
+                    i += 2;
                 }
-            }
+                Err(_) => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;
@@ -111,7 +109,10 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         body: &body,
     };
     match segs.as_slice() {
-        [] => respond(200, &json!({"paths": ["/api", "/api/v1", "/apis", "/version"]})),
+        [] => respond(
+            200,
+            &json!({"paths": ["/api", "/api/v1", "/apis", "/version"]}),
+        ),
         ["version"] => respond(
             200,
             &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-test-apiserver",
@@ -170,7 +171,11 @@ fn openapi_gv(store: &Store, g: &str, v: &str) -> Response {
     let mut paths = serde_json::Map::new();
     for d in defs {
         let path = if d.namespaced {
-            format!("{}/namespaces/{{namespace}}/{}/{{name}}", d.prefix(), d.plural)
+            format!(
+                "{}/namespaces/{{namespace}}/{}/{{name}}",
+                d.prefix(),
+                d.plural
+            )
         } else {
             format!("{}/{}/{{name}}", d.prefix(), d.plural)
         };
@@ -191,8 +196,12 @@ fn openapi_gv(store: &Store, g: &str, v: &str) -> Response {
 }
 
 fn not_found_path() -> ApiError {
-    ApiError::new(404, "NotFound", "the server could not find the requested resource")
-        .with_details(json!({}))
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+    .with_details(json!({}))
 }
 
 fn group_entry(store: &Store, g: &str) -> Value {
@@ -240,7 +249,11 @@ fn resource_list(store: &Store, g: &str, v: &str) -> Response {
     if defs.is_empty() {
         return error(not_found_path());
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
     let resources: Vec<Value> = defs.iter().flat_map(|d| d.discovery_entries()).collect();
     respond(
         200,
@@ -261,7 +274,8 @@ fn parse_body(body: &[u8], yaml: bool) -> Result<Value, ApiError> {
     if yaml {
         let text = std::str::from_utf8(body)
             .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
-        serde_norway::from_str(text).map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))
+        serde_norway::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))
     } else {
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
@@ -311,7 +325,11 @@ impl Ctx<'_> {
                 }
                 self.list(def, ns)
             }
-            ("GET", Some(n)) => self.app.store.get(def, ns, n).map(|o| (200, self.maybe_table(def, o))),
+            ("GET", Some(n)) => self
+                .app
+                .store
+                .get(def, ns, n)
+                .map(|o| (200, self.maybe_table(def, o))),
             ("POST", None) => parse_body(self.body, false)
                 .and_then(|o| self.app.store.create(def, ns, o))
                 .map(|o| (201, o)),
@@ -403,7 +421,12 @@ impl Ctx<'_> {
         name: &str,
         status: bool,
     ) -> Result<(u16, Value), ApiError> {
-        let ct = self.content_type.split(';').next().unwrap_or_default().trim();
+        let ct = self
+            .content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim();
         let store = &self.app.store;
         match ct {
             "application/json-patch+json" => {
@@ -459,7 +482,12 @@ impl Ctx<'_> {
         }
     }
 
-    fn delete(&self, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<(u16, Value), ApiError> {
+    fn delete(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<(u16, Value), ApiError> {
         let opts: Value = if self.body.is_empty() {
             Value::Null
         } else {
@@ -476,12 +504,19 @@ impl Ctx<'_> {
             .map(|o| (200, o))
     }
 
-    fn delete_collection(&self, def: &ResourceDef, ns: Option<&str>) -> Result<(u16, Value), ApiError> {
+    fn delete_collection(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+    ) -> Result<(u16, Value), ApiError> {
         let filter = self.filter(ns)?;
         let (items, _) = self.app.store.list(def, &filter);
         let mut deleted = Vec::new();
         for it in items {
-            let n = it.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let n = it
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let ins = it.pointer("/metadata/namespace").and_then(Value::as_str);
             if let Ok(o) = self.app.store.delete(def, ins, n, (None, None)) {
                 deleted.push(o);

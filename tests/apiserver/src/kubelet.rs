@@ -76,7 +76,12 @@ fn lock(s: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn key(pod: &Value) -> Key {
-    let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+    let s = |p: &str| {
+        pod.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     (s("/metadata/namespace"), s("/metadata/name"))
 }
 
@@ -109,7 +114,13 @@ fn port_of(pod: &Value, conf: &str) -> u16 {
 }
 
 /// The conf the kubelet runs: the user's lines minus owned directives, plus ours.
-pub fn rewrite_conf(conf: &str, ip: Ipv4Addr, port: u16, dir: &std::path::Path, name: &str) -> String {
+pub fn rewrite_conf(
+    conf: &str,
+    ip: Ipv4Addr,
+    port: u16,
+    dir: &std::path::Path,
+    name: &str,
+) -> String {
     let mut out: Vec<String> = conf
         .lines()
         .filter(|l| {
@@ -131,7 +142,10 @@ pub fn rewrite_conf(conf: &str, ip: Ipv4Addr, port: u16, dir: &std::path::Path, 
     out.push("htcp_port 0".into());
     out.push("pinger_enable off".into());
     out.push("shutdown_lifetime 0 seconds".into());
-    if !conf.lines().any(|l| l.trim_start().starts_with("visible_hostname")) {
+    if !conf
+        .lines()
+        .any(|l| l.trim_start().starts_with("visible_hostname"))
+    {
         out.push(format!("visible_hostname {name}"));
     }
     // squid started as root switches to cache_effective_user (Debian: proxy); the
@@ -156,7 +170,10 @@ fn remove_shm(service: &str) {
         return;
     };
     for e in dir.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!("{service}-")) {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{service}-"))
+        {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -218,7 +235,12 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>) {
             let live: Vec<Key> = pods.iter().map(key).collect();
             {
                 let mut st = lock(&state);
-                let gone: Vec<Key> = st.pods.keys().filter(|k| !live.contains(k)).cloned().collect();
+                let gone: Vec<Key> = st
+                    .pods
+                    .keys()
+                    .filter(|k| !live.contains(k))
+                    .cloned()
+                    .collect();
                 for k in gone {
                     if let Some(mut r) = st.pods.remove(&k) {
                         kill_group(&mut r.child);
@@ -259,7 +281,11 @@ fn stop(state: &Mutex<State>, k: &Key) {
 
 fn sync_pod(store: &Arc<Store>, state: &Arc<Mutex<State>>, pod: &Value, deleted: bool) {
     let k = key(pod);
-    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
     if deleted || deleting {
         stop(state, &k);
@@ -300,7 +326,13 @@ fn sync_pod(store: &Arc<Store>, state: &Arc<Mutex<State>>, pod: &Value, deleted:
     }
 }
 
-fn spawn_squid(state: &Mutex<State>, k: &Key, uid: &str, conf: &str, port: u16) -> Result<u8, String> {
+fn spawn_squid(
+    state: &Mutex<State>,
+    k: &Key,
+    uid: &str,
+    conf: &str,
+    port: u16,
+) -> Result<u8, String> {
     let mut st = lock(state);
     let ip = pick_ip(&st, port).ok_or("no free loopback address")?;
     let dir = tempfile::Builder::new()
@@ -355,7 +387,14 @@ wait "$s""#;
     Ok(ip)
 }
 
-async fn wait_ready(store: Arc<Store>, state: Arc<Mutex<State>>, k: Key, uid: String, ip: u8, port: u16) {
+async fn wait_ready(
+    store: Arc<Store>,
+    state: Arc<Mutex<State>>,
+    k: Key,
+    uid: String,
+    ip: u8,
+    port: u16,
+) {
     let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 0, ip), port));
     for _ in 0..200 {
         let alive = lock(&state).pods.get(&k).is_some_and(|r| r.uid == uid);
@@ -370,7 +409,12 @@ async fn wait_ready(store: Arc<Store>, state: Arc<Mutex<State>>, k: Key, uid: St
     }
     stop(&state, &k);
     lock(&state).done.insert(k.clone(), uid);
-    set_failed(&store, &k, "squid did not accept connections within 20s", -1);
+    set_failed(
+        &store,
+        &k,
+        "squid did not accept connections within 20s",
+        -1,
+    );
 }
 
 fn write_status(store: &Store, k: &Key, f: impl FnOnce(&mut Value)) {
@@ -385,7 +429,12 @@ fn write_status(store: &Store, k: &Key, f: impl FnOnce(&mut Value)) {
 }
 
 fn container_name(pod: &Value) -> (String, String) {
-    let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+    let s = |p: &str| {
+        pod.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     (s("/spec/containers/0/name"), s("/spec/containers/0/image"))
 }
 
@@ -444,10 +493,14 @@ fn check_exits(store: &Store, state: &Mutex<State>) {
         let mut st = lock(state);
         let keys: Vec<Key> = st.pods.keys().cloned().collect();
         for k in keys {
-            let status = st.pods.get_mut(&k).and_then(|r| r.child.try_wait().ok().flatten());
+            let status = st
+                .pods
+                .get_mut(&k)
+                .and_then(|r| r.child.try_wait().ok().flatten());
             if let Some(status) = status {
                 if let Some(r) = st.pods.remove(&k) {
-                    let log = std::fs::read_to_string(r._dir.path().join("cache.log")).unwrap_or_default();
+                    let log = std::fs::read_to_string(r._dir.path().join("cache.log"))
+                        .unwrap_or_default();
                     let fatal = log
                         .lines()
                         .find(|l| l.contains("FATAL"))

@@ -81,7 +81,10 @@ impl TestApiServer {
     /// Start serving (call inside a tokio runtime).
     pub async fn start(opts: Options) -> Result<TestApiServer, String> {
         if !opts.listen.ip().is_loopback() {
-            return Err(format!("refusing to listen on non-loopback {}", opts.listen));
+            return Err(format!(
+                "refusing to listen on non-loopback {}",
+                opts.listen
+            ));
         }
         let mut defs = resources::builtins();
         if let Some(dir) = &opts.crds_dir {

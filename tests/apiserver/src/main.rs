@@ -17,7 +17,12 @@ fn parse_args() -> Options {
             Some((f, v)) => (f.to_string(), Some(v.to_string())),
             None => (a.clone(), None),
         };
-        let mut value = || inline.clone().or_else(|| args.next()).unwrap_or_else(|| usage());
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .unwrap_or_else(|| usage())
+        };
         match flag.as_str() {
             "--listen" => opts.listen = value().parse().unwrap_or_else(|_| usage()),
             "--kubeconfig-out" => opts.kubeconfig_out = Some(PathBuf::from(value())),
@@ -40,7 +45,11 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    eprintln!("test-apiserver: serving on {} (kubeconfig {})", srv.url(), srv.kubeconfig_path().display());
+    eprintln!(
+        "test-apiserver: serving on {} (kubeconfig {})",
+        srv.url(),
+        srv.kubeconfig_path().display()
+    );
     println!("ready");
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).unwrap_or_else(|e| {

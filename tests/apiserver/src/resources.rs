@@ -148,7 +148,10 @@ pub fn load_crds(dir: &Path) -> Result<Vec<ResourceDef>, String> {
 }
 
 fn s(v: &Value, ptr: &str) -> String {
-    v.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_string()
+    v.pointer(ptr)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// The served versions of one CRD.
@@ -157,7 +160,10 @@ pub fn crd_defs(crd: &Value) -> Result<Vec<ResourceDef>, String> {
     let kind = s(crd, "/spec/names/kind");
     let plural = s(crd, "/spec/names/plural");
     if group.is_empty() || kind.is_empty() || plural.is_empty() {
-        return Err(format!("CRD {} lacks group/kind/plural", s(crd, "/metadata/name")));
+        return Err(format!(
+            "CRD {} lacks group/kind/plural",
+            s(crd, "/metadata/name")
+        ));
     }
     let singular = match s(crd, "/spec/names/singular") {
         x if x.is_empty() => kind.to_lowercase(),
@@ -166,7 +172,11 @@ pub fn crd_defs(crd: &Value) -> Result<Vec<ResourceDef>, String> {
     let short_names: Vec<String> = crd
         .pointer("/spec/names/shortNames")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default();
     let namespaced = s(crd, "/spec/scope") != "Cluster";
     let mut out = Vec::new();

@@ -73,7 +73,10 @@ impl LabelSelector {
                     parse_set(&part[idx + 7..])?,
                 ));
             } else if let Some(idx) = part.find(" in ") {
-                reqs.push(Req::In(part[..idx].trim().into(), parse_set(&part[idx + 4..])?));
+                reqs.push(Req::In(
+                    part[..idx].trim().into(),
+                    parse_set(&part[idx + 4..])?,
+                ));
             } else if part.contains(' ') || part.contains('(') {
                 return Err(format!("unable to parse requirement: {part:?}"));
             } else {
@@ -182,10 +185,14 @@ mod tests {
     fn field_selectors() {
         let o = json!({"metadata": {"name": "n", "namespace": "ns"}});
         assert!(FieldSelector::parse("metadata.name=n").unwrap().matches(&o));
-        assert!(!FieldSelector::parse("metadata.name!=n").unwrap().matches(&o));
-        assert!(FieldSelector::parse("metadata.namespace==ns,metadata.name=n")
+        assert!(!FieldSelector::parse("metadata.name!=n")
             .unwrap()
             .matches(&o));
+        assert!(
+            FieldSelector::parse("metadata.namespace==ns,metadata.name=n")
+                .unwrap()
+                .matches(&o)
+        );
         assert!(FieldSelector::parse("spec.bogus=1").is_err());
     }
 }

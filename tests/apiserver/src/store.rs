@@ -91,7 +91,11 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -151,7 +155,9 @@ impl Store {
 
     /// The resource served under `group` with this plural.
     pub fn def(&self, group: &str, plural: &str) -> Option<&ResourceDef> {
-        self.defs.iter().find(|d| d.group == group && d.plural == plural)
+        self.defs
+            .iter()
+            .find(|d| d.group == group && d.plural == plural)
     }
 
     pub fn def_gvr(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceDef> {
@@ -269,26 +275,44 @@ impl Store {
         } else {
             m.remove("namespace");
         }
-        let mut name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let mut name = m
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         if name.is_empty() {
-            let gen = m.get("generateName").and_then(Value::as_str).unwrap_or_default();
+            let gen = m
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             if gen.is_empty() {
                 return Err(invalid(
                     &def.kind,
                     &def.group,
                     "",
-                    &[FieldError::required("metadata.name", "name or generateName is required")],
+                    &[FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
                 ));
             }
             name = format!("{gen}{}", random_suffix());
             m.insert("name".into(), json!(name));
         }
-        if m.get("uid").and_then(Value::as_str).is_none_or(str::is_empty) {
+        if m.get("uid")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         }
         m.insert("creationTimestamp".into(), json!(now_rfc3339()));
         m.insert("generation".into(), json!(1));
-        for k in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"] {
+        for k in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "selfLink",
+        ] {
             m.remove(k);
         }
         if def.status_subresource {
@@ -304,10 +328,7 @@ impl Store {
         self.validate(def, &mut obj, None)?;
 
         let mut inner = self.lock();
-        let key = (
-            meta_str(&obj, "namespace").to_string(),
-            name.clone(),
-        );
+        let key = (meta_str(&obj, "namespace").to_string(), name.clone());
         let objects = inner.objects.entry(def.key()).or_default();
         if objects.contains_key(&key) {
             return Err(ApiError::already_exists(&def.group, &def.plural, &name));
@@ -410,7 +431,10 @@ impl Store {
         }
         self.validate(def, &mut new, Some(&old))?;
         if spec_part(&new) != spec_part(&old) {
-            let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
             meta_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
         let deleting = !meta_str(&old, "deletionTimestamp").is_empty();

@@ -266,7 +266,13 @@ fn row_object(obj: &Value, include: &str) -> Option<Value> {
 }
 
 /// A Table of `objs`. `include` is the includeObject parameter.
-pub fn table(def: &ResourceDef, objs: &[Value], rv: Option<u64>, include: &str, headers: bool) -> Value {
+pub fn table(
+    def: &ResourceDef,
+    objs: &[Value],
+    rv: Option<u64>,
+    include: &str,
+    headers: bool,
+) -> Value {
     let cols = columns(def);
     let mut defs = vec![json!({"name": "Name", "type": "string", "format": "name",
         "description": "Name must be unique within a namespace.", "priority": 0})];
@@ -319,7 +325,10 @@ mod tests {
             eval(".status.conditions[?(@.type==\"Healthy\")].status", &o),
             vec![json!("False")]
         );
-        assert_eq!(eval(".status.conditions[0].type", &o), vec![json!("Provisioned")]);
+        assert_eq!(
+            eval(".status.conditions[0].type", &o),
+            vec![json!("Provisioned")]
+        );
         assert_eq!(eval(".status.conditions[*].type", &o).len(), 2);
         assert!(eval(".status.ip", &o).is_empty());
     }

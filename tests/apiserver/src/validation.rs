@@ -128,7 +128,11 @@ pub fn check(schema: &Value, value: &Value, path: &str, errs: &mut Vec<FieldErro
         if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
             let excl = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
             if n > max || (excl && n == max) {
-                let rel = if excl { "less than" } else { "less than or equal to" };
+                let rel = if excl {
+                    "less than"
+                } else {
+                    "less than or equal to"
+                };
                 errs.push(FieldError::invalid(
                     path,
                     value,
@@ -139,7 +143,11 @@ pub fn check(schema: &Value, value: &Value, path: &str, errs: &mut Vec<FieldErro
         if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
             let excl = schema.get("exclusiveMinimum") == Some(&Value::Bool(true));
             if n < min || (excl && n == min) {
-                let rel = if excl { "greater than" } else { "greater than or equal to" };
+                let rel = if excl {
+                    "greater than"
+                } else {
+                    "greater than or equal to"
+                };
                 errs.push(FieldError::invalid(
                     path,
                     value,
@@ -243,7 +251,10 @@ pub fn check_cel(schema: &Value, obj: &Value, old: Option<&Value>, errs: &mut Ve
     for e in cel_errs {
         let field = e.field_path.trim_start_matches('.').to_string();
         let at = lookup(obj, &field);
-        let reason = e.reason.clone().unwrap_or_else(|| "FieldValueInvalid".into());
+        let reason = e
+            .reason
+            .clone()
+            .unwrap_or_else(|| "FieldValueInvalid".into());
         let fe = match reason.as_str() {
             "FieldValueRequired" => FieldError::required(&field, &e.message),
             "FieldValueForbidden" => FieldError::forbidden(&field, &e.message),
@@ -324,9 +335,20 @@ mod tests {
         let mut o = json!({"spec": {"mode": "Bogus", "port": "x", "name": "ABCD"}});
         let errs = validate_custom(&schema(), &mut o, None);
         let all: Vec<_> = errs.iter().map(|e| e.message.clone()).collect();
-        assert!(all.iter().any(|m| m.starts_with("spec.mode: Unsupported value: \"Bogus\"")), "{all:?}");
-        assert!(all.iter().any(|m| m.contains("spec.port in body must be of type integer")), "{all:?}");
-        assert!(all.iter().any(|m| m.contains("spec.name: Too long")), "{all:?}");
+        assert!(
+            all.iter()
+                .any(|m| m.starts_with("spec.mode: Unsupported value: \"Bogus\"")),
+            "{all:?}"
+        );
+        assert!(
+            all.iter()
+                .any(|m| m.contains("spec.port in body must be of type integer")),
+            "{all:?}"
+        );
+        assert!(
+            all.iter().any(|m| m.contains("spec.name: Too long")),
+            "{all:?}"
+        );
         assert!(all.iter().any(|m| m.contains("should match")), "{all:?}");
         let mut o = json!({"metadata": {}});
         let errs = validate_custom(&schema(), &mut o, None);

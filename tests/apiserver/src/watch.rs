@@ -89,8 +89,8 @@ pub fn start(
     };
     tokio::spawn(async move {
         let mut changes = store.subscribe();
-        let deadline = tokio::time::Instant::now()
-            + params.timeout.unwrap_or(Duration::from_secs(1800));
+        let deadline =
+            tokio::time::Instant::now() + params.timeout.unwrap_or(Duration::from_secs(1800));
         let rv_param = params.resource_version.clone().unwrap_or_default();
         let mut last: u64;
         if rv_param.is_empty() || rv_param == "0" || params.send_initial_events {

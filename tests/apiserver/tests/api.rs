@@ -20,12 +20,19 @@ async fn watch_resumes_from_resource_version_and_410_when_too_old() {
     let a = api.create(&PostParams::default(), &p1("a")).await.unwrap();
     let from = rv(&a);
     api.create(&PostParams::default(), &p1("b")).await.unwrap();
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})))
-        .await
-        .unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+    )
+    .await
+    .unwrap();
     api.delete("b", &DeleteParams::default()).await.unwrap();
 
-    let stream = api.watch(&WatchParams::default().timeout(10), &from).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(10), &from)
+        .await
+        .unwrap();
     let events: Vec<_> = within(10, "3 watch events", stream.take(3).try_collect::<Vec<_>>())
         .await
         .unwrap();
@@ -47,9 +54,15 @@ async fn watch_resumes_from_resource_version_and_410_when_too_old() {
     cms.create(&PostParams::default(), &cm).await.unwrap();
     for i in 0..=test_apiserver::store::EVENT_WINDOW {
         let p = json!({"data": {"i": i.to_string()}});
-        cms.patch("churn", &PatchParams::default(), &Patch::Merge(p)).await.unwrap();
+        cms.patch("churn", &PatchParams::default(), &Patch::Merge(p))
+            .await
+            .unwrap();
     }
-    let mut stream = api.watch(&WatchParams::default().timeout(5), &from).await.unwrap().boxed();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await
+        .unwrap()
+        .boxed();
     match within(5, "410 event", stream.next()).await {
         Some(Ok(WatchEvent::Error(s))) => assert_eq!(s.code, 410, "{s:?}"),
         other => panic!("expected a 410 ERROR event, got {other:?}"),
@@ -77,14 +90,21 @@ async fn stale_resource_version_conflicts_and_errors_are_statuses() {
     let api = proxies(&srv.client());
     let created = api.create(&PostParams::default(), &p1("c")).await.unwrap();
     let mut stale = created.clone();
-    api.patch("c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"port": 3129}})))
-        .await
-        .unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"port": 3129}})),
+    )
+    .await
+    .unwrap();
     stale.data["spec"]["port"] = json!(3130);
     let (code, reason, msg) = api_err(api.replace("c", &PostParams::default(), &stale).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"), "{msg}");
     let p = json!({"metadata": {"resourceVersion": rv(&created)}, "spec": {"port": 3131}});
-    let (code, _, _) = api_err(api.patch("c", &PatchParams::default(), &Patch::Merge(p)).await);
+    let (code, _, _) = api_err(
+        api.patch("c", &PatchParams::default(), &Patch::Merge(p))
+            .await,
+    );
     assert_eq!(code, 409);
     let (code, reason, _) = api_err(api.create(&PostParams::default(), &p1("c")).await);
     assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
@@ -95,7 +115,10 @@ async fn stale_resource_version_conflicts_and_errors_are_statuses() {
     let cur = api.get("c").await.unwrap();
     let mut next = cur.clone();
     next.data["spec"]["port"] = json!(3132);
-    let replaced = api.replace("c", &PostParams::default(), &next).await.unwrap();
+    let replaced = api
+        .replace("c", &PostParams::default(), &next)
+        .await
+        .unwrap();
     assert_ne!(rv(&replaced), rv(&cur));
 }
 
@@ -109,19 +132,33 @@ async fn generation_bumps_only_on_spec_change() {
     assert!(o.metadata.creation_timestamp.is_some());
     let pp = PatchParams::default();
     let o = api
-        .patch("g", &pp, &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})))
+        .patch(
+            "g",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(generation(&o), 1);
-    let o = api.patch("g", &pp, &Patch::Merge(json!({"spec": {"port": 8080}}))).await.unwrap();
+    let o = api
+        .patch("g", &pp, &Patch::Merge(json!({"spec": {"port": 8080}})))
+        .await
+        .unwrap();
     assert_eq!(generation(&o), 2);
     let o = api
-        .patch_status("g", &pp, &Patch::Merge(json!({"status": {"phase": "Running"}})))
+        .patch_status(
+            "g",
+            &pp,
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
         .await
         .unwrap();
     assert_eq!(generation(&o), 2);
     // A no-op write changes nothing, not even the resourceVersion.
-    let same = api.patch("g", &pp, &Patch::Merge(json!({"spec": {"port": 8080}}))).await.unwrap();
+    let same = api
+        .patch("g", &pp, &Patch::Merge(json!({"spec": {"port": 8080}})))
+        .await
+        .unwrap();
     assert_eq!(rv(&same), rv(&o));
 }
 
@@ -131,12 +168,20 @@ async fn status_subresource_is_split_from_spec() {
     let api = proxies(&srv.client());
     let pp = PatchParams::default();
     api.create(&PostParams::default(), &p1("s")).await.unwrap();
-    api.patch_status("s", &pp, &Patch::Merge(json!({"status": {"phase": "Running", "ip": "10.0.0.1"}})))
-        .await
-        .unwrap();
+    api.patch_status(
+        "s",
+        &pp,
+        &Patch::Merge(json!({"status": {"phase": "Running", "ip": "10.0.0.1"}})),
+    )
+    .await
+    .unwrap();
     // Writes to the main resource keep the old status.
     let o = api
-        .patch("s", &pp, &Patch::Merge(json!({"spec": {"port": 9000}, "status": {"phase": "Failed"}})))
+        .patch(
+            "s",
+            &pp,
+            &Patch::Merge(json!({"spec": {"port": 9000}, "status": {"phase": "Failed"}})),
+        )
         .await
         .unwrap();
     assert_eq!(o.data["status"]["phase"], "Running");
@@ -144,7 +189,11 @@ async fn status_subresource_is_split_from_spec() {
     let g = generation(&o);
     // Status writes do not change spec or generation.
     let o = api
-        .patch_status("s", &pp, &Patch::Merge(json!({"spec": {"port": 1}, "status": {"phase": "Ready"}})))
+        .patch_status(
+            "s",
+            &pp,
+            &Patch::Merge(json!({"spec": {"port": 1}, "status": {"phase": "Ready"}})),
+        )
         .await
         .unwrap();
     assert_eq!(o.data["spec"]["port"], 9000);
@@ -152,8 +201,12 @@ async fn status_subresource_is_split_from_spec() {
     assert_eq!(generation(&o), g);
     // Status values are validated too.
     let (code, _, msg) = api_err(
-        api.patch_status("s", &pp, &Patch::Merge(json!({"status": {"phase": "Sleeping"}})))
-            .await,
+        api.patch_status(
+            "s",
+            &pp,
+            &Patch::Merge(json!({"status": {"phase": "Sleeping"}})),
+        )
+        .await,
     );
     assert_eq!(code, 422, "{msg}");
     assert!(msg.contains("status.phase"), "{msg}");
@@ -161,10 +214,14 @@ async fn status_subresource_is_split_from_spec() {
     let ph: Api<DynamicObject> = Api::all_with(srv.client(), &health_ar());
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProviderHealth",
-        "metadata": {"name": "kubernetes"}})).unwrap();
+        "metadata": {"name": "kubernetes"}}))
+    .unwrap();
     ph.create(&PostParams::default(), &obj).await.unwrap();
     let st = json!({"status": {"type": "kubernetes", "targetsReady": "1/1"}});
-    let o = ph.patch_status("kubernetes", &pp, &Patch::Merge(st)).await.unwrap();
+    let o = ph
+        .patch_status("kubernetes", &pp, &Patch::Merge(st))
+        .await
+        .unwrap();
     assert_eq!(o.data["status"]["targetsReady"], "1/1");
     assert_eq!(generation(&o), 1);
 }
@@ -180,7 +237,9 @@ async fn finalizers_and_deletion_timestamp() {
     let list = api.list(&ListParams::default()).await.unwrap();
     let from = list.metadata.resource_version.unwrap();
     let res = api.delete("f", &DeleteParams::default()).await.unwrap();
-    let kept = res.left().expect("the object is returned while finalizers remain");
+    let kept = res
+        .left()
+        .expect("the object is returned while finalizers remain");
     assert!(kept.metadata.deletion_timestamp.is_some());
     let again = api.get("f").await.unwrap();
     assert!(again.metadata.deletion_timestamp.is_some());
@@ -188,13 +247,22 @@ async fn finalizers_and_deletion_timestamp() {
     let add = json!({"metadata": {"finalizers": ["crawl.example.com/cleanup", "other/x"]}});
     let (code, _, msg) = api_err(api.patch("f", &pp, &Patch::Merge(add)).await);
     assert_eq!(code, 422, "{msg}");
-    api.patch("f", &pp, &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
+    api.patch(
+        "f",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     let (code, _, _) = api_err(api.get("f").await);
     assert_eq!(code, 404);
-    let stream = api.watch(&WatchParams::default().timeout(5), &from).await.unwrap();
-    let evs: Vec<_> = within(5, "2 events", stream.take(2).try_collect::<Vec<_>>()).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await
+        .unwrap();
+    let evs: Vec<_> = within(5, "2 events", stream.take(2).try_collect::<Vec<_>>())
+        .await
+        .unwrap();
     assert!(matches!(&evs[0], WatchEvent::Modified(o) if o.metadata.deletion_timestamp.is_some()));
     assert!(matches!(&evs[1], WatchEvent::Deleted(_)));
     // Without finalizers, delete is immediate.
@@ -215,10 +283,16 @@ async fn schema_validation_and_cel_rules() {
         msg,
         "Proxy.crawl.example.com \"v1\" is invalid: spec.port: Invalid value: 70000: spec.port in body should be less than or equal to 65535"
     );
-    let bad_mode = proxy("v2", json!({"provider": "kubernetes", "port": 1, "mode": "Bogus"}));
+    let bad_mode = proxy(
+        "v2",
+        json!({"provider": "kubernetes", "port": 1, "mode": "Bogus"}),
+    );
     let (code, _, msg) = api_err(api.create(&pp, &bad_mode).await);
     assert_eq!(code, 422);
-    assert!(msg.contains("spec.mode: Unsupported value: \"Bogus\""), "{msg}");
+    assert!(
+        msg.contains("spec.mode: Unsupported value: \"Bogus\""),
+        "{msg}"
+    );
     let no_port = proxy("v3", json!({"provider": "kubernetes"}));
     let (code, _, msg) = api_err(api.create(&pp, &no_port).await);
     assert_eq!(code, 422);
@@ -231,21 +305,32 @@ async fn schema_validation_and_cel_rules() {
         json!({"provider": "k", "port": 1, "cloudInit": {"inline": "x", "secretRef": {"name": "s"}}}),
     );
     let (_, _, msg) = api_err(api.create(&pp, &both).await);
-    assert!(msg.contains("exactly one of cloudInit.inline or cloudInit.secretRef"), "{msg}");
+    assert!(
+        msg.contains("exactly one of cloudInit.inline or cloudInit.secretRef"),
+        "{msg}"
+    );
 
     // Defaulting: mode becomes Managed; transition rule: provider is immutable.
     let ok = api.create(&pp, &p1("v6")).await.unwrap();
     assert_eq!(ok.data["spec"]["mode"], "Managed");
     let change = json!({"spec": {"provider": "gcp"}});
-    let (code, _, msg) =
-        api_err(api.patch("v6", &PatchParams::default(), &Patch::Merge(change)).await);
+    let (code, _, msg) = api_err(
+        api.patch("v6", &PatchParams::default(), &Patch::Merge(change))
+            .await,
+    );
     assert_eq!(code, 422);
-    assert!(msg.contains("spec.provider: Invalid value: \"string\": spec.provider is immutable"), "{msg}");
+    assert!(
+        msg.contains("spec.provider: Invalid value: \"string\": spec.provider is immutable"),
+        "{msg}"
+    );
     // Validation runs on the patched result (JSON patch too).
     let jp: json_patch::Patch =
-        serde_json::from_value(json!([{"op": "replace", "path": "/spec/port", "value": 0}])).unwrap();
-    let (code, _, msg) =
-        api_err(api.patch("v6", &PatchParams::default(), &Patch::<()>::Json(jp)).await);
+        serde_json::from_value(json!([{"op": "replace", "path": "/spec/port", "value": 0}]))
+            .unwrap();
+    let (code, _, msg) = api_err(
+        api.patch("v6", &PatchParams::default(), &Patch::<()>::Json(jp))
+            .await,
+    );
     assert_eq!(code, 422);
     assert!(msg.contains("spec.port"), "{msg}");
 }
@@ -255,16 +340,25 @@ async fn server_side_apply_creates_then_merges() {
     let srv = server().await;
     let api = proxies(&srv.client());
     let ssa = PatchParams::apply("test").force();
-    let o = api.patch("ssa", &ssa, &Patch::Apply(p1("ssa"))).await.unwrap();
+    let o = api
+        .patch("ssa", &ssa, &Patch::Apply(p1("ssa")))
+        .await
+        .unwrap();
     assert_eq!(generation(&o), 1);
     let mut changed = p1("ssa");
     changed.data["spec"]["port"] = json!(4000);
-    let o = api.patch("ssa", &ssa, &Patch::Apply(changed)).await.unwrap();
+    let o = api
+        .patch("ssa", &ssa, &Patch::Apply(changed))
+        .await
+        .unwrap();
     assert_eq!(o.data["spec"]["port"], 4000);
     assert_eq!(generation(&o), 2);
     let st = json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
         "status": {"phase": "Provisioning"}});
-    let o = api.patch_status("ssa", &ssa, &Patch::Apply(st)).await.unwrap();
+    let o = api
+        .patch_status("ssa", &ssa, &Patch::Apply(st))
+        .await
+        .unwrap();
     assert_eq!(o.data["status"]["phase"], "Provisioning");
 }
 
@@ -272,10 +366,16 @@ async fn server_side_apply_creates_then_merges() {
 async fn label_and_field_selectors() {
     let srv = server().await;
     let api = proxies(&srv.client());
-    for (name, labels) in [("l1", vec![("tier", "a"), ("geo", "eu")]), ("l2", vec![("tier", "b")]), ("l3", vec![])] {
+    for (name, labels) in [
+        ("l1", vec![("tier", "a"), ("geo", "eu")]),
+        ("l2", vec![("tier", "b")]),
+        ("l3", vec![]),
+    ] {
         let mut o = p1(name);
-        let l: BTreeMap<String, String> =
-            labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let l: BTreeMap<String, String> = labels
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         o.metadata.labels = Some(l);
         api.create(&PostParams::default(), &o).await.unwrap();
     }
@@ -283,7 +383,10 @@ async fn label_and_field_selectors() {
         let api = api.clone();
         async move {
             let list = api.list(&ListParams::default().labels(sel)).await.unwrap();
-            list.items.into_iter().map(|o| o.metadata.name.unwrap()).collect::<Vec<_>>()
+            list.items
+                .into_iter()
+                .map(|o| o.metadata.name.unwrap())
+                .collect::<Vec<_>>()
         }
     };
     assert_eq!(names("tier=a").await, ["l1"]);
@@ -293,13 +396,24 @@ async fn label_and_field_selectors() {
     assert_eq!(names("tier notin (a)").await, ["l2", "l3"]);
     assert_eq!(names("geo").await, ["l1"]);
     assert_eq!(names("!geo").await, ["l2", "l3"]);
-    let list = api.list(&ListParams::default().fields("metadata.name=l2")).await.unwrap();
+    let list = api
+        .list(&ListParams::default().fields("metadata.name=l2"))
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 1);
     // Cross-namespace list.
     let all: Api<DynamicObject> = Api::all_with(srv.client(), &proxy_ar());
-    assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 3);
+    assert_eq!(
+        all.list(&ListParams::default()).await.unwrap().items.len(),
+        3
+    );
     let other: Api<DynamicObject> = Api::namespaced_with(srv.client(), "kube-system", &proxy_ar());
-    assert!(other.list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(other
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
 }
 
 #[tokio::test]
@@ -310,15 +424,28 @@ async fn runtime_watcher_sees_changes() {
     let mut stream = watcher(api.clone(), watcher::Config::default())
         .applied_objects()
         .boxed();
-    let first = within(10, "initial object", stream.try_next()).await.unwrap().unwrap();
+    let first = within(10, "initial object", stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(first.metadata.name.as_deref(), Some("w0"));
     api.create(&PostParams::default(), &p1("w1")).await.unwrap();
-    let second = within(10, "new object", stream.try_next()).await.unwrap().unwrap();
-    assert_eq!(second.metadata.name.as_deref(), Some("w1"));
-    api.patch_status("w1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Ready"}})))
+    let second = within(10, "new object", stream.try_next())
         .await
+        .unwrap()
         .unwrap();
-    let third = within(10, "status change", stream.try_next()).await.unwrap().unwrap();
+    assert_eq!(second.metadata.name.as_deref(), Some("w1"));
+    api.patch_status(
+        "w1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Ready"}})),
+    )
+    .await
+    .unwrap();
+    let third = within(10, "status change", stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(third.data["status"]["phase"], "Ready");
 }
 
@@ -334,15 +461,29 @@ async fn discovery_and_namespaces() {
     assert!(px.namespaced);
     assert_eq!(px.short_names.as_deref(), Some(&["px".to_string()][..]));
     assert!(list.resources.iter().any(|r| r.name == "proxies/status"));
-    let ph = list.resources.iter().find(|r| r.name == "providerhealths").unwrap();
+    let ph = list
+        .resources
+        .iter()
+        .find(|r| r.name == "providerhealths")
+        .unwrap();
     assert!(!ph.namespaced);
     let core = client.list_core_api_resources("v1").await.unwrap();
-    for r in ["pods", "pods/status", "secrets", "configmaps", "events", "namespaces"] {
+    for r in [
+        "pods",
+        "pods/status",
+        "secrets",
+        "configmaps",
+        "events",
+        "namespaces",
+    ] {
         assert!(core.resources.iter().any(|x| x.name == r), "{r}");
     }
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let ks = ns.get("kube-system").await.unwrap();
-    assert_eq!(ks.metadata.uid.as_deref(), Some(test_apiserver::store::KUBE_SYSTEM_UID));
+    assert_eq!(
+        ks.metadata.uid.as_deref(),
+        Some(test_apiserver::store::KUBE_SYSTEM_UID)
+    );
     let v = client.apiserver_version().await.unwrap();
     assert_eq!(v.major, "1");
     // generateName.
@@ -371,17 +512,27 @@ async fn binary_serves_until_sigterm() {
     let line = within(20, "ready line", lines.next_line()).await.unwrap();
     assert_eq!(line.as_deref(), Some("ready"));
     let text = std::fs::read_to_string(&kc).unwrap();
-    assert!(text.contains("server: http://127.0.0.1:") && !text.contains(":0\n"), "{text}");
+    assert!(
+        text.contains("server: http://127.0.0.1:") && !text.contains(":0\n"),
+        "{text}"
+    );
     let kubeconfig = kube::config::Kubeconfig::read_from(&kc).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
     let api = proxies(&client);
-    api.create(&PostParams::default(), &p1("bin")).await.unwrap();
-    assert_eq!(api.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    api.create(&PostParams::default(), &p1("bin"))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
-    let status = within(10, "exit after SIGTERM", child.wait()).await.unwrap();
+    let status = within(10, "exit after SIGTERM", child.wait())
+        .await
+        .unwrap();
     assert!(status.success() || status.code().is_some(), "{status:?}");
 }

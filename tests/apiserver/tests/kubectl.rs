@@ -92,20 +92,36 @@ async fn kubectl_apply_get_delete() {
     let srv = server().await;
     let k = Kubectl::new(&srv);
     let o = k.run(&["apply", "-f", "-"], P1).await;
-    assert!(o.ok && o.stdout.contains("proxy.crawl.example.com/p1 created"), "{}", o.stderr);
+    assert!(
+        o.ok && o.stdout.contains("proxy.crawl.example.com/p1 created"),
+        "{}",
+        o.stderr
+    );
     let o = k.run(&["apply", "-f", "-"], P1).await;
     assert!(o.ok && o.stdout.contains("unchanged"), "{}", o.stderr);
     let changed = P1.replace("3128", "3129");
     let o = k.run(&["apply", "-f", "-"], &changed).await;
     assert!(o.ok && o.stdout.contains("configured"), "{}", o.stderr);
-    let o = k.run(&["apply", "--server-side", "-f", "-"], &P1.replace("p1", "p2")).await;
-    assert!(o.ok && o.stdout.contains("serverside-applied"), "{}", o.stderr);
+    let o = k
+        .run(
+            &["apply", "--server-side", "-f", "-"],
+            &P1.replace("p1", "p2"),
+        )
+        .await;
+    assert!(
+        o.ok && o.stdout.contains("serverside-applied"),
+        "{}",
+        o.stderr
+    );
     let o = k.run(&["apply", "--server-side", "-f", "-"], P1).await;
     assert!(o.ok, "{}", o.stderr);
     let o = k.run(&["get", "px"], "").await;
     assert!(o.ok, "{}", o.stderr);
     let rows = words(&o.stdout);
-    assert_eq!(rows[0], ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]);
+    assert_eq!(
+        rows[0],
+        ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+    );
     assert_eq!(rows[1][..3], ["p1", "Managed", "kubernetes"]);
     assert_eq!(rows.len(), 3);
     // Status columns, including the condition filter.
@@ -113,22 +129,45 @@ async fn kubectl_apply_get_delete() {
     let st = json!({"status": {"phase": "Ready", "ip": "127.0.0.5", "conditions": [
         {"type": "Healthy", "status": "True", "reason": "ProbeOk", "message": "",
          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    api.patch_status("p1", &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
+    api.patch_status("p1", &PatchParams::default(), &Patch::Merge(st))
+        .await
+        .unwrap();
     let o = k.run(&["get", "px", "p1", "--no-headers"], "").await;
-    assert_eq!(words(&o.stdout)[0][..5], ["p1", "Managed", "kubernetes", "Ready", "127.0.0.5"]);
+    assert_eq!(
+        words(&o.stdout)[0][..5],
+        ["p1", "Managed", "kubernetes", "Ready", "127.0.0.5"]
+    );
     assert_eq!(words(&o.stdout)[0][5], "True");
     let o = k.run(&["get", "px", "-A", "-o", "name"], "").await;
     assert_eq!(o.stdout.lines().count(), 2, "{}", o.stdout);
-    let o = k.run(&["get", "proxies.crawl.example.com", "p1", "-o", "jsonpath={.spec.port}"], "").await;
+    let o = k
+        .run(
+            &[
+                "get",
+                "proxies.crawl.example.com",
+                "p1",
+                "-o",
+                "jsonpath={.spec.port}",
+            ],
+            "",
+        )
+        .await;
     assert_eq!(o.stdout, "3128");
     // ProviderHealth: cluster-scoped, printer columns.
     let o = k.run(&["get", "ph"], "").await;
-    assert!(o.ok && o.stderr.contains("No resources found"), "{}", o.stderr);
+    assert!(
+        o.ok && o.stderr.contains("No resources found"),
+        "{}",
+        o.stderr
+    );
     let ph = "apiVersion: crawl.example.com/v1alpha1\nkind: ProviderHealth\nmetadata: {name: kubernetes}\n";
     let o = k.run(&["apply", "-f", "-"], ph).await;
     assert!(o.ok, "{}", o.stderr);
     let o = k.run(&["get", "ph"], "").await;
-    assert_eq!(words(&o.stdout)[0], ["NAME", "TYPE", "READY", "TARGETS", "LAST", "CHECK", "AGE"]);
+    assert_eq!(
+        words(&o.stdout)[0],
+        ["NAME", "TYPE", "READY", "TARGETS", "LAST", "CHECK", "AGE"]
+    );
     assert_eq!(words(&o.stdout)[1][0], "kubernetes");
     // Delete.
     let o = k.run(&["delete", "px", "p2"], "").await;
@@ -141,7 +180,11 @@ async fn kubectl_apply_get_delete() {
     let o = k.run(&["apply", "-f", "-"], cm).await;
     assert!(o.ok, "{}", o.stderr);
     let o = k.run(&["get", "cm,ns"], "").await;
-    assert!(o.ok && o.stdout.contains("cm1") && o.stdout.contains("kube-system"), "{}", o.stderr);
+    assert!(
+        o.ok && o.stdout.contains("cm1") && o.stdout.contains("kube-system"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,15 +202,31 @@ async fn kubectl_rejects_invalid_proxies() {
         let o = k.run(&args, &P1.replace("3128", "70000")).await;
         assert!(!o.ok, "{}", o.stdout);
         assert!(o.stderr.contains("spec.port"), "{}", o.stderr);
-        assert!(o.stderr.contains("less than or equal to 65535"), "{}", o.stderr);
-        let o = k.run(&args, &P1.replace("port: 3128", "port: 3128, mode: Bogus")).await;
+        assert!(
+            o.stderr.contains("less than or equal to 65535"),
+            "{}",
+            o.stderr
+        );
+        let o = k
+            .run(&args, &P1.replace("port: 3128", "port: 3128, mode: Bogus"))
+            .await;
         assert!(!o.ok, "{}", o.stdout);
-        assert!(o.stderr.contains("spec.mode") && o.stderr.contains("Bogus"), "{}", o.stderr);
+        assert!(
+            o.stderr.contains("spec.mode") && o.stderr.contains("Bogus"),
+            "{}",
+            o.stderr
+        );
     }
     let o = k.run(&["apply", "-f", "-"], P1).await;
     assert!(o.ok, "{}", o.stderr);
-    let o = k.run(&["apply", "-f", "-"], &P1.replace("kubernetes", "gcp")).await;
-    assert!(!o.ok && o.stderr.contains("spec.provider is immutable"), "{}", o.stderr);
+    let o = k
+        .run(&["apply", "-f", "-"], &P1.replace("kubernetes", "gcp"))
+        .await;
+    assert!(
+        !o.ok && o.stderr.contains("spec.provider is immutable"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,10 +243,31 @@ async fn kubectl_finalizer_keeps_object_until_removed() {
     assert!(k.run(&["apply", "-f", "-"], &with_fin).await.ok);
     let o = k.run(&["delete", "px", "p1", "--wait=false"], "").await;
     assert!(o.ok, "{}", o.stderr);
-    let o = k.run(&["get", "px", "p1", "-o", "jsonpath={.metadata.deletionTimestamp}"], "").await;
+    let o = k
+        .run(
+            &[
+                "get",
+                "px",
+                "p1",
+                "-o",
+                "jsonpath={.metadata.deletionTimestamp}",
+            ],
+            "",
+        )
+        .await;
     assert!(o.ok && o.stdout.ends_with('Z'), "{} {}", o.stdout, o.stderr);
     let o = k
-        .run(&["patch", "px", "p1", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#], "")
+        .run(
+            &[
+                "patch",
+                "px",
+                "p1",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ],
+            "",
+        )
         .await;
     assert!(o.ok, "{}", o.stderr);
     let o = k.run(&["get", "px", "p1"], "").await;
@@ -216,7 +296,9 @@ async fn kubectl_get_watch_prints_changes() {
     .await;
     let api = proxies(&srv.client());
     let st = json!({"status": {"phase": "Provisioning"}});
-    api.patch_status("p1", &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
+    api.patch_status("p1", &PatchParams::default(), &Patch::Merge(st))
+        .await
+        .unwrap();
     within(15, "a row with the new phase", async {
         while let Some(l) = lines.next_line().await.unwrap() {
             seen.push(l.clone());

@@ -59,14 +59,19 @@ fn process_running(needle: &str) -> bool {
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
         // Zombies (state Z) are not running.
-        let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'));
         !zombie && String::from_utf8_lossy(&cmd).contains(needle)
     })
 }
 
 async fn get_through_proxy(proxy: SocketAddr, target: SocketAddr) -> String {
     let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let req = format!("GET http://{target}/hello HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET http://{target}/hello HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
@@ -85,9 +90,13 @@ async fn kubelet_runs_squid_for_pods_with_squid_conf() {
     .await
     .unwrap();
     let pods: Api<Pod> = Api::default_namespaced(srv.client());
-    pods.create(&PostParams::default(), &pod("idle", None)).await.unwrap();
+    pods.create(&PostParams::default(), &pod("idle", None))
+        .await
+        .unwrap();
     let conf = "http_port 3128\nhttp_access allow all\n";
-    pods.create(&PostParams::default(), &pod("sq", Some(conf))).await.unwrap();
+    pods.create(&PostParams::default(), &pod("sq", Some(conf)))
+        .await
+        .unwrap();
     let running = within(30, "pod Running", async {
         loop {
             let p = pods.get("sq").await.unwrap();
@@ -104,13 +113,23 @@ async fn kubelet_runs_squid_for_pods_with_squid_conf() {
     let ip = st.pod_ip.clone().unwrap();
     assert!(ip.starts_with("127.0.0.") && ip != "127.0.0.1", "{ip}");
     assert_eq!(st.pod_ips.unwrap()[0].ip, ip);
-    let ready = st.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let ready = st
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(ready.status, "True");
     assert!(st.container_statuses.unwrap()[0].ready);
 
     let target = origin("hello-through-squid").await;
     let proxy: SocketAddr = format!("{ip}:3128").parse().unwrap();
-    let resp = within(15, "a response through squid", get_through_proxy(proxy, target)).await;
+    let resp = within(
+        15,
+        "a response through squid",
+        get_through_proxy(proxy, target),
+    )
+    .await;
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.ends_with("hello-through-squid"), "{resp}");
 
@@ -133,7 +152,9 @@ async fn kubelet_runs_squid_for_pods_with_squid_conf() {
     .await;
 
     // Shutdown kills the rest.
-    pods.create(&PostParams::default(), &pod("sq2", Some(conf))).await.unwrap();
+    pods.create(&PostParams::default(), &pod("sq2", Some(conf)))
+        .await
+        .unwrap();
     within(30, "second pod Running", async {
         loop {
             let p = pods.get("sq2").await.unwrap();

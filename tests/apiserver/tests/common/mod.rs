@@ -64,7 +64,10 @@ pub async fn within<T>(secs: u64, what: &str, f: impl Future<Output = T>) -> T {
 }
 
 pub fn rv(o: &DynamicObject) -> String {
-    o.metadata.resource_version.clone().expect("a resourceVersion")
+    o.metadata
+        .resource_version
+        .clone()
+        .expect("a resourceVersion")
 }
 
 pub fn generation(o: &DynamicObject) -> i64 {
