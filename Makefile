@@ -32,6 +32,9 @@ manifests: crds ## Alias of crds.
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
+test-e2e: ## System tests: the real binary against the test API server (and real Squid).
+	$(CARGO) test --test 'e2e_*'
+
 test-apiserver: ## Build the Kubernetes test API server (test support, never shipped).
 	$(CARGO) build -p test-apiserver
 

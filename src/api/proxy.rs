@@ -303,8 +303,6 @@ pub mod conditions {
     pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// Provisioned=False: the provider refused the request for good.
     pub const REASON_PERMANENT_ERROR: &str = "PermanentError";
-    /// Provisioned=False: the named provider is not in the providers config.
-    pub const REASON_PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
     /// Provisioned=False: the cloud-init Secret or key cannot be read.
     pub const REASON_CLOUD_INIT_ERROR: &str = "CloudInitError";
     /// Provisioned=False: the spec cannot be acted on (bypassed validation).

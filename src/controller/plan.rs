@@ -383,23 +383,20 @@ pub fn mark_quota(
     );
 }
 
-/// The named provider is not configured.
-pub fn mark_not_configured(
-    status: &mut ProxyStatus,
-    provider: &str,
-    now: DateTime<Utc>,
-    generation: Option<i64>,
-) {
+/// The named provider is not configured: reported as a PermanentError, but
+/// deliberately without an observed generation, so it is not a latch: the
+/// next pass (e.g. after a restart with the provider added) re-evaluates.
+pub fn mark_not_configured(status: &mut ProxyStatus, provider: &str, now: DateTime<Utc>) {
     status.phase = Some(ProxyPhase::Failed);
     let msg =
         format!("spec.provider {provider:?} is not configured in the operator's providers config");
     provisioned(
         status,
         ConditionStatus::False,
-        REASON_PROVIDER_NOT_CONFIGURED,
+        REASON_PERMANENT_ERROR,
         &msg,
         now,
-        generation,
+        None,
     );
 }
 

@@ -429,11 +429,24 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
     let mut s = ProxyStatus::default();
     mark_quota(&mut s, "quota", t(0), Some(3));
     assert!(!is_latched(&s, Some(3)));
-    mark_not_configured(&mut s, "gone", t(0), Some(3));
+    mark_not_configured(&mut s, "gone", t(0));
     assert!(
         !is_latched(&s, Some(3)),
         "not-configured is re-evaluated, never latched"
     );
+    // Once the provider is configured the next pass goes on to create.
+    let input = ManagedInput {
+        generation: Some(3),
+        has_finalizer: true,
+        status: &s,
+        provider_configured: true,
+        recorded_hash: None,
+        spec_hash: Some("h"),
+        get: None,
+        delete_requested_at: None,
+        now: t(1),
+    };
+    assert_eq!(next_managed_step(&input), Step::Create);
 }
 
 #[test]
@@ -467,9 +480,10 @@ fn status_builders() {
         .contains("Terminated"));
     clear_instance(&mut s);
     assert!(s.provider_id.is_none() && s.ip.is_none() && s.delete_requested_at.is_none());
-    mark_not_configured(&mut s, "kvm-x", t(4), Some(2));
+    mark_not_configured(&mut s, "kvm-x", t(4));
     let c = condition::find(&s.conditions, PROVISIONED).unwrap();
-    assert_eq!(c.reason, REASON_PROVIDER_NOT_CONFIGURED);
+    assert_eq!(c.reason, REASON_PERMANENT_ERROR);
+    assert_eq!(c.observed_generation, None, "not a latch");
     assert!(c.message.contains("\"kvm-x\""));
     assert_eq!(s.phase, Some(ProxyPhase::Failed));
 }

@@ -298,7 +298,7 @@ async fn managed_path(
             }
             Step::Latched => return Ok(Action::await_change()),
             Step::ProviderNotConfigured => {
-                plan::mark_not_configured(status, &provider_name, now, generation);
+                plan::mark_not_configured(status, &provider_name, now);
                 return Ok(Action::await_change());
             }
             Step::ResolveCloudInit => {

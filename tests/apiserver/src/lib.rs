@@ -77,9 +77,17 @@ pub fn kubeconfig_yaml(addr: SocketAddr) -> String {
     )
 }
 
+/// Picks ring as the process-wide rustls provider. In the workspace build
+/// the operator links aws-lc-rs as well, and rustls refuses to guess, even
+/// for plain-http clients.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl TestApiServer {
     /// Start serving (call inside a tokio runtime).
     pub async fn start(opts: Options) -> Result<TestApiServer, String> {
+        install_crypto_provider();
         if !opts.listen.ip().is_loopback() {
             return Err(format!(
                 "refusing to listen on non-loopback {}",
@@ -154,6 +162,7 @@ impl TestApiServer {
     pub fn client(&self) -> kube::Client {
         // The URL is built from a SocketAddr, so it always parses.
         let uri: http_uri::Uri = self.url().parse().expect("a valid URL");
+        install_crypto_provider();
         let config = kube::Config::new(uri);
         kube::Client::try_from(config).expect("a plain-http client config is always valid")
     }

@@ -520,6 +520,7 @@ async fn binary_serves_until_sigterm() {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .unwrap();
+    test_apiserver::install_crypto_provider();
     let client = kube::Client::try_from(config).unwrap();
     let api = proxies(&client);
     api.create(&PostParams::default(), &p1("bin"))

@@ -1,0 +1,370 @@
+//! System tests: the real operator binary against the Kubernetes test API
+//! server on loopback, whose kubelet runs each Pod as a real Squid. A Proxy
+//! on the kubernetes provider lives its whole life here.
+
+use std::future::Future;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use test_apiserver::{Options, TestApiServer};
+
+/// The operator process; killed when dropped so no test leaves it running.
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path) -> Operator {
+    let path = dir.join("providers.yaml");
+    std::fs::write(&path, providers).unwrap();
+    let log = std::fs::File::create(dir.join("operator.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--providers-config")
+        .arg(&path)
+        .args([
+            "--health-probe-bind-address",
+            "0",
+            "--discovery-bind-address",
+            "0",
+        ])
+        .env("KUBECONFIG", server.kubeconfig_path())
+        .env("LOG_LEVEL", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Operator(child)
+}
+
+async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn squid_present() -> bool {
+    std::path::Path::new("/usr/sbin/squid").exists()
+}
+
+async fn setup(providers: &str) -> (TestApiServer, Operator, tempfile::TempDir, Client) {
+    // Both ring and aws-lc-rs are linked; pick one as the binary does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = TestApiServer::start(Options {
+        crds_dir: Some(test_apiserver::workspace_crds_dir()),
+        kubelet: true,
+        ..Default::default()
+    })
+    .await
+    .expect("test API server starts");
+    let dir = tempfile::tempdir().unwrap();
+    let op = start_operator(&server, providers, dir.path());
+    let client = server.client();
+    (server, op, dir, client)
+}
+
+const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
+
+fn proxy(name: &str, spec: serde_json::Value) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn phase(p: &Proxy) -> Option<&'static str> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map(|ph| ph.as_str())
+}
+
+fn provisioned(p: &Proxy) -> Option<(String, String)> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")?;
+    Some((c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
+    if !squid_present() {
+        println!("SKIP: /usr/sbin/squid is not installed");
+        return;
+    }
+    let (_server, _op, dir, client) = setup(KUBE_ONLY).await;
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy(
+                "p1",
+                json!({"provider": "kubernetes", "port": 3128, "attributes": {"geo": "home"}}),
+            ),
+        )
+        .await
+        .unwrap();
+
+    // Running with the Pod's 127.0.0.N IP, the Pod carrying the marks.
+    let running = eventually("Running with an IP", Duration::from_secs(60), || async {
+        let p = proxies.get("p1").await.ok()?;
+        (phase(&p) == Some("Running") && p.status.as_ref()?.ip.is_some()).then_some(p)
+    })
+    .await;
+    let ip = running.status.as_ref().unwrap().ip.clone().unwrap();
+    assert!(ip.starts_with("127.0.0."), "{ip}");
+    let pod_list = pods.list(&Default::default()).await.unwrap();
+    assert_eq!(pod_list.items.len(), 1);
+    let pod = &pod_list.items[0];
+    let labels = pod.metadata.labels.clone().unwrap();
+    assert_eq!(labels["proxy-operator-managed"], "true");
+    assert_eq!(
+        labels["proxy-operator-uid"],
+        running.metadata.uid.clone().unwrap()
+    );
+    assert!(!labels["proxy-operator-installation"].is_empty());
+    assert_eq!(
+        pod.status.as_ref().unwrap().pod_ip.as_deref(),
+        Some(ip.as_str())
+    );
+    assert!(running
+        .metadata
+        .finalizers
+        .clone()
+        .unwrap()
+        .contains(&"crawl.example.com/finalizer".to_string()));
+    assert!(
+        running.metadata.annotations.clone().unwrap()["crawl.example.com/spec-hash"]
+            .starts_with("v1:")
+    );
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let pod_uid = pod.metadata.uid.clone().unwrap();
+
+    // `kubectl get px` shows it.
+    if std::path::Path::new("/usr/bin/kubectl").exists() {
+        let out = Command::new("kubectl")
+            .args(["get", "px", "-n", "default"])
+            .env("KUBECONFIG", _server.kubeconfig_path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("p1") && text.contains("Running") && text.contains(&ip),
+            "{text}"
+        );
+    }
+
+    // Attributes change: no replacement.
+    proxies
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"attributes": {"geo": "away"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let same = pods.get(&pod_name).await.unwrap();
+    assert_eq!(
+        same.metadata.uid.as_deref(),
+        Some(pod_uid.as_str()),
+        "attributes must not replace the Pod"
+    );
+
+    // Port change: replaced under the same name.
+    proxies
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3129}})),
+        )
+        .await
+        .unwrap();
+    let replaced = eventually(
+        "a new Pod under the same name",
+        Duration::from_secs(90),
+        || async {
+            let p = pods.get(&pod_name).await.ok()?;
+            (p.metadata.uid.as_deref() != Some(pod_uid.as_str())
+                && p.status.as_ref()?.phase.as_deref() == Some("Running"))
+            .then_some(p)
+        },
+    )
+    .await;
+    let port = replaced.spec.unwrap().containers[0].ports.clone().unwrap()[0].container_port;
+    assert_eq!(port, 3129);
+    eventually(
+        "Running again after replacement",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("p1").await.ok()?;
+            (phase(&p) == Some("Running")).then_some(())
+        },
+    )
+    .await;
+
+    // Deleting the Proxy deletes the Pod, then releases the finalizer.
+    proxies
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Proxy gone", Duration::from_secs(60), || async {
+        proxies.get_opt("p1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        pods.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the Pod must be gone first"
+    );
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsatisfiable_proxies_say_why_and_recover() {
+    let (_server, _op, _dir, client) = setup(KUBE_ONLY).await;
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+
+    // An unconfigured provider: Failed, PermanentError naming it.
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("nocfg", json!({"provider": "gcp-eu", "port": 3128})),
+        )
+        .await
+        .unwrap();
+    let p = eventually("Failed", Duration::from_secs(30), || async {
+        let p = proxies.get("nocfg").await.ok()?;
+        (phase(&p) == Some("Failed")).then_some(p)
+    })
+    .await;
+    let (reason, message) = provisioned(&p).unwrap();
+    assert_eq!(reason, "PermanentError");
+    assert!(message.contains("\"gcp-eu\""), "{message}");
+
+    // Cloud-init from an unlabelled Secret: CloudInitError; labelling recovers.
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "ci", "namespace": "default"},
+        "stringData": {"user-data": "#cloud-config\n"}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("ci", json!({"provider": "kubernetes", "port": 3128, "cloudInit": {"secretRef": {"name": "ci"}}})),
+        )
+        .await
+        .unwrap();
+    let p = eventually("CloudInitError", Duration::from_secs(30), || async {
+        let p = proxies.get("ci").await.ok()?;
+        (provisioned(&p)?.0 == "CloudInitError").then_some(p)
+    })
+    .await;
+    assert!(
+        provisioned(&p)
+            .unwrap()
+            .1
+            .contains("crawl.example.com/cloud-init"),
+        "{:?}",
+        provisioned(&p)
+    );
+    secrets
+        .patch(
+            "ci",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"crawl.example.com/cloud-init": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The retry (30s) picks the label up; the Secret watch will make it faster.
+    eventually(
+        "created after labelling",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("ci").await.ok()?;
+            p.status.as_ref()?.provider_id.is_some().then_some(())
+        },
+    )
+    .await;
+
+    // skip-cleanup releases a Proxy whose provider is not configured.
+    proxies
+        .patch(
+            "nocfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["crawl.example.com/finalizer"]}})),
+        )
+        .await
+        .unwrap();
+    proxies
+        .patch_status(
+            "nocfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"providerID": "zones/z/instances/x"}})),
+        )
+        .await
+        .unwrap();
+    proxies
+        .delete("nocfg", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        proxies.get_opt("nocfg").await.unwrap().is_some(),
+        "held by the finalizer while the provider is missing"
+    );
+    proxies
+        .patch(
+            "nocfg",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "released by skip-cleanup",
+        Duration::from_secs(30),
+        || async { proxies.get_opt("nocfg").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+}
