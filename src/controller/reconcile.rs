@@ -219,6 +219,26 @@ async fn patch_metadata(
     Ok(())
 }
 
+/// Writes the spec-hash annotation unless it already holds `hash`, and
+/// remembers what was written.
+async fn record_hash(
+    proxy: &Proxy,
+    client: &Client,
+    recorded: &mut Option<String>,
+    hash: &Option<String>,
+) -> Result<(), Error> {
+    if recorded != hash {
+        patch_metadata(
+            proxy,
+            client,
+            json!({ "annotations": { SPEC_HASH_ANNOTATION: hash } }),
+        )
+        .await?;
+        recorded.clone_from(hash);
+    }
+    Ok(())
+}
+
 fn outcome(res: Result<crate::provider::Instance, ProviderError>) -> GetOutcome {
     match res {
         Ok(i) => GetOutcome::Found(i),
@@ -320,25 +340,9 @@ async fn managed_path(
                     }
                 }
             }
-            Step::RecordHash => {
-                patch_metadata(
-                    proxy,
-                    &ctx.client,
-                    json!({ "annotations": { SPEC_HASH_ANNOTATION: hash } }),
-                )
-                .await?;
-                recorded.clone_from(&hash);
-            }
+            Step::RecordHash => record_hash(proxy, &ctx.client, &mut recorded, &hash).await?,
             Step::Create => {
-                if recorded != hash {
-                    patch_metadata(
-                        proxy,
-                        &ctx.client,
-                        json!({ "annotations": { SPEC_HASH_ANNOTATION: hash } }),
-                    )
-                    .await?;
-                    recorded.clone_from(&hash);
-                }
+                record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 let Some(port) = proxy
                     .spec
                     .port
@@ -388,15 +392,7 @@ async fn managed_path(
                 return Ok(Action::requeue(plan::DELETION_POLL));
             }
             Step::ClearAndCreate => {
-                if recorded != hash {
-                    patch_metadata(
-                        proxy,
-                        &ctx.client,
-                        json!({ "annotations": { SPEC_HASH_ANNOTATION: hash } }),
-                    )
-                    .await?;
-                    recorded.clone_from(&hash);
-                }
+                record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 plan::clear_instance(status);
                 get = None;
             }
