@@ -4,6 +4,7 @@
 
 pub mod decorators;
 pub mod error;
+#[cfg(feature = "gcp")] pub mod gcp;
 pub mod naming;
 pub mod registry;
 
