@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use google_cloud_compute_v1::client::{Instances, ZoneOperations};
 use google_cloud_compute_v1::model;
+use google_cloud_gax::options::RequestOptionsBuilder;
+use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use tokio::sync::OnceCell;
 use tracing::{debug, trace, warn};
 
@@ -45,6 +47,11 @@ pub struct GcpOptions {
     pub wire_log_full_payloads: bool,
     /// Upper bound of one health check.
     pub check_timeout: Duration,
+    /// Attempts per call for the SDK's own retries of idempotent calls
+    /// (get, delete, list) on unavailability and connection failures.
+    pub max_attempts: u32,
+    /// Time limit of those retries.
+    pub retry_time_limit: Duration,
 }
 
 impl Default for GcpOptions {
@@ -52,6 +59,8 @@ impl Default for GcpOptions {
         GcpOptions {
             wire_log_full_payloads: false,
             check_timeout: Duration::from_secs(10),
+            max_attempts: 5,
+            retry_time_limit: Duration::from_secs(30),
         }
     }
 }
@@ -142,8 +151,14 @@ impl GcpProvider {
             .clients
             .get_or_try_init(|| async {
                 let cfg = &self.inner.cfg;
-                let mut ib = Instances::builder();
-                let mut ob = ZoneOperations::builder();
+                let opts = &self.inner.opts;
+                let policy = || {
+                    Aip194Strict
+                        .with_attempt_limit(opts.max_attempts.max(1))
+                        .with_time_limit(opts.retry_time_limit)
+                };
+                let mut ib = Instances::builder().with_retry_policy(policy());
+                let mut ob = ZoneOperations::builder().with_retry_policy(policy());
                 if let Some(ep) = &cfg.endpoint {
                     ib = ib.with_endpoint(ep.clone());
                     ob = ob.with_endpoint(ep.clone());
@@ -583,6 +598,9 @@ impl Checker for GcpProvider {
                 .set_project(self.project())
                 .set_filter(MANAGED_FILTER)
                 .set_max_results(1_u32)
+                // One page, one request: a refused connection reads as
+                // Unreachable now, not as Timeout after retries.
+                .with_retry_policy(Aip194Strict.with_attempt_limit(1))
                 .send()
                 .await
                 .map(|_| ())
