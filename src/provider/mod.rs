@@ -4,7 +4,8 @@
 
 pub mod decorators;
 pub mod error;
-#[cfg(feature = "gcp")] pub mod gcp;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod naming;
 pub mod registry;
 

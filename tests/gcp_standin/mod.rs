@@ -106,11 +106,14 @@ impl StandIn {
 
     pub fn inject(&self, method: &str, status: u16, reason: &str) {
         self.with(|s| {
-            s.inject.entry(method.into()).or_default().push_back(Inject {
-                status,
-                reason: reason.into(),
-                message: format!("injected {status} {reason}"),
-            })
+            s.inject
+                .entry(method.into())
+                .or_default()
+                .push_back(Inject {
+                    status,
+                    reason: reason.into(),
+                    message: format!("injected {status} {reason}"),
+                })
         });
     }
 
@@ -196,7 +199,12 @@ fn google_error(code: u16, reason: &str, message: &str) -> Response {
 }
 
 fn ok(v: Value) -> Response {
-    (StatusCode::OK, [("content-type", "application/json")], v.to_string()).into_response()
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response()
 }
 
 fn query_map(uri: &Uri) -> HashMap<String, String> {
@@ -273,7 +281,11 @@ fn insert(s: &mut Store, zone: &str, q: &HashMap<String, String>, body: &[u8]) -
     };
     let name = inst["name"].as_str().unwrap_or("").to_string();
     if name.is_empty() {
-        return google_error(400, "required", "Required field 'resource.name' not specified");
+        return google_error(
+            400,
+            "required",
+            "Required field 'resource.name' not specified",
+        );
     }
     let rid = q.get("requestId").cloned().unwrap_or_default();
     if let Some(op) = s.op_by_request_id.get(&rid).and_then(|n| s.ops.get(n)) {
@@ -283,10 +295,15 @@ fn insert(s: &mut Store, zone: &str, q: &HashMap<String, String>, body: &[u8]) -
         return google_error(
             409,
             "alreadyExists",
-            &format!("The resource 'projects/my-project/zones/{zone}/instances/{name}' already exists"),
+            &format!(
+                "The resource 'projects/my-project/zones/{zone}/instances/{name}' already exists"
+            ),
         );
     }
-    let target = format!("{}/projects/my-project/zones/{zone}/instances/{name}", s.base);
+    let target = format!(
+        "{}/projects/my-project/zones/{zone}/instances/{name}",
+        s.base
+    );
     let op = new_op(s, zone, "insert", &target, "RUNNING");
     let op_name = op["name"].as_str().unwrap_or("").to_string();
     if !rid.is_empty() {
@@ -312,7 +329,12 @@ fn insert(s: &mut Store, zone: &str, q: &HashMap<String, String>, body: &[u8]) -
         .to_rfc3339());
     s.instances.insert(
         (zone.to_string(), name),
-        Inst { body: inst, gets: 0, deleting: None, delete_op: None },
+        Inst {
+            body: inst,
+            gets: 0,
+            deleting: None,
+            delete_op: None,
+        },
     );
     ok(op)
 }
@@ -349,7 +371,9 @@ fn get(s: &mut Store, zone: &str, name: &str) -> Response {
         b["status"] = json!("RUNNING");
     }
     if b["status"] == json!("RUNNING") && !no_ip {
-        if b.pointer("/networkInterfaces/0/accessConfigs/0/natIP").is_none() {
+        if b.pointer("/networkInterfaces/0/accessConfigs/0/natIP")
+            .is_none()
+        {
             s.next_ip = s.next_ip.wrapping_add(1).max(1);
             let ip = format!("127.0.0.{}", s.next_ip);
             if let Some(ac) = b.pointer_mut("/networkInterfaces/0/accessConfigs/0") {
@@ -379,7 +403,10 @@ fn delete(s: &mut Store, zone: &str, name: &str) -> Response {
     if let Some(op) = existing.delete_op.as_ref().and_then(|n| s.ops.get(n)) {
         return ok(op.clone());
     }
-    let target = format!("{}/projects/my-project/zones/{zone}/instances/{name}", s.base);
+    let target = format!(
+        "{}/projects/my-project/zones/{zone}/instances/{name}",
+        s.base
+    );
     let op = new_op(s, zone, "delete", &target, "RUNNING");
     if let Some(inst) = s.instances.get_mut(&key) {
         inst.deleting = Some(delete_gets);
@@ -437,7 +464,13 @@ fn list(s: &mut Store, q: &HashMap<String, String>) -> Response {
     let page: Vec<Value> = all.iter().skip(start).take(size).cloned().collect();
     let mut items = serde_json::Map::new();
     for inst in page {
-        let zone = inst["zone"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("").to_string();
+        let zone = inst["zone"]
+            .as_str()
+            .unwrap_or("")
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
         let entry = items
             .entry(format!("zones/{zone}"))
             .or_insert_with(|| json!({"instances": []}));
@@ -454,7 +487,11 @@ fn list(s: &mut Store, q: &HashMap<String, String>) -> Response {
             );
         }
         if !s.unreachable_zones.is_empty() {
-            resp["unreachables"] = json!(s.unreachable_zones.iter().map(|z| format!("zones/{z}")).collect::<Vec<_>>());
+            resp["unreachables"] = json!(s
+                .unreachable_zones
+                .iter()
+                .map(|z| format!("zones/{z}"))
+                .collect::<Vec<_>>());
         }
     }
     resp["items"] = Value::Object(items);

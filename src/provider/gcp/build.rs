@@ -215,10 +215,7 @@ pub fn parse_created(ts: Option<&str>) -> Option<DateTime<Utc>> {
 /// The contract's view of a GCE instance, everything read from the resource.
 pub fn to_instance(id: String, inst: &model::Instance) -> Instance {
     let ip = external_ip(inst);
-    let state = map_state(
-        inst.status.as_ref().and_then(|s| s.name()),
-        !ip.is_empty(),
-    );
+    let state = map_state(inst.status.as_ref().and_then(|s| s.name()), !ip.is_empty());
     Instance {
         id,
         ip,
@@ -265,8 +262,7 @@ mod tests {
                 region: "europe-west1".into(),
                 zone: "europe-west1-b".into(),
                 machine_type: "e2-micro".into(),
-                image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
-                    .into(),
+                image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into(),
             },
             cloud_init: UserData::new("#cloud-config\n"),
             port: 3128,
@@ -439,7 +435,11 @@ mod tests {
         let inst = model::Instance::new()
             .set_status(model::instance::Status::Running)
             .set_creation_timestamp("2024-05-01T12:00:00.000-07:00")
-            .set_labels([(LABEL_UID, "u"), (LABEL_INSTALLATION, "i"), (LABEL_MANAGED, "true")])
+            .set_labels([
+                (LABEL_UID, "u"),
+                (LABEL_INSTALLATION, "i"),
+                (LABEL_MANAGED, "true"),
+            ])
             .set_network_interfaces([model::NetworkInterface::new()
                 .set_access_configs([model::AccessConfig::new().set_nat_ip("203.0.113.7")])]);
         let got = to_instance("zones/z/instances/n".into(), &inst);
@@ -454,7 +454,10 @@ mod tests {
         assert!(is_managed(&inst));
         let bad = inst.clone().set_creation_timestamp("yesterday");
         assert_eq!(to_instance(String::new(), &bad).created_at, None);
-        assert_eq!(last_segment("https://x/zones/europe-west1-b"), "europe-west1-b");
+        assert_eq!(
+            last_segment("https://x/zones/europe-west1-b"),
+            "europe-west1-b"
+        );
         assert_eq!(last_segment("z"), "z");
     }
 }

@@ -11,7 +11,11 @@ use crate::provider::ErrorClass;
 
 /// Error reasons (Google's `errors[].reason` / `ErrorInfo.reason`) that mean
 /// a quota or rate limit, compared after lowercasing and dropping `_`.
-const QUOTA_REASONS: [&str; 3] = ["quotaexceeded", "ratelimitexceeded", "userratelimitexceeded"];
+const QUOTA_REASONS: [&str; 3] = [
+    "quotaexceeded",
+    "ratelimitexceeded",
+    "userratelimitexceeded",
+];
 
 fn normalise(reason: &str) -> String {
     reason
@@ -94,9 +98,7 @@ pub fn classify(err: &(dyn StdError + 'static)) -> ErrorClass {
     match api.http_status_code() {
         Some(404) => ErrorClass::NotFound,
         Some(429) => ErrorClass::QuotaExceeded,
-        Some(403) if reasons(api).iter().any(|r| is_quota_reason(r)) => {
-            ErrorClass::QuotaExceeded
-        }
+        Some(403) if reasons(api).iter().any(|r| is_quota_reason(r)) => ErrorClass::QuotaExceeded,
         Some(400 | 401 | 403) => ErrorClass::Permanent,
         _ => ErrorClass::Transient,
     }
@@ -191,30 +193,98 @@ mod tests {
     }
 
     fn raw(code: u16, payload: &str) -> ApiError {
-        ApiError::http(code, Default::default(), payload.to_string().into_bytes().into())
+        ApiError::http(
+            code,
+            Default::default(),
+            payload.to_string().into_bytes().into(),
+        )
     }
 
     #[test]
     fn classify_table() {
         let cases: Vec<(&str, Box<dyn StdError + Send + Sync>, ErrorClass)> = vec![
-            ("not an sdk error", Box::new(std::io::Error::other("x")), ErrorClass::Transient),
+            (
+                "not an sdk error",
+                Box::new(std::io::Error::other("x")),
+                ErrorClass::Transient,
+            ),
             ("404", Box::new(http(404, "notFound")), ErrorClass::NotFound),
-            ("429", Box::new(http(429, "rateLimitExceeded")), ErrorClass::QuotaExceeded),
-            ("403 quota", Box::new(http(403, "quotaExceeded")), ErrorClass::QuotaExceeded),
-            ("403 rate", Box::new(http(403, "rateLimitExceeded")), ErrorClass::QuotaExceeded),
-            ("403 user rate", Box::new(http(403, "userRateLimitExceeded")), ErrorClass::QuotaExceeded),
-            ("403 ErrorInfo style", Box::new(http(403, "RATE_LIMIT_EXCEEDED")), ErrorClass::QuotaExceeded),
-            ("403 forbidden", Box::new(http(403, "forbidden")), ErrorClass::Permanent),
-            ("403 api disabled", Box::new(http(403, "accessNotConfigured")), ErrorClass::Permanent),
-            ("403 raw body quota", Box::new(raw(403, &body(403, "quotaExceeded"))), ErrorClass::QuotaExceeded),
-            ("403 raw text", Box::new(raw(403, "denied")), ErrorClass::Permanent),
+            (
+                "429",
+                Box::new(http(429, "rateLimitExceeded")),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 quota",
+                Box::new(http(403, "quotaExceeded")),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 rate",
+                Box::new(http(403, "rateLimitExceeded")),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 user rate",
+                Box::new(http(403, "userRateLimitExceeded")),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 ErrorInfo style",
+                Box::new(http(403, "RATE_LIMIT_EXCEEDED")),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 forbidden",
+                Box::new(http(403, "forbidden")),
+                ErrorClass::Permanent,
+            ),
+            (
+                "403 api disabled",
+                Box::new(http(403, "accessNotConfigured")),
+                ErrorClass::Permanent,
+            ),
+            (
+                "403 raw body quota",
+                Box::new(raw(403, &body(403, "quotaExceeded"))),
+                ErrorClass::QuotaExceeded,
+            ),
+            (
+                "403 raw text",
+                Box::new(raw(403, "denied")),
+                ErrorClass::Permanent,
+            ),
             ("400", Box::new(http(400, "invalid")), ErrorClass::Permanent),
-            ("401", Box::new(http(401, "authError")), ErrorClass::Permanent),
-            ("409 outside create", Box::new(http(409, "alreadyExists")), ErrorClass::Transient),
-            ("500", Box::new(http(500, "backendError")), ErrorClass::Transient),
-            ("502 raw", Box::new(raw(502, "bad gateway")), ErrorClass::Transient),
-            ("timeout", Box::new(ApiError::timeout(std::io::Error::other("t"))), ErrorClass::Transient),
-            ("io", Box::new(ApiError::io(std::io::Error::other("reset"))), ErrorClass::Transient),
+            (
+                "401",
+                Box::new(http(401, "authError")),
+                ErrorClass::Permanent,
+            ),
+            (
+                "409 outside create",
+                Box::new(http(409, "alreadyExists")),
+                ErrorClass::Transient,
+            ),
+            (
+                "500",
+                Box::new(http(500, "backendError")),
+                ErrorClass::Transient,
+            ),
+            (
+                "502 raw",
+                Box::new(raw(502, "bad gateway")),
+                ErrorClass::Transient,
+            ),
+            (
+                "timeout",
+                Box::new(ApiError::timeout(std::io::Error::other("t"))),
+                ErrorClass::Transient,
+            ),
+            (
+                "io",
+                Box::new(ApiError::io(std::io::Error::other("reset"))),
+                ErrorClass::Transient,
+            ),
         ];
         for (name, err, want) in cases {
             let e: &(dyn StdError + 'static) = err.as_ref();
@@ -225,18 +295,41 @@ mod tests {
     #[test]
     fn check_reason_table() {
         let cases: Vec<(&str, Box<dyn StdError + Send + Sync>, &str)> = vec![
-            ("not an sdk error", Box::new(std::io::Error::other("x")), "Unreachable"),
-            ("io", Box::new(ApiError::io(std::io::Error::other("refused"))), "Unreachable"),
-            ("timeout", Box::new(ApiError::timeout(std::io::Error::other("t"))), "Timeout"),
+            (
+                "not an sdk error",
+                Box::new(std::io::Error::other("x")),
+                "Unreachable",
+            ),
+            (
+                "io",
+                Box::new(ApiError::io(std::io::Error::other("refused"))),
+                "Unreachable",
+            ),
+            (
+                "timeout",
+                Box::new(ApiError::timeout(std::io::Error::other("t"))),
+                "Timeout",
+            ),
             (
                 "transport wrapping a deadline",
-                Box::new(ApiError::io(std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline"))),
+                Box::new(ApiError::io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "deadline",
+                ))),
                 "Timeout",
             ),
             ("401", Box::new(http(401, "authError")), "Unauthorized"),
             ("403", Box::new(http(403, "forbidden")), "Forbidden"),
-            ("403 disabled", Box::new(http(403, "accessNotConfigured")), "Forbidden"),
-            ("403 quota", Box::new(http(403, "quotaExceeded")), "Forbidden"),
+            (
+                "403 disabled",
+                Box::new(http(403, "accessNotConfigured")),
+                "Forbidden",
+            ),
+            (
+                "403 quota",
+                Box::new(http(403, "quotaExceeded")),
+                "Forbidden",
+            ),
             ("500", Box::new(http(500, "backendError")), "APIError"),
             ("404", Box::new(raw(404, "nope")), "APIError"),
         ];
@@ -248,14 +341,26 @@ mod tests {
 
     #[test]
     fn operation_codes() {
-        assert_eq!(classify_operation_codes(["QUOTA_EXCEEDED"]), ErrorClass::QuotaExceeded);
+        assert_eq!(
+            classify_operation_codes(["QUOTA_EXCEEDED"]),
+            ErrorClass::QuotaExceeded
+        );
         assert_eq!(
             classify_operation_codes(["ZONE_RESOURCE_POOL_EXHAUSTED"]),
             ErrorClass::QuotaExceeded
         );
-        assert_eq!(classify_operation_codes(["RATE_LIMIT_EXCEEDED"]), ErrorClass::QuotaExceeded);
-        assert_eq!(classify_operation_codes(["RESOURCE_NOT_FOUND"]), ErrorClass::Permanent);
-        assert_eq!(classify_operation_codes(["INVALID_FIELD_VALUE"]), ErrorClass::Permanent);
+        assert_eq!(
+            classify_operation_codes(["RATE_LIMIT_EXCEEDED"]),
+            ErrorClass::QuotaExceeded
+        );
+        assert_eq!(
+            classify_operation_codes(["RESOURCE_NOT_FOUND"]),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            classify_operation_codes(["INVALID_FIELD_VALUE"]),
+            ErrorClass::Permanent
+        );
         assert_eq!(classify_operation_codes([]), ErrorClass::Permanent);
     }
 }

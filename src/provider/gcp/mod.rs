@@ -276,7 +276,12 @@ impl GcpProvider {
         res
     }
 
-    fn remember(map: &Mutex<HashMap<String, PendingOp>>, name: &str, zone: &str, op: &model::Operation) {
+    fn remember(
+        map: &Mutex<HashMap<String, PendingOp>>,
+        name: &str,
+        zone: &str,
+        op: &model::Operation,
+    ) {
         if let Some(opname) = op.name.as_deref().filter(|n| !n.is_empty()) {
             lock(map).insert(
                 name.to_string(),
@@ -322,11 +327,16 @@ impl GcpProvider {
         // Done: report a failure once, then forget the operation so the
         // next get answers NotFound and the reconciler may create again.
         lock(&self.inner.inserts).remove(&r.name);
-        let errors = op.error.as_ref().map(|e| e.errors.as_slice()).unwrap_or_default();
+        let errors = op
+            .error
+            .as_ref()
+            .map(|e| e.errors.as_slice())
+            .unwrap_or_default();
         if errors.is_empty() {
             return Err(self.fail(Op::Get, &id, "instances.get", not_found));
         }
-        let class = classify::classify_operation_codes(errors.iter().filter_map(|e| e.code.as_deref()));
+        let class =
+            classify::classify_operation_codes(errors.iter().filter_map(|e| e.code.as_deref()));
         let message = errors
             .iter()
             .map(|e| {
@@ -606,19 +616,19 @@ impl Checker for GcpProvider {
                 .map(|_| ())
                 .map_err(|e| -> Box<dyn StdError + Send + Sync> { Box::new(e) })
         };
-        let (ready, reason, message) =
-            match tokio::time::timeout(self.inner.opts.check_timeout, run).await {
-                Ok(Ok(())) => (true, "Reachable", String::new()),
-                Ok(Err(e)) => {
-                    debug!(provider = %self.inner.name, op = "check", detail = %classify::describe(e.as_ref()), "gcp api call failed");
-                    (false, classify::check_reason(e.as_ref()), e.to_string())
-                }
-                Err(elapsed) => (
-                    false,
-                    "Timeout",
-                    format!("check did not finish: {elapsed}"),
-                ),
-            };
+        let (ready, reason, message) = match tokio::time::timeout(
+            self.inner.opts.check_timeout,
+            run,
+        )
+        .await
+        {
+            Ok(Ok(())) => (true, "Reachable", String::new()),
+            Ok(Err(e)) => {
+                debug!(provider = %self.inner.name, op = "check", detail = %classify::describe(e.as_ref()), "gcp api call failed");
+                (false, classify::check_reason(e.as_ref()), e.to_string())
+            }
+            Err(elapsed) => (false, "Timeout", format!("check did not finish: {elapsed}")),
+        };
         vec![TargetStatus {
             name: project,
             address: CHECK_ADDRESS.to_string(),

@@ -20,8 +20,7 @@ pub const TARGET: &str = "egress_proxies_operator::provider::gcp::wire";
 pub fn redact(payload: &Value, full: bool) -> Value {
     match payload {
         Value::Object(map) => {
-            let is_user_data =
-                map.get("key").and_then(Value::as_str) == Some(USER_DATA_KEY);
+            let is_user_data = map.get("key").and_then(Value::as_str) == Some(USER_DATA_KEY);
             let out = map
                 .iter()
                 .map(|(k, v)| {
