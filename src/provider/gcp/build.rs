@@ -340,7 +340,8 @@ mod tests {
 
     #[test]
     fn placement_validation_names_the_field() {
-        let cases: [(&str, fn(&mut CreateRequest), Option<&str>); 6] = [
+        type Edit = fn(&mut CreateRequest);
+        let cases: [(&str, Edit, Option<&str>); 6] = [
             ("ok", |_| {}, None),
             ("zone", |r| r.placement.zone.clear(), Some("placement.zone")),
             (
