@@ -4,6 +4,8 @@
 
 pub mod decorators;
 pub mod error;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod kubernetes;
 pub mod naming;
 pub mod registry;

@@ -1,0 +1,101 @@
+//! CloudInit never reaches logs or spans (C10): every tracing event at
+//! TRACE, from every crate, is captured across create, get, list and delete
+//! against the stand-in, and the sentinel must not appear. Its own test
+//! binary, so the global subscriber sees every thread and callsite.
+#![cfg(feature = "gcp")]
+
+mod gcp_standin;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_proxies_operator::api::Placement;
+use egress_proxies_operator::config::GcpConfig;
+use egress_proxies_operator::provider::gcp::{GcpOptions, GcpProvider};
+use egress_proxies_operator::provider::{CreateRequest, Provider, UserData};
+use gcp_standin::StandIn;
+
+fn cfg(endpoint: &str) -> GcpConfig {
+    GcpConfig {
+        project: "my-project".into(),
+        network: "default".into(),
+        network_tag: "egress-proxy".into(),
+        disk_size_gb: 0,
+        endpoint: Some(endpoint.into()),
+        anonymous: true,
+    }
+}
+
+fn req() -> CreateRequest {
+    CreateRequest {
+        name: "proxy-a".into(),
+        uid: "uid-a".into(),
+        namespace: "ns".into(),
+        proxy_name: "px".into(),
+        placement: Placement {
+            region: "europe-west1".into(),
+            zone: "europe-west1-b".into(),
+            machine_type: "e2-micro".into(),
+            image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into(),
+        },
+        cloud_init: UserData::new("#cloud-config\nwrite_files:\n- content: SENTINEL-7f3a9c\n"),
+        port: 3128,
+        installation_id: "inst-1".into(),
+    }
+}
+
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn sentinel_run(buf: &Buf, full: bool) -> String {
+    buf.0.lock().unwrap().clear();
+    let s = StandIn::start().await;
+    s.with(|st| st.running_after_gets = 1);
+    let o = GcpOptions {
+        wire_log_full_payloads: full,
+        check_timeout: Duration::from_secs(5),
+        max_attempts: 1,
+        retry_time_limit: Duration::from_secs(5),
+    };
+    let p = GcpProvider::new("gcp-eu", &cfg(&s.url), o).unwrap();
+    let r = req();
+    let id = p.create(&r).await.unwrap();
+    p.create(&r).await.unwrap();
+    p.get(&id).await.unwrap();
+    p.list_by_tag().await.unwrap();
+    p.delete(&id).await.unwrap();
+    p.get(&id).await.unwrap();
+    let _ = p.get(&id).await;
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    out
+}
+
+#[tokio::test]
+async fn cloud_init_never_reaches_logs() {
+    let buf = Buf::default();
+    let w = buf.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || w.clone())
+        .init();
+    for full in [false, true] {
+        let out = sentinel_run(&buf, full).await;
+        assert!(!out.contains("SENTINEL-7f3a9c"), "full={full}: {out}");
+        // The wire log ran and showed the size instead.
+        assert!(out.contains("api request"), "{out}");
+        assert!(out.contains("<redacted 54 bytes>"), "{out}");
+        assert!(out.contains("cloud_init_bytes=54"), "{out}");
+    }
+}
