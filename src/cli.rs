@@ -253,9 +253,7 @@ impl Flags {
                 humantime::format_duration(self.default_lease_ttl)
             ));
         }
-        let url_ok = url::Url::parse(&self.default_probe_url)
-            .map(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
-            .unwrap_or(false);
+        let url_ok = crate::config::http_url(&self.default_probe_url).is_ok();
         if !url_ok {
             problems.push(format!(
                 "--default-probe-url must be an http(s) URL, got {:?}",

@@ -2,21 +2,17 @@
 //! an exit code and a message naming the offending key or value, fast, and
 //! with no cluster anywhere.
 
+mod support;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn run(doc: &str) -> (i32, String, String, Duration) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("providers.yaml");
-    std::fs::write(&path, doc).unwrap();
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
-        .arg("--providers-config")
-        .arg(&path)
+    // Prove no cluster is needed: point any kube client at nothing.
+    let out = support::operator(dir.path(), doc, &dir.path().join("absent"))
         .arg("--check-config")
-        // Prove no cluster is needed: point any kube client at nothing.
-        .env("KUBECONFIG", dir.path().join("absent"))
-        .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
     (
@@ -133,36 +129,20 @@ fn help_explains_every_flag() {
 #[test]
 fn sigterm_stops_the_operator_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("providers.yaml");
-    std::fs::write(
-        &path,
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-    )
-    .unwrap();
     // A cluster that refuses connections: the operator must keep running
     // (retrying its watches) and still stop promptly on SIGTERM.
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
+    let refused = "127.0.0.1:1".parse().unwrap();
+    std::fs::write(&kubeconfig, test_apiserver::kubeconfig_yaml(refused)).unwrap();
+    let mut child = support::operator(
+        dir.path(),
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
         &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"http://127.0.0.1:1\"}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n",
     )
+    .args(["--installation-id", "test"])
+    .stderr(std::process::Stdio::piped())
+    .spawn()
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
-        .arg("--providers-config")
-        .arg(&path)
-        .args([
-            "--health-probe-bind-address",
-            "0",
-            "--discovery-bind-address",
-            "0",
-            "--installation-id",
-            "test",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     // Give it time to install the signal handler.
     std::thread::sleep(Duration::from_millis(1500));
     let killed = Command::new("kill")

@@ -2,6 +2,8 @@
 //! server on loopback, whose kubelet runs each Pod as a real Squid. A Proxy
 //! on the kubernetes provider lives its whole life here.
 
+mod support;
+
 use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,21 +26,9 @@ impl Drop for Operator {
 }
 
 fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path) -> Operator {
-    let path = dir.join("providers.yaml");
-    std::fs::write(&path, providers).unwrap();
     let log = std::fs::File::create(dir.join("operator.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
-        .arg("--providers-config")
-        .arg(&path)
-        .args([
-            "--health-probe-bind-address",
-            "0",
-            "--discovery-bind-address",
-            "0",
-        ])
-        .env("KUBECONFIG", server.kubeconfig_path())
+    let child = support::operator(dir, providers, server.kubeconfig_path())
         .env("LOG_LEVEL", "info")
-        .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -6,35 +6,20 @@ mod gcp_standin;
 
 use std::time::Duration;
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::GcpConfig;
 use egress_proxies_operator::provider::gcp::{GcpOptions, GcpProvider};
 use egress_proxies_operator::provider::{
-    Checker, CreateRequest, ErrorClass, InstanceState, Provider, UserData,
+    Checker, CreateRequest, ErrorClass, InstanceState, Provider,
 };
-use gcp_standin::StandIn;
+use gcp_standin::{StandIn, ZONE};
 use serde_json::json;
 
-const ZONE: &str = "europe-west1-b";
-
 fn cfg(endpoint: &str) -> GcpConfig {
-    GcpConfig {
-        project: "my-project".into(),
-        network: "default".into(),
-        network_tag: "egress-proxy".into(),
-        disk_size_gb: 0,
-        endpoint: Some(endpoint.into()),
-        anonymous: true,
-    }
+    gcp_standin::config(endpoint)
 }
 
 fn opts() -> GcpOptions {
-    GcpOptions {
-        wire_log_full_payloads: false,
-        check_timeout: Duration::from_secs(5),
-        max_attempts: 1,
-        retry_time_limit: Duration::from_secs(5),
-    }
+    gcp_standin::options(false)
 }
 
 async fn setup() -> (StandIn, GcpProvider) {
@@ -44,21 +29,7 @@ async fn setup() -> (StandIn, GcpProvider) {
 }
 
 fn req(name: &str, uid: &str) -> CreateRequest {
-    CreateRequest {
-        name: name.into(),
-        uid: uid.into(),
-        namespace: "ns".into(),
-        proxy_name: "px".into(),
-        placement: Placement {
-            region: "europe-west1".into(),
-            zone: ZONE.into(),
-            machine_type: "e2-micro".into(),
-            image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into(),
-        },
-        cloud_init: UserData::new("#cloud-config\n"),
-        port: 3128,
-        installation_id: "inst-1".into(),
-    }
+    gcp_standin::request(name, uid, "#cloud-config\n")
 }
 
 #[tokio::test]

@@ -8,41 +8,17 @@ mod gcp_standin;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use egress_proxies_operator::api::Placement;
-use egress_proxies_operator::config::GcpConfig;
-use egress_proxies_operator::provider::gcp::{GcpOptions, GcpProvider};
-use egress_proxies_operator::provider::{CreateRequest, Provider, UserData};
+use egress_proxies_operator::provider::gcp::GcpProvider;
+use egress_proxies_operator::provider::{CreateRequest, Provider};
 use gcp_standin::StandIn;
 
-fn cfg(endpoint: &str) -> GcpConfig {
-    GcpConfig {
-        project: "my-project".into(),
-        network: "default".into(),
-        network_tag: "egress-proxy".into(),
-        disk_size_gb: 0,
-        endpoint: Some(endpoint.into()),
-        anonymous: true,
-    }
-}
-
 fn req() -> CreateRequest {
-    CreateRequest {
-        name: "proxy-a".into(),
-        uid: "uid-a".into(),
-        namespace: "ns".into(),
-        proxy_name: "px".into(),
-        placement: Placement {
-            region: "europe-west1".into(),
-            zone: "europe-west1-b".into(),
-            machine_type: "e2-micro".into(),
-            image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into(),
-        },
-        cloud_init: UserData::new("#cloud-config\nwrite_files:\n- content: SENTINEL-7f3a9c\n"),
-        port: 3128,
-        installation_id: "inst-1".into(),
-    }
+    gcp_standin::request(
+        "proxy-a",
+        "uid-a",
+        "#cloud-config\nwrite_files:\n- content: SENTINEL-7f3a9c\n",
+    )
 }
 
 #[derive(Clone, Default)]
@@ -62,13 +38,12 @@ async fn sentinel_run(buf: &Buf, full: bool) -> String {
     buf.0.lock().unwrap().clear();
     let s = StandIn::start().await;
     s.with(|st| st.running_after_gets = 1);
-    let o = GcpOptions {
-        wire_log_full_payloads: full,
-        check_timeout: Duration::from_secs(5),
-        max_attempts: 1,
-        retry_time_limit: Duration::from_secs(5),
-    };
-    let p = GcpProvider::new("gcp-eu", &cfg(&s.url), o).unwrap();
+    let p = GcpProvider::new(
+        "gcp-eu",
+        &gcp_standin::config(&s.url),
+        gcp_standin::options(full),
+    )
+    .unwrap();
     let r = req();
     let id = p.create(&r).await.unwrap();
     p.create(&r).await.unwrap();

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 pub use gcp::GcpConfig;
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+pub use validate::http_url;
 
 use crate::provider::registry::ProviderType;
 

@@ -214,7 +214,7 @@ pub(super) fn is_identifier(s: &str) -> bool {
 }
 
 /// An absolute http or https URL with a host.
-pub(super) fn http_url(s: &str) -> Result<(), String> {
+pub fn http_url(s: &str) -> Result<(), String> {
     match url::Url::parse(s) {
         Ok(u)
             if matches!(u.scheme(), "http" | "https")

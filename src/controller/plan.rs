@@ -54,8 +54,6 @@ pub struct ManagedInput<'a> {
     pub spec_hash: Option<&'a str>,
     /// The result of `get(providerID)` in this pass, once made.
     pub get: Option<&'a GetOutcome>,
-    /// When a delete was last requested (from status).
-    pub delete_requested_at: Option<DateTime<Utc>>,
     /// The clock.
     pub now: DateTime<Utc>,
 }
@@ -157,7 +155,7 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
         },
         GetOutcome::NotFound => Step::ClearAndCreate,
         GetOutcome::Found(inst) if !hash_matches => {
-            delete_or_wait(input, inst, ReplaceCause::SpecChanged)
+            delete_or_wait(input, ReplaceCause::SpecChanged)
         }
         GetOutcome::Found(inst) => match inst.state {
             InstanceState::Provisioning => Step::WaitProvisioning,
@@ -168,14 +166,14 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             // treated as still provisioning rather than trusted.
             InstanceState::Running => Step::WaitProvisioning,
             s @ (InstanceState::Stopped | InstanceState::Terminated) => {
-                delete_or_wait(input, inst, ReplaceCause::Stopped(s))
+                delete_or_wait(input, ReplaceCause::Stopped(s))
             }
         },
     }
 }
 
-fn delete_or_wait(input: &ManagedInput<'_>, _inst: &Instance, why: ReplaceCause) -> Step {
-    if recently_requested(input.delete_requested_at, input.now) {
+fn delete_or_wait(input: &ManagedInput<'_>, why: ReplaceCause) -> Step {
+    if recently_requested(input.status.delete_requested_at, input.now) {
         Step::WaitForDeletion { why }
     } else {
         Step::Delete { why }

@@ -231,15 +231,18 @@ fn managed_path_table() {
         },
     ];
     for c in cases {
+        let status = ProxyStatus {
+            delete_requested_at: c.delete_requested_at,
+            ..c.status.clone()
+        };
         let input = ManagedInput {
             generation: Some(3),
             has_finalizer: c.has_finalizer,
-            status: &c.status,
+            status: &status,
             provider_configured: c.configured,
             recorded_hash: c.recorded,
             spec_hash: c.spec,
             get: c.get.as_ref(),
-            delete_requested_at: c.delete_requested_at,
             now: t(0),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
@@ -443,7 +446,6 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         recorded_hash: None,
         spec_hash: Some("h"),
         get: None,
-        delete_requested_at: None,
         now: t(1),
     };
     assert_eq!(next_managed_step(&input), Step::Create);

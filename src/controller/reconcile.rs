@@ -294,7 +294,6 @@ async fn managed_path(
             recorded_hash: recorded.as_deref(),
             spec_hash: hash.as_deref(),
             get: get.as_ref(),
-            delete_requested_at: status.delete_requested_at,
             now,
         });
         // The plan only asks for provider calls once the provider is known.
@@ -443,12 +442,11 @@ async fn delete_path(
             delete_requested_at: status.delete_requested_at,
             now,
         });
-        let p = || {
-            provider.clone().ok_or_else(|| Error::NotConfigured {
-                provider: provider_name.clone(),
-                id: id.clone(),
-            })
+        let not_configured = || Error::NotConfigured {
+            provider: provider_name.clone(),
+            id: id.clone(),
         };
+        let p = || provider.clone().ok_or_else(not_configured);
         match step {
             DeleteStep::Nothing => return Ok(Action::await_change()),
             DeleteStep::Release { why } => {
@@ -464,12 +462,7 @@ async fn delete_path(
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
                 return Ok(Action::await_change());
             }
-            DeleteStep::ProviderNotConfigured => {
-                return Err(p().err().unwrap_or(Error::NotConfigured {
-                    provider: provider_name.clone(),
-                    id: id.clone(),
-                }))
-            }
+            DeleteStep::ProviderNotConfigured => return Err(not_configured()),
             DeleteStep::Get => get = Some(outcome(p()?.get(&id).await)),
             DeleteStep::Delete => match p()?.delete(&id).await {
                 Ok(()) => {

@@ -19,6 +19,54 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{json, Value};
 
+/// The zone the fixtures place instances in.
+pub const ZONE: &str = "europe-west1-b";
+
+/// A gcp provider config pointing the real client at the stand-in.
+pub fn config(endpoint: &str) -> egress_proxies_operator::config::GcpConfig {
+    egress_proxies_operator::config::GcpConfig {
+        project: "my-project".into(),
+        network: "default".into(),
+        network_tag: "egress-proxy".into(),
+        disk_size_gb: 0,
+        endpoint: Some(endpoint.into()),
+        anonymous: true,
+    }
+}
+
+/// Provider options for tests: one attempt, short limits.
+pub fn options(wire_log_full_payloads: bool) -> egress_proxies_operator::provider::gcp::GcpOptions {
+    egress_proxies_operator::provider::gcp::GcpOptions {
+        wire_log_full_payloads,
+        check_timeout: Duration::from_secs(5),
+        max_attempts: 1,
+        retry_time_limit: Duration::from_secs(5),
+    }
+}
+
+/// A create request that the stand-in can satisfy.
+pub fn request(
+    name: &str,
+    uid: &str,
+    cloud_init: &str,
+) -> egress_proxies_operator::provider::CreateRequest {
+    egress_proxies_operator::provider::CreateRequest {
+        name: name.into(),
+        uid: uid.into(),
+        namespace: "ns".into(),
+        proxy_name: "px".into(),
+        placement: egress_proxies_operator::api::Placement {
+            region: "europe-west1".into(),
+            zone: ZONE.into(),
+            machine_type: "e2-micro".into(),
+            image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into(),
+        },
+        cloud_init: egress_proxies_operator::provider::UserData::new(cloud_init),
+        port: 3128,
+        installation_id: "inst-1".into(),
+    }
+}
+
 /// An error the next call of a method answers with.
 #[derive(Clone, Debug)]
 pub struct Inject {

@@ -159,15 +159,20 @@ fn openapi_root(store: &Store) -> Value {
 /// so kubectl sees that the server does field validation (`fieldValidation`)
 /// and leaves validation to the server. No component schemas are published,
 /// so kubectl uses JSON merge patches for custom resources.
-fn openapi_gv(store: &Store, g: &str, v: &str) -> Response {
+/// The resources served under group `g`, version `v`; `None` when none.
+fn defs_of<'a>(store: &'a Store, g: &str, v: &str) -> Option<Vec<&'a ResourceDef>> {
     let defs: Vec<&ResourceDef> = store
         .defs
         .iter()
         .filter(|d| d.group == g && d.version == v)
         .collect();
-    if defs.is_empty() {
+    (!defs.is_empty()).then_some(defs)
+}
+
+fn openapi_gv(store: &Store, g: &str, v: &str) -> Response {
+    let Some(defs) = defs_of(store, g, v) else {
         return error(not_found_path());
-    }
+    };
     let mut paths = serde_json::Map::new();
     for d in defs {
         let path = if d.namespaced {
@@ -241,14 +246,9 @@ fn group(store: &Store, g: &str) -> Option<Value> {
 }
 
 fn resource_list(store: &Store, g: &str, v: &str) -> Response {
-    let defs: Vec<&ResourceDef> = store
-        .defs
-        .iter()
-        .filter(|d| d.group == g && d.version == v)
-        .collect();
-    if defs.is_empty() {
+    let Some(defs) = defs_of(store, g, v) else {
         return error(not_found_path());
-    }
+    };
     let gv = if g.is_empty() {
         v.to_string()
     } else {

@@ -55,6 +55,17 @@ struct Inner {
     compacted: u64,
 }
 
+impl Inner {
+    /// A copy of the stored object, or the API's NotFound.
+    fn existing(&self, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.objects
+            .get(&def.key())
+            .and_then(|m| m.get(&(ns.unwrap_or_default().to_string(), name.to_string())))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
+    }
+}
+
 /// The shared store.
 pub struct Store {
     inner: Mutex<Inner>,
@@ -185,13 +196,7 @@ impl Store {
     }
 
     pub fn get(&self, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        let inner = self.lock();
-        inner
-            .objects
-            .get(&def.key())
-            .and_then(|m| m.get(&(ns.unwrap_or_default().to_string(), name.to_string())))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
+        self.lock().existing(def, ns, name)
     }
 
     /// Matching objects (sorted by namespace/name) and the current resourceVersion.
@@ -366,12 +371,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let key = (ns.unwrap_or_default().to_string(), name.to_string());
         let mut inner = self.lock();
-        let old = inner
-            .objects
-            .get(&def.key())
-            .and_then(|m| m.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let old = inner.existing(def, ns, name)?;
         let mut new = change(&old)?;
         if !new.is_object() {
             return Err(ApiError::bad_request("the body must be a JSON object"));
@@ -477,12 +477,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let key = (ns.unwrap_or_default().to_string(), name.to_string());
         let mut inner = self.lock();
-        let old = inner
-            .objects
-            .get(&def.key())
-            .and_then(|m| m.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let old = inner.existing(def, ns, name)?;
         if let Some(uid) = precondition.0 {
             if uid != meta_str(&old, "uid") {
                 return Err(ApiError::conflict(&def.group, &def.plural, name));
