@@ -107,6 +107,7 @@ async fn main() -> ExitCode {
     };
     let deps = registry::Deps {
         client: client.clone(),
+        gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
     };
     let providers = match Registry::build(&config, &metrics.provider, |e| {
         registry::construct(e, &deps)
