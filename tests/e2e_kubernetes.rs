@@ -304,10 +304,11 @@ async fn unsatisfiable_proxies_say_why_and_recover() {
         )
         .await
         .unwrap();
-    // The retry (30s) picks the label up; the Secret watch will make it faster.
+    // The labelled-Secret watch re-triggers the Proxy at once; the 30 s
+    // retry alone could not meet this deadline.
     eventually(
         "created after labelling",
-        Duration::from_secs(60),
+        Duration::from_secs(15),
         || async {
             let p = proxies.get("ci").await.ok()?;
             p.status.as_ref()?.provider_id.is_some().then_some(())
