@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod provider;
 pub mod telemetry;

@@ -9,13 +9,14 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
 use egress_proxies_operator::cli::{self, Flags};
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::{self, Context};
 use egress_proxies_operator::metrics::Metrics;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
-use egress_proxies_operator::{http, telemetry};
+use egress_proxies_operator::{http, leader, telemetry};
 
 /// How long runnables get to finish after SIGTERM.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -135,8 +136,39 @@ async fn main() -> ExitCode {
         },
     };
     info!(installationID = %installation_id, "Installation identity");
+    // Everything below is leader-only: with --leader-elect, wait for the
+    // Lease; a replica that loses it exits, so leader-only work never runs
+    // on two replicas at once.
     if flags.leader_elect {
-        warn!("--leader-elect is not implemented yet: this replica acts as the leader; run a single replica");
+        let identity = leader_identity();
+        let timing = leader::Timing {
+            lease_duration: flags.leader_election_lease_duration,
+            renew_deadline: flags.leader_election_renew_deadline,
+            retry_period: flags.leader_election_retry_period,
+        };
+        let mut leading = leader::campaign(
+            client.clone(),
+            &flags.operator_namespace,
+            LEADER_ELECTION_ID,
+            identity.clone(),
+            timing,
+        );
+        info!(identity = %identity, lease = LEADER_ELECTION_ID, namespace = %flags.operator_namespace, "Waiting to become the leader");
+        let stop = stopped();
+        tokio::select! {
+            won = leading.wait_for(|l| *l) => {
+                if won.is_err() {
+                    error!("Leader election stopped before winning");
+                    return ExitCode::FAILURE;
+                }
+            }
+            _ = stop => return ExitCode::SUCCESS,
+        }
+        tokio::spawn(async move {
+            let _ = leading.wait_for(|l| !*l).await;
+            error!("Lost leadership; exiting so that leader-only work never runs twice");
+            std::process::exit(1);
+        });
     }
 
     let watch_pods = config
@@ -191,6 +223,14 @@ fn check_config(flags: &Flags) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A unique candidate name: the Pod name (HOSTNAME in a Pod) and the pid.
+fn leader_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "egress-proxies-operator".to_string());
+    format!("{host}_{}", std::process::id())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -6,8 +6,8 @@
 mod gcp_standin;
 mod support;
 
-use std::future::Future;
-use std::process::{Child, Stdio};
+use support::{eventually, Operator};
+
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -16,32 +16,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
 use test_apiserver::{Options, TestApiServer};
-
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn proxy(name: &str, placement: serde_json::Value, port: i32) -> Proxy {
     serde_json::from_value(json!({
@@ -88,13 +62,9 @@ async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
         "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
         standin.url
     );
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let _op = Operator(
-        support::operator(dir.path(), &providers, server.kubeconfig_path())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+    let _op = Operator::spawn(
+        support::operator(dir.path(), &providers, server.kubeconfig_path()),
+        &dir.path().join("operator.log"),
     );
     let proxies: Api<Proxy> = Api::namespaced(server.client(), "default");
 
