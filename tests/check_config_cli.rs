@@ -129,41 +129,86 @@ fn help_explains_every_flag() {
 #[test]
 fn sigterm_stops_the_operator_cleanly() {
     let dir = tempfile::tempdir().unwrap();
+    let (probe_port, metrics_port) = (free_port(), free_port());
     // A cluster that refuses connections: the operator must keep running
     // (retrying its watches) and still stop promptly on SIGTERM.
     let kubeconfig = dir.path().join("kubeconfig");
     let refused = "127.0.0.1:1".parse().unwrap();
     std::fs::write(&kubeconfig, test_apiserver::kubeconfig_yaml(refused)).unwrap();
-    let mut child = support::operator(
+    let mut cmd = support::operator(
         dir.path(),
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
         &kubeconfig,
-    )
-    .args(["--installation-id", "test"])
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    // Give it time to install the signal handler.
+    );
+    cmd.args(["--installation-id", "test"])
+        .args([
+            "--health-probe-bind-address",
+            &format!("127.0.0.1:{probe_port}"),
+        ])
+        .args([
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+        ]);
+    let log = dir.path().join("operator.log");
+    // Killed on drop, so a failed assertion leaves nothing running.
+    let mut op = support::Operator::spawn(cmd, &log);
+    // Give it time to install the signal handler and start its servers.
     std::thread::sleep(Duration::from_millis(1500));
+    // Every replica serves plain-ping probes and the metrics registry, even
+    // with the API server unreachable.
+    for path in ["/healthz", "/readyz"] {
+        let (status, body) = http_get(probe_port, path);
+        assert_eq!((status.as_str(), body.trim()), ("200", "ok"), "{path}");
+    }
+    let (status, body) = http_get(metrics_port, "/metrics");
+    assert_eq!(status, "200");
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
     let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &op.pid().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = op.0.try_wait().unwrap() {
             break s;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
             panic!("operator did not stop within 10s of SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("Loaded providers config"), "{err}");
     assert!(err.contains("Shutting down"), "{err}");
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.0 GET: (status code, body).
+fn http_get(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }
