@@ -44,6 +44,8 @@ pub struct Context {
     /// Health verdicts, when the health engine runs.
     pub health: Option<Arc<dyn HealthSource>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Reconcile count, error and duration series, when exported.
+    pub metrics: Option<crate::metrics::ReconcileMetrics>,
 }
 
 impl Context {
@@ -60,7 +62,14 @@ impl Context {
             installation_id,
             health,
             failures: Mutex::new(HashMap::new()),
+            metrics: None,
         }
+    }
+
+    /// Records reconciles into `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::ReconcileMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Exponential backoff per object: 5ms doubling up to 1000s, reset on
