@@ -406,11 +406,53 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+
+    /// The exposition in the Prometheus text format 0.0.4, for scrapers
+    /// (and `promtool check metrics`) that do not ask for OpenMetrics.
+    pub fn encode_prometheus_text(&self) -> Result<String, std::fmt::Error> {
+        Ok(openmetrics_to_text(&self.encode()?))
+    }
+}
+
+/// Converts OpenMetrics text to the Prometheus text format: counter
+/// families are named with their `_total` suffix and `# EOF` is dropped.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .filter(|n| !n.ends_with("_total"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(rewritten.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prometheus_text_names_counters_with_total() {
+        let om = "# HELP a_requests Calls.\n# TYPE a_requests counter\na_requests_total{x=\"1\"} 2\n# HELP g G.\n# TYPE g gauge\ng 1\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_text(om),
+            "# HELP a_requests_total Calls.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g G.\n# TYPE g gauge\ng 1\n"
+        );
+    }
 
     #[test]
     fn provider_gauges_follow_the_snapshot() {

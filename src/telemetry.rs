@@ -175,6 +175,7 @@ fn init_with(filter: &str, format: LogFormat, exporter: Exporter) -> Result<Tele
     let fmt_layer = match format {
         LogFormat::Text => tfmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(false)
             .event_format(TraceIds {
                 inner: format::Format::default().with_target(false),
