@@ -159,7 +159,13 @@ async fn main() -> ExitCode {
         .iter()
         .any(|p| p.provider_type == ProviderType::Kubernetes);
     // --- gc, provider health, scrape-time metrics (issue 8) ---
-    spawn_proxy_phases(&mut tasks, &client, &metrics, stopped());
+    spawn_proxy_phases(
+        &mut tasks,
+        &client,
+        flags.proxy_namespace.as_deref(),
+        &metrics,
+        stopped(),
+    );
     let gc = Gc::new(
         client.clone(),
         providers.clone(),
@@ -202,10 +208,12 @@ async fn main() -> ExitCode {
 
 // --- gc, provider health, scrape-time metrics (issue 8) ---
 
-/// Keeps a Proxy cache for `proxy_operator_proxies` (counted at scrape).
+/// Keeps a Proxy cache (of the watched namespace, or all) for
+/// `proxy_operator_proxies`, counted at scrape.
 fn spawn_proxy_phases(
     tasks: &mut tokio::task::JoinSet<()>,
     client: &Client,
+    namespace: Option<&str>,
     metrics: &Metrics,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
@@ -231,15 +239,13 @@ fn spawn_proxy_phases(
         }
         counts
     });
-    let stream = reflector(
-        writer,
-        watcher(
-            Api::<Proxy>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .for_each(|_| async {});
+    let api: Api<Proxy> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|_| async {});
     tasks.spawn(async move {
         tokio::select! {
             _ = stream => {}
