@@ -186,6 +186,25 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
     )
     .await;
     println!("restored after {:?}", t.elapsed());
+
+    // Edited: the operator's view wins again within 5 s.
+    let edit = serde_json::json!({"status": {"targetsReady": "0/9", "conditions": []}});
+    ph.patch_status(
+        "kubernetes",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&edit),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "ProviderHealth kubernetes repaired",
+        Duration::from_secs(5),
+        || async {
+            (ph_ready(&ph, "kubernetes").await? == ("True".to_string(), "1/1".to_string()))
+                .then_some(())
+        },
+    )
+    .await;
     drop(op);
 
     // The provider leaves the config: its object goes at the next start.
@@ -542,4 +561,51 @@ async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
     if let Some(l) = log.lines().find(|l| l.contains("Instance created")) {
         println!("{l}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_carry_trace_ids_as_keys() {
+    if !squid_present() {
+        println!("SKIP: /usr/sbin/squid is not installed");
+        return;
+    }
+    let (endpoint, spans) = otlp_receiver().await;
+    let (server, dir, client) = server().await;
+    let _op = start(
+        &server,
+        KUBE_ONLY,
+        dir.path(),
+        "op.log",
+        &["--log-format", "json"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    proxies
+        .create(&PostParams::default(), &proxy("j1"))
+        .await
+        .unwrap();
+    let line: serde_json::Value = eventually(
+        "a JSON Instance created line",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(dir.path().join("op.log")).ok()?;
+            let l = log.lines().find(|l| l.contains("Instance created"))?;
+            serde_json::from_str(l).ok()
+        },
+    )
+    .await;
+    let trace_id = line["traceID"].as_str().expect("traceID key").to_string();
+    assert_eq!(line["spanID"].as_str().map(str::len), Some(16), "{line}");
+    eventually("the line's trace exported", Duration::from_secs(20), || {
+        let found = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.name == "Reconcile Proxy" && s.trace_id == trace_id);
+        async move { found.then_some(()) }
+    })
+    .await;
 }
