@@ -122,8 +122,32 @@ fn key(p: &Proxy) -> String {
 }
 
 /// Reconciles one Proxy; the status is patched at the end if it changed.
-#[instrument(name = "Reconcile Proxy", skip_all, fields(proxy = %key(&proxy), otel.kind = "internal"))]
+#[instrument(
+    name = "Reconcile Proxy",
+    skip_all,
+    fields(
+        proxy = %key(&proxy),
+        otel.kind = "internal",
+        k8s.namespace.name = %proxy.namespace().unwrap_or_default(),
+        k8s.object.name = %proxy.name_any(),
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+)]
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let res = reconcile_inner(proxy, ctx).await;
+    let span = tracing::Span::current();
+    match &res {
+        Ok(_) => span.record("otel.status_code", "ok"),
+        Err(e) => {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", e.to_string())
+        }
+    };
+    res
+}
+
+async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let base = proxy.status.clone().unwrap_or_default();
     let mut status = base.clone();
     let result = if proxy.metadata.deletion_timestamp.is_some() {
