@@ -609,3 +609,58 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_are_flushed_on_sigterm() {
+    let (endpoint, spans) = otlp_receiver().await;
+    let (server, dir, _client) = server().await;
+    let mut op = start(
+        &server,
+        KUBE_ONLY,
+        dir.path(),
+        "op.log",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            // Nothing is exported on schedule within this test.
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    );
+    // The first provider check round runs at start.
+    eventually(
+        "the first round logged",
+        Duration::from_secs(20),
+        || async {
+            let log = std::fs::read_to_string(dir.path().join("op.log")).ok()?;
+            log.contains("Created ProviderHealth").then_some(())
+        },
+    )
+    .await;
+    assert!(spans.lock().unwrap().is_empty(), "exported before shutdown");
+    let pid = op.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = op.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "operator did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    println!("stopped after {:?}", t.elapsed());
+    let names: Vec<String> = spans
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "providerhealth.check"),
+        "{names:?}"
+    );
+}
