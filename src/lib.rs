@@ -7,6 +7,7 @@ pub mod config;
 pub mod controller;
 pub mod gc;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod provider;
 pub mod providerhealth;

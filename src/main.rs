@@ -9,13 +9,14 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
 use egress_proxies_operator::cli::{self, Flags};
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::{self, Context};
 use egress_proxies_operator::metrics::Metrics;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
-use egress_proxies_operator::{http, telemetry};
+use egress_proxies_operator::{http, leader, telemetry};
 // --- issue 8 imports ---
 use egress_proxies_operator::api::{Proxy, ProxyPhase};
 use egress_proxies_operator::gc::{self, Gc};
@@ -123,6 +124,7 @@ async fn main() -> ExitCode {
     };
     let deps = registry::Deps {
         client: client.clone(),
+        gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
     };
     let providers = match Registry::build(&config, &metrics.provider, |e| {
         registry::construct(e, &deps)
@@ -150,15 +152,7 @@ async fn main() -> ExitCode {
         },
     };
     info!(installationID = %installation_id, "Installation identity");
-    if flags.leader_elect {
-        warn!("--leader-elect is not implemented yet: this replica acts as the leader; run a single replica");
-    }
-
-    let watch_pods = config
-        .providers
-        .iter()
-        .any(|p| p.provider_type == ProviderType::Kubernetes);
-    // --- gc, provider health, scrape-time metrics (issue 8) ---
+    // --- scrape-time Proxy phase counts, on every replica (issue 8) ---
     spawn_proxy_phases(
         &mut tasks,
         &client,
@@ -166,6 +160,50 @@ async fn main() -> ExitCode {
         &metrics,
         stopped(),
     );
+    // --- end scrape-time Proxy phase counts ---
+    // Everything below is leader-only: with --leader-elect, wait for the
+    // Lease; a replica that loses it exits, so leader-only work never runs
+    // on two replicas at once.
+    if flags.leader_elect {
+        let identity = leader_identity();
+        let timing = leader::Timing {
+            lease_duration: flags.leader_election_lease_duration,
+            renew_deadline: flags.leader_election_renew_deadline,
+            retry_period: flags.leader_election_retry_period,
+        };
+        let mut leading = leader::campaign(
+            client.clone(),
+            &flags.operator_namespace,
+            LEADER_ELECTION_ID,
+            identity.clone(),
+            timing,
+        );
+        info!(identity = %identity, lease = LEADER_ELECTION_ID, namespace = %flags.operator_namespace, "Waiting to become the leader");
+        let stop = stopped();
+        tokio::select! {
+            won = leading.wait_for(|l| *l) => {
+                if won.is_err() {
+                    error!("Leader election stopped before winning");
+                    return ExitCode::FAILURE;
+                }
+            }
+            _ = stop => {
+                telemetry.shutdown();
+                return ExitCode::SUCCESS;
+            }
+        }
+        tokio::spawn(async move {
+            let _ = leading.wait_for(|l| !*l).await;
+            error!("Lost leadership; exiting so that leader-only work never runs twice");
+            std::process::exit(1);
+        });
+    }
+
+    let watch_pods = config
+        .providers
+        .iter()
+        .any(|p| p.provider_type == ProviderType::Kubernetes);
+    // --- gc, provider health, scrape-time metrics (issue 8) ---
     let gc = Gc::new(
         client.clone(),
         providers.clone(),
@@ -341,6 +379,14 @@ fn check_config(flags: &Flags) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A unique candidate name: the Pod name (HOSTNAME in a Pod) and the pid.
+fn leader_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "egress-proxies-operator".to_string());
+    format!("{host}_{}", std::process::id())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

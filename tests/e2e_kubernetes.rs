@@ -4,8 +4,9 @@
 
 mod support;
 
-use std::future::Future;
-use std::process::{Child, Command, Stdio};
+use support::{eventually, Operator};
+
+use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -15,42 +16,11 @@ use kube::{Api, Client};
 use serde_json::json;
 use test_apiserver::{Options, TestApiServer};
 
-/// The operator process; killed when dropped so no test leaves it running.
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path) -> Operator {
-    let log = std::fs::File::create(dir.join("operator.log")).unwrap();
-    let child = support::operator(dir, providers, server.kubeconfig_path())
-        .env("LOG_LEVEL", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Operator(child)
-}
-
-async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    Operator::spawn(
+        support::operator(dir, providers, server.kubeconfig_path()),
+        &dir.join("operator.log"),
+    )
 }
 
 fn squid_present() -> bool {
@@ -304,10 +274,11 @@ async fn unsatisfiable_proxies_say_why_and_recover() {
         )
         .await
         .unwrap();
-    // The retry (30s) picks the label up; the Secret watch will make it faster.
+    // The labelled-Secret watch re-triggers the Proxy at once; the 30 s
+    // retry alone could not meet this deadline.
     eventually(
         "created after labelling",
-        Duration::from_secs(60),
+        Duration::from_secs(15),
         || async {
             let p = proxies.get("ci").await.ok()?;
             p.status.as_ref()?.provider_id.is_some().then_some(())

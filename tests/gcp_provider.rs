@@ -196,6 +196,26 @@ async fn get_after_delete_and_delete_twice() {
     assert_eq!(s.instance_count(), 0);
 }
 
+/// Replacement reuses the name: the insert after the old instance is gone
+/// is a new attempt and must create an instance, not be deduplicated into
+/// the first insert's finished operation.
+#[tokio::test]
+async fn create_after_delete_inserts_a_new_instance() {
+    let (s, p) = setup().await;
+    let id = p.create(&req("proxy-a", "uid-a")).await.unwrap();
+    p.delete(&id).await.unwrap();
+    let _ = p.get(&id).await;
+    assert!(p.get(&id).await.unwrap_err().is(ErrorClass::NotFound));
+    assert_eq!(s.instance_count(), 0);
+    assert_eq!(p.create(&req("proxy-a", "uid-a")).await.unwrap(), id);
+    assert_eq!(
+        s.instance_count(),
+        1,
+        "the second insert must create the instance"
+    );
+    assert!(p.get(&id).await.is_ok());
+}
+
 #[tokio::test]
 async fn list_excludes_unmarked_instances_and_reads_every_page() {
     let (s, p) = setup().await;

@@ -10,12 +10,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{controller, watcher, Controller};
 use kube::Api;
+use kube::ResourceExt;
 use tracing::{debug, warn};
 
-use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
+use crate::api::constants::{CLOUD_INIT_SECRET_LABEL, MANAGED_MARK, MANAGED_MARK_VALUE};
 use crate::api::Proxy;
 pub use reconcile::{Context, HealthSource};
 
@@ -38,6 +40,19 @@ pub async fn run(
     let mut c = Controller::new(proxies, watcher::Config::default())
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
+    // A labelled cloud-init Secret that appears, changes or gains its label
+    // re-triggers the Proxies that reference it (only labelled Secrets are
+    // watched, so the operator never reads unrelated ones).
+    let cache = c.store();
+    let secrets: Api<Secret> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    c = c.watches(
+        secrets,
+        watcher::Config::default().labels(&format!("{CLOUD_INIT_SECRET_LABEL}=true")),
+        move |secret| referencing(&cache.state(), &secret),
+    );
     if watch_pods {
         let pods: Api<Pod> = match namespace {
             Some(ns) => Api::namespaced(client, ns),
@@ -70,4 +85,65 @@ async fn counted_reconcile(
         m.observe("proxy", res.is_ok(), started.elapsed());
     }
     res
+}
+
+/// The Proxies in `secret`'s namespace whose cloud-init comes from it.
+pub fn referencing(proxies: &[Arc<Proxy>], secret: &Secret) -> Vec<ObjectRef<Proxy>> {
+    let ns = secret.namespace();
+    let name = secret.name_any();
+    proxies
+        .iter()
+        .filter(|p| p.namespace() == ns)
+        .filter(|p| {
+            p.spec
+                .cloud_init
+                .as_ref()
+                .and_then(|c| c.secret_ref.as_ref())
+                .is_some_and(|r| r.name == name)
+        })
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CloudInit, ProxySpec, SecretKeyRef};
+
+    fn proxy(ns: &str, name: &str, secret: Option<&str>) -> Arc<Proxy> {
+        let mut p = Proxy::new(
+            name,
+            ProxySpec {
+                cloud_init: secret.map(|s| CloudInit {
+                    inline: None,
+                    secret_ref: Some(SecretKeyRef {
+                        name: s.into(),
+                        key: None,
+                    }),
+                }),
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some(ns.into());
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_secret_maps_to_the_proxies_in_its_namespace_that_name_it() {
+        let proxies = vec![
+            proxy("a", "uses", Some("ci")),
+            proxy("a", "other-secret", Some("ci2")),
+            proxy("a", "inline", None),
+            proxy("b", "other-namespace", Some("ci")),
+            proxy("a", "uses-too", Some("ci")),
+        ];
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("ci".into());
+        secret.metadata.namespace = Some("a".into());
+        let names: Vec<String> = referencing(&proxies, &secret)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["uses", "uses-too"]);
+    }
 }

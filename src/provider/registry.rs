@@ -141,6 +141,8 @@ impl Registry {
 pub struct Deps {
     /// The operator's Kubernetes client.
     pub client: kube::Client,
+    /// `--gcp-wire-log-full-payloads`.
+    pub gcp_wire_log_full_payloads: bool,
 }
 
 /// Builds the provider for one config entry: the single dispatch over
@@ -151,7 +153,23 @@ pub fn construct(entry: &ProviderConfig, deps: &Deps) -> Result<Arc<dyn Provider
         ProviderSettings::Kubernetes(cfg) => Ok(Arc::new(
             super::kubernetes::KubernetesProvider::new(&entry.name, cfg, deps.client.clone()),
         )),
-        ProviderSettings::Gcp(_) | ProviderSettings::Kvm(_) => Err(format!(
+        #[cfg(feature = "gcp")]
+        ProviderSettings::Gcp(cfg) => {
+            let opts = super::gcp::GcpOptions {
+                wire_log_full_payloads: deps.gcp_wire_log_full_payloads,
+                ..Default::default()
+            };
+            Ok(Arc::new(super::gcp::GcpProvider::new(
+                &entry.name,
+                cfg,
+                opts,
+            )?))
+        }
+        #[cfg(not(feature = "gcp"))]
+        ProviderSettings::Gcp(_) => {
+            Err("this build has no gcp provider (built without the gcp feature)".into())
+        }
+        ProviderSettings::Kvm(_) => Err(format!(
             "provider type {} is not available in this build yet",
             entry.provider_type
         )),

@@ -23,3 +23,51 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
         .env_remove("KUBERNETES_SERVICE_HOST");
     cmd
 }
+
+/// A running operator process, killed when dropped so no test leaves it
+/// running.
+pub struct Operator(pub std::process::Child);
+
+impl Operator {
+    /// Starts `cmd` with its log (stderr) in `log`.
+    pub fn spawn(mut cmd: Command, log: &Path) -> Operator {
+        let file = std::fs::File::create(log).unwrap();
+        Operator(
+            cmd.stdout(std::process::Stdio::null())
+                .stderr(file)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `f` every 200 ms until it yields a value; panics naming `what`
+/// after `timeout`.
+pub async fn eventually<F, Fut, T>(what: &str, timeout: std::time::Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -148,16 +148,25 @@ pub fn build_instance(req: &CreateRequest, cfg: &GcpConfig) -> model::Instance {
     inst
 }
 
-/// A deterministic request id (UUID-shaped, version 5 bits) from the
-/// instance name and the UID: a repeated insert for the same Proxy is
-/// recognised by GCE as the same request.
-pub fn request_id(kind: &str, name: &str, uid: &str) -> String {
+/// A request id for a new insert attempt of `name`: unique per attempt
+/// (the clock is mixed in), shaped as the UUID the API wants.
+pub fn insert_request_id(name: &str, uid: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    request_id("insert", name, &format!("{uid}/{nanos}"))
+}
+
+/// A deterministic request id (UUID-shaped, version 5 bits) from `kind`,
+/// the instance name and `salt`.
+pub fn request_id(kind: &str, name: &str, salt: &str) -> String {
     let mut h = Sha256::new();
     h.update(kind.as_bytes());
     h.update(b"/");
     h.update(name.as_bytes());
     h.update(b"/");
-    h.update(uid.as_bytes());
+    h.update(salt.as_bytes());
     let d = h.finalize();
     let mut b = [0u8; 16];
     b.copy_from_slice(&d[..16]);

@@ -87,6 +87,12 @@ struct Inner {
     inserts: Mutex<HashMap<String, PendingOp>>,
     /// Delete operations by instance name.
     deletes: Mutex<HashMap<String, PendingOp>>,
+    /// The (uid, request id) of the insert attempt in flight, by instance name.
+    /// Retries of one attempt reuse it (the API dedupes them); a new attempt
+    /// after the instance is gone (replacement, recreation) gets a new one,
+    /// or the API would answer with the old attempt's operation and create
+    /// nothing.
+    insert_ids: Mutex<HashMap<String, (String, String)>>,
 }
 
 /// The gcp provider. Cheap to clone; clones share clients and the memory of
@@ -134,6 +140,7 @@ impl GcpProvider {
                 clients: OnceCell::new(),
                 inserts: Mutex::new(HashMap::new()),
                 deletes: Mutex::new(HashMap::new()),
+                insert_ids: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -382,7 +389,23 @@ impl Provider for GcpProvider {
             .await
             .map_err(|e| self.fail(Op::Create, "", "client", e))?;
         let body = build::build_instance(req, &self.inner.cfg);
-        let request_id = build::request_id("insert", &req.name, &req.uid);
+        let request_id = {
+            let mut ids = lock(&self.inner.insert_ids);
+            let entry = ids.entry(req.name.clone()).or_insert_with(|| {
+                (
+                    req.uid.clone(),
+                    build::insert_request_id(&req.name, &req.uid),
+                )
+            });
+            // Another Proxy's create for this name is never the same attempt.
+            if entry.0 != req.uid {
+                *entry = (
+                    req.uid.clone(),
+                    build::insert_request_id(&req.name, &req.uid),
+                );
+            }
+            entry.1.clone()
+        };
         self.wire_request("instances.insert", &id, Some(&body));
         let t = Instant::now();
         let res = c
@@ -449,7 +472,15 @@ impl Provider for GcpProvider {
                 debug!(provider = %self.inner.name, id, state = out.state.as_str(), ip = %out.ip, "instance read");
                 Ok(out)
             }
-            Err(e) if classify::http_status(&e) == Some(404) => self.missing(c, &r, e).await,
+            Err(e) if classify::http_status(&e) == Some(404) => {
+                let res = self.missing(c, &r, e).await;
+                if res.is_err() {
+                    // The attempt is over (gone, or failed and reported): a
+                    // new create is a new attempt.
+                    lock(&self.inner.insert_ids).remove(&r.name);
+                }
+                res
+            }
             Err(e) => Err(self.fail(Op::Get, id, "instances.get", e)),
         }
     }
@@ -488,6 +519,7 @@ impl Provider for GcpProvider {
             .await;
         self.wire_response("instances.delete", t, &res);
         lock(&self.inner.inserts).remove(&r.name);
+        lock(&self.inner.insert_ids).remove(&r.name);
         match res {
             Ok(op) => {
                 Self::remember(&self.inner.deletes, &r.name, &r.zone, &op);

@@ -1,0 +1,139 @@
+//! Two replicas with --leader-elect against the test API server: only the
+//! leader reconciles, and when it is killed the other takes over within the
+//! lease duration.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use egress_proxies_operator::api::Proxy;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::Api;
+use serde_json::json;
+use support::{eventually, Operator};
+use test_apiserver::{Options, TestApiServer};
+
+const LEASE: &str = "egress-proxies-operator.crawl.example.com";
+const LEASE_DURATION: Duration = Duration::from_secs(4);
+
+fn replica(server: &TestApiServer, dir: &std::path::Path, name: &str) -> Operator {
+    let mut cmd = support::operator(
+        dir,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+        server.kubeconfig_path(),
+    );
+    cmd.args([
+        "--leader-elect",
+        "--operator-namespace",
+        "default",
+        "--leader-election-lease-duration",
+        "4s",
+        "--leader-election-renew-deadline",
+        "3s",
+        "--leader-election-retry-period",
+        "500ms",
+    ])
+    .env("POD_NAME", name);
+    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases.get_opt(LEASE).await.ok()??.spec?.holder_identity
+}
+
+fn proxy(name: &str) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"provider": "kubernetes", "port": 3128},
+    }))
+    .unwrap()
+}
+
+async fn reconciled(proxies: &Api<Proxy>, name: &str) {
+    eventually(
+        &format!("{name} to get a providerID"),
+        Duration::from_secs(60),
+        || async {
+            proxies
+                .get(name)
+                .await
+                .ok()?
+                .status?
+                .provider_id
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_reconciles_and_the_other_takes_over() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = TestApiServer::start(Options {
+        crds_dir: Some(test_apiserver::workspace_crds_dir()),
+        kubelet: std::path::Path::new("/usr/sbin/squid").exists(),
+        ..Default::default()
+    })
+    .await
+    .expect("test API server starts");
+    let dir = tempfile::tempdir().unwrap();
+    let client = server.client();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+
+    let a = replica(&server, dir.path(), "a");
+    eventually("a to lead", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    let b = replica(&server, dir.path(), "b");
+    // b campaigns but follows while a renews.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxies
+        .create(&PostParams::default(), &proxy("p1"))
+        .await
+        .unwrap();
+    reconciled(&proxies, "p1").await;
+    assert!(holder(&leases).await.unwrap().starts_with("a_"));
+    let b_log = std::fs::read_to_string(dir.path().join("b.log")).unwrap();
+    assert!(b_log.contains("Waiting to become the leader"), "{b_log}");
+    assert!(
+        !b_log.contains("Became the leader"),
+        "b must not lead while a renews: {b_log}"
+    );
+    assert!(
+        !b_log.contains("Reconcile Proxy"),
+        "only the leader reconciles: {b_log}"
+    );
+
+    // Kill the leader without a chance to release the Lease.
+    let killed = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-KILL", &a.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(a);
+    eventually("b to take over", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("b_"))
+    })
+    .await;
+    let took = killed.elapsed();
+    println!("takeover after the leader was killed: {took:?} (lease duration {LEASE_DURATION:?})");
+    // The Lease runs out, then b's next attempt (every 500 ms) takes it.
+    assert!(
+        took <= LEASE_DURATION + Duration::from_secs(3),
+        "takeover took {took:?}"
+    );
+
+    // The new leader reconciles.
+    proxies
+        .create(&PostParams::default(), &proxy("p2"))
+        .await
+        .unwrap();
+    reconciled(&proxies, "p2").await;
+    let b_log = std::fs::read_to_string(dir.path().join("b.log")).unwrap();
+    assert!(b_log.contains("Became the leader"), "{b_log}");
+    drop(b);
+}
