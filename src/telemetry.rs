@@ -166,6 +166,13 @@ fn build_provider(exporter: &Exporter) -> Result<SdkTracerProvider, String> {
     Ok(builder.build())
 }
 
+/// The operator's own spans at info and above are exported.
+fn is_operator_span(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_span()
+        && meta.target().starts_with("egress_proxies_operator")
+        && *meta.level() <= tracing::Level::INFO
+}
+
 fn init_with(filter: &str, format: LogFormat, exporter: Exporter) -> Result<Telemetry, String> {
     let (env_filter, bad) = env_filter(filter);
     let provider = match &exporter {
@@ -202,18 +209,35 @@ fn init_with(filter: &str, format: LogFormat, exporter: Exporter) -> Result<Tele
             .with_target(false)
             .with_threads(false)
             .with_location(false)
-            .with_filter(dynamic_filter_fn(|meta, cx| {
-                if !meta.is_span() {
-                    return false;
-                }
-                // The Kubernetes client's request spans only as children:
-                // watches and other background requests create nothing.
-                if meta.target().starts_with("kube_client") {
-                    return meta.name() == "HTTP" && cx.lookup_current().is_some();
-                }
-                meta.target().starts_with("egress_proxies_operator")
-                    && *meta.level() <= tracing::Level::INFO
-            }))
+            .with_filter(
+                dynamic_filter_fn(|meta, cx| {
+                    // The Kubernetes client's request spans only as
+                    // children: watches and other background requests
+                    // create nothing.
+                    if meta.target().starts_with("kube_client") {
+                        return meta.is_span()
+                            && meta.name() == "HTTP"
+                            && cx.lookup_current().is_some();
+                    }
+                    is_operator_span(meta)
+                })
+                // Callsites that can never pass are ruled out once (when no
+                // other layer wants them either).
+                .with_callsite_filter(|meta| {
+                    let candidate = meta.is_span()
+                        && if meta.target().starts_with("kube_client") {
+                            meta.name() == "HTTP"
+                        } else {
+                            is_operator_span(meta)
+                        };
+                    if candidate {
+                        tracing::subscriber::Interest::sometimes()
+                    } else {
+                        tracing::subscriber::Interest::never()
+                    }
+                })
+                .with_max_level_hint(tracing::level_filters::LevelFilter::DEBUG),
+            )
     });
     let dispatch: tracing::Dispatch = tracing_subscriber::registry()
         .with(fmt_layer.with_filter(env_filter))
