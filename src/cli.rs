@@ -294,6 +294,10 @@ mod tests {
             (d(60), d(60), true),
             (d(60), d(61), false),
             (d(60), d(15), true),
+            (d(10), d(10), true),
+            (d(5), d(1), false),
+            (d(12), d(0), true),
+            (d(60), d(120), false),
         ];
         for (interval, timeout, ok) in cases {
             assert_eq!(

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -34,18 +34,28 @@ pub async fn serve_metrics(
 ) -> std::io::Result<()> {
     let app = Router::new().route(
         "/metrics",
-        get(move || {
+        get(move |headers: HeaderMap| {
             let metrics = metrics.clone();
             async move {
-                match metrics.encode() {
-                    Ok(body) => (
-                        StatusCode::OK,
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        body,
+                // OpenMetrics for scrapers that ask for it (Prometheus
+                // does), the classic text format otherwise.
+                let openmetrics = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("application/openmetrics-text"));
+                let (body, content_type) = if openmetrics {
+                    (
+                        metrics.encode(),
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )
+                } else {
+                    (
+                        metrics.encode_prometheus_text(),
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )
+                };
+                match body {
+                    Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body)
                         .into_response(),
                     Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
                 }

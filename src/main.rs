@@ -17,6 +17,13 @@ use egress_proxies_operator::metrics::Metrics;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
 use egress_proxies_operator::{http, leader, telemetry};
+// --- issue 8 imports ---
+use egress_proxies_operator::api::{Proxy, ProxyPhase};
+use egress_proxies_operator::gc::{self, Gc};
+use egress_proxies_operator::metrics::TargetSample;
+use egress_proxies_operator::providerhealth::{self, writer::Writer, Monitor};
+use std::collections::BTreeSet;
+// --- end issue 8 imports ---
 
 /// How long runnables get to finish after SIGTERM.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -27,7 +34,16 @@ async fn main() -> ExitCode {
     if flags.check_config {
         return check_config(&flags);
     }
-    telemetry::init_logs(&flags.log_level, flags.log_format);
+    // --- tracing (issue 8): logs, plus OTLP/console export when OTEL_* asks ---
+    let telemetry = match telemetry::init(&flags.log_level, flags.log_format) {
+        Ok(t) => t,
+        Err(e) => {
+            telemetry::init_logs(&flags.log_level, flags.log_format);
+            error!(error = %e, "Failed to set up tracing");
+            return ExitCode::FAILURE;
+        }
+    };
+    // --- end tracing ---
     // Two TLS backends are linked (ring via kube, aws-lc-rs via the Google
     // client); rustls refuses to guess, so pick one for the whole process.
     if rustls::crypto::ring::default_provider()
@@ -136,6 +152,15 @@ async fn main() -> ExitCode {
         },
     };
     info!(installationID = %installation_id, "Installation identity");
+    // --- scrape-time Proxy phase counts, on every replica (issue 8) ---
+    spawn_proxy_phases(
+        &mut tasks,
+        &client,
+        flags.proxy_namespace.as_deref(),
+        &metrics,
+        stopped(),
+    );
+    // --- end scrape-time Proxy phase counts ---
     // Everything below is leader-only: with --leader-elect, wait for the
     // Lease; a replica that loses it exits, so leader-only work never runs
     // on two replicas at once.
@@ -162,7 +187,10 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
-            _ = stop => return ExitCode::SUCCESS,
+            _ = stop => {
+                telemetry.shutdown();
+                return ExitCode::SUCCESS;
+            }
         }
         tokio::spawn(async move {
             let _ = leading.wait_for(|l| !*l).await;
@@ -175,7 +203,26 @@ async fn main() -> ExitCode {
         .providers
         .iter()
         .any(|p| p.provider_type == ProviderType::Kubernetes);
-    let ctx = Arc::new(Context::new(client, providers, installation_id, None));
+    // --- gc, provider health, scrape-time metrics (issue 8) ---
+    let gc = Gc::new(
+        client.clone(),
+        providers.clone(),
+        gc::Settings {
+            interval: flags.gc_interval,
+            min_age: flags.gc_min_age,
+            max_deletes: flags.gc_max_deletes_per_sweep,
+            installation_id: installation_id.clone(),
+        },
+    );
+    let stop = stopped();
+    tasks.spawn(async move { gc.run(stop).await });
+    spawn_provider_health(&mut tasks, &flags, &client, &providers, &metrics, &stopped).await;
+    // --- end gc, provider health, scrape-time metrics ---
+
+    let ctx = Arc::new(
+        Context::new(client, providers, installation_id, None)
+            .with_metrics(metrics.reconcile.clone()),
+    );
     let ns = flags.proxy_namespace.clone();
     let concurrency = flags.max_concurrent_reconciles;
     let stop = stopped();
@@ -193,8 +240,117 @@ async fn main() -> ExitCode {
             tasks.abort_all();
         }
     }
+    telemetry.shutdown();
     ExitCode::SUCCESS
 }
+
+// --- gc, provider health, scrape-time metrics (issue 8) ---
+
+/// Keeps a Proxy cache (of the watched namespace, or all) for
+/// `proxy_operator_proxies`, counted at scrape.
+fn spawn_proxy_phases(
+    tasks: &mut tokio::task::JoinSet<()>,
+    client: &Client,
+    namespace: Option<&str>,
+    metrics: &Metrics,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{reflector, watcher, WatchStreamExt};
+    let (reader, writer) = reflector::store::<Proxy>();
+    metrics.sources.set_phases(move || {
+        let mut counts: Vec<(String, i64)> = [
+            ProxyPhase::Provisioning,
+            ProxyPhase::Running,
+            ProxyPhase::Ready,
+            ProxyPhase::Failed,
+        ]
+        .iter()
+        .map(|p| (p.as_str().to_string(), 0))
+        .collect();
+        for p in reader.state() {
+            if let Some(phase) = p.status.as_ref().and_then(|s| s.phase) {
+                if let Some(c) = counts.iter_mut().find(|(n, _)| n == phase.as_str()) {
+                    c.1 += 1;
+                }
+            }
+        }
+        counts
+    });
+    let api: Api<Proxy> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|_| async {});
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = stream => {}
+            _ = stop => {}
+        }
+    });
+}
+
+/// Starts the provider health monitor and the ProviderHealth writer, after
+/// removing objects of unconfigured providers (all of them when checks are
+/// off).
+async fn spawn_provider_health<F, Fut>(
+    tasks: &mut tokio::task::JoinSet<()>,
+    flags: &Flags,
+    client: &Client,
+    providers: &Registry,
+    metrics: &Metrics,
+    stopped: &F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    let names: BTreeSet<String> = providers
+        .checkers()
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    let interval = flags.provider_check_interval;
+    if interval.is_zero() {
+        providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
+        info!("Provider checks are off (--provider-check-interval=0)");
+        return;
+    }
+    providerhealth::writer::cleanup(client, &names).await;
+    let timeout = cli::effective_check_timeout(interval, flags.provider_check_timeout);
+    let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
+    let snapshot = monitor.snapshot();
+    let snap = snapshot.clone();
+    metrics.sources.set_targets(move || {
+        snap.get()
+            .iter()
+            .flat_map(|r| {
+                let at = r.checked_at.timestamp_micros() as f64 / 1e6;
+                r.targets.iter().map(move |t| TargetSample {
+                    provider: r.provider.clone(),
+                    target: t.name.clone(),
+                    up: t.ready,
+                    duration_seconds: t.latency.as_secs_f64(),
+                    timestamp_seconds: at,
+                })
+            })
+            .collect()
+    });
+    let writer = Writer::new(
+        client.clone(),
+        snapshot,
+        names,
+        Some(metrics.reconcile.clone()),
+    );
+    let rounds = monitor.subscribe();
+    let stop = stopped();
+    tasks.spawn(async move { monitor.run(stop).await });
+    let stop = stopped();
+    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, stop).await });
+}
+
+// --- end gc, provider health, scrape-time metrics ---
 
 /// `--check-config`: validate the providers file without a cluster.
 fn check_config(flags: &Flags) -> ExitCode {

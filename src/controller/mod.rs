@@ -63,7 +63,7 @@ pub async fn run(
             watcher::Config::default().labels(&format!("{MANAGED_MARK}={MANAGED_MARK_VALUE}")),
         );
     }
-    c.run(reconcile::reconcile, reconcile::error_policy, ctx)
+    c.run(counted_reconcile, reconcile::error_policy, ctx)
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => debug!(proxy = %obj, "Reconciled"),
@@ -71,6 +71,20 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// [`reconcile::reconcile`], counted and timed into the reconcile metrics.
+async fn counted_reconcile(
+    proxy: Arc<Proxy>,
+    ctx: Arc<Context>,
+) -> Result<kube::runtime::controller::Action, reconcile::Error> {
+    let started = std::time::Instant::now();
+    let metrics = ctx.metrics.clone();
+    let res = reconcile::reconcile(proxy, ctx).await;
+    if let Some(m) = metrics {
+        m.observe("proxy", res.is_ok(), started.elapsed());
+    }
+    res
 }
 
 /// The Proxies in `secret`'s namespace whose cloud-init comes from it.

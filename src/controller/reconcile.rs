@@ -44,6 +44,8 @@ pub struct Context {
     /// Health verdicts, when the health engine runs.
     pub health: Option<Arc<dyn HealthSource>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Reconcile count, error and duration series, when exported.
+    pub metrics: Option<crate::metrics::ReconcileMetrics>,
 }
 
 impl Context {
@@ -60,7 +62,14 @@ impl Context {
             installation_id,
             health,
             failures: Mutex::new(HashMap::new()),
+            metrics: None,
         }
+    }
+
+    /// Records reconciles into `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::ReconcileMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Exponential backoff per object: 5ms doubling up to 1000s, reset on
@@ -113,8 +122,32 @@ fn key(p: &Proxy) -> String {
 }
 
 /// Reconciles one Proxy; the status is patched at the end if it changed.
-#[instrument(name = "Reconcile Proxy", skip_all, fields(proxy = %key(&proxy), otel.kind = "internal"))]
+#[instrument(
+    name = "Reconcile Proxy",
+    skip_all,
+    fields(
+        proxy = %key(&proxy),
+        otel.kind = "internal",
+        k8s.namespace.name = %proxy.namespace().unwrap_or_default(),
+        k8s.object.name = %proxy.name_any(),
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+)]
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let res = reconcile_inner(proxy, ctx).await;
+    let span = tracing::Span::current();
+    match &res {
+        Ok(_) => span.record("otel.status_code", "ok"),
+        Err(e) => {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", e.to_string())
+        }
+    };
+    res
+}
+
+async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let base = proxy.status.clone().unwrap_or_default();
     let mut status = base.clone();
     let result = if proxy.metadata.deletion_timestamp.is_some() {

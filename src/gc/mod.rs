@@ -1,0 +1,165 @@
+//! Orphan GC (operator.md §5): deletes instances of this installation whose
+//! Proxy is gone. The decisions are pure ([`select`]); this module lists,
+//! deletes and logs.
+
+pub mod select;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use tracing::{debug, error, info, warn, Instrument};
+
+use crate::api::Proxy;
+use crate::provider::registry::Registry;
+pub use select::{Rules, Verdict};
+
+/// GC settings from the flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Time between sweeps; the first sweep runs one interval after start.
+    pub interval: Duration,
+    /// Instances younger than this are kept.
+    pub min_age: Duration,
+    /// Deletes per sweep, across providers.
+    pub max_deletes: u32,
+    /// This installation's identity.
+    pub installation_id: String,
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Whether the sweep ran (false when the Proxy list failed).
+    pub ran: bool,
+    /// Instances deleted.
+    pub deleted: u32,
+    /// Providers whose list failed.
+    pub failed_providers: Vec<String>,
+}
+
+/// The GC runnable.
+pub struct Gc {
+    client: Client,
+    registry: Registry,
+    settings: Settings,
+    first_seen: HashMap<String, DateTime<Utc>>,
+}
+
+impl Gc {
+    /// A collector; nothing runs until [`Gc::run`].
+    pub fn new(client: Client, registry: Registry, settings: Settings) -> Self {
+        Gc {
+            client,
+            registry,
+            settings,
+            first_seen: HashMap::new(),
+        }
+    }
+
+    /// Sweeps every interval until `shutdown` resolves; an interval of 0
+    /// turns GC off.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        if self.settings.interval.is_zero() {
+            info!("Orphan GC is off (--gc-interval=0)");
+            return;
+        }
+        info!(
+            interval = ?self.settings.interval,
+            minAge = ?self.settings.min_age,
+            maxDeletes = self.settings.max_deletes,
+            "Starting orphan GC"
+        );
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(self.settings.interval) => {}
+            }
+            self.sweep().await;
+        }
+    }
+
+    /// One pass over every configured provider.
+    pub async fn sweep(&mut self) -> SweepReport {
+        let span = tracing::info_span!(
+            parent: None,
+            "gc.sweep",
+            otel.kind = "internal",
+            gc.providers = tracing::field::Empty,
+            gc.deleted = tracing::field::Empty,
+        );
+        let report = self.sweep_inner().instrument(span.clone()).await;
+        span.record("gc.deleted", i64::from(report.deleted));
+        report
+    }
+
+    async fn sweep_inner(&mut self) -> SweepReport {
+        let mut report = SweepReport::default();
+        // Cluster-wide and uncached, so a Proxy in a namespace this replica
+        // does not watch is never mistaken for gone.
+        let proxies: Api<Proxy> = Api::all(self.client.clone());
+        let live: HashSet<String> = match proxies.list(&ListParams::default()).await {
+            Ok(list) => list.items.iter().filter_map(|p| p.uid()).collect(),
+            Err(e) => {
+                error!(error = %e, "Listing Proxies failed; skipping this GC sweep");
+                return report;
+            }
+        };
+        report.ran = true;
+        let providers: Vec<_> = self
+            .registry
+            .providers()
+            .map(|(n, p)| (n.to_string(), p.clone()))
+            .collect();
+        tracing::Span::current().record("gc.providers", providers.len() as i64);
+        let mut budget = self.settings.max_deletes;
+        for (name, provider) in providers {
+            let listing = match provider.list_by_tag().await {
+                Ok(l) => l,
+                Err(e) => {
+                    error!(provider = %name, error = %e, "Listing instances failed; skipping this provider");
+                    report.failed_providers.push(name);
+                    continue;
+                }
+            };
+            if !listing.unread_scopes.is_empty() {
+                warn!(provider = %name, unread = ?listing.unread_scopes, "WARNING: some scopes could not be listed; their instances are not collected");
+            }
+            let now = Utc::now();
+            select::track_first_seen(&mut self.first_seen, &name, &listing.instances, now);
+            let first_seen = select::first_seen_of(&self.first_seen, &name);
+            let rules = Rules {
+                installation_id: &self.settings.installation_id,
+                live: &live,
+                now,
+                min_age: self.settings.min_age,
+                first_seen: &first_seen,
+            };
+            let verdicts = select::select(&listing.instances, &rules, &mut budget);
+            for (inst, v) in listing.instances.iter().zip(verdicts) {
+                match v {
+                    Verdict::Delete => match provider.delete(&inst.id).await {
+                        Ok(()) => {
+                            report.deleted += 1;
+                            info!(provider = %name, providerID = %inst.id, uid = %inst.uid, "Deleted orphaned instance");
+                        }
+                        Err(e) => {
+                            error!(provider = %name, providerID = %inst.id, uid = %inst.uid, error = %e, "Deleting orphaned instance failed");
+                        }
+                    },
+                    Verdict::OverBudget => {
+                        warn!(provider = %name, providerID = %inst.id, uid = %inst.uid, max = self.settings.max_deletes, "WARNING: GC delete budget for this sweep used up; orphan kept until the next sweep");
+                    }
+                    other => {
+                        debug!(provider = %name, providerID = %inst.id, verdict = ?other, "GC keeps instance");
+                    }
+                }
+            }
+        }
+        report
+    }
+}

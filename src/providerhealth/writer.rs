@@ -1,0 +1,229 @@
+//! Writes each configured provider's `ProviderHealth` object from the
+//! monitor's snapshot. A kube-runtime controller on the objects is
+//! triggered by every finished round and by any change to an object
+//! (including its deletion), so an edited or deleted object is restored
+//! within seconds.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use super::status::build_status;
+use super::Snapshot;
+use crate::api::constants::{MANAGED_BY_LABEL, OPERATOR_NAME};
+use crate::api::ProviderHealth;
+use crate::controller::status_patch::merge_diff;
+use crate::metrics::ReconcileMetrics;
+
+/// Controller label of the reconcile metrics.
+pub const CONTROLLER: &str = "providerhealth";
+/// How soon a failed write is retried.
+pub const RETRY: Duration = Duration::from_secs(5);
+
+fn selector() -> String {
+    format!("{MANAGED_BY_LABEL}={OPERATOR_NAME}")
+}
+
+/// A write of one object failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading the object failed.
+    #[error("reading ProviderHealth {0}: {1}")]
+    Read(String, #[source] kube::Error),
+    /// Creating the object failed.
+    #[error("creating ProviderHealth {0}: {1}")]
+    Create(String, #[source] kube::Error),
+    /// Patching the status failed.
+    #[error("patching ProviderHealth {0} status: {1}")]
+    Patch(String, #[source] kube::Error),
+}
+
+/// What the writer's reconciles share.
+pub struct Writer {
+    client: Client,
+    snapshot: Snapshot,
+    configured: BTreeSet<String>,
+    metrics: Option<ReconcileMetrics>,
+}
+
+impl Writer {
+    /// A writer for the `configured` provider names.
+    pub fn new(
+        client: Client,
+        snapshot: Snapshot,
+        configured: BTreeSet<String>,
+        metrics: Option<ReconcileMetrics>,
+    ) -> Self {
+        Writer {
+            client,
+            snapshot,
+            configured,
+            metrics,
+        }
+    }
+
+    /// Creates the object if missing and patches its status from the latest
+    /// result; no-op before the provider's first result or for a name that
+    /// is not configured.
+    pub async fn publish(&self, name: &str) -> Result<(), Error> {
+        if !self.configured.contains(name) {
+            return Ok(());
+        }
+        let Some(result) = self.snapshot.of(name) else {
+            return Ok(());
+        };
+        let api: Api<ProviderHealth> = Api::all(self.client.clone());
+        let current = match api
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::Read(name.into(), e))?
+        {
+            Some(o) => o,
+            None => {
+                let mut obj = ProviderHealth::new(name);
+                obj.metadata.labels =
+                    Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+                match api.create(&PostParams::default(), &obj).await {
+                    Ok(o) => {
+                        info!(provider = %name, "Created ProviderHealth");
+                        o
+                    }
+                    // Created concurrently: read what is there.
+                    Err(kube::Error::Api(s)) if s.code == 409 => api
+                        .get(name)
+                        .await
+                        .map_err(|e| Error::Read(name.into(), e))?,
+                    Err(e) => return Err(Error::Create(name.into(), e)),
+                }
+            }
+        };
+        let new = build_status(current.status.as_ref(), &result);
+        if current.status.as_ref() == Some(&new) {
+            return Ok(());
+        }
+        let old =
+            serde_json::to_value(current.status.clone().unwrap_or_default()).unwrap_or_default();
+        let Some(diff) = serde_json::to_value(&new)
+            .ok()
+            .and_then(|n| merge_diff(&old, &n))
+        else {
+            return Ok(());
+        };
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": diff })),
+        )
+        .await
+        .map_err(|e| Error::Patch(name.into(), e))?;
+        debug!(provider = %name, "Wrote ProviderHealth status");
+        Ok(())
+    }
+
+    async fn publish_counted(&self, name: &str) -> Result<(), Error> {
+        let started = Instant::now();
+        let res = self.publish(name).await;
+        if let Some(m) = &self.metrics {
+            m.observe(CONTROLLER, res.is_ok(), started.elapsed());
+        }
+        if let Err(e) = &res {
+            error!(provider = %name, error = %e, "Writing provider health");
+        }
+        res
+    }
+}
+
+async fn reconcile(obj: Arc<ProviderHealth>, w: Arc<Writer>) -> Result<Action, Error> {
+    w.publish_counted(&obj.name_any()).await?;
+    Ok(Action::await_change())
+}
+
+fn error_policy(_obj: Arc<ProviderHealth>, _e: &Error, _w: Arc<Writer>) -> Action {
+    Action::requeue(RETRY)
+}
+
+/// Runs the controller until `shutdown`. `rounds` ticks after every round.
+pub async fn run(
+    writer: Writer,
+    rounds: watch::Receiver<u64>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let api: Api<ProviderHealth> = Api::all(writer.client.clone());
+    let wc = watcher::Config::default().labels(&selector());
+    let writer = Arc::new(writer);
+    // Each finished round writes every configured object (creating missing
+    // ones); the controller below restores objects changed in between.
+    let per_round = {
+        let w = writer.clone();
+        let mut rx = rounds;
+        async move {
+            while rx.changed().await.is_ok() {
+                for name in &w.configured {
+                    let _ = w.publish_counted(name).await;
+                }
+            }
+        }
+    };
+    let w = writer.clone();
+    let controller = Controller::new(api.clone(), wc.clone())
+        // Deletions too: the main watch only reports applied objects.
+        .watches(api, wc, |o: ProviderHealth| {
+            Some(ObjectRef::<ProviderHealth>::new(&o.name_any()))
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, writer)
+        .for_each(move |res| {
+            let w = w.clone();
+            async move {
+                match res {
+                    Ok(_) => {}
+                    // Missing from the cache: not created yet, or deleted.
+                    Err(controller::Error::ObjectNotFound(r)) => {
+                        let _ = w.publish_counted(&r.name).await;
+                    }
+                    Err(controller::Error::ReconcilerFailed(..)) => {}
+                    Err(e) => warn!(error = %e, "ProviderHealth controller error"),
+                }
+            }
+        });
+    // The round loop ends with the monitor; the controller on shutdown.
+    tokio::join!(per_round, controller);
+}
+
+/// Deletes every labelled object whose name is not in `keep` (all of them
+/// when `keep` is empty). Objects without the label are never touched.
+pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
+    let api: Api<ProviderHealth> = Api::all(client.clone());
+    let list = match api.list(&ListParams::default().labels(&selector())).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(error = %e, "Listing provider health objects; stale ones stay until the next start");
+            return;
+        }
+    };
+    for obj in list.items {
+        let name = obj.name_any();
+        if keep.contains(&name) {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => info!(%name, "Deleted provider health of an unconfigured provider"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                error!(%name, error = %e, "Deleting provider health of an unconfigured provider")
+            }
+        }
+    }
+}
