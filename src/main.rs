@@ -12,10 +12,11 @@ use tracing::{error, info, warn};
 use egress_proxies_operator::cli::{self, Flags};
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::{self, Context};
+use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
 use egress_proxies_operator::metrics::Metrics;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
-use egress_proxies_operator::{http, telemetry};
+use egress_proxies_operator::{discovery, health, http, telemetry};
 
 /// How long runnables get to finish after SIGTERM.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -142,12 +143,93 @@ async fn main() -> ExitCode {
         .providers
         .iter()
         .any(|p| p.provider_type == ProviderType::Kubernetes);
-    let ctx = Arc::new(Context::new(client, providers, installation_id, None));
+    // --- health engine and discovery/lease API (issue 5) -----------------
+    // One Proxy cache feeds both. The engine always runs for now (leader-only
+    // once leader election lands); the API runs on every replica.
+    let (proxy_cache, fill_cache) =
+        health::proxy_cache(client.clone(), flags.proxy_namespace.as_deref());
+    {
+        let stop = stopped();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = fill_cache => {}
+                _ = stop => {}
+            }
+        });
+    }
+    let probe_tls = match health::probe::tls_config(flags.probe_ca_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "Invalid --probe-ca-file");
+            return ExitCode::FAILURE;
+        }
+    };
+    let probe_url = match url::Url::parse(&flags.default_probe_url) {
+        Ok(u) => u,
+        Err(e) => {
+            error!(error = %e, "Invalid --default-probe-url");
+            return ExitCode::FAILURE;
+        }
+    };
+    let engine = Arc::new(health::Engine::new(
+        health::Defaults {
+            url: probe_url,
+            expected_status: flags.default_probe_expected_status,
+        },
+        usize::from(flags.health_workers),
+        probe_tls,
+        flags.trace_health_probes,
+        metrics.health.clone(),
+    ));
+    let (notifier, health_events) = health::Notifier::channel(health::engine::NOTIFY_CAPACITY);
+    {
+        let (engine, cache, stop) = (engine.clone(), proxy_cache.clone(), stopped());
+        tasks.spawn(async move { engine.run(cache, notifier, stop).await });
+    }
+    if let Ok(Some(addr)) = cli::parse_bind(&flags.discovery_bind_address) {
+        let leases = Arc::new(LeaseStore::new(LeaseConfig {
+            max_leases_per_proxy: flags.max_leases_per_proxy,
+            default_ttl: flags.default_lease_ttl,
+            max_ttl: flags.max_lease_ttl,
+            cooldown: flags.lease_cooldown,
+        }));
+        let token = std::env::var("DISCOVERY_TOKEN").ok();
+        let state = discovery::ApiState::new(
+            Arc::new(proxy_cache.clone()),
+            leases,
+            token.as_deref(),
+            metrics.discovery.clone(),
+        );
+        let stop = stopped();
+        tasks.spawn(async move {
+            if let Err(e) = discovery::serve(addr, state, stop).await {
+                error!(%addr, error = %e, "Discovery API failed");
+            }
+        });
+    }
+    let health_source: Arc<dyn controller::HealthSource> = engine;
+    // --- end of health engine and discovery/lease API ---------------------
+
+    let ctx = Arc::new(Context::new(
+        client,
+        providers,
+        installation_id,
+        Some(health_source),
+    ));
     let ns = flags.proxy_namespace.clone();
     let concurrency = flags.max_concurrent_reconciles;
     let stop = stopped();
     tasks.spawn(async move {
-        controller::run(ctx, ns.as_deref(), concurrency, watch_pods, stop).await;
+        let events = health::trigger_stream(health_events);
+        controller::run(
+            ctx,
+            ns.as_deref(),
+            concurrency,
+            watch_pods,
+            Some(events),
+            stop,
+        )
+        .await;
     });
     // Runnables finish their in-flight work on the stop signal; one that is
     // stuck (e.g. a watch retrying an unreachable API server) is abandoned

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 use crate::api::Proxy;
-pub use reconcile::{Context, HealthSource};
+pub use reconcile::{Context, HealthReport, HealthSource};
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched
@@ -28,6 +28,9 @@ pub async fn run(
     namespace: Option<&str>,
     concurrency: u16,
     watch_pods: bool,
+    health_events: Option<
+        impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
+    >,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
@@ -47,6 +50,10 @@ pub async fn run(
             pods,
             watcher::Config::default().labels(&format!("{MANAGED_MARK}={MANAGED_MARK_VALUE}")),
         );
+    }
+    // The health engine names the Proxies whose status it affected.
+    if let Some(events) = health_events {
+        c = c.reconcile_on(events);
     }
     c.run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|res| async move {
