@@ -189,7 +189,9 @@ fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
 }
 
 fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
-    let ttl = (lease.expires_at - chrono::Utc::now()).num_seconds().max(0);
+    // Seconds left, rounded up (a fresh lease shows its full TTL).
+    let ms = (lease.expires_at - chrono::Utc::now()).num_milliseconds().max(0);
+    let ttl = ms.saturating_add(999) / 1000;
     LeaseResponse {
         id: lease.id.clone(),
         proxy,
