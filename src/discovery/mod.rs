@@ -190,7 +190,9 @@ fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
 
 fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
     // Seconds left, rounded up (a fresh lease shows its full TTL).
-    let ms = (lease.expires_at - chrono::Utc::now()).num_milliseconds().max(0);
+    let ms = (lease.expires_at - chrono::Utc::now())
+        .num_milliseconds()
+        .max(0);
     let ttl = ms.saturating_add(999) / 1000;
     LeaseResponse {
         id: lease.id.clone(),
