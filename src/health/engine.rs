@@ -548,6 +548,130 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap().name, "b");
     }
 
+    fn external(name: &str, uid: &str, port: u16) -> Proxy {
+        proxy(
+            json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port},
+                "healthCheck": {"url": "http://127.0.0.1:9/", "expectedStatus": 200, "timeoutSeconds": 1}}}),
+        )
+    }
+
+    /// A "proxy" that answers 200 to every request.
+    async fn answering_proxy() -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = c.read(&mut buf).await;
+                    let _ = c
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn the_loop_probes_notifies_restarts_on_uid_change_and_prunes() {
+        use kube::runtime::watcher::Event;
+        let port = answering_proxy().await;
+        let metrics = crate::metrics::Metrics::new();
+        let engine = Arc::new(Engine::new(
+            defaults(),
+            2,
+            super::super::probe::tls_config(None).unwrap(),
+            false,
+            metrics.health.clone(),
+        ));
+        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
+        writer.apply_watcher_event(&Event::Apply(external("a", "u1", port)));
+        let (notifier, mut rx) = Notifier::channel(4);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
+            let _ = stop_rx.await;
+        }));
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (first.name.as_str(), first.namespace.as_deref()),
+            ("a", Some("ns"))
+        );
+        assert_eq!(engine.verdict("ns", "a", "u1"), Some(true));
+        assert_eq!(engine.verdict("ns", "a", "other-uid"), None);
+        let r = engine.report("ns", "a", "u1").unwrap();
+        assert!(r.message.contains("passed"), "{r:?}");
+        // Recreated under the same name: the old verdict is gone, a new
+        // first verdict comes for the new UID.
+        writer.apply_watcher_event(&Event::Apply(external("a", "u2", port)));
+        let again = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.name, "a");
+        assert_eq!(engine.verdict("ns", "a", "u1"), None);
+        assert_eq!(engine.verdict("ns", "a", "u2"), Some(true));
+        assert!(metrics.encode().unwrap().contains("proxy=\"ns/a\""));
+        // Deleted: pruned, series forgotten.
+        writer.apply_watcher_event(&Event::Delete(external("a", "u2", port)));
+        let mut gone = false;
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if engine.verdict("ns", "a", "u2").is_none()
+                && !metrics.encode().unwrap().contains("ns/a")
+            {
+                gone = true;
+                break;
+            }
+        }
+        assert!(gone, "pruned");
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_result_for_an_old_uid_is_discarded() {
+        let metrics = crate::metrics::Metrics::new();
+        let engine = Engine::new(
+            defaults(),
+            1,
+            super::super::probe::tls_config(None).unwrap(),
+            false,
+            metrics.health.clone(),
+        );
+        let old = probe_spec(&external("a", "u1", 1), &defaults()).unwrap();
+        let new = probe_spec(&external("a", "u2", 1), &defaults()).unwrap();
+        let targets = HashMap::from([("ns/a".to_string(), new)]);
+        let mut states = HashMap::new();
+        let (mut n, mut rx) = Notifier::channel(4);
+        let done = Done {
+            key: "ns/a".into(),
+            spec: old,
+            started_ms: 0,
+            at: Utc::now(),
+            result: ProbeResult {
+                ok: true,
+                latency: Duration::from_millis(5),
+                error: None,
+            },
+        };
+        engine.fold(done, &targets, &mut states, &mut n);
+        assert!(states.is_empty());
+        assert!(rx.try_recv().is_err());
+        assert_eq!(engine.verdict("ns", "a", "u1"), None);
+        assert_eq!(engine.verdict("ns", "a", "u2"), None);
+        assert!(!metrics.encode().unwrap().contains("ns/a"));
+    }
+
     #[test]
     fn redaction_and_spread() {
         let u = Url::parse("https://user:pw@h.example/p?token=x#f").unwrap();
