@@ -238,7 +238,7 @@ async fn list_proxies(
 /// Leases a healthy proxy: fewest active leases first, then least recently
 /// leased, then namespace/name; a sticky key keeps its proxy while it
 /// stays healthy and has capacity.
-#[utoipa::path(post, path = "/v1/leases", request_body(content = AcquireBody, description = "Every field optional; an empty body is {}"),
+#[utoipa::path(post, path = "/v1/leases", request_body(content = Option<AcquireBody>, description = "Every field optional; an empty body is {}"),
     responses(
         (status = 201, body = LeaseResponse),
         (status = 400, description = "Malformed JSON or invalid ttlSeconds", body = ErrorBody),
@@ -319,7 +319,7 @@ async fn get_lease(
 
 /// Extends a live lease to now + ttlSeconds (default: the default TTL).
 #[utoipa::path(post, path = "/v1/leases/{id}/renew", params(("id" = String, Path, description = "Lease id")),
-    request_body(content = RenewBody, description = "Optional; an empty body is {}"),
+    request_body(content = Option<RenewBody>, description = "Optional; an empty body is {}"),
     responses((status = 200, body = LeaseResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "The leased proxy is no longer healthy; the lease runs out", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -390,7 +390,7 @@ async fn report(
 #[openapi(
     info(title = "egress-proxies-operator discovery and lease API", description = "Lists healthy proxies and leases them to crawlers. See docs/api.md."),
     paths(healthz, list_proxies, acquire, get_lease, renew, release, report),
-    components(schemas(ProxyItem, ProxyList, Filters, AcquireBody, RenewBody, ReportBody, LeaseResponse, ErrorBody, ErrorDetail)),
+    components(schemas(ProxyItem, ProxyList, Filters, AcquireBody, RenewBody, ReportBody, ReportResult, LeaseResponse, ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -409,11 +409,23 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// The OpenAPI 3 document, generated from the handlers and types.
-pub fn openapi_json() -> String {
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|_| "{}".to_string())
+/// The OpenAPI 3 document, generated from the handlers and types, with
+/// the `ttlSeconds` maximum of this deployment (`--max-lease-ttl`).
+pub fn openapi_json(max_ttl: Duration) -> String {
+    let Ok(mut doc) = serde_json::to_value(ApiDoc::openapi()) else {
+        return "{}".to_string();
+    };
+    for schema in ["AcquireBody", "RenewBody"] {
+        if let Some(ttl) = doc
+            .pointer_mut(&format!(
+                "/components/schemas/{schema}/properties/ttlSeconds"
+            ))
+            .and_then(|v| v.as_object_mut())
+        {
+            ttl.insert("maximum".into(), max_ttl.as_secs().into());
+        }
+    }
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".to_string())
 }
 
 fn exempt(path: &str) -> bool {
@@ -562,7 +574,7 @@ async fn method_not_allowed() -> ApiError {
 
 /// The API's router.
 pub fn router(state: ApiState) -> Router {
-    let doc = openapi_json();
+    let doc = openapi_json(state.leases.config().max_ttl);
     Router::new()
         .route("/healthz", get(healthz))
         .route(

@@ -93,6 +93,7 @@ pub struct ListQuery {
     region: Option<String>,
     /// `key:value` (or `key=value`) that `spec.attributes` must hold;
     /// repeat for several, all must match.
+    #[param(pattern = "^[^:=]+[:=]")]
     attr: Option<Vec<String>>,
 }
 
@@ -102,18 +103,19 @@ pub struct ListQuery {
 pub struct AcquireBody {
     /// Lease length in seconds, 1..=--max-lease-ttl; default
     /// --default-lease-ttl.
-    #[serde(default)]
-    pub ttl_seconds: Option<i64>,
+    #[serde(default, deserialize_with = "whole_seconds")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub ttl_seconds: Option<Seconds>,
     /// Which proxies qualify.
     #[serde(default)]
     pub filters: Filters,
     /// Same key, same proxy while it stays healthy and has capacity.
     #[serde(default)]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub sticky_key: Option<String>,
     /// The site to be crawled: proxies cooling down for it are skipped.
     #[serde(default)]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub site: Option<String>,
 }
 
@@ -122,8 +124,9 @@ pub struct AcquireBody {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RenewBody {
     /// New lease length from now, as for acquire.
-    #[serde(default)]
-    pub ttl_seconds: Option<i64>,
+    #[serde(default, deserialize_with = "whole_seconds")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub ttl_seconds: Option<Seconds>,
 }
 
 /// `POST /v1/leases/{id}/report`.
@@ -131,12 +134,54 @@ pub struct RenewBody {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReportBody {
     /// `ok`, `blocked` or `failed`.
-    #[schema(example = "blocked")]
+    #[schema(value_type = ReportResult)]
     pub result: String,
     /// The site concerned: the cooldown then applies to it only.
     #[serde(default)]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub site: Option<String>,
+}
+
+/// How a leased proxy did (documentation of `ReportBody.result`; parsed
+/// by hand so an unknown value answers 400 `invalid_result`).
+#[derive(Debug, Clone, Copy, ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum ReportResult {
+    /// It worked.
+    Ok,
+    /// The site blocked it.
+    Blocked,
+    /// It failed (connect errors, timeouts).
+    Failed,
+}
+
+/// A TTL as sent: a whole number of seconds, possibly out of range (the
+/// range is checked against the flags, answering 400 `invalid_ttl`).
+/// Large values saturate so they are reported as too long, not as a type
+/// error.
+pub type Seconds = i64;
+
+/// Accepts a JSON integer, or a float with no fractional part (`60.0`, as
+/// JSON Schema counts it an integer); anything else is a type error.
+fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Seconds>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    if n.as_u64().is_some() {
+        return Ok(Some(i64::MAX));
+    }
+    match n.as_f64() {
+        // `as` saturates: 1e300 becomes i64::MAX, reported as too long.
+        Some(f) if f.is_finite() && f.fract() == 0.0 => Ok(Some(f as i64)),
+        _ => Err(D::Error::custom(format!(
+            "ttlSeconds must be a whole number of seconds, got {n}"
+        ))),
+    }
 }
 
 /// A lease.
@@ -237,6 +282,10 @@ pub fn matches(item: &ProxyItem, f: &Filters) -> bool {
 pub fn parse_query(q: Option<&str>) -> Result<Filters, String> {
     let mut f = Filters::default();
     for (k, v) in url::form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+        if v.is_empty() {
+            // `?zone=` is "no zone filter", as HTML forms send it.
+            continue;
+        }
         let once = |slot: &mut Option<String>| {
             if slot.is_some() {
                 return Err(format!("query parameter {k:?} given twice"));

@@ -226,13 +226,27 @@ async fn bad_requests_are_json_errors() {
             "POST",
             "/v1/leases",
             br#"{"ttlSeconds":1e300}"#.to_vec(),
-            422,
-            "invalid_body",
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":-1e300}"#.to_vec(),
+            400,
+            "invalid_ttl",
         ),
         (
             "POST",
             "/v1/leases",
             br#"{"ttlSeconds":99999999999999999999}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":60.5}"#.to_vec(),
             422,
             "invalid_body",
         ),
@@ -291,6 +305,16 @@ async fn bad_requests_are_json_errors() {
             "{v}"
         );
     }
+    // A float with no fraction is a whole number of seconds.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/leases",
+            Some("t0k"),
+            Some(br#"{"ttlSeconds":60.0}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
     api.stop().await;
 }
 
@@ -386,7 +410,7 @@ async fn lease_lifecycle_capacity_cooldown() {
 
 #[test]
 fn openapi_document_names_every_route() {
-    let doc: Value = serde_json::from_str(&openapi_json()).unwrap();
+    let doc: Value = serde_json::from_str(&openapi_json(Duration::from_secs(3600))).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     for p in [
         "/v1/proxies",
