@@ -159,22 +159,44 @@ fn parse_body<T: DeserializeOwned>(
             ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
         }
     })?;
-    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) && empty_ok {
-        b"{}"
+    let blank = bytes.iter().all(u8::is_ascii_whitespace);
+    let value: serde_json::Value = if blank && empty_ok {
+        serde_json::Value::Object(Default::default())
     } else {
-        &bytes
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?
     };
-    serde_json::from_slice(text).map_err(|e| {
-        use serde_json::error::Category;
-        match e.classify() {
-            Category::Data => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_body",
-                e.to_string(),
-            ),
-            _ => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()),
-        }
+    let value = match value {
+        // An optional body may be sent as JSON null.
+        serde_json::Value::Null if empty_ok => serde_json::Value::Object(Default::default()),
+        v => v,
+    };
+    // serde would read a struct from an array by position; the API only
+    // takes objects.
+    if !objects_only(&value, 0) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "the body and its nested structures must be JSON objects",
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            e.to_string(),
+        )
     })
+}
+
+/// No request type of this API holds an array: the top level is an
+/// object, and so is every nested structure.
+fn objects_only(v: &serde_json::Value, depth: usize) -> bool {
+    match v {
+        serde_json::Value::Object(m) => m.values().all(|v| objects_only(v, depth + 1)),
+        serde_json::Value::Array(_) => false,
+        _ => depth > 0,
+    }
 }
 
 fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {

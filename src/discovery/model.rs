@@ -282,7 +282,7 @@ pub fn matches(item: &ProxyItem, f: &Filters) -> bool {
 pub fn parse_query(q: Option<&str>) -> Result<Filters, String> {
     let mut f = Filters::default();
     for (k, v) in url::form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
-        if v.is_empty() {
+        if v.is_empty() && k != "attr" {
             // `?zone=` is "no zone filter", as HTML forms send it.
             continue;
         }

@@ -190,6 +190,27 @@ async fn bad_requests_are_json_errors() {
         (
             "POST",
             "/v1/leases",
+            br#"{"filters":[null,null]}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases/x/report",
+            b"null".to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "GET",
+            "/v1/proxies?attr=",
+            b"".to_vec(),
+            400,
+            "invalid_query",
+        ),
+        (
+            "POST",
+            "/v1/leases",
             br#"{"ttl":5}"#.to_vec(),
             422,
             "invalid_body",
@@ -305,6 +326,11 @@ async fn bad_requests_are_json_errors() {
             "{v}"
         );
     }
+    // An optional body may be JSON null.
+    let (status, v) = api
+        .call("POST", "/v1/leases", Some("t0k"), Some(b"null".to_vec()))
+        .await;
+    assert_eq!(status, 201, "{v}");
     // A float with no fraction is a whole number of seconds.
     let (status, v) = api
         .call(
