@@ -39,6 +39,9 @@ test-e2e: ## System tests: the real binary against the test API server (and real
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build).
 	$(CARGO) test $(BENCH_PROFILE) --test bench_lease -- --ignored --nocapture
 
+fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
+	CARGO="$(CARGO)" scripts/fuzz-api.sh
+
 test-apiserver: ## Build the Kubernetes test API server (test support, never shipped).
 	$(CARGO) build -p test-apiserver
 
