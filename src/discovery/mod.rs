@@ -530,7 +530,12 @@ async fn observe(State(s): State<ApiState>, req: Request, next: Next) -> Respons
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let route = format!("{method} {}", route_of(&path));
+    // Label values stay bounded: known methods and route patterns only.
+    let m = match method.as_str() {
+        "GET" | "POST" | "DELETE" | "PUT" | "PATCH" | "HEAD" | "OPTIONS" => method.as_str(),
+        _ => "OTHER",
+    };
+    let route = format!("{m} {}", route_of(&path));
     let traced = path != "/healthz";
     let span = if traced {
         let span = tracing::info_span!("request", otel.name = %route, otel.kind = "server", http.route = %route, http.response.status_code = tracing::field::Empty);
