@@ -148,6 +148,11 @@ async fn bench_lease_acquire_release() {
         .unwrap_or(5)
         .clamp(1, 60);
     let run_for = Duration::from_secs(secs);
+    let fleet: usize = std::env::var("BENCH_PROXIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CONNECTIONS)
+        .clamp(CONNECTIONS, 100_000);
 
     // The real API.
     let leases = Arc::new(LeaseStore::new(LeaseConfig {
@@ -157,7 +162,7 @@ async fn bench_lease_acquire_release() {
         cooldown: Duration::from_secs(300),
     }));
     let state = ApiState::new(
-        Arc::new(proxies(CONNECTIONS)),
+        Arc::new(proxies(fleet)),
         leases,
         Some(TOKEN),
         Metrics::new().discovery,
@@ -196,7 +201,7 @@ async fn bench_lease_acquire_release() {
     });
 
     println!(
-        "{CONNECTIONS} connections, {secs}s per phase, {} build",
+        "{CONNECTIONS} connections, {fleet} healthy proxies, {secs}s per phase, {} build",
         if cfg!(debug_assertions) {
             "debug"
         } else {

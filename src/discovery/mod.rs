@@ -65,7 +65,15 @@ pub struct ApiState {
     leases: Arc<LeaseStore>,
     token_digest: Option<[u8; 32]>,
     metrics: DiscoveryMetrics,
+    listing: Arc<std::sync::Mutex<Option<(Instant, Listing)>>>,
 }
+
+/// Eligible proxies with their lease-store keys, sorted by namespace/name.
+type Listing = Arc<Vec<(crate::lease::ProxyKey, ProxyItem)>>;
+
+/// How long the eligible-proxy listing is reused before it is rebuilt from
+/// the cache (the cache itself lags the API server by about as much).
+pub const LISTING_MAX_AGE: Duration = Duration::from_millis(250);
 
 impl ApiState {
     /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API).
@@ -87,6 +95,7 @@ impl ApiState {
             leases,
             token_digest,
             metrics,
+            listing: Arc::new(std::sync::Mutex::new(None)),
         }
     }
 
@@ -95,16 +104,35 @@ impl ApiState {
         self.token_digest.is_some()
     }
 
-    fn eligible(&self, f: &Filters) -> Vec<ProxyItem> {
-        let mut items: Vec<ProxyItem> = self
+    /// Every eligible proxy, sorted; rebuilt at most every
+    /// [`LISTING_MAX_AGE`] so a busy API does not convert every Proxy on
+    /// every request.
+    fn listing(&self) -> Listing {
+        let mut slot = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, items)) = slot.as_ref() {
+            if at.elapsed() < LISTING_MAX_AGE {
+                return items.clone();
+            }
+        }
+        let mut items: Vec<(crate::lease::ProxyKey, ProxyItem)> = self
             .source
             .proxies()
             .iter()
             .filter_map(|p| item_of(p))
-            .filter(|i| matches(i, f))
+            .map(|i| (i.key(), i))
             .collect();
-        items.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        let items = Arc::new(items);
+        *slot = Some((Instant::now(), items.clone()));
         items
+    }
+
+    fn eligible(&self, f: &Filters) -> Vec<ProxyItem> {
+        self.listing()
+            .iter()
+            .filter(|(_, i)| matches(i, f))
+            .map(|(_, i)| i.clone())
+            .collect()
     }
 }
 
@@ -276,8 +304,12 @@ async fn acquire(
     check_len("stickyKey", &b.sticky_key)?;
     check_len("site", &b.site)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
-    let items = s.eligible(&b.filters);
-    let keys: Vec<_> = items.iter().map(ProxyItem::key).collect();
+    let listing = s.listing();
+    let keys: Vec<&crate::lease::ProxyKey> = listing
+        .iter()
+        .filter(|(_, i)| matches(i, &b.filters))
+        .map(|(k, _)| k)
+        .collect();
     let req = AcquireRequest {
         ttl,
         sticky_key: b.sticky_key,
@@ -286,9 +318,10 @@ async fn acquire(
     match s.leases.acquire(&keys, &req) {
         Ok(lease) => {
             s.metrics.lease_event("granted", 1);
-            let item = items
-                .into_iter()
-                .find(|i| i.key() == lease.proxy)
+            let item = listing
+                .iter()
+                .find(|(k, _)| *k == lease.proxy)
+                .map(|(_, i)| i.clone())
                 .ok_or_else(|| {
                     ApiError::new(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -315,9 +348,11 @@ async fn acquire(
 }
 
 fn item_for(s: &ApiState, lease: &Lease) -> Option<ProxyItem> {
-    s.eligible(&Filters::default())
-        .into_iter()
-        .find(|i| i.key() == lease.proxy)
+    let listing = s.listing();
+    listing
+        .binary_search_by(|(k, _)| k.cmp(&lease.proxy))
+        .ok()
+        .map(|i| listing[i].1.clone())
 }
 
 /// Reads a live lease.

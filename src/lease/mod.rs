@@ -289,9 +289,9 @@ impl LeaseStore {
     /// filters). Fair choice: fewest active leases, then least recently
     /// granted (never granted first), then namespace/name. A sticky key
     /// keeps its proxy while that one stays eligible and has capacity.
-    pub fn acquire(
+    pub fn acquire<K: std::borrow::Borrow<ProxyKey>>(
         &self,
-        eligible: &[ProxyKey],
+        eligible: &[K],
         req: &AcquireRequest,
     ) -> Result<Lease, AcquireError> {
         let now = self.clock.now();
@@ -305,6 +305,7 @@ impl LeaseStore {
         let (mut at_capacity, mut cooling) = (0, 0);
         let mut open: Vec<&ProxyKey> = Vec::with_capacity(eligible.len());
         for k in eligible {
+            let k: &ProxyKey = k.borrow();
             let active = st.proxies.get(k).map_or(0, |p| p.active);
             if active >= max {
                 at_capacity += 1;

@@ -118,7 +118,10 @@ fn capacity_and_max_zero() {
             cooling: 0
         }
     );
-    assert_eq!(s.acquire(&[], &req()).unwrap_err(), AcquireError::NoProxy);
+    assert_eq!(
+        s.acquire::<ProxyKey>(&[], &req()).unwrap_err(),
+        AcquireError::NoProxy
+    );
     // max 0: leasing off.
     let (z, _) = store(0);
     assert!(matches!(
