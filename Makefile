@@ -36,8 +36,8 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 test-e2e: ## System tests: the real binary against the test API server (and real Squid).
 	$(CARGO) test --test 'e2e_*'
 
-bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build).
-	$(CARGO) test $(BENCH_PROFILE) --test bench_lease -- --ignored --nocapture
+bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
+	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
 	CARGO="$(CARGO)" scripts/fuzz-api.sh

@@ -66,6 +66,7 @@ pub struct ApiState {
     token_digest: Option<[u8; 32]>,
     metrics: DiscoveryMetrics,
     listing: Arc<std::sync::Mutex<Option<(Instant, Listing)>>>,
+    rebuilding: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Eligible proxies with their lease-store keys, sorted by namespace/name.
@@ -96,6 +97,7 @@ impl ApiState {
             token_digest,
             metrics,
             listing: Arc::new(std::sync::Mutex::new(None)),
+            rebuilding: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -108,12 +110,27 @@ impl ApiState {
     /// [`LISTING_MAX_AGE`] so a busy API does not convert every Proxy on
     /// every request.
     fn listing(&self) -> Listing {
-        let mut slot = self.listing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, items)) = slot.as_ref() {
-            if at.elapsed() < LISTING_MAX_AGE {
+        use std::sync::atomic::Ordering;
+        let current = self
+            .listing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((at, items)) = &current {
+            // Fresh, or stale while another request rebuilds it: use it.
+            if at.elapsed() < LISTING_MAX_AGE || self.rebuilding.swap(true, Ordering::AcqRel) {
                 return items.clone();
             }
         }
+        // Built outside the lock so readers never wait for a rebuild; the
+        // flag is cleared however this ends.
+        struct Clear<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let _clear = Clear(&self.rebuilding);
         let mut items: Vec<(crate::lease::ProxyKey, ProxyItem)> = self
             .source
             .proxies()
@@ -123,7 +140,8 @@ impl ApiState {
             .collect();
         items.sort_by(|a, b| a.0.cmp(&b.0));
         let items = Arc::new(items);
-        *slot = Some((Instant::now(), items.clone()));
+        *self.listing.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), items.clone()));
         items
     }
 

@@ -303,45 +303,46 @@ impl LeaseStore {
         let max = self.config.max_leases_per_proxy;
         let site = req.site.as_deref();
         let (mut at_capacity, mut cooling) = (0, 0);
-        let mut open: Vec<&ProxyKey> = Vec::with_capacity(eligible.len());
-        for k in eligible {
-            let k: &ProxyKey = k.borrow();
-            let active = st.proxies.get(k).map_or(0, |p| p.active);
-            if active >= max {
-                at_capacity += 1;
-            } else if st.cooldowns.get(k).is_some_and(|c| c.blocks(site, now)) {
-                cooling += 1;
-            } else {
-                open.push(k);
-            }
-        }
-        let sticky = req
+        let any_cooldown = !st.cooldowns.is_empty();
+        let sticky: Option<ProxyKey> = req
             .sticky_key
             .as_ref()
             .and_then(|s| st.sticky.get(s))
-            .filter(|k| open.contains(k))
             .cloned();
-        let chosen = match sticky {
-            Some(k) => k,
-            None => {
-                let pick = open.iter().min_by(|a, b| {
-                    let pa = st.proxies.get(**a);
-                    let pb = st.proxies.get(**b);
-                    let key = |p: Option<&ProxyState>| {
-                        (p.map_or(0, |p| p.active), p.and_then(|p| p.last_granted))
-                    };
-                    key(pa).cmp(&key(pb)).then_with(|| a.cmp(b))
-                });
-                match pick {
-                    Some(k) => (*k).clone(),
-                    None => {
-                        return Err(AcquireError::NoCapacity {
-                            matching: eligible.len(),
-                            at_capacity,
-                            cooling,
-                        })
-                    }
-                }
+        let mut sticky_open = false;
+        // One pass, one lookup per map per candidate: this runs under the
+        // store's lock for every acquire, over every matching proxy.
+        type Rank = (u32, Option<(DateTime<Utc>, u64)>);
+        let mut best: Option<(Rank, &ProxyKey)> = None;
+        for k in eligible {
+            let k: &ProxyKey = k.borrow();
+            let p = st.proxies.get(k);
+            let active = p.map_or(0, |p| p.active);
+            if active >= max {
+                at_capacity += 1;
+                continue;
+            }
+            if any_cooldown && st.cooldowns.get(k).is_some_and(|c| c.blocks(site, now)) {
+                cooling += 1;
+                continue;
+            }
+            if sticky.as_ref() == Some(k) {
+                sticky_open = true;
+            }
+            let rank = (active, p.and_then(|p| p.last_granted));
+            if best.is_none_or(|(r, bk)| (&rank, k) < (&r, bk)) {
+                best = Some((rank, k));
+            }
+        }
+        let chosen = match (sticky, best) {
+            (Some(k), _) if sticky_open => k,
+            (_, Some((_, k))) => k.clone(),
+            (_, None) => {
+                return Err(AcquireError::NoCapacity {
+                    matching: eligible.len(),
+                    at_capacity,
+                    cooling,
+                })
             }
         };
         st.grants += 1;
