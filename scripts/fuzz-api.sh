@@ -17,9 +17,11 @@ if [ ! -x "$VENV/bin/st" ]; then
   "$VENV/bin/pip" install -q 'schemathesis>=4,<5'
 fi
 
-$CARGO test --test fuzz_server --no-run -q
-FUZZ_ADDR=$ADDR FUZZ_SECS=180 FUZZ_TOKEN=$TOKEN \
-  $CARGO test -q --test fuzz_server -- --ignored --nocapture >/dev/null 2>&1 &
+# Run the test binary itself (not through cargo) so the trap below ends
+# the very process that serves.
+bin=$($CARGO test --test fuzz_server --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*fuzz_server-[^)]*\)).*/\1/p' | tail -1)
+[ -x "$bin" ] || { echo "fuzz_server test binary not found" >&2; exit 1; }
+FUZZ_ADDR=$ADDR FUZZ_SECS=180 FUZZ_TOKEN=$TOKEN "$bin" --ignored --nocapture >/dev/null 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
 
