@@ -13,17 +13,11 @@ use egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
 use egress_proxies_operator::cli::{self, Flags};
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::{self, Context};
+use egress_proxies_operator::gc::{self, Gc};
 use egress_proxies_operator::metrics::Metrics;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
-use egress_proxies_operator::{http, leader, telemetry};
-// --- issue 8 imports ---
-use egress_proxies_operator::api::{Proxy, ProxyPhase};
-use egress_proxies_operator::gc::{self, Gc};
-use egress_proxies_operator::metrics::TargetSample;
-use egress_proxies_operator::providerhealth::{self, writer::Writer, Monitor};
-use std::collections::BTreeSet;
-// --- end issue 8 imports ---
+use egress_proxies_operator::{health, http, leader, runnables, telemetry};
 
 /// How long runnables get to finish after SIGTERM.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -152,15 +146,30 @@ async fn main() -> ExitCode {
         },
     };
     info!(installationID = %installation_id, "Installation identity");
-    // --- scrape-time Proxy phase counts, on every replica (issue 8) ---
-    spawn_proxy_phases(
-        &mut tasks,
-        &client,
-        flags.proxy_namespace.as_deref(),
-        &metrics,
-        stopped(),
-    );
-    // --- end scrape-time Proxy phase counts ---
+    // One Proxy cache on every replica feeds the phase gauge, the discovery
+    // API and (on the leader) the health engine.
+    let (proxy_cache, fill_cache) =
+        health::proxy_cache(client.clone(), flags.proxy_namespace.as_deref());
+    {
+        let stop = stopped();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = fill_cache => {}
+                _ = stop => {}
+            }
+        });
+    }
+    runnables::count_phases(&metrics, proxy_cache.clone());
+    if let Ok(Some(addr)) = cli::parse_bind(&flags.discovery_bind_address) {
+        runnables::spawn_discovery(
+            &mut tasks,
+            addr,
+            &flags,
+            proxy_cache.clone(),
+            &metrics,
+            stopped(),
+        );
+    }
     // Everything below is leader-only: with --leader-elect, wait for the
     // Lease; a replica that loses it exits, so leader-only work never runs
     // on two replicas at once.
@@ -203,7 +212,6 @@ async fn main() -> ExitCode {
         .providers
         .iter()
         .any(|p| p.provider_type == ProviderType::Kubernetes);
-    // --- gc, provider health, scrape-time metrics (issue 8) ---
     let gc = Gc::new(
         client.clone(),
         providers.clone(),
@@ -216,18 +224,40 @@ async fn main() -> ExitCode {
     );
     let stop = stopped();
     tasks.spawn(async move { gc.run(stop).await });
-    spawn_provider_health(&mut tasks, &flags, &client, &providers, &metrics, &stopped).await;
-    // --- end gc, provider health, scrape-time metrics ---
-
+    runnables::spawn_provider_health(&mut tasks, &flags, &client, &providers, &metrics, &stopped)
+        .await;
+    let (engine, health_events) = match runnables::spawn_health_engine(
+        &mut tasks,
+        &flags,
+        proxy_cache,
+        &metrics,
+        stopped(),
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            error!(error = %e, "Failed to add health engine");
+            return ExitCode::FAILURE;
+        }
+    };
+    let health_source: Arc<dyn controller::HealthSource> = engine;
     let ctx = Arc::new(
-        Context::new(client, providers, installation_id, None)
+        Context::new(client, providers, installation_id, Some(health_source))
             .with_metrics(metrics.reconcile.clone()),
     );
     let ns = flags.proxy_namespace.clone();
     let concurrency = flags.max_concurrent_reconciles;
     let stop = stopped();
     tasks.spawn(async move {
-        controller::run(ctx, ns.as_deref(), concurrency, watch_pods, stop).await;
+        let events = health::trigger_stream(health_events);
+        controller::run(
+            ctx,
+            ns.as_deref(),
+            concurrency,
+            watch_pods,
+            Some(events),
+            stop,
+        )
+        .await;
     });
     // Runnables finish their in-flight work on the stop signal; one that is
     // stuck (e.g. a watch retrying an unreachable API server) is abandoned
@@ -243,114 +273,6 @@ async fn main() -> ExitCode {
     telemetry.shutdown();
     ExitCode::SUCCESS
 }
-
-// --- gc, provider health, scrape-time metrics (issue 8) ---
-
-/// Keeps a Proxy cache (of the watched namespace, or all) for
-/// `proxy_operator_proxies`, counted at scrape.
-fn spawn_proxy_phases(
-    tasks: &mut tokio::task::JoinSet<()>,
-    client: &Client,
-    namespace: Option<&str>,
-    metrics: &Metrics,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    use futures::StreamExt;
-    use kube::runtime::{reflector, watcher, WatchStreamExt};
-    let (reader, writer) = reflector::store::<Proxy>();
-    metrics.sources.set_phases(move || {
-        let mut counts: Vec<(String, i64)> = [
-            ProxyPhase::Provisioning,
-            ProxyPhase::Running,
-            ProxyPhase::Ready,
-            ProxyPhase::Failed,
-        ]
-        .iter()
-        .map(|p| (p.as_str().to_string(), 0))
-        .collect();
-        for p in reader.state() {
-            if let Some(phase) = p.status.as_ref().and_then(|s| s.phase) {
-                if let Some(c) = counts.iter_mut().find(|(n, _)| n == phase.as_str()) {
-                    c.1 += 1;
-                }
-            }
-        }
-        counts
-    });
-    let api: Api<Proxy> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .for_each(|_| async {});
-    tasks.spawn(async move {
-        tokio::select! {
-            _ = stream => {}
-            _ = stop => {}
-        }
-    });
-}
-
-/// Starts the provider health monitor and the ProviderHealth writer, after
-/// removing objects of unconfigured providers (all of them when checks are
-/// off).
-async fn spawn_provider_health<F, Fut>(
-    tasks: &mut tokio::task::JoinSet<()>,
-    flags: &Flags,
-    client: &Client,
-    providers: &Registry,
-    metrics: &Metrics,
-    stopped: &F,
-) where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
-{
-    let names: BTreeSet<String> = providers
-        .checkers()
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
-    let interval = flags.provider_check_interval;
-    if interval.is_zero() {
-        providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
-        info!("Provider checks are off (--provider-check-interval=0)");
-        return;
-    }
-    providerhealth::writer::cleanup(client, &names).await;
-    let timeout = cli::effective_check_timeout(interval, flags.provider_check_timeout);
-    let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
-    let snapshot = monitor.snapshot();
-    let snap = snapshot.clone();
-    metrics.sources.set_targets(move || {
-        snap.get()
-            .iter()
-            .flat_map(|r| {
-                let at = r.checked_at.timestamp_micros() as f64 / 1e6;
-                r.targets.iter().map(move |t| TargetSample {
-                    provider: r.provider.clone(),
-                    target: t.name.clone(),
-                    up: t.ready,
-                    duration_seconds: t.latency.as_secs_f64(),
-                    timestamp_seconds: at,
-                })
-            })
-            .collect()
-    });
-    let writer = Writer::new(
-        client.clone(),
-        snapshot,
-        names,
-        Some(metrics.reconcile.clone()),
-    );
-    let rounds = monitor.subscribe();
-    let stop = stopped();
-    tasks.spawn(async move { monitor.run(stop).await });
-    let stop = stopped();
-    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, stop).await });
-}
-
-// --- end gc, provider health, scrape-time metrics ---
 
 /// `--check-config`: validate the providers file without a cluster.
 fn check_config(flags: &Flags) -> ExitCode {

@@ -3,16 +3,14 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
-
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Labels of a provider call counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -170,18 +168,47 @@ impl ReconcileMetrics {
     }
 }
 
-/// Labels of the per-proxy health series.
+/// Labels of the per-proxy health series: `proxy` is `<namespace>/<name>`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProxyLabels {
+pub struct ProxyLabel {
     /// `<namespace>/<name>`.
     pub proxy: String,
 }
 
-/// Series of the Proxy health engine, written by each probe.
+/// Labels of a lease event counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    /// granted, refused, renewed, released, expired, or a report result.
+    pub event: String,
+}
+
+/// Labels of a discovery API request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The matched route pattern, e.g. `POST /v1/leases`.
+    pub route: String,
+    /// HTTP status code.
+    pub status: String,
+}
+
+/// Labels of a discovery API latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    /// The matched route pattern, e.g. `POST /v1/leases`.
+    pub route: String,
+}
+
+fn request_histogram() -> Histogram {
+    // 50us .. ~1.6s: the API answers from memory.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+}
+
+/// Series written by the health engine. Per-proxy series are removed when
+/// the Proxy goes away ([`HealthMetrics::forget_proxy`]).
 #[derive(Clone)]
 pub struct HealthMetrics {
-    duration: HistogramFamily<ProxyLabels>,
-    failures: Family<ProxyLabels, Counter>,
+    duration: HistogramFamily<ProxyLabel>,
+    failures: Family<ProxyLabel, Counter>,
 }
 
 impl HealthMetrics {
@@ -195,19 +222,19 @@ impl HealthMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "proxy_operator_healthcheck_duration_seconds",
-            "Duration of health probes through each proxy",
+            "Duration of every health probe through a proxy",
             self.duration.clone(),
         );
         registry.register(
             "proxy_operator_healthcheck_failures",
-            "Failed health probes by proxy",
+            "Failed health probes through a proxy",
             self.failures.clone(),
         );
     }
 
     /// Records one probe of `proxy` (`<namespace>/<name>`).
-    pub fn observe(&self, proxy: &str, took: Duration, ok: bool) {
-        let l = ProxyLabels {
+    pub fn observe(&self, proxy: &str, ok: bool, took: Duration) {
+        let l = ProxyLabel {
             proxy: proxy.to_string(),
         };
         self.duration.get_or_create(&l).observe(took.as_secs_f64());
@@ -216,9 +243,9 @@ impl HealthMetrics {
         }
     }
 
-    /// Drops a pruned proxy's series.
-    pub fn forget(&self, proxy: &str) {
-        let l = ProxyLabels {
+    /// Removes every series of `proxy` (the Proxy went away).
+    pub fn forget_proxy(&self, proxy: &str) {
+        let l = ProxyLabel {
             proxy: proxy.to_string(),
         };
         self.duration.remove(&l);
@@ -359,6 +386,68 @@ impl Collector for ScrapeSources {
     }
 }
 
+/// Series written by the discovery and lease API.
+#[derive(Clone)]
+pub struct DiscoveryMetrics {
+    requests: Family<RouteLabels, Counter>,
+    duration: HistogramFamily<RouteLabel>,
+    lease_events: Family<EventLabel, Counter>,
+}
+
+impl DiscoveryMetrics {
+    fn new() -> Self {
+        DiscoveryMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(request_histogram as fn() -> Histogram),
+            lease_events: Family::default(),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "proxy_operator_discovery_requests",
+            "Discovery API requests by route pattern and status",
+            self.requests.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_request_duration_seconds",
+            "Discovery API request latency by route pattern",
+            self.duration.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_events",
+            "Lease outcomes: granted, refused, renewed, released, expired, and reported ok, blocked or failed",
+            self.lease_events.clone(),
+        );
+    }
+
+    /// Records one request.
+    pub fn observe_request(&self, route: &str, status: u16, took: Duration) {
+        self.requests
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&RouteLabel {
+                route: route.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts one lease event.
+    pub fn lease_event(&self, event: &str, n: u64) {
+        if n > 0 {
+            self.lease_events
+                .get_or_create(&EventLabel {
+                    event: event.to_string(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
 /// The operator's one registry and the handles that write into it.
 #[derive(Clone)]
 pub struct Metrics {
@@ -367,8 +456,10 @@ pub struct Metrics {
     pub provider: ProviderMetrics,
     /// Reconcile series.
     pub reconcile: ReconcileMetrics,
-    /// Proxy health probe series.
+    /// Health probe series.
     pub health: HealthMetrics,
+    /// Discovery and lease API series.
+    pub discovery: DiscoveryMetrics,
     /// Scrape-time sources (Proxy phases, leases, provider targets).
     pub sources: ScrapeSources,
 }
@@ -389,6 +480,8 @@ impl Metrics {
         reconcile.register(&mut registry);
         let health = HealthMetrics::new();
         health.register(&mut registry);
+        let discovery = DiscoveryMetrics::new();
+        discovery.register(&mut registry);
         let sources = ScrapeSources::default();
         registry.register_collector(Box::new(sources.clone()));
         Metrics {
@@ -396,6 +489,7 @@ impl Metrics {
             provider,
             reconcile,
             health,
+            discovery,
             sources,
         }
     }

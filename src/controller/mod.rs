@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::api::constants::{CLOUD_INIT_SECRET_LABEL, MANAGED_MARK, MANAGED_MARK_VALUE};
 use crate::api::Proxy;
-pub use reconcile::{Context, HealthSource};
+pub use reconcile::{Context, HealthReport, HealthSource};
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched
@@ -30,6 +30,9 @@ pub async fn run(
     namespace: Option<&str>,
     concurrency: u16,
     watch_pods: bool,
+    health_events: Option<
+        impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
+    >,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
@@ -62,6 +65,10 @@ pub async fn run(
             pods,
             watcher::Config::default().labels(&format!("{MANAGED_MARK}={MANAGED_MARK_VALUE}")),
         );
+    }
+    // The health engine names the Proxies whose status it affected.
+    if let Some(events) = health_events {
+        c = c.reconcile_on(events);
     }
     c.run(counted_reconcile, reconcile::error_policy, ctx)
         .for_each(|res| async move {

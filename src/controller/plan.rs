@@ -469,6 +469,69 @@ pub fn clear_instance(status: &mut ProxyStatus) {
     status.delete_requested_at = None;
 }
 
+/// Healthy=True: probes pass through the proxy.
+pub const REASON_PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+/// Healthy=False: probes through the proxy fail.
+pub const REASON_PROBE_FAILED: &str = "ProbeFailed";
+/// Healthy=Unknown: no instance to probe (being created or replaced).
+pub const REASON_AWAITING_PROBE: &str = "AwaitingProbe";
+
+/// Folds the health engine's last status-affecting result into the status
+/// of a running (or External) Proxy: the Healthy condition, latency, probe
+/// time, and phase Ready while healthy, Running otherwise. Without a
+/// result (no verdict yet, or another replica probes) the status is kept as
+/// it is, so a restart does not flap every Proxy.
+pub fn apply_health(
+    status: &mut ProxyStatus,
+    report: Option<&crate::controller::HealthReport>,
+    now: DateTime<Utc>,
+) {
+    let Some(r) = report else {
+        let healthy = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == HEALTHY && c.status == ConditionStatus::True);
+        if healthy {
+            status.phase = Some(ProxyPhase::Ready);
+        }
+        return;
+    };
+    let (s, reason) = if r.healthy {
+        (ConditionStatus::True, REASON_PROBE_SUCCEEDED)
+    } else {
+        (ConditionStatus::False, REASON_PROBE_FAILED)
+    };
+    let message: String = r.message.chars().take(1024).collect();
+    condition::set(
+        &mut status.conditions,
+        Condition::new(HEALTHY, s, reason, message, now),
+    );
+    status.latency_millis = Some(i64::try_from(r.latency_ms).unwrap_or(i64::MAX));
+    status.last_probe_time = Some(r.probed_at);
+    status.phase = Some(if r.healthy {
+        ProxyPhase::Ready
+    } else {
+        ProxyPhase::Running
+    });
+}
+
+/// The instance is being created or replaced: a Healthy condition left
+/// from the previous instance becomes Unknown.
+pub fn health_unknown(status: &mut ProxyStatus, now: DateTime<Utc>) {
+    if status.conditions.iter().any(|c| c.type_ == HEALTHY) {
+        condition::set(
+            &mut status.conditions,
+            Condition::new(
+                HEALTHY,
+                ConditionStatus::Unknown,
+                REASON_AWAITING_PROBE,
+                "no running instance to probe",
+                now,
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod tests;

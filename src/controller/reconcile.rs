@@ -31,6 +31,26 @@ pub trait HealthSource: Send + Sync {
     /// The current verdict for a Proxy: `Some(true)` healthy, `Some(false)`
     /// unhealthy, `None` before the first verdict.
     fn verdict(&self, namespace: &str, name: &str, uid: &str) -> Option<bool>;
+
+    /// The last status-affecting result, folded into the Proxy's status.
+    /// Sources that only know verdicts return `None`.
+    fn report(&self, namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
+        let _ = (namespace, name, uid);
+        None
+    }
+}
+
+/// The health engine's last status-affecting result for one Proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthReport {
+    /// The verdict.
+    pub healthy: bool,
+    /// Latency of that result.
+    pub latency_ms: u64,
+    /// When it was taken.
+    pub probed_at: chrono::DateTime<Utc>,
+    /// Why (the probe error when unhealthy).
+    pub message: String,
 }
 
 /// What every reconcile shares.
@@ -209,6 +229,15 @@ fn health_of(ctx: &Context, proxy: &Proxy) -> Option<bool> {
     )
 }
 
+fn report_of(ctx: &Context, proxy: &Proxy) -> Option<HealthReport> {
+    let h = ctx.health.as_ref()?;
+    h.report(
+        &proxy.namespace().unwrap_or_default(),
+        &proxy.name_any(),
+        &proxy.uid().unwrap_or_default(),
+    )
+}
+
 fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Action {
     let now = Utc::now();
     match &proxy.spec.endpoint {
@@ -228,6 +257,7 @@ fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Acti
             } else {
                 ProxyPhase::Running
             });
+            plan::apply_health(status, report_of(ctx, proxy).as_ref(), now);
             Action::await_change()
         }
     }
@@ -405,6 +435,7 @@ async fn managed_path(
                         info!(providerID = %new_id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
                         status.provider_id = Some(new_id);
                         plan::mark_creating(status, now, generation);
+                        plan::health_unknown(status, now);
                         return Ok(Action::requeue(plan::REQUEUE_NOW));
                     }
                     Err(e) => return on_error(proxy, status, e),
@@ -415,6 +446,7 @@ async fn managed_path(
                 Ok(()) => {
                     info!(providerID = %id, reason = ?why, "Replacing instance");
                     plan::mark_replacing(status, why, true, now, generation);
+                    plan::health_unknown(status, now);
                     return Ok(Action::requeue(plan::DELETION_POLL));
                 }
                 Err(e) => return on_error(proxy, status, e),
@@ -430,10 +462,12 @@ async fn managed_path(
             }
             Step::WaitProvisioning => {
                 plan::mark_creating(status, now, generation);
+                plan::health_unknown(status, now);
                 return Ok(Action::requeue(plan::PROVISIONING_POLL));
             }
             Step::Running { ip } => {
                 plan::mark_running(status, &ip, health_of(ctx, proxy), now, generation);
+                plan::apply_health(status, report_of(ctx, proxy).as_ref(), now);
                 return Ok(Action::requeue(RUNNING_RESYNC));
             }
             Step::Failed { class, message } => {

@@ -1,0 +1,486 @@
+//! The API end to end on loopback, with a fixed Proxy list.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::lease::{LeaseConfig, LeaseStore};
+use crate::metrics::Metrics;
+
+fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
+    Arc::new(
+        serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"provider": "kubernetes", "port": 3128, "placement": {"zone": zone}, "attributes": attrs},
+            "status": {"phase": if healthy == "True" { "Ready" } else { "Running" }, "ip": "127.0.0.5",
+                "conditions": [{"type": "Healthy", "status": healthy, "reason": "R", "message": "",
+                "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
+        .unwrap(),
+    )
+}
+
+struct Api {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    metrics: Metrics,
+}
+
+impl Api {
+    async fn start(token: Option<&str>, max: u32) -> Api {
+        let source: Vec<Arc<Proxy>> = vec![
+            proxy("a", "z1", "True", json!({"geo": "home"})),
+            proxy("b", "z2", "True", json!({"geo": "away"})),
+            proxy("sick", "z1", "False", json!({"geo": "home"})),
+        ];
+        let leases = Arc::new(LeaseStore::new(LeaseConfig {
+            max_leases_per_proxy: max,
+            default_ttl: Duration::from_secs(300),
+            max_ttl: Duration::from_secs(3600),
+            cooldown: Duration::from_secs(300),
+        }));
+        let metrics = Metrics::new();
+        let state = ApiState::new(Arc::new(source), leases, token, &metrics);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve_on(listener, state, async move {
+            let _ = rx.await;
+        }));
+        Api {
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+            metrics,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> (u16, Value) {
+        let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "test");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, v)
+    }
+
+    async fn json(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        self.call(
+            method,
+            path,
+            Some("t0k"),
+            Some(body.to_string().into_bytes()),
+        )
+        .await
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn auth_matrix() {
+    let api = Api::start(Some("t0k"), 1).await;
+    let cases: [(&str, &str, Option<&str>, u16); 7] = [
+        ("GET", "/healthz", None, 200),
+        ("GET", "/openapi.json", None, 200),
+        ("GET", "/v1/proxies", None, 401),
+        ("GET", "/v1/proxies", Some("wrong"), 401),
+        ("GET", "/v1/proxies", Some(""), 401),
+        ("GET", "/v1/proxies", Some("t0k"), 200),
+        ("DELETE", "/v1/leases/x", None, 401),
+    ];
+    for (m, p, t, want) in cases {
+        let (status, body) = api.call(m, p, t, None).await;
+        assert_eq!(status, want, "{m} {p} {t:?}");
+        if want == 401 {
+            assert_eq!(code(&body), "unauthorized");
+        }
+    }
+    api.stop().await;
+    // Without a token the API is open.
+    let open = Api::start(None, 1).await;
+    assert_eq!(open.call("GET", "/v1/proxies", None, None).await.0, 200);
+    open.stop().await;
+}
+
+#[tokio::test]
+async fn listing_and_filters() {
+    let api = Api::start(Some("t0k"), 1).await;
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let cases: [(&str, u16, &[&str]); 6] = [
+        ("/v1/proxies", 200, &["a", "b"]),
+        ("/v1/proxies?zone=z1", 200, &["a"]),
+        ("/v1/proxies?attr=geo:away", 200, &["b"]),
+        ("/v1/proxies?provider=kubernetes&attr=geo=home", 200, &["a"]),
+        ("/v1/proxies?provider=gcp", 200, &[]),
+        ("/v1/proxies?bogus=1", 400, &[]),
+    ];
+    for (path, want_status, want) in cases {
+        let (status, body) = api.call("GET", path, Some("t0k"), None).await;
+        assert_eq!(status, want_status, "{path}");
+        if status == 200 {
+            assert_eq!(names(&body), want.to_vec(), "{path}");
+        } else {
+            assert_eq!(code(&body), "invalid_query");
+        }
+    }
+    let (_, body) = api
+        .call("GET", "/v1/proxies?zone=z1", Some("t0k"), None)
+        .await;
+    let item = &body["items"][0];
+    assert_eq!(item["ip"], "127.0.0.5");
+    assert_eq!(item["port"], 3128);
+    assert_eq!(item["url"], "http://127.0.0.5:3128");
+    assert_eq!(item["zone"], "z1");
+    assert_eq!(item["attributes"]["geo"], "home");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_json_errors() {
+    let api = Api::start(Some("t0k"), 1).await;
+    let big = vec![b' '; BODY_LIMIT + 1];
+    let cases: Vec<(&str, &str, Vec<u8>, u16, &str)> = vec![
+        ("POST", "/v1/leases", b"{".to_vec(), 400, "malformed_json"),
+        ("POST", "/v1/leases", b"[1,2]".to_vec(), 422, "invalid_body"),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"filters":[null,null]}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases/x/report",
+            b"null".to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "GET",
+            "/v1/proxies?attr=",
+            b"".to_vec(),
+            400,
+            "invalid_query",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttl":5}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":"5"}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":-1}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":0}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":3601}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":1e300}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":-1e300}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":99999999999999999999}"#.to_vec(),
+            400,
+            "invalid_ttl",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"ttlSeconds":60.5}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"filters":{"color":"red"}}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases",
+            br#"{"stickyKey":""}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        ("POST", "/v1/leases", big, 413, "payload_too_large"),
+        (
+            "POST",
+            "/v1/leases/nope/report",
+            br#"{"result":"ok"}"#.to_vec(),
+            404,
+            "unknown_lease",
+        ),
+        (
+            "POST",
+            "/v1/leases/nope/report",
+            br#"{}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/leases/nope/report",
+            b"".to_vec(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "POST",
+            "/v1/leases/nope/renew",
+            b"".to_vec(),
+            404,
+            "unknown_lease",
+        ),
+        ("GET", "/v1/leases/nope", b"".to_vec(), 404, "unknown_lease"),
+        ("GET", "/v2/nothing", b"".to_vec(), 404, "not_found"),
+        ("PUT", "/v1/leases", b"".to_vec(), 405, "method_not_allowed"),
+    ];
+    for (m, p, body, want, want_code) in cases {
+        let (status, v) = api.call(m, p, Some("t0k"), Some(body)).await;
+        assert_eq!((status, code(&v)), (want, want_code), "{m} {p}: {v}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap_or("").is_empty(),
+            "{v}"
+        );
+    }
+    // An optional body may be JSON null.
+    let (status, v) = api
+        .call("POST", "/v1/leases", Some("t0k"), Some(b"null".to_vec()))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    // A float with no fraction is a whole number of seconds.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/leases",
+            Some("t0k"),
+            Some(br#"{"ttlSeconds":60.0}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn lease_lifecycle_capacity_cooldown() {
+    let api = Api::start(Some("t0k"), 1).await;
+    // Empty body: defaults.
+    let (s, a) = api.call("POST", "/v1/leases", Some("t0k"), None).await;
+    assert_eq!(s, 201, "{a}");
+    assert_eq!(a["proxy"]["name"], "a");
+    assert_eq!(a["ttlSeconds"].as_u64().unwrap() / 10, 30);
+    assert!(a["expiresAt"].as_str().unwrap().ends_with('Z'));
+    let id_a = a["id"].as_str().unwrap().to_string();
+    let (s, b) = api
+        .json("POST", "/v1/leases", json!({"ttlSeconds": 60}))
+        .await;
+    assert_eq!((s, b["proxy"]["name"].as_str()), (201, Some("b")));
+    let id_b = b["id"].as_str().unwrap().to_string();
+    let (s, full) = api.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!((s, code(&full)), (409, "no_capacity"));
+    let (s, none) = api
+        .json("POST", "/v1/leases", json!({"filters": {"zone": "z9"}}))
+        .await;
+    assert_eq!((s, code(&none)), (409, "no_proxy"));
+    // Renew, read.
+    let (s, r) = api
+        .json(
+            "POST",
+            &format!("/v1/leases/{id_b}/renew"),
+            json!({"ttlSeconds": 600}),
+        )
+        .await;
+    assert_eq!((s, r["ttlSeconds"].as_u64().unwrap() / 10), (200, 60));
+    assert_eq!(
+        api.call("GET", &format!("/v1/leases/{id_b}"), Some("t0k"), None)
+            .await
+            .0,
+        200
+    );
+    // Report blocked for a site: kept; released a then site-scoped cooldown.
+    let (s, _) = api
+        .json(
+            "POST",
+            &format!("/v1/leases/{id_a}/report"),
+            json!({"result": "blocked", "site": "x.com"}),
+        )
+        .await;
+    assert_eq!(s, 204);
+    let (s, bad) = api
+        .json(
+            "POST",
+            &format!("/v1/leases/{id_a}/report"),
+            json!({"result": "meh"}),
+        )
+        .await;
+    assert_eq!((s, code(&bad)), (400, "invalid_result"));
+    for _ in 0..2 {
+        assert_eq!(
+            api.call("DELETE", &format!("/v1/leases/{id_a}"), Some("t0k"), None)
+                .await
+                .0,
+            204
+        );
+    }
+    let (s, v) = api
+        .json(
+            "POST",
+            "/v1/leases",
+            json!({"site": "x.com", "filters": {"attributes": {"geo": "home"}}}),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (409, "no_capacity"), "{v}");
+    let (s, v) = api
+        .json(
+            "POST",
+            "/v1/leases",
+            json!({"site": "y.com", "stickyKey": "c1"}),
+        )
+        .await;
+    assert_eq!((s, v["proxy"]["name"].as_str()), (201, Some("a")));
+    let text = api.metrics.encode().unwrap();
+    assert!(text.contains("proxy_operator_leases_active 2"), "{text}");
+    assert!(
+        text.contains("proxy_operator_lease_events_total{event=\"granted\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("route=\"POST /v1/leases/{id}/report\""),
+        "{text}"
+    );
+    api.stop().await;
+}
+
+#[test]
+fn openapi_document_names_every_route() {
+    let doc: Value = serde_json::from_str(&openapi_json(Duration::from_secs(3600))).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for p in [
+        "/v1/proxies",
+        "/v1/leases",
+        "/v1/leases/{id}",
+        "/v1/leases/{id}/renew",
+        "/v1/leases/{id}/report",
+        "/healthz",
+    ] {
+        assert!(doc["paths"].get(p).is_some(), "{p}");
+    }
+    assert!(doc["components"]["schemas"].get("LeaseResponse").is_some());
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
+
+#[test]
+fn traceparent_and_routes() {
+    let cases = [
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            true,
+        ),
+        (
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            false,
+        ),
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            false,
+        ),
+        (
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            false,
+        ),
+        ("garbage", false),
+    ];
+    for (v, ok) in cases {
+        assert_eq!(parse_traceparent(v).is_some(), ok, "{v}");
+    }
+    assert_eq!(route_of("/v1/leases/abc/report"), "/v1/leases/{id}/report");
+    assert_eq!(route_of("/v1/leases/abc"), "/v1/leases/{id}");
+    assert_eq!(route_of("/v1/leases//renew"), "unmatched");
+    assert_eq!(route_of("/x"), "unmatched");
+}

@@ -1,0 +1,43 @@
+//! The proxy health engine (operator.md §3.1): probes every Proxy through
+//! itself and tells the reconciler when a verdict or a material latency
+//! changes.
+//!
+//! - [`probe`]: one probe (CONNECT + TLS, or a forward request).
+//! - [`threshold`]: pure verdict folding and the status-affecting rule.
+//! - [`schedule`]: pure min-heap schedule of next-due times.
+//! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
+
+pub mod engine;
+pub mod probe;
+pub mod schedule;
+pub mod threshold;
+
+pub use engine::{trigger_stream, Defaults, Engine, Notifier};
+
+use futures::StreamExt;
+use kube::runtime::reflector::{self, reflector, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+
+use crate::api::Proxy;
+
+/// A cache of Proxies (shared by the health engine and the discovery API)
+/// and the future that keeps it filled; run it until shutdown.
+pub fn proxy_cache(
+    client: Client,
+    namespace: Option<&str>,
+) -> (Store<Proxy>, impl std::future::Future<Output = ()> + Send) {
+    let api: Api<Proxy> = match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|ev| async move {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "Proxy cache watch error");
+            }
+        });
+    (reader, stream)
+}

@@ -1,0 +1,212 @@
+//! Threshold logic: pure folding of probe results into a verdict, and the
+//! rule that decides which results are worth a status write.
+
+/// Consecutive results needed to flip a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Successes to turn healthy.
+    pub success: u32,
+    /// Failures to turn unhealthy.
+    pub failure: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            success: 2,
+            failure: 3,
+        }
+    }
+}
+
+/// A latency change is material when it moves by more than this many
+/// milliseconds **and** by more than [`MATERIAL_LATENCY_RATIO`] of the
+/// last reported value: both, so neither 2 → 5 ms nor 900 → 1000 ms
+/// writes a status.
+pub const MATERIAL_LATENCY_MS: u64 = 100;
+/// See [`MATERIAL_LATENCY_MS`].
+pub const MATERIAL_LATENCY_RATIO: f64 = 0.5;
+
+/// Per-proxy health state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct State {
+    /// The current verdict; `None` before the first result.
+    pub healthy: Option<bool>,
+    /// Consecutive successes so far.
+    pub successes: u32,
+    /// Consecutive failures so far.
+    pub failures: u32,
+    /// Latency of the last status-affecting result.
+    pub reported_latency_ms: Option<u64>,
+}
+
+/// Why a result affects status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The very first result.
+    First,
+    /// A threshold was crossed: the verdict flipped.
+    Flip,
+    /// Same verdict (healthy), materially different latency.
+    Latency,
+}
+
+/// Whether `new` differs materially from `old`.
+pub fn material_latency(old: u64, new: u64) -> bool {
+    let delta = old.abs_diff(new);
+    delta > MATERIAL_LATENCY_MS && (delta as f64) > (old as f64) * MATERIAL_LATENCY_RATIO
+}
+
+/// Folds one result into the state. Returns the new state and, when the
+/// result must reach the Proxy's status, why.
+pub fn fold(state: State, ok: bool, latency_ms: u64, t: Thresholds) -> (State, Option<Change>) {
+    let mut s = state;
+    if ok {
+        s.successes = s.successes.saturating_add(1);
+        s.failures = 0;
+    } else {
+        s.failures = s.failures.saturating_add(1);
+        s.successes = 0;
+    }
+    let change = match s.healthy {
+        None => {
+            s.healthy = Some(ok);
+            Some(Change::First)
+        }
+        Some(false) if ok && s.successes >= t.success.max(1) => {
+            s.healthy = Some(true);
+            Some(Change::Flip)
+        }
+        Some(true) if !ok && s.failures >= t.failure.max(1) => {
+            s.healthy = Some(false);
+            Some(Change::Flip)
+        }
+        Some(true) if ok => s
+            .reported_latency_ms
+            .filter(|old| material_latency(*old, latency_ms))
+            .map(|_| Change::Latency),
+        _ => None,
+    };
+    if change.is_some() {
+        s.reported_latency_ms = Some(latency_ms);
+    }
+    (s, change)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Thresholds = Thresholds {
+        success: 2,
+        failure: 3,
+    };
+
+    /// Runs a sequence of (ok, latency) and returns the verdict and change
+    /// after each step.
+    fn run(seq: &[(bool, u64)], t: Thresholds) -> Vec<(Option<bool>, Option<Change>)> {
+        let mut s = State::default();
+        seq.iter()
+            .map(|(ok, ms)| {
+                let (n, c) = fold(s, *ok, *ms, t);
+                s = n;
+                (s.healthy, c)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn verdict_table() {
+        use Change::*;
+        let y = Some(true);
+        let n = Some(false);
+        type Case<'a> = (
+            &'a str,
+            &'a [(bool, u64)],
+            &'a [(Option<bool>, Option<Change>)],
+        );
+        let cases: &[Case] = &[
+            ("first ok", &[(true, 10)], &[(y, Some(First))]),
+            ("first fail", &[(false, 10)], &[(n, Some(First))]),
+            (
+                "two failures do not flip, the third does",
+                &[(true, 10), (false, 10), (false, 10), (false, 10)],
+                &[(y, Some(First)), (y, None), (y, None), (n, Some(Flip))],
+            ),
+            (
+                "a success resets the failure count",
+                &[
+                    (true, 10),
+                    (false, 10),
+                    (false, 10),
+                    (true, 10),
+                    (false, 10),
+                    (false, 10),
+                ],
+                &[
+                    (y, Some(First)),
+                    (y, None),
+                    (y, None),
+                    (y, None),
+                    (y, None),
+                    (y, None),
+                ],
+            ),
+            (
+                "two successes to recover",
+                &[(false, 10), (true, 10), (true, 10), (true, 10)],
+                &[(n, Some(First)), (n, None), (y, Some(Flip)), (y, None)],
+            ),
+            (
+                "failures while unhealthy are silent",
+                &[(false, 10), (false, 10), (false, 5000)],
+                &[(n, Some(First)), (n, None), (n, None)],
+            ),
+            (
+                "material latency change while healthy",
+                &[(true, 100), (true, 190), (true, 260), (true, 300)],
+                &[(y, Some(First)), (y, None), (y, Some(Latency)), (y, None)],
+            ),
+            (
+                "latency drop is material too",
+                &[(true, 1000), (true, 400)],
+                &[(y, Some(First)), (y, Some(Latency))],
+            ),
+        ];
+        for (name, seq, want) in cases {
+            assert_eq!(run(seq, T), want.to_vec(), "{name}");
+        }
+    }
+
+    #[test]
+    fn thresholds_of_one_flip_at_once() {
+        let t = Thresholds {
+            success: 1,
+            failure: 1,
+        };
+        let got = run(&[(true, 1), (false, 1), (true, 1)], t);
+        assert_eq!(
+            got,
+            vec![
+                (Some(true), Some(Change::First)),
+                (Some(false), Some(Change::Flip)),
+                (Some(true), Some(Change::Flip)),
+            ]
+        );
+    }
+
+    #[test]
+    fn materiality_needs_both_bounds() {
+        let cases = [
+            (2, 5, false),       // ratio yes, absolute no
+            (900, 1000, false),  // absolute no
+            (1000, 1400, false), // absolute yes, ratio no
+            (100, 201, true),    // both
+            (300, 100, true),    // both, downwards
+            (0, 101, true),
+        ];
+        for (old, new, want) in cases {
+            assert_eq!(material_latency(old, new), want, "{old} -> {new}");
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The lease store: in-memory leases and cooldowns of this replica, guarded
+//! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
+//! and cooldown rules are pure; the HTTP layer only translates.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+/// Wall clock of the store; tests drive a [`FakeClock`].
+pub trait Clock: Send + Sync {
+    /// The current time.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug, Clone)]
+pub struct FakeClock(Arc<Mutex<DateTime<Utc>>>);
+
+impl FakeClock {
+    /// A clock at `t`.
+    pub fn at(t: DateTime<Utc>) -> Self {
+        FakeClock(Arc::new(Mutex::new(t)))
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, d: Duration) {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *t += chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+    }
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Store limits, from the flags.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// Leases one proxy may hold at once; 0 turns leasing off (every acquire
+    /// is refused with [`AcquireError::NoCapacity`]).
+    pub max_leases_per_proxy: u32,
+    /// TTL when the client asks for none.
+    pub default_ttl: Duration,
+    /// Longest TTL a client may ask for.
+    pub max_ttl: Duration,
+    /// How long a reported proxy is withheld.
+    pub cooldown: Duration,
+}
+
+/// A proxy the caller found eligible (healthy and matching the filters).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProxyKey {
+    /// Namespace of the Proxy.
+    pub namespace: String,
+    /// Name of the Proxy.
+    pub name: String,
+}
+
+impl std::fmt::Display for ProxyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One granted lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Unguessable id.
+    pub id: String,
+    /// The leased proxy.
+    pub proxy: ProxyKey,
+    /// When it was granted.
+    pub granted_at: DateTime<Utc>,
+    /// When it ends unless renewed.
+    pub expires_at: DateTime<Utc>,
+    /// The site the client said it would crawl, if any.
+    pub site: Option<String>,
+}
+
+/// Why a TTL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TtlError {
+    /// Zero or negative.
+    #[error("ttlSeconds must be positive, got {0}")]
+    NotPositive(i64),
+    /// Above `--max-lease-ttl`.
+    #[error("ttlSeconds must be at most {max} (the maximum lease TTL), got {got}")]
+    TooLong {
+        /// The request.
+        got: i64,
+        /// The bound in seconds.
+        max: u64,
+    },
+}
+
+/// Why nothing was granted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    /// No healthy proxy matches the filters.
+    #[error("no healthy proxy matches the request")]
+    NoProxy,
+    /// Matching proxies exist but all are at capacity or cooling down.
+    #[error("all {matching} matching proxies are at capacity ({at_capacity}) or cooling down ({cooling})")]
+    NoCapacity {
+        /// Healthy proxies matching the filters.
+        matching: usize,
+        /// Of those, at capacity.
+        at_capacity: usize,
+        /// Of those, cooling down (globally or for the site).
+        cooling: usize,
+    },
+}
+
+/// A client's report on a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The proxy worked.
+    Ok,
+    /// The site blocked the proxy.
+    Blocked,
+    /// The proxy failed (connect errors, timeouts).
+    Failed,
+}
+
+impl Outcome {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Blocked => "blocked",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// What an acquire asks for, besides the eligible proxies.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireRequest {
+    /// Validated TTL ([`LeaseStore::ttl`]).
+    pub ttl: Duration,
+    /// Same key, same proxy while it stays eligible and has capacity.
+    pub sticky_key: Option<String>,
+    /// Site to be crawled: proxies cooling down for it are skipped.
+    pub site: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct ProxyState {
+    active: u32,
+    last_granted: Option<(DateTime<Utc>, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Cooldown {
+    global: Option<DateTime<Utc>>,
+    sites: HashMap<String, DateTime<Utc>>,
+}
+
+impl Cooldown {
+    fn blocks(&self, site: Option<&str>, now: DateTime<Utc>) -> bool {
+        if self.global.is_some_and(|t| t > now) {
+            return true;
+        }
+        site.and_then(|s| self.sites.get(s))
+            .is_some_and(|t| *t > now)
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    leases: HashMap<String, Lease>,
+    proxies: HashMap<ProxyKey, ProxyState>,
+    cooldowns: HashMap<ProxyKey, Cooldown>,
+    sticky: HashMap<String, ProxyKey>,
+    grants: u64,
+}
+
+impl State {
+    /// Removes expired leases and cooldowns; returns how many leases ended.
+    fn sweep(&mut self, now: DateTime<Utc>) -> usize {
+        let expired: Vec<String> = self
+            .leases
+            .values()
+            .filter(|l| l.expires_at <= now)
+            .map(|l| l.id.clone())
+            .collect();
+        for id in &expired {
+            self.end(id);
+        }
+        self.cooldowns.retain(|_, c| {
+            c.global = c.global.filter(|t| *t > now);
+            c.sites.retain(|_, t| *t > now);
+            c.global.is_some() || !c.sites.is_empty()
+        });
+        expired.len()
+    }
+
+    fn end(&mut self, id: &str) -> Option<Lease> {
+        let lease = self.leases.remove(id)?;
+        if let Some(p) = self.proxies.get_mut(&lease.proxy) {
+            p.active = p.active.saturating_sub(1);
+        }
+        Some(lease)
+    }
+}
+
+/// Sticky keys remembered at most (then the map starts over).
+pub const MAX_STICKY_KEYS: usize = 100_000;
+
+/// Lease ids: 128 random bits, base32 (lowercase, unpadded).
+pub type IdSource = Box<dyn Fn() -> String + Send + Sync>;
+
+/// Random lease ids from the TLS provider's secure random source.
+pub fn random_id() -> String {
+    let mut buf = [0u8; 16];
+    let rng = rustls::crypto::ring::default_provider().secure_random;
+    if rng.fill(&mut buf).is_err() {
+        // Never observed on Linux; a time-and-counter id keeps the API up
+        // (leases are also bound to the bearer token).
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+        buf[..8].copy_from_slice(&n.to_le_bytes());
+        buf[8..].copy_from_slice(&t.to_le_bytes());
+    }
+    format!(
+        "l-{}",
+        data_encoding::BASE32_NOPAD
+            .encode(&buf)
+            .to_ascii_lowercase()
+    )
+}
+
+/// The lease store.
+pub struct LeaseStore {
+    config: LeaseConfig,
+    clock: Arc<dyn Clock>,
+    ids: IdSource,
+    state: Mutex<State>,
+}
+
+impl LeaseStore {
+    /// A store with the system clock and random ids.
+    pub fn new(config: LeaseConfig) -> Self {
+        Self::with(config, Arc::new(SystemClock), Box::new(random_id))
+    }
+
+    /// A store with a given clock and id source (tests).
+    pub fn with(config: LeaseConfig, clock: Arc<dyn Clock>, ids: IdSource) -> Self {
+        LeaseStore {
+            config,
+            clock,
+            ids,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> LeaseConfig {
+        self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way that breaks invariants worse than losing the process.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Validates a requested TTL in seconds (`None`: the default TTL).
+    pub fn ttl(&self, seconds: Option<i64>) -> Result<Duration, TtlError> {
+        validate_ttl(seconds, self.config.default_ttl, self.config.max_ttl)
+    }
+
+    /// Grants a lease on one of `eligible` (healthy proxies matching the
+    /// filters). Fair choice: fewest active leases, then least recently
+    /// granted (never granted first), then namespace/name. A sticky key
+    /// keeps its proxy while that one stays eligible and has capacity.
+    pub fn acquire<K: std::borrow::Borrow<ProxyKey>>(
+        &self,
+        eligible: &[K],
+        req: &AcquireRequest,
+    ) -> Result<Lease, AcquireError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        if eligible.is_empty() {
+            return Err(AcquireError::NoProxy);
+        }
+        let max = self.config.max_leases_per_proxy;
+        let site = req.site.as_deref();
+        let (mut at_capacity, mut cooling) = (0, 0);
+        let any_cooldown = !st.cooldowns.is_empty();
+        let sticky: Option<ProxyKey> = req
+            .sticky_key
+            .as_ref()
+            .and_then(|s| st.sticky.get(s))
+            .cloned();
+        let mut sticky_open = false;
+        // One pass, one lookup per map per candidate: this runs under the
+        // store's lock for every acquire, over every matching proxy.
+        type Rank = (u32, Option<(DateTime<Utc>, u64)>);
+        let mut best: Option<(Rank, &ProxyKey)> = None;
+        for k in eligible {
+            let k: &ProxyKey = k.borrow();
+            let p = st.proxies.get(k);
+            let active = p.map_or(0, |p| p.active);
+            if active >= max {
+                at_capacity += 1;
+                continue;
+            }
+            if any_cooldown && st.cooldowns.get(k).is_some_and(|c| c.blocks(site, now)) {
+                cooling += 1;
+                continue;
+            }
+            if sticky.as_ref() == Some(k) {
+                sticky_open = true;
+            }
+            let rank = (active, p.and_then(|p| p.last_granted));
+            if best.is_none_or(|(r, bk)| (&rank, k) < (&r, bk)) {
+                best = Some((rank, k));
+            }
+        }
+        let chosen = match (sticky, best) {
+            (Some(k), _) if sticky_open => k,
+            (_, Some((_, k))) => k.clone(),
+            (_, None) => {
+                return Err(AcquireError::NoCapacity {
+                    matching: eligible.len(),
+                    at_capacity,
+                    cooling,
+                })
+            }
+        };
+        st.grants += 1;
+        let seq = st.grants;
+        let p = st.proxies.entry(chosen.clone()).or_default();
+        p.active += 1;
+        p.last_granted = Some((now, seq));
+        if let Some(s) = &req.sticky_key {
+            if st.sticky.len() >= MAX_STICKY_KEYS && !st.sticky.contains_key(s) {
+                // Bounded memory: forgetting mappings only costs stickiness.
+                st.sticky.clear();
+            }
+            st.sticky.insert(s.clone(), chosen.clone());
+        }
+        let lease = Lease {
+            id: (self.ids)(),
+            proxy: chosen,
+            granted_at: now,
+            expires_at: now + to_chrono(req.ttl),
+            site: req.site.clone(),
+        };
+        st.leases.insert(lease.id.clone(), lease.clone());
+        Ok(lease)
+    }
+
+    /// Extends a live lease to now + `ttl`; `None` when unknown or expired.
+    pub fn renew(&self, id: &str, ttl: Duration) -> Option<Lease> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        let lease = st.leases.get_mut(id)?;
+        lease.expires_at = now + to_chrono(ttl);
+        Some(lease.clone())
+    }
+
+    /// A live lease.
+    pub fn get(&self, id: &str) -> Option<Lease> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        st.leases.get(id).cloned()
+    }
+
+    /// Ends a lease; releasing an unknown or already released lease is not
+    /// an error (returns false).
+    pub fn release(&self, id: &str) -> bool {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        st.end(id).is_some()
+    }
+
+    /// Records a client's report on a live lease (which it keeps). Blocked
+    /// or failed puts the proxy in cooldown: for `site` when given, for all
+    /// sites otherwise. Returns the lease, or `None` when unknown.
+    pub fn report(&self, id: &str, outcome: Outcome, site: Option<&str>) -> Option<Lease> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        let lease = st.leases.get(id)?.clone();
+        if outcome != Outcome::Ok {
+            let until = now + to_chrono(self.config.cooldown);
+            let c = st.cooldowns.entry(lease.proxy.clone()).or_default();
+            match site {
+                Some(s) => {
+                    c.sites.insert(s.to_string(), until);
+                }
+                None => c.global = Some(until),
+            }
+        }
+        Some(lease)
+    }
+
+    /// Removes expired leases and cooldowns; returns the leases that ended.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now();
+        self.lock().sweep(now)
+    }
+
+    /// Live leases (expired ones not yet swept are not counted).
+    pub fn active(&self) -> usize {
+        let now = self.clock.now();
+        self.lock()
+            .leases
+            .values()
+            .filter(|l| l.expires_at > now)
+            .count()
+    }
+
+    /// Live leases per proxy, for the listing.
+    pub fn active_on(&self, key: &ProxyKey) -> u32 {
+        self.lock().proxies.get(key).map_or(0, |p| p.active)
+    }
+
+    /// Forgets everything about proxies not in `present` (deleted Proxies):
+    /// their sticky mappings and cooldowns. Leases run out on their own.
+    pub fn retain_proxies(&self, present: &std::collections::HashSet<ProxyKey>) {
+        let mut st = self.lock();
+        st.sticky.retain(|_, k| present.contains(k));
+        st.cooldowns.retain(|k, _| present.contains(k));
+        st.proxies
+            .retain(|k, p| present.contains(k) || p.active > 0);
+    }
+}
+
+fn to_chrono(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// TTL rule: absent → `default`; must be 1..=`max` seconds.
+pub fn validate_ttl(
+    seconds: Option<i64>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, TtlError> {
+    let Some(s) = seconds else {
+        return Ok(default);
+    };
+    if s <= 0 {
+        return Err(TtlError::NotPositive(s));
+    }
+    let max_s = max.as_secs();
+    if u64::try_from(s).map_or(true, |v| v > max_s) {
+        return Err(TtlError::TooLong { got: s, max: max_s });
+    }
+    Ok(Duration::from_secs(s.unsigned_abs()))
+}
+
+#[cfg(test)]
+mod tests;

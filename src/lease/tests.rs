@@ -1,0 +1,284 @@
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::TimeZone;
+
+use super::*;
+
+fn k(name: &str) -> ProxyKey {
+    ProxyKey {
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+fn keys(names: &[&str]) -> Vec<ProxyKey> {
+    names.iter().map(|n| k(n)).collect()
+}
+
+fn cfg(max: u32) -> LeaseConfig {
+    LeaseConfig {
+        max_leases_per_proxy: max,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(60),
+    }
+}
+
+fn store(max: u32) -> (LeaseStore, FakeClock) {
+    let clock = FakeClock::at(Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).unwrap());
+    let n = Arc::new(AtomicU64::new(0));
+    let ids: IdSource = Box::new(move || format!("l{}", n.fetch_add(1, Ordering::SeqCst)));
+    (
+        LeaseStore::with(cfg(max), Arc::new(clock.clone()), ids),
+        clock,
+    )
+}
+
+fn req() -> AcquireRequest {
+    AcquireRequest {
+        ttl: Duration::from_secs(60),
+        ..Default::default()
+    }
+}
+
+fn names(ls: &[Lease]) -> Vec<String> {
+    ls.iter().map(|l| l.proxy.name.clone()).collect()
+}
+
+#[test]
+fn ttl_rules() {
+    let d = Duration::from_secs(300);
+    let m = Duration::from_secs(3600);
+    let cases: [(Option<i64>, Result<u64, ()>); 7] = [
+        (None, Ok(300)),
+        (Some(1), Ok(1)),
+        (Some(3600), Ok(3600)),
+        (Some(3601), Err(())),
+        (Some(0), Err(())),
+        (Some(-5), Err(())),
+        (Some(i64::MAX), Err(())),
+    ];
+    for (input, want) in cases {
+        let got = validate_ttl(input, d, m)
+            .map(|d| d.as_secs())
+            .map_err(|_| ());
+        assert_eq!(got, want, "{input:?}");
+    }
+    assert_eq!(
+        validate_ttl(Some(-1), d, m).unwrap_err().to_string(),
+        "ttlSeconds must be positive, got -1"
+    );
+}
+
+#[test]
+fn fair_choice_least_loaded_then_least_recent_then_name() {
+    // (max per proxy, acquires) -> proxies chosen in order
+    let cases: [(u32, usize, &[&str]); 3] = [
+        (1, 3, &["a", "b", "c"]),
+        (2, 6, &["a", "b", "c", "a", "b", "c"]),
+        (3, 4, &["a", "b", "c", "a"]),
+    ];
+    for (max, n, want) in cases {
+        let (s, _) = store(max);
+        let got: Vec<Lease> = (0..n)
+            .map(|_| s.acquire(&keys(&["c", "a", "b"]), &req()).unwrap())
+            .collect();
+        assert_eq!(names(&got), want.to_vec(), "max {max}");
+    }
+}
+
+#[test]
+fn least_recently_granted_wins_among_equally_loaded() {
+    let (s, clock) = store(1);
+    let all = keys(&["a", "b", "c"]);
+    let la = s.acquire(&all, &req()).unwrap();
+    clock.advance(Duration::from_secs(1));
+    let lb = s.acquire(&all, &req()).unwrap();
+    s.release(&lb.id);
+    s.release(&la.id);
+    // a and b are idle; a was granted longer ago than b; c never: c first.
+    let next: Vec<Lease> = (0..3).map(|_| s.acquire(&all, &req()).unwrap()).collect();
+    assert_eq!(names(&next), ["c", "a", "b"]);
+}
+
+#[test]
+fn capacity_and_max_zero() {
+    let (s, _) = store(1);
+    let two = keys(&["a", "b"]);
+    s.acquire(&two, &req()).unwrap();
+    s.acquire(&two, &req()).unwrap();
+    assert_eq!(
+        s.acquire(&two, &req()).unwrap_err(),
+        AcquireError::NoCapacity {
+            matching: 2,
+            at_capacity: 2,
+            cooling: 0
+        }
+    );
+    assert_eq!(
+        s.acquire::<ProxyKey>(&[], &req()).unwrap_err(),
+        AcquireError::NoProxy
+    );
+    // max 0: leasing off.
+    let (z, _) = store(0);
+    assert!(matches!(
+        z.acquire(&two, &req()),
+        Err(AcquireError::NoCapacity { at_capacity: 2, .. })
+    ));
+    assert_eq!(z.active(), 0);
+}
+
+#[test]
+fn release_is_idempotent_and_frees_capacity() {
+    let (s, _) = store(1);
+    let one = keys(&["a"]);
+    let l = s.acquire(&one, &req()).unwrap();
+    assert!(s.acquire(&one, &req()).is_err());
+    assert!(s.release(&l.id));
+    assert!(!s.release(&l.id));
+    assert!(!s.release("nope"));
+    assert_eq!(s.active_on(&k("a")), 0);
+    s.acquire(&one, &req()).unwrap();
+    assert_eq!(s.active_on(&k("a")), 1);
+}
+
+#[test]
+fn expiry_follows_the_clock_and_renew_extends() {
+    let (s, clock) = store(1);
+    let one = keys(&["a"]);
+    let l = s.acquire(&one, &req()).unwrap();
+    assert_eq!(l.expires_at - l.granted_at, chrono::Duration::seconds(60));
+    clock.advance(Duration::from_secs(59));
+    assert_eq!(s.active(), 1);
+    let r = s.renew(&l.id, Duration::from_secs(60)).unwrap();
+    assert_eq!(r.expires_at, clock.now() + chrono::Duration::seconds(60));
+    clock.advance(Duration::from_secs(59));
+    assert!(s.get(&l.id).is_some());
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(s.active(), 0);
+    assert!(s.get(&l.id).is_none());
+    assert!(s.renew(&l.id, Duration::from_secs(60)).is_none());
+    assert!(s.report(&l.id, Outcome::Ok, None).is_none());
+    // Capacity is back.
+    s.acquire(&one, &req()).unwrap();
+    assert_eq!(s.sweep(), 0);
+}
+
+#[test]
+fn cooldowns_site_scoped_and_global() {
+    // (report site, acquire site, withheld?)
+    let cases: [(Option<&str>, Option<&str>, bool); 5] = [
+        (Some("x.com"), Some("x.com"), true),
+        (Some("x.com"), Some("y.com"), false),
+        (Some("x.com"), None, false),
+        (None, Some("y.com"), true),
+        (None, None, true),
+    ];
+    for (reported, wanted, withheld) in cases {
+        let (s, clock) = store(5);
+        let one = keys(&["a"]);
+        let l = s.acquire(&one, &req()).unwrap();
+        assert!(s.report(&l.id, Outcome::Blocked, reported).is_some());
+        // The report keeps the lease.
+        assert!(s.get(&l.id).is_some());
+        let r = AcquireRequest {
+            site: wanted.map(String::from),
+            ..req()
+        };
+        let got = s.acquire(&one, &r);
+        assert_eq!(got.is_err(), withheld, "{reported:?} {wanted:?}");
+        if withheld {
+            assert!(matches!(
+                got,
+                Err(AcquireError::NoCapacity { cooling: 1, .. })
+            ));
+            clock.advance(Duration::from_secs(60));
+            s.acquire(&one, &r).unwrap();
+        }
+    }
+    // ok never cools down.
+    let (s, _) = store(5);
+    let l = s.acquire(&keys(&["a"]), &req()).unwrap();
+    s.report(&l.id, Outcome::Ok, None).unwrap();
+    s.acquire(&keys(&["a"]), &req()).unwrap();
+    assert!(s.report("nope", Outcome::Failed, None).is_none());
+}
+
+#[test]
+fn sticky_key_keeps_its_proxy_while_it_can() {
+    let (s, _) = store(2);
+    let all = keys(&["a", "b"]);
+    let sticky = AcquireRequest {
+        sticky_key: Some("crawler-1".into()),
+        ..req()
+    };
+    let first = s.acquire(&all, &sticky).unwrap();
+    let other = s.acquire(&all, &req()).unwrap();
+    assert_ne!(first.proxy, other.proxy);
+    // Same proxy although the other is equally loaded and less recent.
+    let again = s.acquire(&all, &sticky).unwrap();
+    assert_eq!(again.proxy, first.proxy);
+    // At capacity now: moves, and sticks to the new one.
+    let moved = s.acquire(&all, &sticky).unwrap();
+    assert_eq!(moved.proxy, other.proxy);
+    s.release(&first.id);
+    s.release(&again.id);
+    s.release(&other.id);
+    // a is idle, b holds one: still b.
+    let stays = s.acquire(&all, &sticky).unwrap();
+    assert_eq!(stays.proxy, other.proxy);
+    // Not eligible (unhealthy): moves.
+    let only_first = vec![first.proxy.clone()];
+    assert_eq!(s.acquire(&only_first, &sticky).unwrap().proxy, first.proxy);
+}
+
+#[test]
+fn forty_concurrent_acquires_never_exceed_capacity() {
+    for max in [1u32, 3] {
+        let (s, _) = store(max);
+        let s = Arc::new(s);
+        let all = Arc::new(keys(&["a", "b", "c", "d", "e"]));
+        let granted: Vec<Option<Lease>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..40)
+                .map(|_| {
+                    let (s, all) = (s.clone(), all.clone());
+                    scope.spawn(move || s.acquire(&all, &req()).ok())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ok: Vec<Lease> = granted.into_iter().flatten().collect();
+        assert_eq!(ok.len(), 5 * max as usize);
+        for key in all.iter() {
+            let n = ok.iter().filter(|l| &l.proxy == key).count();
+            assert_eq!(n, max as usize, "{key}");
+            assert_eq!(s.active_on(key), max);
+        }
+        let ids: HashSet<&String> = ok.iter().map(|l| &l.id).collect();
+        assert_eq!(ids.len(), ok.len());
+    }
+}
+
+#[test]
+fn random_ids_are_distinct_and_url_safe() {
+    let a = random_id();
+    let b = random_id();
+    assert_ne!(a, b);
+    assert_eq!(a.len(), 2 + 26);
+    assert!(a
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+}
+
+#[test]
+fn deleted_proxies_lose_cooldowns_and_sticky() {
+    let (s, _) = store(1);
+    let l = s.acquire(&keys(&["a"]), &req()).unwrap();
+    s.report(&l.id, Outcome::Failed, None);
+    s.release(&l.id);
+    s.retain_proxies(&HashSet::new());
+    s.acquire(&keys(&["a"]), &req()).unwrap();
+}

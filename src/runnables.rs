@@ -1,0 +1,204 @@
+//! Starting the runnables the composition root wires: each function takes
+//! what it needs, spawns its tasks into the shared set, and returns the
+//! handles other runnables consume.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kube::runtime::reflector::Store;
+use kube::Client;
+use tokio::task::JoinSet;
+use tracing::{error, info};
+
+use crate::api::{Proxy, ProxyPhase};
+use crate::cli::{self, Flags};
+use crate::discovery;
+use crate::health;
+use crate::lease::{LeaseConfig, LeaseStore};
+use crate::metrics::{Metrics, TargetSample};
+use crate::provider::registry::Registry;
+use crate::providerhealth::{self, writer::Writer, Monitor};
+
+/// `proxy_operator_proxies{phase}`, counted from the shared Proxy cache at
+/// every scrape.
+pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>) {
+    metrics
+        .sources
+        .set_phases(move || phase_counts(&cache.state()));
+}
+
+/// Proxies by phase; every phase is present, zero included.
+pub fn phase_counts(proxies: &[Arc<Proxy>]) -> Vec<(String, i64)> {
+    let phases = [
+        ProxyPhase::Provisioning,
+        ProxyPhase::Running,
+        ProxyPhase::Ready,
+        ProxyPhase::Failed,
+    ];
+    phases
+        .iter()
+        .map(|ph| {
+            let n = proxies
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(*ph))
+                .count();
+            (
+                ph.as_str().to_string(),
+                i64::try_from(n).unwrap_or(i64::MAX),
+            )
+        })
+        .collect()
+}
+
+/// The discovery and lease API (every replica) with its lease sweeper.
+pub fn spawn_discovery(
+    tasks: &mut JoinSet<()>,
+    addr: SocketAddr,
+    flags: &Flags,
+    cache: Store<Proxy>,
+    metrics: &Metrics,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: flags.max_leases_per_proxy,
+        default_ttl: flags.default_lease_ttl,
+        max_ttl: flags.max_lease_ttl,
+        cooldown: flags.lease_cooldown,
+    }));
+    let token = std::env::var("DISCOVERY_TOKEN").ok();
+    let state = discovery::ApiState::new(Arc::new(cache), leases, token.as_deref(), metrics);
+    tasks.spawn(async move {
+        if let Err(e) = discovery::serve(addr, state, stop).await {
+            error!(%addr, error = %e, "Discovery API failed");
+        }
+    });
+}
+
+/// The health engine (leader-only): probes every Proxy through itself and
+/// names the Proxies whose status changed on the returned channel.
+pub fn spawn_health_engine(
+    tasks: &mut JoinSet<()>,
+    flags: &Flags,
+    cache: Store<Proxy>,
+    metrics: &Metrics,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<
+    (
+        Arc<health::Engine>,
+        tokio::sync::mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
+    ),
+    String,
+> {
+    let probe_tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
+        .map_err(|e| format!("invalid --probe-ca-file: {e}"))?;
+    let url = url::Url::parse(&flags.default_probe_url)
+        .map_err(|e| format!("invalid --default-probe-url: {e}"))?;
+    let engine = Arc::new(health::Engine::new(
+        health::Defaults {
+            url,
+            expected_status: flags.default_probe_expected_status,
+        },
+        usize::from(flags.health_workers),
+        probe_tls,
+        flags.trace_health_probes,
+        metrics.health.clone(),
+    ));
+    let (notifier, events) = health::Notifier::channel(health::engine::NOTIFY_CAPACITY);
+    let runner = engine.clone();
+    tasks.spawn(async move { runner.run(cache, notifier, stop).await });
+    Ok((engine, events))
+}
+
+/// The provider health monitor and the ProviderHealth writer (leader-only),
+/// after removing objects of unconfigured providers (all of them when
+/// checks are off).
+pub async fn spawn_provider_health<F, Fut>(
+    tasks: &mut JoinSet<()>,
+    flags: &Flags,
+    client: &Client,
+    providers: &Registry,
+    metrics: &Metrics,
+    stopped: &F,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + Sync + 'static,
+{
+    let names: BTreeSet<String> = providers
+        .checkers()
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    let interval = flags.provider_check_interval;
+    if interval.is_zero() {
+        providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
+        info!("Provider checks are off (--provider-check-interval=0)");
+        return;
+    }
+    providerhealth::writer::cleanup(client, &names).await;
+    let timeout = cli::effective_check_timeout(interval, flags.provider_check_timeout);
+    let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
+    let snapshot = monitor.snapshot();
+    let snap = snapshot.clone();
+    metrics.sources.set_targets(move || {
+        snap.get()
+            .iter()
+            .flat_map(|r| {
+                let at = r.checked_at.timestamp_micros() as f64 / 1e6;
+                r.targets.iter().map(move |t| TargetSample {
+                    provider: r.provider.clone(),
+                    target: t.name.clone(),
+                    up: t.ready,
+                    duration_seconds: t.latency.as_secs_f64(),
+                    timestamp_seconds: at,
+                })
+            })
+            .collect()
+    });
+    let writer = Writer::new(
+        client.clone(),
+        snapshot,
+        names,
+        Some(metrics.reconcile.clone()),
+    );
+    let rounds = monitor.subscribe();
+    let stop = stopped();
+    tasks.spawn(async move { monitor.run(stop).await });
+    let stop = stopped();
+    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, stop).await });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ProxySpec, ProxyStatus};
+
+    #[test]
+    fn every_phase_is_counted_zero_included() {
+        let with = |phase: Option<ProxyPhase>| {
+            let mut p = Proxy::new("p", ProxySpec::default());
+            p.status = Some(ProxyStatus {
+                phase,
+                ..Default::default()
+            });
+            Arc::new(p)
+        };
+        let proxies = vec![
+            with(Some(ProxyPhase::Ready)),
+            with(Some(ProxyPhase::Ready)),
+            with(None),
+            with(Some(ProxyPhase::Failed)),
+        ];
+        assert_eq!(
+            phase_counts(&proxies),
+            [
+                ("Provisioning", 0),
+                ("Running", 0),
+                ("Ready", 2),
+                ("Failed", 1)
+            ]
+            .map(|(p, n)| (p.to_string(), n))
+        );
+    }
+}

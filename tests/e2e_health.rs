@@ -1,0 +1,366 @@
+//! System test of the health engine and the discovery/lease API: the real
+//! operator binary against the test API server, whose kubelet runs each Pod
+//! as a real Squid on 127.0.0.N; probes go through it to a local target.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use kube::api::{DeleteParams, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+use test_apiserver::{Options, TestApiServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const TOKEN: &str = "s3cret-test-token";
+
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An HTTP server answering 200 "hello from target" to everything.
+async fn target() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 1];
+                while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
+                    match c.read(&mut b).await {
+                        Ok(1) => buf.push(b[0]),
+                        _ => break,
+                    }
+                }
+                let _ = c
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\nConnection: close\r\n\r\nhello from target")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Accepts connections and never answers.
+async fn sink() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = l.accept().await {
+            held.push(c);
+        }
+    });
+    addr
+}
+
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "discovery");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = send
+        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}
+
+fn proxy(name: &str, spec: Value) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn healthy(p: &Proxy) -> Option<(String, String)> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Healthy")?;
+    Some((c.status.as_str().to_string(), c.reason.clone()))
+}
+
+fn phase(p: &Proxy) -> Option<&'static str> {
+    p.status.as_ref()?.phase.map(|ph| ph.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
+    if !std::path::Path::new("/usr/sbin/squid").exists() {
+        println!("SKIP: /usr/sbin/squid is not installed");
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = TestApiServer::start(Options {
+        crds_dir: Some(test_apiserver::workspace_crds_dir()),
+        kubelet: true,
+        ..Default::default()
+    })
+    .await
+    .expect("test API server starts");
+    let target = target().await;
+    let sink = sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+    )
+    .unwrap();
+    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--providers-config")
+        .arg(&providers)
+        .args(["--health-probe-bind-address", "0"])
+        .args(["--discovery-bind-address", &api_addr.to_string()])
+        .args(["--metrics-bind-address", &metrics_addr.to_string()])
+        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .env("KUBECONFIG", server.kubeconfig_path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _op = Operator(child);
+    let client = server.client();
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy(
+                "good",
+                json!({"provider": "kubernetes", "port": 3128, "attributes": {"geo": "home"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy(
+                "sink",
+                json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": sink.port()},
+                    "attributes": {"geo": "home"}, "healthCheck": {"timeoutSeconds": 1}}),
+            ),
+        )
+        .await
+        .unwrap();
+
+    let started = std::time::Instant::now();
+    let good = eventually(
+        "good Ready and Healthy",
+        Duration::from_secs(90),
+        || async {
+            let p = proxies.get("good").await.ok()?;
+            (phase(&p) == Some("Ready") && healthy(&p)?.0 == "True").then_some(p)
+        },
+    )
+    .await;
+    println!("good Ready after {:?}", started.elapsed());
+    let st = good.status.clone().unwrap();
+    assert_eq!(healthy(&good).unwrap().1, "ProbeSucceeded");
+    assert!(
+        st.latency_millis.is_some() && st.last_probe_time.is_some(),
+        "{st:?}"
+    );
+    let ip = st.ip.clone().unwrap();
+    let sick = eventually("sink Healthy=False", Duration::from_secs(30), || async {
+        let p = proxies.get("sink").await.ok()?;
+        (healthy(&p)?.0 == "False").then_some(p)
+    })
+    .await;
+    assert_eq!(phase(&sick), Some("Running"));
+    assert_eq!(healthy(&sick).unwrap().1, "ProbeFailed");
+
+    // Auth.
+    for token in [None, Some("wrong")] {
+        let (s, v) = call(api_addr, "GET", "/v1/proxies", token, vec![]).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (401, Some("unauthorized"))
+        );
+    }
+    assert_eq!(call(api_addr, "GET", "/healthz", None, vec![]).await.0, 200);
+
+    // Only the healthy proxy is listed.
+    let (s, list) = call(
+        api_addr,
+        "GET",
+        "/v1/proxies?attr=geo:home",
+        Some(TOKEN),
+        vec![],
+    )
+    .await;
+    assert_eq!(s, 200, "{list}");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{list}");
+    assert_eq!(items[0]["name"], "good");
+    assert_eq!(items[0]["ip"], ip.as_str());
+    assert_eq!(items[0]["port"], 3128);
+
+    // Bad requests are JSON 4xx.
+    let big = vec![b' '; 64 * 1024 + 10];
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"{not json".to_vec(), 400, "malformed_json"),
+        (
+            br#"{"ttlSeconds": 60, "colour": "red"}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (br#"{"ttlSeconds": -5}"#.to_vec(), 400, "invalid_ttl"),
+        (br#"{"ttlSeconds": 86400000}"#.to_vec(), 400, "invalid_ttl"),
+        (big, 413, "payload_too_large"),
+    ];
+    for (body, want, code) in cases {
+        let (s, v) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), body).await;
+        assert_eq!((s, v["error"]["code"].as_str()), (want, Some(code)), "{v}");
+    }
+
+    // A lease lands on the healthy proxy; the sick one is never leased.
+    let (s, lease) = call(
+        api_addr,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        br#"{"ttlSeconds": 120, "filters": {"attributes": {"geo": "home"}}}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 201, "{lease}");
+    assert_eq!(lease["proxy"]["name"], "good");
+    let (s, v) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("no_capacity")),
+        "{v}"
+    );
+
+    // The leased proxy carries a request to the local server.
+    let paddr = format!(
+        "{}:{}",
+        lease["proxy"]["ip"].as_str().unwrap(),
+        lease["proxy"]["port"]
+    );
+    let mut c = tokio::net::TcpStream::connect(&paddr).await.unwrap();
+    c.write_all(
+        format!("GET http://{target}/page HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.ends_with("hello from target"), "{resp}");
+
+    // Release twice, then the proxy can be leased again.
+    let id = lease["id"].as_str().unwrap();
+    for _ in 0..2 {
+        let (s, _) = call(
+            api_addr,
+            "DELETE",
+            &format!("/v1/leases/{id}"),
+            Some(TOKEN),
+            vec![],
+        )
+        .await;
+        assert_eq!(s, 204);
+    }
+    let (s, _) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 201);
+
+    // Per-proxy probe series exist, and go away with the Proxy.
+    let scrape = || async {
+        let (_, v) = call(metrics_addr, "GET", "/metrics", None, vec![]).await;
+        v.as_str().unwrap_or_default().to_string()
+    };
+    let text = scrape().await;
+    assert!(
+        text.contains("proxy_operator_healthcheck_duration_seconds_count{proxy=\"default/good\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("proxy_operator_healthcheck_failures_total{proxy=\"default/sink\"}"),
+        "{text}"
+    );
+    assert!(text.contains("proxy_operator_leases_active 1"), "{text}");
+    proxies
+        .delete("sink", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("sink series removed", Duration::from_secs(15), || async {
+        (!scrape().await.contains("default/sink")).then_some(())
+    })
+    .await;
+    let (s, doc) = call(api_addr, "GET", "/openapi.json", None, vec![]).await;
+    assert_eq!(s, 200);
+    assert!(doc["paths"]["/v1/leases"].is_object());
+}

@@ -1,0 +1,59 @@
+//! Not a test: `scripts/fuzz-api.sh` runs this ignored test to serve the
+//! discovery API (fixed healthy Proxies, bearer token) on FUZZ_ADDR
+//! (127.0.0.1 only) for at most FUZZ_SECS seconds while schemathesis fuzzes
+//! it from /openapi.json. It stops by itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use egress_proxies_operator::discovery::{serve_on, ApiState};
+use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
+use egress_proxies_operator::metrics::Metrics;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "serves the API for scripts/fuzz-api.sh"]
+async fn serve_for_fuzzing() {
+    let addr: std::net::SocketAddr = std::env::var("FUZZ_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:18090".into())
+        .parse()
+        .unwrap();
+    assert!(addr.ip().is_loopback(), "FUZZ_ADDR must be on loopback");
+    let secs: u64 = std::env::var("FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120)
+        .min(900);
+    let token = std::env::var("FUZZ_TOKEN").unwrap_or_else(|_| "fuzz-token".into());
+    let proxies: Vec<Arc<Proxy>> = (0..4)
+        .map(|i| {
+            Arc::new(
+                serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                    "metadata": {"name": format!("p{i}"), "namespace": "fuzz"},
+                    "spec": {"provider": "kubernetes", "port": 3128, "placement": {"zone": "z1"},
+                        "attributes": {"geo": "home"}},
+                    "status": {"phase": "Ready", "ip": format!("127.0.0.{}", i + 2),
+                        "conditions": [{"type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
+                        "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
+                .unwrap(),
+            )
+        })
+        .collect();
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 2,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(300),
+    }));
+    let state = ApiState::new(Arc::new(proxies), leases, Some(&token), &Metrics::new());
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    println!("serving on {addr} for at most {secs}s");
+    serve_on(
+        listener,
+        state,
+        tokio::time::sleep(Duration::from_secs(secs)),
+    )
+    .await
+    .unwrap();
+}
