@@ -1,0 +1,137 @@
+//! The kvm provider's lifecycle against a real sshd and libvirtd
+//! (tests/kvm_support): create, create again, get, list, delete twice.
+#![cfg(feature = "kvm")]
+
+mod kvm_support;
+
+use std::time::Instant;
+
+use egress_proxies_operator::api::Placement;
+use egress_proxies_operator::config::KvmImage;
+use egress_proxies_operator::provider::kvm::KvmProvider;
+use egress_proxies_operator::provider::naming::name_from_uid;
+use egress_proxies_operator::provider::{
+    CreateRequest, ErrorClass, InstanceState, Provider, UserData,
+};
+use kvm_support::{init_logs, uid, virsh, Env};
+
+fn request(uid: &str, image: &str) -> CreateRequest {
+    CreateRequest {
+        name: name_from_uid(uid),
+        uid: uid.to_string(),
+        namespace: "default".into(),
+        proxy_name: "p".into(),
+        placement: Placement {
+            image: image.into(),
+            machine_type: "small".into(),
+            ..Default::default()
+        },
+        cloud_init: UserData::new("#cloud-config\n# SENTINEL-SECRET\n"),
+        port: 3128,
+        installation_id: "inst-test".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_create_get_list_delete() {
+    init_logs();
+    let Some(env) = Env::start("lc") else { return };
+    let _keep = env.dir.path().to_path_buf();
+    let started = Instant::now();
+    let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    let mut cfg = env.config();
+    cfg.images.insert(
+        "test-image".into(),
+        KvmImage {
+            url,
+            sha256: None,
+            format: None,
+            firmware: None,
+        },
+    );
+    let p = KvmProvider::new("kvm-test", &cfg).unwrap();
+    let u = uid("lc");
+    let req = request(&u, "test-image");
+    env.track(&req.name);
+
+    let t = Instant::now();
+    let id = p.create(&req).await.unwrap();
+    eprintln!("create (cold image) took {:?}", t.elapsed());
+    assert_eq!(id, format!("hosts/h1/domains/{}", req.name));
+    let t = Instant::now();
+    assert_eq!(p.create(&req).await.unwrap(), id);
+    eprintln!("create again took {:?}", t.elapsed());
+    assert_eq!(env.http.hits("/base.qcow2"), 1);
+
+    // The domain runs under TCG but nothing answers DHCP: Provisioning.
+    let inst = p.get(&id).await.unwrap();
+    assert_eq!(inst.state, InstanceState::Provisioning, "{inst:?}");
+    assert!(inst.ip.is_empty());
+    assert_eq!(inst.uid, u);
+    assert_eq!(inst.installation_id, "inst-test");
+    let age = chrono::Utc::now() - inst.created_at.expect("createdAt");
+    assert!(age.num_seconds() < 300, "{age}");
+    let (_, xml) = virsh(&["dumpxml", &req.name]);
+    assert!(xml.contains("<acpi/>") && xml.contains("OVMF"), "{xml}");
+    assert!(
+        xml.contains("type='qemu'") || xml.contains("type=\"qemu\""),
+        "{xml}"
+    );
+    assert!(
+        !xml.contains("SENTINEL"),
+        "cloud-init leaked into the domain XML"
+    );
+
+    let listing = p.list_by_tag().await.unwrap();
+    let mine = listing
+        .instances
+        .iter()
+        .find(|i| i.id == id)
+        .expect("listed");
+    assert_eq!(mine.uid, u);
+    assert_eq!(mine.installation_id, "inst-test");
+
+    // Same name, another UID: Permanent.
+    let mut other = req.clone();
+    other.uid = "someone-else".into();
+    let e = p.create(&other).await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "{e}");
+
+    let vols = env.volumes();
+    for v in [
+        format!("{}.qcow2", req.name),
+        format!("{}-seed.iso", req.name),
+        "base-test-image.qcow2".to_string(),
+        "base-test-image.qcow2.sha256".to_string(),
+    ] {
+        assert!(vols.contains(&v), "{v} not in {vols:?}");
+    }
+
+    p.delete(&id).await.unwrap();
+    p.delete(&id).await.unwrap();
+    let e = p.get(&id).await.unwrap_err();
+    assert!(e.is(ErrorClass::NotFound), "{e}");
+    assert!(!env.domain_exists(&req.name));
+    let vols = env.volumes();
+    assert!(!vols.iter().any(|v| v.starts_with(&req.name)), "{vols:?}");
+    assert!(
+        vols.contains(&"base-test-image.qcow2".to_string()),
+        "{vols:?}"
+    );
+    let listing = p.list_by_tag().await.unwrap();
+    assert!(listing.instances.iter().all(|i| i.id != id));
+
+    // Malformed and unconfigured IDs.
+    assert!(p
+        .get("zones/a/instances/b")
+        .await
+        .unwrap_err()
+        .is(ErrorClass::Permanent));
+    assert!(p
+        .get("hosts/nope/domains/x")
+        .await
+        .unwrap_err()
+        .is(ErrorClass::Permanent));
+    p.delete("hosts/nope/domains/x").await.unwrap();
+    eprintln!("lifecycle test took {:?}", started.elapsed());
+}
