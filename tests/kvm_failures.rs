@@ -1,0 +1,205 @@
+//! Health-check reasons and Create error classes for broken hosts, against
+//! a real sshd and libvirtd: SSH refused, wrong host key, missing pool,
+//! stopped pool, missing libvirt socket, missing (then appearing) SSH key.
+#![cfg(feature = "kvm")]
+
+mod kvm_support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use egress_proxies_operator::api::Placement;
+use egress_proxies_operator::config::KvmImage;
+use egress_proxies_operator::provider::kvm::KvmProvider;
+use egress_proxies_operator::provider::naming::name_from_uid;
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider, UserData};
+use kvm_support::{init_logs, run, uid, Env};
+
+fn request(zone: &str) -> CreateRequest {
+    let u = uid(zone);
+    CreateRequest {
+        name: name_from_uid(&u),
+        uid: u,
+        placement: Placement {
+            image: "img".into(),
+            machine_type: "small".into(),
+            zone: zone.into(),
+            ..Default::default()
+        },
+        cloud_init: UserData::new("#cloud-config\n"),
+        installation_id: "inst".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reasons_and_create_classes() {
+    init_logs();
+    let Some(env) = Env::start("fl") else { return };
+    let started = Instant::now();
+    let (url, _) = env.serve_qcow2("img.qcow2", "16M");
+
+    // known_hosts: the real entry plus a different key for localhost.
+    let other = env.dir.path().join("other_host_key");
+    let (ok, out) = run(
+        "ssh-keygen",
+        &[
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-f",
+            other.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let mut kh = std::fs::read_to_string(&env.known_hosts).unwrap();
+    let mut parts = other_pub.split_whitespace();
+    kh.push_str(&format!(
+        "[localhost]:{} {} {}\n",
+        env.ssh_port,
+        parts.next().unwrap(),
+        parts.next().unwrap()
+    ));
+    let kh_file = env.dir.path().join("known_hosts_mixed");
+    std::fs::write(&kh_file, kh).unwrap();
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // dropped: nothing listens there now
+    let stopped = env.stopped_pool(&format!("{}-stopped", env.pool));
+
+    let mut cfg = env.config();
+    cfg.known_hosts_file = kh_file.display().to_string();
+    cfg.images.insert(
+        "img".into(),
+        KvmImage {
+            url,
+            sha256: None,
+            format: None,
+            firmware: Some("bios".into()),
+        },
+    );
+    let mut hosts = vec![env.host("ok")];
+    let mut h = env.host("refused");
+    h.address = format!("127.0.0.1:{closed}");
+    hosts.push(h);
+    let mut h = env.host("wrongkey");
+    h.address = format!("localhost:{}", env.ssh_port);
+    hosts.push(h);
+    let mut h = env.host("nopool");
+    h.pool = "does-not-exist".into();
+    hosts.push(h);
+    let mut h = env.host("stoppedpool");
+    h.pool = stopped.clone();
+    hosts.push(h);
+    let mut h = env.host("nosocket");
+    h.socket = "/nonexistent/libvirt-sock".into();
+    hosts.push(h);
+    cfg.hosts = hosts;
+
+    let p = KvmProvider::new("kvm-fail", &cfg)
+        .unwrap()
+        .with_check_timeout(Duration::from_secs(20));
+    let t = Instant::now();
+    let verdicts = p.checker().unwrap().check().await;
+    eprintln!("check of {} hosts took {:?}", verdicts.len(), t.elapsed());
+    let names: Vec<_> = verdicts.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "ok",
+            "refused",
+            "wrongkey",
+            "nopool",
+            "stoppedpool",
+            "nosocket"
+        ]
+    );
+    let by: HashMap<_, _> = verdicts.iter().map(|v| (v.name.as_str(), v)).collect();
+    for (host, reason) in [
+        ("ok", "Reachable"),
+        ("refused", "Unreachable"),
+        ("wrongkey", "SSHHandshakeFailed"),
+        ("nopool", "PoolNotFound"),
+        ("stoppedpool", "PoolNotActive"),
+        ("nosocket", "LibvirtConnectFailed"),
+    ] {
+        let v = by[host];
+        assert_eq!(v.reason, reason, "{host}: {v:?}");
+        assert_eq!(v.ready, reason == "Reachable", "{host}");
+        assert_eq!(
+            v.details["pool"],
+            cfg.hosts.iter().find(|h| h.name == host).unwrap().pool
+        );
+    }
+    let ok = by["ok"];
+    for k in [
+        "hostname",
+        "libvirtVersion",
+        "poolState",
+        "poolAvailable",
+        "poolCapacity",
+    ] {
+        assert!(
+            !ok.details.get(k).map(String::is_empty).unwrap_or(true),
+            "{k}: {ok:?}"
+        );
+    }
+    assert!(
+        by["stoppedpool"].message.contains("inactive"),
+        "{:?}",
+        by["stoppedpool"]
+    );
+
+    for (zone, class) in [
+        ("refused", ErrorClass::Transient),
+        ("wrongkey", ErrorClass::Permanent),
+        ("nopool", ErrorClass::Permanent),
+        ("stoppedpool", ErrorClass::Transient),
+        ("nosocket", ErrorClass::Transient),
+        ("unknown-host", ErrorClass::Permanent),
+    ] {
+        let e = p.create(&request(zone)).await.unwrap_err();
+        assert_eq!(e.class(), class, "{zone}: {e}");
+    }
+    // Placement errors name the field.
+    let mut r = request("ok");
+    r.placement.machine_type = "huge".into();
+    let e = p.create(&r).await.unwrap_err();
+    assert!(
+        e.is(ErrorClass::Permanent) && e.to_string().contains("placement.machineType"),
+        "{e}"
+    );
+    let mut r = request("ok");
+    r.placement.image = "nope".into();
+    let e = p.create(&r).await.unwrap_err();
+    assert!(
+        e.is(ErrorClass::Permanent) && e.to_string().contains("placement.image"),
+        "{e}"
+    );
+
+    // Key material missing at first: Transient, SSHMaterialUnavailable;
+    // the provider heals when the file appears, without a restart.
+    let late_key = env.dir.path().join("late_key");
+    let mut cfg2 = env.config();
+    cfg2.ssh_key_file = late_key.display().to_string();
+    let p2 = KvmProvider::new("kvm-late", &cfg2).unwrap();
+    let v = p2.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "SSHMaterialUnavailable", "{v:?}");
+    let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+    assert!(e.is(ErrorClass::Transient), "{e}");
+    std::fs::write(&late_key, "not a key").unwrap();
+    let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "unparseable key: {e}");
+    std::fs::copy(&env.key_file, &late_key).unwrap();
+    let v = p2.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "Reachable", "{v:?}");
+    let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+    assert!(e.is(ErrorClass::NotFound), "{e}");
+    eprintln!("failure test took {:?}", started.elapsed());
+}
