@@ -186,8 +186,11 @@ async fn check_reasons_and_create_classes() {
     // Key material missing at first: Transient, SSHMaterialUnavailable;
     // the provider heals when the file appears, without a restart.
     let late_key = env.dir.path().join("late_key");
+    let kh_copy = env.dir.path().join("known_hosts_copy");
+    std::fs::copy(&env.known_hosts, &kh_copy).unwrap();
     let mut cfg2 = env.config();
     cfg2.ssh_key_file = late_key.display().to_string();
+    cfg2.known_hosts_file = kh_copy.display().to_string();
     let p2 = KvmProvider::new("kvm-late", &cfg2).unwrap();
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "SSHMaterialUnavailable", "{v:?}");
@@ -201,5 +204,29 @@ async fn check_reasons_and_create_classes() {
     assert_eq!(v[0].reason, "Reachable", "{v:?}");
     let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
     assert!(e.is(ErrorClass::NotFound), "{e}");
+
+    // A host re-key (known_hosts rotated) is picked up without a restart:
+    // the live session is redialled with the new material.
+    let good_kh = std::fs::read_to_string(&kh_copy).unwrap();
+    let mut parts = other_pub.split_whitespace();
+    std::fs::write(
+        &kh_copy,
+        format!(
+            "[127.0.0.1]:{} {} {}\n",
+            env.ssh_port,
+            parts.next().unwrap(),
+            parts.next().unwrap()
+        ),
+    )
+    .unwrap();
+    let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "changed host key: {e}");
+    let v = p2.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "SSHHandshakeFailed", "{v:?}");
+    std::fs::write(&kh_copy, good_kh).unwrap();
+    let v = p2.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "Reachable", "{v:?}");
+    drop(p2);
+    drop(p);
     eprintln!("failure test took {:?}", started.elapsed());
 }

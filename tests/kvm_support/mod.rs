@@ -79,15 +79,20 @@ pub struct FileServer {
     pub url: String,
     files: Arc<Mutex<HashMap<String, PathBuf>>>,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    delays: Arc<Mutex<HashMap<String, Duration>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn serve(
-    mut s: TcpStream,
-    files: &Mutex<HashMap<String, PathBuf>>,
-    hits: &Mutex<HashMap<String, usize>>,
-) -> std::io::Result<()> {
+struct Shared {
+    files: Arc<Mutex<HashMap<String, PathBuf>>>,
+    hits: Arc<Mutex<HashMap<String, usize>>>,
+    delays: Arc<Mutex<HashMap<String, Duration>>>,
+    stop: Arc<AtomicBool>,
+}
+
+fn serve(mut s: TcpStream, sh: &Shared) -> std::io::Result<()> {
+    let (files, hits) = (&sh.files, &sh.hits);
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut r = BufReader::new(s.try_clone()?);
@@ -112,13 +117,17 @@ fn serve(
         s,
         "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
     )?;
+    let delay = sh.delays.lock().unwrap().get(&path).copied();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = f.read(&mut buf)?;
-        if n == 0 {
+        if n == 0 || sh.stop.load(Ordering::Relaxed) {
             break;
         }
         s.write_all(&buf[..n])?;
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
     }
     Ok(())
 }
@@ -130,16 +139,22 @@ impl FileServer {
         let url = format!("http://{}", l.local_addr().expect("addr"));
         let files: Arc<Mutex<HashMap<String, PathBuf>>> = Arc::default();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let delays: Arc<Mutex<HashMap<String, Duration>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (f2, h2, s2) = (files.clone(), hits.clone(), stop.clone());
+        let shared = Arc::new(Shared {
+            files: files.clone(),
+            hits: hits.clone(),
+            delays: delays.clone(),
+            stop: stop.clone(),
+        });
         let thread = std::thread::spawn(move || {
             let mut workers = Vec::new();
-            while !s2.load(Ordering::Relaxed) {
+            while !shared.stop.load(Ordering::Relaxed) {
                 match l.accept() {
                     Ok((s, _)) => {
-                        let (f3, h3) = (f2.clone(), h2.clone());
+                        let sh = shared.clone();
                         workers.push(std::thread::spawn(move || {
-                            let _ = serve(s, &f3, &h3);
+                            let _ = serve(s, &sh);
                         }));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -153,6 +168,7 @@ impl FileServer {
             url,
             files,
             hits,
+            delays,
             stop,
             thread: Some(thread),
         }
@@ -165,6 +181,12 @@ impl FileServer {
             .unwrap()
             .insert(path.to_string(), file.to_path_buf());
         format!("{}{path}", self.url)
+    }
+
+    /// Serves `file` at `path`, sleeping `delay` after every 64 KiB.
+    pub fn add_slow(&self, path: &str, file: &Path, delay: Duration) -> String {
+        self.delays.lock().unwrap().insert(path.to_string(), delay);
+        self.add(path, file)
     }
 
     pub fn hits(&self, path: &str) -> usize {
