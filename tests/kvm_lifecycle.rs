@@ -13,7 +13,7 @@ use egress_proxies_operator::provider::naming::name_from_uid;
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, UserData,
 };
-use kvm_support::{init_logs, uid, virsh, Env};
+use kvm_support::{capture_logs, uid, virsh, Env};
 
 fn request(uid: &str, image: &str) -> CreateRequest {
     CreateRequest {
@@ -34,7 +34,7 @@ fn request(uid: &str, image: &str) -> CreateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_create_get_list_delete() {
-    init_logs();
+    let logs = capture_logs();
     let Some(env) = Env::start("lc") else { return };
     let _keep = env.dir.path().to_path_buf();
     let started = Instant::now();
@@ -133,5 +133,20 @@ async fn lifecycle_create_get_list_delete() {
         .unwrap_err()
         .is(ErrorClass::Permanent));
     p.delete("hosts/nope/domains/x").await.unwrap();
+    let text = logs.text();
+    assert!(!text.contains("SENTINEL"), "cloud-init reached the logs");
+    assert!(
+        !text.contains("PRIVATE KEY"),
+        "key material reached the logs"
+    );
+    for part in [
+        "rpc=\"virDomainDefineXML\"",
+        "rpc=\"virStorageVolUpload\"",
+        "ssh.dial",
+        "kvm.image_download",
+        "cloud_init_bytes=",
+    ] {
+        assert!(text.contains(part), "{part} missing from the logs");
+    }
     eprintln!("lifecycle test took {:?}", started.elapsed());
 }

@@ -517,6 +517,39 @@ pub fn init_logs() {
     }
 }
 
+/// A log sink shared with the subscriber installed by [`capture_logs`].
+#[derive(Clone, Default)]
+pub struct LogSink(pub Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogSink {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Captures every line of the crate at TRACE level, process-wide (one
+/// test per binary), so a test can assert what never reaches the logs.
+pub fn capture_logs() -> LogSink {
+    let sink = LogSink::default();
+    let w = sink.clone();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("egress_proxies_operator=trace")
+        .with_ansi(false)
+        .with_writer(move || w.clone())
+        .try_init();
+    sink
+}
+
 /// A fresh Proxy UID for a test.
 pub fn uid(tag: &str) -> String {
     format!(

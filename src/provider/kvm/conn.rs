@@ -205,14 +205,17 @@ impl HostLink {
         }
         let span = info_span!("ssh.dial", host = %self.host.name, address = %self.host.address);
         let started = Instant::now();
-        let (session, stamp) = ssh::dial(&self.ssh, &self.host.address, &self.host.user)
-            .instrument(span)
-            .await
-            .map_err(|e| {
-                debug!(host = %self.host.name, stage = e.stage.as_str(), error = %e, "ssh dial failed");
-                self.dial_error(e)
-            })?;
-        debug!(host = %self.host.name, duration_ms = started.elapsed().as_millis() as u64, "ssh host connected");
+        let dialled = async {
+            let r = ssh::dial(&self.ssh, &self.host.address, &self.host.user).await;
+            match &r {
+                Ok(_) => debug!(host = %self.host.name, duration_ms = started.elapsed().as_millis() as u64, "ssh host connected"),
+                Err(e) => debug!(host = %self.host.name, stage = e.stage.as_str(), error = %e, "ssh dial failed"),
+            }
+            r
+        }
+        .instrument(span)
+        .await;
+        let (session, stamp) = dialled.map_err(|e| self.dial_error(e))?;
         let session = Arc::new(session);
         *slot = Some(Live {
             session: session.clone(),

@@ -12,11 +12,11 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
 use super::classify::code;
-use super::conn::{rpc, LinkError, OpConn};
+use super::conn::{rpc, OpConn};
 use super::ids::marker_volume;
 use super::xml::volume_xml;
 use crate::config::{Firmware, ImageFormat};
-use crate::provider::{BoxError, ErrorClass, Tagged};
+use crate::provider::{BoxError, Tagged};
 
 /// How long the download may stall between two chunks.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,7 +108,6 @@ fn download_small(
 
 /// Deletes a volume by name; a missing one is fine.
 pub fn delete_if_exists(
-    c: &virt::connect::Connect,
     pool: &virt::storage_pool::StoragePool,
     name: &str,
 ) -> Result<bool, virt::error::Error> {
@@ -120,10 +119,7 @@ pub fn delete_if_exists(
             Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
             Err(e) => Err(e),
         },
-        Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => {
-            let _ = c;
-            Ok(false)
-        }
+        Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -182,8 +178,8 @@ pub async fn ensure_base(
         let pool = rpc("virStoragePoolLookupByName", || {
             c.lookup_storage_pool_by_name(&p)
         })?;
-        delete_if_exists(c, &pool, &marker_volume(&base))?;
-        delete_if_exists(c, &pool, &base)?;
+        delete_if_exists(&pool, &marker_volume(&base))?;
+        delete_if_exists(&pool, &base)?;
         Ok(())
     })
     .await?;
@@ -227,7 +223,7 @@ pub async fn ensure_base(
         };
         info!(pool, volume = %img.base_volume, url = %img.url, bytes = len, "fetching base image into host pool");
         let started = Instant::now();
-        let (tx, mut rx) = mpsc::channel::<Option<bytes_chunk::Chunk>>(CHANNEL_CHUNKS);
+        let (tx, mut rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
         let (p, base, fmt) = (pool.to_string(), img.base_volume.clone(), img.format);
         let upload = op.call("uploading image to base volume", move |c| {
             let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
@@ -317,7 +313,7 @@ pub async fn ensure_base(
                 let _ = op
                     .call("removing a corrupt base image", move |c| {
                         let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                        delete_if_exists(c, &pool, &base)
+                        delete_if_exists(&pool, &base)
                     })
                     .await;
                 return Err(Tagged::permanent(format!(
@@ -344,23 +340,4 @@ pub async fn ensure_base(
     }
     .instrument(span)
     .await
-}
-
-/// Chunks as owned byte vectors (bounded by the channel capacity).
-mod bytes_chunk {
-    /// One HTTP body chunk.
-    pub type Chunk = Vec<u8>;
-}
-
-/// Whether an error is a link failure rather than a verdict.
-pub fn is_link_error(e: &LinkError) -> bool {
-    match e {
-        LinkError::Libvirt { source, .. } => super::classify::domain_of(source) == code::FROM_RPC,
-        LinkError::Dial { .. } | LinkError::Aborted(_) => true,
-    }
-}
-
-/// Class of a tagged Transient, for messages that must not latch.
-pub fn transient(msg: impl Into<String>) -> Tagged {
-    Tagged::new(ErrorClass::Transient, msg)
 }

@@ -16,7 +16,6 @@ pub mod ssh;
 pub mod xml;
 
 use std::collections::{BTreeMap, HashMap};
-use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -497,7 +496,7 @@ impl KvmProvider {
                 Err(e) => return Err(e),
             };
             let seed_name = seed_volume(&name);
-            delete_if_exists(c, &p, &seed_name)?;
+            delete_if_exists(&p, &seed_name)?;
             upload_small(c, &pool, &seed_name, &iso)?;
             debug!(volume = %seed_name, bytes = iso.len(), "seed volume uploaded");
             let seed = rpc("virStorageVolLookupByName", || {
@@ -570,8 +569,8 @@ impl KvmProvider {
                 }
                 Err(e) => return Err(e),
             };
-            delete_if_exists(c, &p, &overlay_volume(&name))?;
-            delete_if_exists(c, &p, &seed_volume(&name))?;
+            delete_if_exists(&p, &overlay_volume(&name))?;
+            delete_if_exists(&p, &seed_volume(&name))?;
             Ok(())
         })
         .await?;
@@ -830,19 +829,6 @@ impl Checker for KvmProvider {
         let checks = self.inner.links.iter().map(|l| self.check_host(l.clone()));
         futures::future::join_all(checks).await
     }
-}
-
-/// Whether `e` (from any provider call) says the link rather than libvirt
-/// failed; for logs.
-pub fn is_transport(e: &(dyn StdError + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(x) = cur {
-        if let Some(v) = x.downcast_ref::<virt::error::Error>() {
-            return domain_of(v) == code::FROM_RPC;
-        }
-        cur = x.source();
-    }
-    false
 }
 
 #[cfg(test)]
