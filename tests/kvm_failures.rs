@@ -167,6 +167,26 @@ async fn check_reasons_and_create_classes() {
         let e = p.create(&request(zone)).await.unwrap_err();
         assert_eq!(e.class(), class, "{zone}: {e}");
     }
+    // One unreadable host fails the whole listing.
+    let e = p.list_by_tag().await.unwrap_err();
+    assert!(
+        e.to_string().contains("refused") || e.to_string().contains("host"),
+        "{e}"
+    );
+
+    // A host that accepts TCP but never speaks SSH: the check answers
+    // Timeout at its own deadline.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg3 = env.config();
+    cfg3.hosts[0].address = silent.local_addr().unwrap().to_string();
+    let p3 = KvmProvider::new("kvm-silent", &cfg3)
+        .unwrap()
+        .with_check_timeout(Duration::from_millis(700));
+    let t = Instant::now();
+    let v = p3.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "Timeout", "{v:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+
     // Placement errors name the field.
     let mut r = request("ok");
     r.placement.machine_type = "huge".into();

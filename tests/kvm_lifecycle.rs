@@ -54,6 +54,11 @@ async fn lifecycle_create_get_list_delete() {
     let req = request(&u, "test-image");
     env.track(&req.name);
 
+    // A leftover overlay on the wrong (no) backing file is rebuilt.
+    let ov = format!("{}.qcow2", req.name);
+    let (ok, out) = virsh(&["vol-create-as", &env.pool, &ov, "1M", "--format", "qcow2"]);
+    assert!(ok, "{out}");
+
     let t = Instant::now();
     let id = p.create(&req).await.unwrap();
     eprintln!("create (cold image) took {:?}", t.elapsed());
@@ -62,6 +67,20 @@ async fn lifecycle_create_get_list_delete() {
     assert_eq!(p.create(&req).await.unwrap(), id);
     eprintln!("create again took {:?}", t.elapsed());
     assert_eq!(env.http.hits("/base.qcow2"), 1);
+
+    let (_, vx) = virsh(&["vol-dumpxml", "--pool", &env.pool, &ov]);
+    assert!(
+        vx.contains("base-test-image.qcow2"),
+        "overlay not rebuilt on the base: {vx}"
+    );
+
+    // A defined but stopped domain is started by create.
+    let (ok, out) = virsh(&["destroy", &req.name]);
+    assert!(ok, "{out}");
+    assert_eq!(p.get(&id).await.unwrap().state, InstanceState::Stopped);
+    assert_eq!(p.create(&req).await.unwrap(), id);
+    let (_, st) = virsh(&["domstate", &req.name]);
+    assert!(st.contains("running"), "{st}");
 
     // The domain runs under TCG but nothing answers DHCP: Provisioning.
     let inst = p.get(&id).await.unwrap();
