@@ -126,6 +126,35 @@ async fn lifecycle_create_get_list_delete() {
         assert!(vols.contains(&v), "{v} not in {vols:?}");
     }
 
+    // The seed is a valid ISO 9660 image labelled cidata for other readers.
+    let seed = env.pool_dir.join(format!("{}-seed.iso", req.name));
+    let (ok, label) = kvm_support::run(
+        "blkid",
+        &["-o", "value", "-s", "LABEL", seed.to_str().unwrap()],
+    );
+    assert!(ok && label.trim() == "cidata", "blkid: {label}");
+    let (_, kind) = kvm_support::run(
+        "blkid",
+        &["-o", "value", "-s", "TYPE", seed.to_str().unwrap()],
+    );
+    assert_eq!(kind.trim(), "iso9660");
+    if std::path::Path::new("/usr/bin/isoinfo").exists() {
+        let (ok, names) = kvm_support::run("isoinfo", &["-J", "-f", "-i", seed.to_str().unwrap()]);
+        assert!(ok, "{names}");
+        let names: Vec<&str> = names.lines().map(str::trim).collect();
+        assert_eq!(
+            names,
+            ["/meta-data", "/user-data", "/vendor-data"],
+            "isoinfo -J -f"
+        );
+        let (ok, ud) = kvm_support::run(
+            "isoinfo",
+            &["-J", "-x", "/user-data", "-i", seed.to_str().unwrap()],
+        );
+        assert!(ok);
+        assert_eq!(ud, req.cloud_init.expose(), "user-data byte for byte");
+    }
+
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
     let e = p.get(&id).await.unwrap_err();
