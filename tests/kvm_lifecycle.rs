@@ -101,7 +101,42 @@ async fn lifecycle_create_get_list_delete() {
         "cloud-init leaked into the domain XML"
     );
 
+    // Foreign domains: one without a mark, one whose mark does not parse.
+    let uri = "https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/kvm";
+    let foreign = [
+        ("epo-foreign-plain", String::new()),
+        (
+            "epo-foreign-bad",
+            format!("<metadata><other xmlns=\"{uri}\"><managed>true</managed></other></metadata>"),
+        ),
+    ];
+    for (name, meta) in &foreign {
+        env.track(name);
+        let f = env.dir.path().join(format!("{name}.xml"));
+        std::fs::write(
+            &f,
+            format!("<domain type=\"qemu\"><name>{name}</name>{meta}<memory unit=\"MiB\">64</memory><os><type arch=\"x86_64\">hvm</type></os></domain>"),
+        )
+        .unwrap();
+        let (ok, out) = virsh(&["define", f.to_str().unwrap()]);
+        assert!(ok, "{out}");
+    }
+    let plain = p.get("hosts/h1/domains/epo-foreign-plain").await.unwrap();
+    assert_eq!(
+        (plain.state, plain.uid.as_str()),
+        (InstanceState::Stopped, "")
+    );
+    let e = p.get("hosts/h1/domains/epo-foreign-bad").await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "{e}");
+
     let listing = p.list_by_tag().await.unwrap();
+    assert!(
+        listing
+            .instances
+            .iter()
+            .all(|i| !i.id.contains("epo-foreign")),
+        "{listing:?}"
+    );
     let mine = listing
         .instances
         .iter()

@@ -113,16 +113,15 @@ pub fn pick_ipv4(ifaces: &[(String, Vec<(i64, String)>)]) -> Option<String> {
     None
 }
 
-fn read_mark(d: &Domain) -> Result<Option<Mark>, virt::error::Error> {
+/// The domain's mark: `Ok(None)` when it has none (not ours),
+/// `Ok(Some(Err(_)))` when it does not parse.
+type MarkRead = Option<Result<Mark, String>>;
+
+fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
     match rpc("virDomainGetMetadata", || {
         d.metadata(2, Some(METADATA_URI), 0)
     }) {
-        Ok(x) => Ok(Some(parse_mark(&x).unwrap_or(Mark {
-            managed: false,
-            uid: String::new(),
-            installation: String::new(),
-            created_at: None,
-        }))),
+        Ok(x) => Ok(Some(parse_mark(&x))),
         Err(e) if code_of(&e) == code::NO_DOMAIN_METADATA => Ok(None),
         Err(e) => Err(e),
     }
@@ -386,8 +385,10 @@ impl KvmProvider {
         let first = op
             .call("looking up domain", move |c| {
                 if let Some(d) = lookup_domain(c, &name)? {
-                    let mark = read_mark(&d)?;
-                    let got = mark.map(|m| m.uid).unwrap_or_default();
+                    let got = match read_mark(&d)? {
+                        Some(Ok(m)) => m.uid,
+                        _ => String::new(),
+                    };
                     if got != uid {
                         return Ok(Existing::Foreign(got));
                     }
@@ -531,11 +532,18 @@ impl KvmProvider {
         let obs = op
             .call("reading domain", move |c| {
                 let d = rpc("virDomainLookupByName", || c.lookup_domain_by_name(&name))?;
-                let mark = read_mark(&d)?;
-                observe(&d, mark)
+                match read_mark(&d)? {
+                    Some(Err(why)) => Ok(Err(why)),
+                    Some(Ok(mark)) => observe(&d, Some(mark)).map(Ok),
+                    None => observe(&d, None).map(Ok),
+                }
             })
             .await?;
-        Ok(obs)
+        obs.map_err(|why| -> BoxError {
+            Box::new(Tagged::permanent(format!(
+                "domain metadata does not parse: {why}"
+            )))
+        })
     }
 
     async fn delete_on(&self, link: &HostLink, name: &str) -> Result<(), BoxError> {
@@ -587,7 +595,11 @@ impl KvmProvider {
                 for d in doms {
                     let Ok(name) = d.name() else { continue };
                     let mark = match read_mark(&d) {
-                        Ok(Some(m)) if m.managed => m,
+                        Ok(Some(Ok(m))) if m.managed => m,
+                        Ok(Some(Err(why))) => {
+                            debug!(domain = %name, error = %why, "skipping domain with unreadable metadata");
+                            continue;
+                        }
                         Ok(_) => continue,
                         Err(e) => {
                             debug!(domain = %name, error = %e.message(), "skipping domain with unreadable metadata");
