@@ -246,6 +246,32 @@ async fn check_reasons_and_create_classes() {
     std::fs::write(&kh_copy, good_kh).unwrap();
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "Reachable", "{v:?}");
+
+    // A hung daemon (SIGSTOP): calls fail Transient at the call timeout
+    // instead of hanging, the check says so within its deadline, and all
+    // is well again once the daemon answers.
+    if let Some(pid) = env.own_libvirtd_pid() {
+        let p4 = KvmProvider::new("kvm-hung", &env.config())
+            .unwrap()
+            .with_call_timeout(Duration::from_secs(1))
+            .with_check_timeout(Duration::from_secs(5));
+        assert!(p4
+            .get("hosts/h1/domains/proxy-x")
+            .await
+            .unwrap_err()
+            .is(ErrorClass::NotFound));
+        {
+            let _frozen = kvm_support::Frozen::new(&pid);
+            let t = Instant::now();
+            let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+            assert!(e.is(ErrorClass::Transient), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+            let v = p4.checker().unwrap().check().await;
+            assert!(!v[0].ready && v[0].message.contains("no answer"), "{v:?}");
+        }
+        let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+        assert!(e.is(ErrorClass::NotFound), "after the daemon resumed: {e}");
+    }
     drop(p2);
     drop(p);
     eprintln!("failure test took {:?}", started.elapsed());

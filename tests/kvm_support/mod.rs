@@ -462,6 +462,15 @@ impl Env {
             .collect()
     }
 
+    /// The pid of the libvirtd this harness started (None when it uses a
+    /// daemon it does not own).
+    pub fn own_libvirtd_pid(&self) -> Option<String> {
+        let f = self.daemons.iter().find(|p| p.ends_with("libvirtd.pid"))?;
+        std::fs::read_to_string(f)
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
     pub fn domain_exists(&self, name: &str) -> bool {
         virsh(&["dominfo", name]).0
     }
@@ -491,6 +500,22 @@ impl Drop for Env {
         for p in &self.daemons {
             kill_pidfile(p);
         }
+    }
+}
+
+/// Freezes a process until dropped (SIGSTOP, then SIGCONT).
+pub struct Frozen(pub String);
+
+impl Frozen {
+    pub fn new(pid: &str) -> Frozen {
+        let _ = run("kill", &["-STOP", pid]);
+        Frozen(pid.to_string())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = run("kill", &["-CONT", &self.0]);
     }
 }
 

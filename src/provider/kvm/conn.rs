@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
 use tokio::sync::{Mutex, Semaphore};
@@ -39,7 +39,11 @@ pub struct HostLink {
     blocking: Arc<Semaphore>,
     scratch: PathBuf,
     seq: AtomicU64,
+    call_timeout_ms: AtomicU64,
 }
+
+/// Default bound of one blocking libvirt conversation (uploads excepted).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why an operation failed before or while talking to libvirt.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +68,9 @@ pub enum LinkError {
         #[source]
         source: virt::error::Error,
     },
+    /// libvirt did not answer within the call timeout.
+    #[error("{0}")]
+    TimedOut(String),
     /// The blocking task died (panic) or the pool is shut down.
     #[error("libvirt call aborted: {0}")]
     Aborted(String),
@@ -88,6 +95,7 @@ pub struct OpConn {
     path: PathBuf,
     blocking: Arc<Semaphore>,
     host: String,
+    call_timeout: Duration,
 }
 
 impl Drop for OpConn {
@@ -115,6 +123,29 @@ impl OpConn {
         T: Send + 'static,
         F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
     {
+        self.call_within(what, Some(self.call_timeout), f).await
+    }
+
+    /// Like [`OpConn::call`] with no time limit (streams whose pace is set
+    /// by the other side, which has its own stall timeout).
+    pub async fn call_unbounded<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    {
+        self.call_within(what, None, f).await
+    }
+
+    async fn call_within<T, F>(
+        &self,
+        what: &str,
+        limit: Option<Duration>,
+        f: F,
+    ) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    {
         let conn = self
             .conn
             .clone()
@@ -127,13 +158,26 @@ impl OpConn {
             .map_err(|e| LinkError::Aborted(e.to_string()))?;
         let parent = tracing::Span::current();
         let host = self.host.clone();
-        let res = tokio::task::spawn_blocking(move || {
+        let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let _g = tracing::info_span!(parent: &parent, "libvirt", host = %host).entered();
             f(&conn)
-        })
-        .await
-        .map_err(|e| LinkError::Aborted(e.to_string()))?;
+        });
+        let joined = match limit {
+            None => task.await,
+            Some(limit) => match tokio::time::timeout(limit, task).await {
+                Ok(j) => j,
+                Err(_) => {
+                    // Close this operation's channel: the blocked call then
+                    // fails and its thread ends. Other operations keep theirs.
+                    self.pump.abort();
+                    return Err(LinkError::TimedOut(format!(
+                        "{what}: libvirt did not answer within {limit:?}"
+                    )));
+                }
+            },
+        };
+        let res = joined.map_err(|e| LinkError::Aborted(e.to_string()))?;
         res.map_err(|source| LinkError::Libvirt {
             what: what.to_string(),
             source,
@@ -177,7 +221,18 @@ impl HostLink {
             blocking: Arc::new(Semaphore::new(BLOCKING_PER_HOST)),
             scratch,
             seq: AtomicU64::new(0),
+            call_timeout_ms: AtomicU64::new(DEFAULT_CALL_TIMEOUT.as_millis() as u64),
         }
+    }
+
+    /// Bounds each blocking libvirt conversation (and the libvirt connect).
+    pub fn set_call_timeout(&self, d: Duration) {
+        self.call_timeout_ms
+            .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed))
     }
 
     fn dial_error(&self, source: DialError) -> LinkError {
@@ -298,14 +353,28 @@ impl HostLink {
             path,
             blocking: self.blocking.clone(),
             host: self.host.name.clone(),
+            call_timeout: self.call_timeout(),
         };
-        let opened = tokio::task::spawn_blocking(move || {
+        let limit = self.call_timeout();
+        let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             Connect::open(Some(&uri))
         })
-        .instrument(info_span!("libvirt.connect", host = %self.host.name))
-        .await
-        .map_err(|e| LinkError::Aborted(e.to_string()))?;
+        .instrument(info_span!("libvirt.connect", host = %self.host.name));
+        let opened = match tokio::time::timeout(limit, task).await {
+            Ok(j) => j.map_err(|e| LinkError::Aborted(e.to_string()))?,
+            Err(_) => {
+                // Dropping `op` closes the channel, which ends the blocked open.
+                return Err(self.dial_error(DialError {
+                    stage: Stage::LibvirtConnect,
+                    class: ErrorClass::Transient,
+                    message: format!(
+                        "libvirt connect via {}: no answer within {limit:?}",
+                        self.host.socket
+                    ),
+                }));
+            }
+        };
         match opened {
             Ok(c) => {
                 op.conn = Some(Arc::new(c));

@@ -272,6 +272,16 @@ impl KvmProvider {
         }
     }
 
+    /// Bounds every blocking libvirt conversation except image uploads
+    /// (default 120 s): a hung daemon fails the call Transient instead of
+    /// holding it forever.
+    pub fn with_call_timeout(self, d: Duration) -> Self {
+        for l in &self.inner.links {
+            l.set_call_timeout(d);
+        }
+        self
+    }
+
     fn link(&self, host: &str) -> Option<&Arc<HostLink>> {
         self.inner.links.iter().find(|l| l.host.name == host)
     }
@@ -662,6 +672,7 @@ impl KvmProvider {
                                 "LibvirtError"
                             }
                         }
+                        LinkError::TimedOut(_) => "Timeout",
                         LinkError::Aborted(_) => "Unreachable",
                     };
                     let message = match &e {
