@@ -247,6 +247,14 @@ async fn check_reasons_and_create_classes() {
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "Reachable", "{v:?}");
 
+    // insecureIgnoreHostKey: any host key, known_hosts never read.
+    let mut cfg5 = env.config();
+    cfg5.insecure_ignore_host_key = true;
+    cfg5.known_hosts_file = "/nonexistent/known_hosts".into();
+    let p5 = KvmProvider::new("kvm-insecure", &cfg5).unwrap();
+    let v = p5.checker().unwrap().check().await;
+    assert_eq!(v[0].reason, "Reachable", "{v:?}");
+
     // A hung daemon (SIGSTOP): calls fail Transient at the call timeout
     // instead of hanging, the check says so within its deadline, and all
     // is well again once the daemon answers.

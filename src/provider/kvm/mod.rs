@@ -128,6 +128,11 @@ fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
 }
 
 fn address_of(d: &Domain) -> String {
+    // Only the domain's own NICs count (a bridge inside the guest must not
+    // win); without the XML every interface counts.
+    let macs = rpc("virDomainGetXMLDesc", || d.xml_desc(0))
+        .map(|x| xml::interface_macs(&x))
+        .unwrap_or_default();
     // Lease (libvirt networks), ARP, then the guest agent; errors mean "no
     // address yet", never a failure.
     for (source, name) in [
@@ -138,6 +143,7 @@ fn address_of(d: &Domain) -> String {
         if let Ok(ifaces) = rpc(name, || d.interface_addresses(source, 0)) {
             let view: Vec<(String, Vec<(i64, String)>)> = ifaces
                 .into_iter()
+                .filter(|i| own_nic(&macs, i.hwaddr.as_deref()))
                 .map(|i| {
                     (
                         i.name,
@@ -151,6 +157,14 @@ fn address_of(d: &Domain) -> String {
         }
     }
     String::new()
+}
+
+/// Whether an interface with `hwaddr` belongs to the domain's NICs `macs`.
+pub fn own_nic(macs: &[String], hwaddr: Option<&str>) -> bool {
+    match hwaddr {
+        Some(h) if !macs.is_empty() => macs.iter().any(|m| m.eq_ignore_ascii_case(h)),
+        _ => true,
+    }
 }
 
 fn observe(d: &Domain, mark: Option<Mark>) -> Result<Observed, virt::error::Error> {
@@ -884,6 +898,15 @@ mod tests {
         ];
         assert_eq!(pick_ipv4(&v).as_deref(), Some("192.168.1.50"));
         assert_eq!(pick_ipv4(&[]), None);
+    }
+
+    #[test]
+    fn only_the_domains_own_nics_count() {
+        let macs = vec!["52:54:00:aa:bb:cc".to_string()];
+        assert!(own_nic(&macs, Some("52:54:00:AA:BB:CC")));
+        assert!(!own_nic(&macs, Some("02:42:ac:11:00:02")));
+        assert!(own_nic(&macs, None));
+        assert!(own_nic(&[], Some("02:42:ac:11:00:02")));
     }
 
     #[test]
