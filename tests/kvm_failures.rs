@@ -247,6 +247,29 @@ async fn check_reasons_and_create_classes() {
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "Reachable", "{v:?}");
 
+    // A pool too small for the image: QuotaExceeded before any upload.
+    if let Some(tiny) = env.tiny_pool(&format!("{}-tiny", env.pool), "8m") {
+        let big = env.dir.path().join("big16.raw");
+        std::fs::write(&big, vec![1u8; 16 << 20]).unwrap();
+        let mut cfg6 = env.config();
+        cfg6.hosts[0].pool = tiny;
+        cfg6.images.insert(
+            "img".into(),
+            KvmImage {
+                url: env.http.add("/big16.raw", &big),
+                sha256: None,
+                format: Some("raw".into()),
+                firmware: Some("bios".into()),
+            },
+        );
+        let p6 = KvmProvider::new("kvm-tiny", &cfg6).unwrap();
+        let mut r = request("");
+        r.placement.zone = String::new();
+        let e = p6.create(&r).await.unwrap_err();
+        assert!(e.is(ErrorClass::QuotaExceeded), "{e}");
+        assert_eq!(env.http.hits("/big16.raw"), 1, "asked once, never uploaded");
+    }
+
     // insecureIgnoreHostKey: any host key, known_hosts never read.
     let mut cfg5 = env.config();
     cfg5.insecure_ignore_host_key = true;

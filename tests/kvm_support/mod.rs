@@ -217,6 +217,7 @@ pub struct Env {
     sshd: Option<Child>,
     daemons: Vec<PathBuf>,
     extra_pools: Mutex<Vec<String>>,
+    mounts: Mutex<Vec<PathBuf>>,
     domains: Mutex<Vec<String>>,
 }
 
@@ -376,6 +377,7 @@ impl Env {
             sshd: Some(sshd),
             daemons,
             extra_pools: Mutex::new(Vec::new()),
+            mounts: Mutex::new(Vec::new()),
             domains: Mutex::new(Vec::new()),
         })
     }
@@ -452,6 +454,33 @@ impl Env {
         name.to_string()
     }
 
+    /// A running transient dir pool on a tmpfs of `size` (e.g. "8m"), or
+    /// None when tmpfs cannot be mounted here.
+    pub fn tiny_pool(&self, name: &str, size: &str) -> Option<String> {
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir).ok()?;
+        let (ok, out) = run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                dir.to_str()?,
+            ],
+        );
+        if !ok {
+            eprintln!("kvm harness: no tmpfs ({out}); skipping the tiny-pool case");
+            return None;
+        }
+        self.mounts.lock().unwrap().push(dir.clone());
+        let (ok, out) = virsh(&["pool-create-as", name, "dir", "--target", dir.to_str()?]);
+        assert!(ok, "pool-create-as: {out}");
+        self.extra_pools.lock().unwrap().push(name.to_string());
+        Some(name.to_string())
+    }
+
     /// Volume names in the pool.
     pub fn volumes(&self) -> Vec<String> {
         let _ = virsh(&["pool-refresh", &self.pool]);
@@ -491,6 +520,9 @@ impl Drop for Env {
         for p in self.extra_pools.lock().unwrap().iter() {
             let _ = virsh(&["pool-destroy", p]);
             let _ = virsh(&["pool-undefine", p]);
+        }
+        for m in self.mounts.lock().unwrap().iter() {
+            let _ = run("umount", &[m.to_str().unwrap_or("")]);
         }
         let _ = run("ip", &["link", "del", &self.bridge]);
         if let Some(mut c) = self.sshd.take() {

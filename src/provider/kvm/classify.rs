@@ -88,6 +88,11 @@ pub fn class_of_code(c: i64) -> ErrorClass {
     }
 }
 
+/// Whether libvirt's message reports a full pool or disk (ENOSPC).
+pub fn is_out_of_space(message: &str) -> bool {
+    message.contains("No space left on device")
+}
+
 /// Classifies an untagged error: a dial error keeps its class, a libvirt
 /// error goes by its code, anything else is Transient.
 pub fn classify(err: &(dyn StdError + 'static)) -> ErrorClass {
@@ -97,6 +102,9 @@ pub fn classify(err: &(dyn StdError + 'static)) -> ErrorClass {
             return d.class;
         }
         if let Some(v) = e.downcast_ref::<virt::error::Error>() {
+            if is_out_of_space(v.message()) {
+                return ErrorClass::QuotaExceeded;
+            }
             return class_of_code(code_of(v));
         }
         cur = e.source();
@@ -135,6 +143,10 @@ mod tests {
         ] {
             assert_eq!(class_of_code(c), want, "code {c}");
         }
+        assert!(is_out_of_space(
+            "cannot allocate 1048576 bytes in file '/p/x': No space left on device"
+        ));
+        assert!(!is_out_of_space("Storage volume not found"));
         let io = std::io::Error::other("eof");
         assert_eq!(classify(&io), ErrorClass::Transient);
     }

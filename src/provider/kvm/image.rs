@@ -16,7 +16,7 @@ use super::conn::{rpc, OpConn};
 use super::ids::marker_volume;
 use super::xml::volume_xml;
 use crate::config::{Firmware, ImageFormat};
-use crate::provider::{BoxError, Tagged};
+use crate::provider::{BoxError, ErrorClass, Tagged};
 
 /// How long the download may stall between two chunks.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -221,6 +221,26 @@ pub async fn ensure_base(
             ))
             .into());
         };
+        // Room for it? (libvirt has no quota signal; a clear shortfall is
+        // reported as QuotaExceeded rather than failing mid-upload.)
+        let p = pool.to_string();
+        let available = op
+            .call("reading pool capacity", move |c| {
+                let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
+                rpc("virStoragePoolRefresh", || pool.refresh(0))?;
+                Ok(rpc("virStoragePoolGetInfo", || pool.info())?.available)
+            })
+            .await?;
+        if available < len {
+            return Err(Tagged::new(
+                ErrorClass::QuotaExceeded,
+                format!(
+                    "storage pool {pool:?} has {available} bytes available; image {} needs {len}",
+                    img.label
+                ),
+            )
+            .into());
+        }
         info!(pool, volume = %img.base_volume, url = %img.url, bytes = len, "fetching base image into host pool");
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
