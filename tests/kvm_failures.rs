@@ -302,6 +302,18 @@ async fn check_reasons_and_create_classes() {
         }
         let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
         assert!(e.is(ErrorClass::NotFound), "after the daemon resumed: {e}");
+
+        // The SSH link freezes silently (sshd stopped): the channel request
+        // is bounded, the session forgotten, and the next call redials.
+        {
+            let _frozen = kvm_support::Frozen::all(env.sshd_pids());
+            let t = Instant::now();
+            let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+            assert!(e.is(ErrorClass::Transient), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        }
+        let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
+        assert!(e.is(ErrorClass::NotFound), "after sshd resumed: {e}");
     }
     drop(p2);
     drop(p);

@@ -500,6 +500,30 @@ impl Env {
             .map(|s| s.trim().to_string())
     }
 
+    /// The test sshd and its per-connection children.
+    pub fn sshd_pids(&self) -> Vec<String> {
+        let Some(root) = self.sshd.as_ref().map(|c| c.id().to_string()) else {
+            return Vec::new();
+        };
+        let mut pids = vec![root.clone()];
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !name.bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+                    // pid (comm) state ppid ...
+                    let after = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+                    if after.split_whitespace().nth(1) == Some(root.as_str()) {
+                        pids.push(name);
+                    }
+                }
+            }
+        }
+        pids
+    }
+
     pub fn domain_exists(&self, name: &str) -> bool {
         virsh(&["dominfo", name]).0
     }
@@ -535,19 +559,27 @@ impl Drop for Env {
     }
 }
 
-/// Freezes a process until dropped (SIGSTOP, then SIGCONT).
-pub struct Frozen(pub String);
+/// Freezes processes until dropped (SIGSTOP, then SIGCONT).
+pub struct Frozen(pub Vec<String>);
 
 impl Frozen {
     pub fn new(pid: &str) -> Frozen {
-        let _ = run("kill", &["-STOP", pid]);
-        Frozen(pid.to_string())
+        Frozen::all(vec![pid.to_string()])
+    }
+
+    pub fn all(pids: Vec<String>) -> Frozen {
+        for p in &pids {
+            let _ = run("kill", &["-STOP", p]);
+        }
+        Frozen(pids)
     }
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        let _ = run("kill", &["-CONT", &self.0]);
+        for p in &self.0 {
+            let _ = run("kill", &["-CONT", p]);
+        }
     }
 }
 

@@ -297,12 +297,17 @@ impl HostLink {
     /// blocking pool.
     pub async fn open(&self) -> Result<OpConn, LinkError> {
         let session = self.session().await?;
-        let channel = match session
-            .channel_open_direct_streamlocal(self.host.socket.clone())
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
+        // A link that died silently answers no channel request; bound the
+        // wait and forget such a session so the next call redials.
+        let limit = self.call_timeout().min(ssh::HANDSHAKE_TIMEOUT);
+        let opened = tokio::time::timeout(
+            limit,
+            session.channel_open_direct_streamlocal(self.host.socket.clone()),
+        )
+        .await;
+        let channel = match opened {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
                 if session.is_closed() {
                     self.forget(&session).await;
                 }
@@ -310,6 +315,17 @@ impl HostLink {
                     stage: Stage::LibvirtConnect,
                     class: ErrorClass::Transient,
                     message: format!("libvirt connect via {}: {e}", self.host.socket),
+                }));
+            }
+            Err(_) => {
+                self.forget(&session).await;
+                return Err(self.dial_error(DialError {
+                    stage: Stage::LibvirtConnect,
+                    class: ErrorClass::Transient,
+                    message: format!(
+                        "libvirt connect via {}: the SSH session did not open a channel within {limit:?}",
+                        self.host.socket
+                    ),
                 }));
             }
         };
