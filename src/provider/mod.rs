@@ -7,6 +7,8 @@ pub mod error;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 pub mod kubernetes;
+#[cfg(feature = "kvm")]
+pub mod kvm;
 pub mod naming;
 pub mod registry;
 

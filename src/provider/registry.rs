@@ -169,9 +169,11 @@ pub fn construct(entry: &ProviderConfig, deps: &Deps) -> Result<Arc<dyn Provider
         ProviderSettings::Gcp(_) => {
             Err("this build has no gcp provider (built without the gcp feature)".into())
         }
-        ProviderSettings::Kvm(_) => Err(format!(
-            "provider type {} is not available in this build yet",
-            entry.provider_type
-        )),
+        #[cfg(feature = "kvm")]
+        ProviderSettings::Kvm(cfg) => Ok(Arc::new(super::kvm::KvmProvider::new(&entry.name, cfg)?)),
+        #[cfg(not(feature = "kvm"))]
+        ProviderSettings::Kvm(_) => {
+            Err("this build has no kvm provider (built without the kvm feature)".into())
+        }
     }
 }

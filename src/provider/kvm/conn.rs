@@ -1,0 +1,436 @@
+//! The per-host link (kvm.md §4.2): one SSH session per host, dialled
+//! lazily under a one-slot lock and redialled when it dies or the material
+//! files change; every operation gets its **own** libvirt connection
+//! through its own `direct-streamlocal` channel, forwarded from a private
+//! unix socket under the scratch directory. Cancelling (dropping) an
+//! operation closes only its channel, which makes its blocked libvirt call
+//! return; other operations on the host are untouched. Blocking libvirt
+//! calls run on the blocking pool, at most [`BLOCKING_PER_HOST`] per host.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::UnixListener;
+use tokio::sync::{Mutex, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::{debug, info_span, Instrument};
+use virt::connect::Connect;
+
+use super::ssh::{self, DialError, Session, SshSettings, Stage, Stamp};
+use crate::config::KvmHost;
+use crate::provider::ErrorClass;
+
+/// Concurrent blocking libvirt calls per host.
+pub const BLOCKING_PER_HOST: usize = 4;
+
+struct Live {
+    session: Arc<Session>,
+    stamp: Stamp,
+}
+
+/// One configured host and its SSH session.
+pub struct HostLink {
+    /// The host's config (defaults applied).
+    pub host: KvmHost,
+    ssh: Arc<SshSettings>,
+    slot: Mutex<Option<Live>>,
+    blocking: Arc<Semaphore>,
+    scratch: PathBuf,
+    seq: AtomicU64,
+    call_timeout_ms: AtomicU64,
+}
+
+/// Default bound of one blocking libvirt conversation (uploads excepted).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why an operation failed before or while talking to libvirt.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Dial failure, tagged with the stage.
+    #[error("connecting to host {host} ({address}): {source}")]
+    Dial {
+        /// Host name.
+        host: String,
+        /// Host address.
+        address: String,
+        /// The staged error.
+        #[source]
+        source: DialError,
+    },
+    /// A libvirt call failed.
+    #[error("{what}: {source}")]
+    Libvirt {
+        /// What was being done.
+        what: String,
+        /// libvirt's error.
+        #[source]
+        source: virt::error::Error,
+    },
+    /// libvirt did not answer within the call timeout.
+    #[error("{0}")]
+    TimedOut(String),
+    /// The blocking task died (panic) or the pool is shut down.
+    #[error("libvirt call aborted: {0}")]
+    Aborted(String),
+}
+
+impl LinkError {
+    /// The dial stage, when this is a dial failure.
+    pub fn stage(&self) -> Option<Stage> {
+        match self {
+            LinkError::Dial { source, .. } => Some(source.stage),
+            _ => None,
+        }
+    }
+}
+
+/// One operation's libvirt connection. Dropping it closes the channel
+/// (aborting any call blocked on it) and releases the connection on the
+/// blocking pool.
+pub struct OpConn {
+    conn: Option<Arc<Connect>>,
+    pump: JoinHandle<()>,
+    path: PathBuf,
+    blocking: Arc<Semaphore>,
+    host: String,
+    call_timeout: Duration,
+}
+
+impl Drop for OpConn {
+    fn drop(&mut self) {
+        self.pump.abort();
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(conn) = self.conn.take() {
+            // virConnectClose may block briefly; never on an async worker.
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => {
+                    h.spawn_blocking(move || drop(conn));
+                }
+                Err(_) => drop(conn),
+            }
+        }
+    }
+}
+
+impl OpConn {
+    /// Runs `f` against the connection on the blocking pool, holding one of
+    /// the host's blocking slots, inside the caller's span. `what` prefixes
+    /// a failure. Inside `f`, wrap each libvirt call in [`rpc`].
+    pub async fn call<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    {
+        self.call_within(what, Some(self.call_timeout), f).await
+    }
+
+    /// Like [`OpConn::call`] with no time limit (streams whose pace is set
+    /// by the other side, which has its own stall timeout).
+    pub async fn call_unbounded<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    {
+        self.call_within(what, None, f).await
+    }
+
+    async fn call_within<T, F>(
+        &self,
+        what: &str,
+        limit: Option<Duration>,
+        f: F,
+    ) -> Result<T, LinkError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    {
+        let conn = self
+            .conn
+            .clone()
+            .ok_or_else(|| LinkError::Aborted("connection closed".into()))?;
+        let permit = self
+            .blocking
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| LinkError::Aborted(e.to_string()))?;
+        let parent = tracing::Span::current();
+        let host = self.host.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let _g = tracing::info_span!(parent: &parent, "libvirt", host = %host).entered();
+            f(&conn)
+        });
+        let joined = match limit {
+            None => task.await,
+            Some(limit) => match tokio::time::timeout(limit, task).await {
+                Ok(j) => j,
+                Err(_) => {
+                    // Close this operation's channel: the blocked call then
+                    // fails and its thread ends. Other operations keep theirs.
+                    self.pump.abort();
+                    return Err(LinkError::TimedOut(format!(
+                        "{what}: libvirt did not answer within {limit:?}"
+                    )));
+                }
+            },
+        };
+        let res = joined.map_err(|e| LinkError::Aborted(e.to_string()))?;
+        res.map_err(|source| LinkError::Libvirt {
+            what: what.to_string(),
+            source,
+        })
+    }
+}
+
+/// Runs one libvirt RPC in its own child span and logs one line for it
+/// (kvm.md §11): `rpc`, duration and, on failure, the code and message.
+pub fn rpc<T>(
+    name: &'static str,
+    f: impl FnOnce() -> Result<T, virt::error::Error>,
+) -> Result<T, virt::error::Error> {
+    let span = tracing::info_span!(
+        "libvirt.rpc",
+        rpc = name,
+        libvirt_code = tracing::field::Empty
+    );
+    let _g = span.enter();
+    let started = Instant::now();
+    let res = f();
+    let duration_us = started.elapsed().as_micros() as u64;
+    match &res {
+        Ok(_) => debug!(rpc = name, duration_us, "libvirt call"),
+        Err(e) => {
+            let c = super::classify::code_of(e);
+            span.record("libvirt_code", c);
+            debug!(rpc = name, duration_us, libvirt_code = c, error = %e.message(), "libvirt call");
+        }
+    }
+    res
+}
+
+impl HostLink {
+    /// A link that has not dialled yet.
+    pub fn new(host: KvmHost, ssh: Arc<SshSettings>, scratch: PathBuf) -> Self {
+        HostLink {
+            host,
+            ssh,
+            slot: Mutex::new(None),
+            blocking: Arc::new(Semaphore::new(BLOCKING_PER_HOST)),
+            scratch,
+            seq: AtomicU64::new(0),
+            call_timeout_ms: AtomicU64::new(DEFAULT_CALL_TIMEOUT.as_millis() as u64),
+        }
+    }
+
+    /// Bounds each blocking libvirt conversation (and the libvirt connect).
+    pub fn set_call_timeout(&self, d: Duration) {
+        self.call_timeout_ms
+            .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    fn dial_error(&self, source: DialError) -> LinkError {
+        LinkError::Dial {
+            host: self.host.name.clone(),
+            address: self.host.address.clone(),
+            source,
+        }
+    }
+
+    /// The live SSH session, dialling when there is none, it died, or the
+    /// material files changed since it was dialled.
+    pub async fn session(&self) -> Result<Arc<Session>, LinkError> {
+        let mut slot = self.slot.lock().await;
+        if let Some(live) = slot.as_ref() {
+            if live.session.is_closed() {
+                debug!(host = %self.host.name, "ssh session lost, redialing");
+                *slot = None;
+            } else if live.stamp != self.ssh.stamp() {
+                debug!(host = %self.host.name, "ssh material changed, redialing");
+                *slot = None;
+            } else {
+                return Ok(live.session.clone());
+            }
+        }
+        let span = info_span!("ssh.dial", host = %self.host.name, address = %self.host.address);
+        let started = Instant::now();
+        let dialled = async {
+            let r = ssh::dial(&self.ssh, &self.host.address, &self.host.user).await;
+            match &r {
+                Ok(_) => debug!(host = %self.host.name, duration_ms = started.elapsed().as_millis() as u64, "ssh host connected"),
+                Err(e) => debug!(host = %self.host.name, stage = e.stage.as_str(), error = %e, "ssh dial failed"),
+            }
+            r
+        }
+        .instrument(span)
+        .await;
+        let (session, stamp) = dialled.map_err(|e| self.dial_error(e))?;
+        let session = Arc::new(session);
+        *slot = Some(Live {
+            session: session.clone(),
+            stamp,
+        });
+        Ok(session)
+    }
+
+    /// Forgets the session if it is still `session` (after a transport
+    /// failure); a newer one is left alone.
+    pub async fn forget(&self, session: &Arc<Session>) {
+        let mut slot = self.slot.lock().await;
+        if slot
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(&l.session, session))
+        {
+            *slot = None;
+        }
+    }
+
+    /// Opens this operation's libvirt connection: a fresh streamlocal
+    /// channel to the host's libvirt socket, a private unix socket bridged
+    /// to it, and `qemu+unix:///system?socket=<path>` opened on the
+    /// blocking pool.
+    pub async fn open(&self) -> Result<OpConn, LinkError> {
+        let session = self.session().await?;
+        // A link that died silently answers no channel request; bound the
+        // wait and forget such a session so the next call redials.
+        let limit = self.call_timeout().min(ssh::HANDSHAKE_TIMEOUT);
+        let opened = tokio::time::timeout(
+            limit,
+            session.channel_open_direct_streamlocal(self.host.socket.clone()),
+        )
+        .await;
+        let channel = match opened {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                if session.is_closed() {
+                    self.forget(&session).await;
+                }
+                return Err(self.dial_error(DialError {
+                    stage: Stage::LibvirtConnect,
+                    class: ErrorClass::Transient,
+                    message: format!("libvirt connect via {}: {e}", self.host.socket),
+                }));
+            }
+            Err(_) => {
+                self.forget(&session).await;
+                return Err(self.dial_error(DialError {
+                    stage: Stage::LibvirtConnect,
+                    class: ErrorClass::Transient,
+                    message: format!(
+                        "libvirt connect via {}: the SSH session did not open a channel within {limit:?}",
+                        self.host.socket
+                    ),
+                }));
+            }
+        };
+        ensure_private_dir(&self.scratch).map_err(|e| {
+            self.dial_error(DialError {
+                stage: Stage::LibvirtConnect,
+                class: ErrorClass::Transient,
+                message: format!("creating {}: {e}", self.scratch.display()),
+            })
+        })?;
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .scratch
+            .join(format!("{}-{n}.sock", short(&self.host.name)));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            self.dial_error(DialError {
+                stage: Stage::LibvirtConnect,
+                class: ErrorClass::Transient,
+                message: format!("binding the local libvirt bridge {}: {e}", path.display()),
+            })
+        })?;
+        let pump = tokio::spawn(async move {
+            // One connection only: libvirt's client opens exactly one.
+            if let Ok((mut local, _)) = listener.accept().await {
+                drop(listener);
+                let mut remote = channel.into_stream();
+                let _ = tokio::io::copy_bidirectional(&mut local, &mut remote).await;
+            }
+        });
+        let uri = format!("qemu+unix:///system?socket={}", path.display());
+        let permit = self
+            .blocking
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| LinkError::Aborted(e.to_string()))?;
+        let mut op = OpConn {
+            conn: None,
+            pump,
+            path,
+            blocking: self.blocking.clone(),
+            host: self.host.name.clone(),
+            call_timeout: self.call_timeout(),
+        };
+        let limit = self.call_timeout();
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            Connect::open(Some(&uri))
+        })
+        .instrument(info_span!("libvirt.connect", host = %self.host.name));
+        let opened = match tokio::time::timeout(limit, task).await {
+            Ok(j) => j.map_err(|e| LinkError::Aborted(e.to_string()))?,
+            Err(_) => {
+                // Dropping `op` closes the channel, which ends the blocked open.
+                return Err(self.dial_error(DialError {
+                    stage: Stage::LibvirtConnect,
+                    class: ErrorClass::Transient,
+                    message: format!(
+                        "libvirt connect via {}: no answer within {limit:?}",
+                        self.host.socket
+                    ),
+                }));
+            }
+        };
+        match opened {
+            Ok(c) => {
+                op.conn = Some(Arc::new(c));
+                Ok(op)
+            }
+            Err(e) => Err(self.dial_error(DialError {
+                stage: Stage::LibvirtConnect,
+                class: ErrorClass::Transient,
+                message: format!("libvirt connect via {}: {}", self.host.socket, e.message()),
+            })),
+        }
+    }
+}
+
+/// Host names are identifiers, but keep socket paths short and safe.
+fn short(name: &str) -> String {
+    name.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(24)
+        .collect()
+}
+
+/// The private scratch directory for this provider's bridge sockets
+/// (created on first use, mode 0700).
+pub fn scratch_dir(base: &Path, provider: &str) -> PathBuf {
+    base.join(format!(
+        "epo-kvm-{}-{}-{}",
+        short(provider),
+        std::process::id(),
+        SCRATCH_SEQ.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+fn ensure_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+static SCRATCH_SEQ: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,118 @@
+//! System test: a Proxy on a kvm provider whose host is a local sshd in
+//! front of a real libvirtd (tests/kvm_support), reconciled by the real
+//! operator binary against the test API server.
+#![cfg(feature = "kvm")]
+
+mod kvm_support;
+mod support;
+
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use egress_proxies_operator::provider::naming::name_from_uid;
+use kube::api::{DeleteParams, PostParams};
+use kube::Api;
+use kvm_support::{virsh, Env};
+use serde_json::json;
+use support::{eventually, Operator};
+use test_apiserver::{Options, TestApiServer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
+    let Some(env) = Env::start("e2e") else { return };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    let host = env.host("h1");
+    let providers = format!(
+        "providers:
+  - name: kvm-test
+    type: kvm
+    kvm:
+      sshKeyFile: {key}
+      knownHostsFile: {known}
+      diskSizeGb: 1
+      images:
+        test-image: {{url: \"{url}\"}}
+      machineTypes:
+        small: {{vcpus: 1, memoryMiB: 128}}
+      hosts:
+        - {{name: h1, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}
+",
+        key = env.key_file.display(),
+        known = env.known_hosts.display(),
+        addr = host.address,
+        socket = host.socket,
+        pool = host.pool,
+        bridge = host.bridge,
+    );
+    let server = TestApiServer::start(Options {
+        crds_dir: Some(test_apiserver::workspace_crds_dir()),
+        ..Default::default()
+    })
+    .await
+    .expect("test API server starts");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = support::operator(dir.path(), &providers, server.kubeconfig_path());
+    cmd.args(["--installation-id", "inst-e2e"]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+
+    let proxies: Api<Proxy> = Api::namespaced(server.client(), "default");
+    let proxy: Proxy = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "k1", "namespace": "default"},
+        "spec": {
+            "provider": "kvm-test", "port": 3128,
+            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
+            "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
+        },
+    }))
+    .unwrap();
+    let created = proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let domain = name_from_uid(&uid);
+    env.track(&domain);
+
+    let id = eventually(
+        "the instance recorded",
+        Duration::from_secs(180),
+        || async { proxies.get("k1").await.ok()?.status?.provider_id },
+    )
+    .await;
+    assert_eq!(id, format!("hosts/h1/domains/{domain}"));
+    let (ok, state) = virsh(&["domstate", &domain]);
+    assert!(ok && state.trim() == "running", "domain state: {state}");
+    let (_, xml) = virsh(&["dumpxml", &domain]);
+    assert!(
+        xml.contains("type='qemu'") || xml.contains("type=\"qemu\""),
+        "{xml}"
+    );
+    for mark in [
+        "<managed>true</managed>",
+        &format!("<uid>{uid}</uid>"),
+        "<installation>inst-e2e</installation>",
+    ] {
+        assert!(xml.contains(mark), "domain metadata lacks {mark}: {xml}");
+    }
+    let volumes = env.volumes();
+    for v in [format!("{domain}.qcow2"), format!("{domain}-seed.iso")] {
+        assert!(volumes.contains(&v), "pool lacks {v}: {volumes:?}");
+    }
+
+    proxies
+        .delete("k1", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Proxy released", Duration::from_secs(120), || async {
+        proxies.get_opt("k1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.domain_exists(&domain), "the domain must be gone");
+    let volumes = env.volumes();
+    assert!(
+        !volumes.iter().any(|v| v.starts_with(&domain)),
+        "overlay and seed must be gone: {volumes:?}"
+    );
+}
