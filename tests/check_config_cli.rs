@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -182,15 +184,6 @@ fn sigterm_stops_the_operator_cleanly() {
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("Loaded providers config"), "{err}");
     assert!(err.contains("Shutting down"), "{err}");
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A minimal HTTP/1.0 GET: (status code, body).

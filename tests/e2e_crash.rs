@@ -14,7 +14,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
 use support::{eventually, Operator};
-use test_apiserver::{Options, TestApiServer};
 
 const PROXIES: usize = 20;
 const KILLS: usize = 8;
@@ -50,14 +49,7 @@ async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: true,
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(true).await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client();
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");

@@ -4,10 +4,11 @@
 
 mod support;
 
+use support::{eventually, free_port, Operator};
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,18 +17,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use test_apiserver::{Options, TestApiServer};
+use test_apiserver::TestApiServer;
 
 /// The operator process; killed when dropped so no test leaves it running.
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
 
 fn start(
@@ -54,34 +46,10 @@ fn start(
 }
 
 async fn server() -> (TestApiServer, tempfile::TempDir, Client) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: true,
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(true).await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client();
     (server, dir, client)
-}
-
-async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn ready_of(ph: &ProviderHealth) -> Option<(String, String)> {
@@ -313,14 +281,6 @@ async fn gc_deletes_only_this_installations_orphans() {
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("Deleted orphaned instance"), "{log}");
     assert_eq!(log.matches("Deleted orphaned instance").count(), 1, "{log}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn scrape(addr: &str) -> Option<String> {

@@ -15,7 +15,6 @@ use gcp_standin::{StandIn, ZONE};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
-use test_apiserver::{Options, TestApiServer};
 
 fn proxy(name: &str, placement: serde_json::Value, port: i32) -> Proxy {
     serde_json::from_value(json!({
@@ -48,13 +47,7 @@ fn condition(p: &Proxy) -> Option<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(false).await;
     let standin = StandIn::start().await;
     standin.with(|st| st.running_after_gets = 1);
     let dir = tempfile::tempdir().unwrap();

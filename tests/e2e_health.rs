@@ -2,9 +2,12 @@
 //! operator binary against the test API server, whose kubelet runs each Pod
 //! as a real Squid on 127.0.0.N; probes go through it to a local target.
 
-use std::future::Future;
+mod support;
+
+use support::{eventually, free_port, Operator};
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -13,45 +16,10 @@ use hyper::body::Bytes;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
-use test_apiserver::{Options, TestApiServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const TOKEN: &str = "s3cret-test-token";
-
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn eventually<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// An HTTP server answering 200 "hello from target" to everything.
 async fn target() -> SocketAddr {
@@ -151,14 +119,7 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: true,
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(true).await;
     let target = target().await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();

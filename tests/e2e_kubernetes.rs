@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use test_apiserver::{Options, TestApiServer};
+use test_apiserver::TestApiServer;
 
 fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path) -> Operator {
     Operator::spawn(
@@ -29,14 +29,7 @@ fn squid_present() -> bool {
 
 async fn setup(providers: &str) -> (TestApiServer, Operator, tempfile::TempDir, Client) {
     // Both ring and aws-lc-rs are linked; pick one as the binary does.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: true,
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(true).await;
     let dir = tempfile::tempdir().unwrap();
     let op = start_operator(&server, providers, dir.path());
     let client = server.client();

@@ -15,12 +15,10 @@ use kube::Api;
 use kvm_support::{virsh, Env};
 use serde_json::json;
 use support::{eventually, Operator};
-use test_apiserver::{Options, TestApiServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
     let Some(env) = Env::start("e2e") else { return };
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let (url, _) = env.serve_qcow2("base.qcow2", "64M");
     let host = env.host("h1");
     let providers = format!(
@@ -45,12 +43,7 @@ async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
         pool = host.pool,
         bridge = host.bridge,
     );
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(false).await;
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = support::operator(dir.path(), &providers, server.kubeconfig_path());
     cmd.args(["--installation-id", "inst-e2e"]);

@@ -12,7 +12,7 @@ use kube::api::PostParams;
 use kube::Api;
 use serde_json::json;
 use support::{eventually, Operator};
-use test_apiserver::{Options, TestApiServer};
+use test_apiserver::TestApiServer;
 
 const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
@@ -70,14 +70,7 @@ async fn reconciled(proxies: &Api<Proxy>, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_reconciles_and_the_other_takes_over() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: std::path::Path::new("/usr/sbin/squid").exists(),
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+    let server = support::api_server(std::path::Path::new("/usr/sbin/squid").exists()).await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client();
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
