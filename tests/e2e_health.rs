@@ -13,7 +13,8 @@ use std::time::Duration;
 use egress_proxies_operator::api::Proxy;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,6 +185,23 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     )
     .await;
     println!("good Ready after {:?}", started.elapsed());
+    if std::path::Path::new("/usr/bin/kubectl").exists() {
+        let out = Command::new("kubectl")
+            .args(["get", "px", "good", "-n", "default"])
+            .env("KUBECONFIG", server.kubeconfig_path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("good"))
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            row.contains("Ready") && row.contains("True"),
+            "kubectl get px: {text}"
+        );
+    }
     let st = good.status.clone().unwrap();
     assert_eq!(healthy(&good).unwrap().1, "ProbeSucceeded");
     assert!(
@@ -324,4 +342,191 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     let (s, doc) = call(api_addr, "GET", "/openapi.json", None, vec![]).await;
     assert_eq!(s, 200);
     assert!(doc["paths"]["/v1/leases"].is_object());
+}
+
+/// A bare Pod whose container the test kubelet runs as a real Squid with
+/// `conf` on its own 127.0.0.N; returns that address.
+async fn squid_pod(pods: &Api<Pod>, name: &str, conf: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "squid", "image": "squid",
+            "ports": [{"containerPort": 3128}],
+            "env": [{"name": "SQUID_CONF", "value": conf}]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually(
+        &format!("{name} Running"),
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(name).await.ok()?;
+            let st = p.status?;
+            (st.phase.as_deref() == Some("Running")).then_some(st.pod_ip?)
+        },
+    )
+    .await
+}
+
+/// Sick proxies (a Squid that denies all egress, a TCP sink) are never
+/// listed or leased and come back once fixed; a reported lease cools its
+/// proxy down, and a lease expires by its TTL, in real time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
+    if !std::path::Path::new("/usr/sbin/squid").exists() {
+        println!("SKIP: /usr/sbin/squid is not installed");
+        return;
+    }
+    let server = support::api_server(true).await;
+    let target = target().await;
+    let sink = sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut cmd = support::operator(
+        dir.path(),
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+        server.kubeconfig_path(),
+    );
+    cmd.args(["--discovery-bind-address", &api_addr.to_string()])
+        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .args(["--lease-cooldown", "2s"])
+        .env("DISCOVERY_TOKEN", TOKEN);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let client = server.client();
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    let denying = squid_pod(
+        &pods,
+        "squid-deny",
+        "http_port 3128\nhttp_access deny all\n",
+    )
+    .await;
+    let working = squid_pod(&pods, "squid-ok", "http_port 3128\nhttp_access allow all\n").await;
+    let external = |host: &str, port: u16| json!({"mode": "External", "endpoint": {"host": host, "port": port}, "healthCheck": {"timeoutSeconds": 1}});
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("deny", external(&denying, 3128)),
+        )
+        .await
+        .unwrap();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("sink", external("127.0.0.1", sink.port())),
+        )
+        .await
+        .unwrap();
+    for name in ["deny", "sink"] {
+        eventually(
+            &format!("{name} Healthy=False"),
+            Duration::from_secs(30),
+            || async { (healthy(&proxies.get(name).await.ok()?)?.0 == "False").then_some(()) },
+        )
+        .await;
+    }
+    let (s, list) = call(api_addr, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        0,
+        "sick proxies are not listed: {list}"
+    );
+    let (s, v) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("no_proxy")),
+        "{v}"
+    );
+
+    // Fixing them brings them back.
+    for name in ["deny", "sink"] {
+        proxies
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"endpoint": {"host": working, "port": 3128}}})),
+            )
+            .await
+            .unwrap();
+    }
+    for name in ["deny", "sink"] {
+        eventually(
+            &format!("{name} Ready after the fix"),
+            Duration::from_secs(30),
+            || async {
+                let p = proxies.get(name).await.ok()?;
+                (phase(&p) == Some("Ready") && healthy(&p)?.0 == "True").then_some(())
+            },
+        )
+        .await;
+    }
+    proxies
+        .delete("sink", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("one proxy listed", Duration::from_secs(15), || async {
+        let (_, list) = call(api_addr, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        (list["items"].as_array()?.len() == 1).then_some(())
+    })
+    .await;
+
+    // Report -> cooldown -> 409 -> leasable again once it runs out.
+    let (s, lease) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 201, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    let (s, v) = call(
+        api_addr,
+        "POST",
+        &format!("/v1/leases/{id}/report"),
+        Some(TOKEN),
+        br#"{"result": "blocked"}"#.to_vec(),
+    )
+    .await;
+    assert!(s < 300, "report: {s} {v}");
+    assert_eq!(
+        call(
+            api_addr,
+            "DELETE",
+            &format!("/v1/leases/{id}"),
+            Some(TOKEN),
+            vec![]
+        )
+        .await
+        .0,
+        204
+    );
+    let (s, v) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 409, "cooling down: {v}");
+    let (s, lease) = eventually(
+        "leasable after the cooldown",
+        Duration::from_secs(15),
+        || async {
+            let r = call(
+                api_addr,
+                "POST",
+                "/v1/leases",
+                Some(TOKEN),
+                br#"{"ttlSeconds": 1}"#.to_vec(),
+            )
+            .await;
+            (r.0 == 201).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!((s, lease["proxy"]["name"].as_str()), (201, Some("deny")));
+
+    // The 1 s lease is never released: it expires and frees the capacity.
+    let (s, v) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 409, "held until it expires: {v}");
+    eventually("the lease expired", Duration::from_secs(15), || async {
+        (call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![])
+            .await
+            .0
+            == 201)
+            .then_some(())
+    })
+    .await;
 }
