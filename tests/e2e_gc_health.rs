@@ -19,7 +19,6 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use test_apiserver::TestApiServer;
 
-/// The operator process; killed when dropped so no test leaves it running.
 const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
 
 fn start(
@@ -622,5 +621,87 @@ async fn spans_are_flushed_on_sigterm() {
     assert!(
         names.iter().any(|n| n == "providerhealth.check"),
         "{names:?}"
+    );
+}
+
+/// A kvm provider whose only host refuses SSH: its ProviderHealth reads
+/// False 0/1 with reason Unreachable, and the gauges say the same.
+#[cfg(feature = "kvm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_kvm_host_is_reported_in_the_object_and_the_gauges() {
+    let (server, dir, client) = server().await;
+    // Real key material, so the verdict is about the host, not the files.
+    let key = dir.path().join("id_ed25519");
+    let keygen = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status();
+    if !keygen.is_ok_and(|s| s.success()) {
+        println!("SKIP: ssh-keygen is not installed");
+        return;
+    }
+    let known = dir.path().join("known_hosts");
+    std::fs::write(&known, "").unwrap();
+    // A port nothing listens on: connections are refused at once.
+    let refused = free_port();
+    let providers = format!(
+        "{KUBE_ONLY}  - name: kvm-home
+    type: kvm
+    kvm:
+      sshKeyFile: {}
+      knownHostsFile: {}
+      images: {{}}
+      machineTypes:
+        small: {{vcpus: 1, memoryMiB: 512}}
+      hosts:
+        - {{name: nas1, address: \"127.0.0.1:{refused}\", user: virt, bridge: br0}}
+",
+        key.display(),
+        known.display()
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _op = start(
+        &server,
+        &providers,
+        dir.path(),
+        "op.log",
+        &["--metrics-bind-address", &addr],
+        &[],
+    );
+    let phs: Api<ProviderHealth> = Api::all(client.clone());
+    let ph = eventually("kvm-home checked", Duration::from_secs(40), || async {
+        let ph = phs.get_opt("kvm-home").await.ok()??;
+        ph.status.as_ref()?.last_check_time?;
+        Some(ph)
+    })
+    .await;
+    assert_eq!(
+        ready_of(&ph),
+        Some(("False".to_string(), "0/1".to_string()))
+    );
+    let target = &ph.status.as_ref().unwrap().targets[0];
+    assert_eq!(target.name, "nas1");
+    assert!(!target.ready);
+    assert_eq!(target.reason.as_deref(), Some("Unreachable"), "{target:?}");
+    // The kubernetes provider next to it is unaffected.
+    assert_eq!(
+        ph_ready(&phs, "kubernetes").await.map(|r| r.0),
+        Some("True".to_string())
+    );
+    let body = eventually("the gauges", Duration::from_secs(20), || async {
+        let b = scrape(&addr).await?;
+        b.contains("proxy_operator_provider_target_up{provider=\"kvm-home\"")
+            .then_some(b)
+    })
+    .await;
+    assert!(
+        body.contains("proxy_operator_provider_target_up{provider=\"kvm-home\",target=\"nas1\"} 0"),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "proxy_operator_provider_target_up{provider=\"kubernetes\",target=\"apiserver\"} 1"
+        ),
+        "{body}"
     );
 }
