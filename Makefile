@@ -15,7 +15,7 @@ help: ## List the targets.
 build: ## Build the operator and crdgen.
 	$(CARGO) build --bins
 
-test: lint check-crds ## Every test tier that runs on this machine (the CI command).
+test: lint check-crds fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the API fuzz run, then every workspace test.
 	$(CARGO) test --workspace --no-fail-fast
 
 lint: ## Formatting and clippy, warnings are errors.
