@@ -25,13 +25,13 @@ lint: ## Formatting and clippy, warnings are errors.
 fmt: ## Format the code.
 	$(CARGO) fmt --all
 
-crds: ## Regenerate crds/*.yaml from the Rust types.
-	$(CARGO) run --quiet --bin crdgen -- crds
+crds: ## Regenerate config/crd/bases/*.yaml from the Rust types.
+	$(CARGO) run --quiet --bin crdgen -- config/crd/bases
 
 manifests: crds ## Alias of crds.
 
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
-	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
+	@git diff --exit-code -- config/crd/bases/ || { echo "config/crd/bases/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: ## System tests: the real binary against the test API server (and real Squid).
 	$(CARGO) test --test 'e2e_*'

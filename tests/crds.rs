@@ -7,13 +7,13 @@ use serde_json::Value;
 
 #[test]
 fn committed_crds_match_the_types() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/crd/bases");
     for (file, def) in crd::all() {
         let want = crd::to_yaml(&def).unwrap();
         let have = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
         assert!(
             have == want,
-            "crds/{file} differs from the types in src/api: run `make crds` and commit the result"
+            "config/crd/bases/{file} differs from the types in src/api: run `make crds` and commit the result"
         );
     }
 }

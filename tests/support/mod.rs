@@ -92,3 +92,83 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The repository root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `kubectl kustomize <dir>` (dir relative to the repository), one JSON
+/// value per rendered object. kubectl is required: CI installs it.
+pub fn kustomize(dir: &str) -> Vec<serde_json::Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir])
+        .current_dir(repo())
+        .output()
+        .expect("kubectl runs (CI installs it)");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_json::Value| !v.is_null())
+        .collect()
+}
+
+/// The rendered object of `kind` named `name`.
+pub fn object<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered manifests"))
+}
+
+/// The RBAC rules bound to ServiceAccount `ns/sa` in rendered manifests:
+/// (rules of bound ClusterRoles, rules of Roles bound per namespace).
+pub fn rules_of(
+    docs: &[serde_json::Value],
+    ns: &str,
+    sa: &str,
+) -> (
+    Vec<test_apiserver::authz::PolicyRule>,
+    Vec<(String, Vec<test_apiserver::authz::PolicyRule>)>,
+) {
+    let binds_sa = |b: &serde_json::Value| {
+        b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns
+        })
+    };
+    let rules = |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<test_apiserver::authz::PolicyRule> {
+        let role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
+            })
+            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
+        serde_json::from_value(role["rules"].clone()).unwrap()
+    };
+    let mut cluster = Vec::new();
+    let mut namespaced = Vec::new();
+    for b in docs.iter().filter(|d| binds_sa(d)) {
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
+        let role_name = b["roleRef"]["name"].as_str().unwrap();
+        match b["kind"].as_str() {
+            Some("ClusterRoleBinding") => cluster.extend(rules(role_kind, role_name, None)),
+            Some("RoleBinding") => {
+                let bns = b["metadata"]["namespace"].as_str().unwrap().to_string();
+                let r = if role_kind == "Role" {
+                    rules("Role", role_name, Some(&bns))
+                } else {
+                    rules("ClusterRole", role_name, None)
+                };
+                namespaced.push((bns, r));
+            }
+            _ => {}
+        }
+    }
+    (cluster, namespaced)
+}

@@ -20,6 +20,7 @@ pub struct App {
     pub store: Arc<Store>,
     pub addr: SocketAddr,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub authz: Option<Arc<crate::authz::Authz>>,
 }
 
 pub fn router(app: Arc<App>) -> axum::Router {
@@ -88,6 +89,7 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let query = parse_query(req.uri().query());
     let accept = header(&req, "accept");
     let content_type = header(&req, "content-type");
+    let bearer = header(&req, "authorization");
     if content_type.contains("protobuf") || content_type.contains("cbor") {
         return error(ApiError::new(
             415,
@@ -100,6 +102,20 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Err(e) => return error(ApiError::bad_request(format!("reading body: {e}"))),
     };
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if let Some(z) = app.authz.as_ref().filter(|z| bearer == format!("Bearer {}", z.token)) {
+        let attrs = match segs.as_slice() {
+            ["api", "v1", rest @ ..] if !rest.is_empty() => {
+                Some(crate::authz::attributes(&method, "", rest, truthy(&query, "watch")))
+            }
+            ["apis", g, _, rest @ ..] if !rest.is_empty() => {
+                Some(crate::authz::attributes(&method, g, rest, truthy(&query, "watch")))
+            }
+            _ => None,
+        };
+        if let Some(Err(msg)) = attrs.map(|a| z.check(a)) {
+            return error(ApiError::new(403, "Forbidden", msg).with_details(json!({})));
+        }
+    }
     let ctx = Ctx {
         app: &app,
         method: &method,

@@ -5,7 +5,7 @@
 //! ```no_run
 //! # async fn demo() {
 //! let srv = test_apiserver::TestApiServer::start(test_apiserver::Options {
-//!     crds_dir: Some("crds".into()),
+//!     crds_dir: Some("config/crd/bases".into()),
 //!     ..Default::default()
 //! })
 //! .await
@@ -14,6 +14,7 @@
 //! # }
 //! ```
 
+pub mod authz;
 pub mod errors;
 pub mod http;
 pub mod kubelet;
@@ -41,6 +42,8 @@ pub struct Options {
     pub listen: SocketAddr,
     /// Where to write the kubeconfig; None = a temp file owned by the handle.
     pub kubeconfig_out: Option<PathBuf>,
+    /// RBAC for one token; requests with any other token are admins.
+    pub authz: Option<Arc<authz::Authz>>,
 }
 
 impl Default for Options {
@@ -50,6 +53,7 @@ impl Default for Options {
             kubelet: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             kubeconfig_out: None,
+            authz: None,
         }
     }
 }
@@ -65,9 +69,9 @@ pub struct TestApiServer {
     _tmp: Option<tempfile::TempDir>,
 }
 
-/// The crate's own copy of the operator CRDs: `<workspace>/crds`.
+/// The crate's own copy of the operator CRDs: `<workspace>/config/crd/bases`.
 pub fn workspace_crds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd/bases")
 }
 
 /// A kubeconfig for `http://addr` (plain http, a dummy token).
@@ -118,6 +122,7 @@ impl TestApiServer {
             store: store.clone(),
             addr,
             shutdown: shutdown_rx.clone(),
+            authz: opts.authz.clone(),
         });
         let router = http::router(app);
         let mut rx = shutdown_rx;
@@ -156,6 +161,11 @@ impl TestApiServer {
     /// The store, for white-box checks.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// A kubeconfig for `token` (the RBAC-bound subject of [`Options::authz`]).
+    pub fn kubeconfig_for(&self, token: &str) -> String {
+        kubeconfig_yaml(self.addr).replace("token: test-token", &format!("token: {token}"))
     }
 
     /// A kube client for this server (default namespace `default`).
