@@ -99,7 +99,10 @@ fn the_deployment_keeps_the_runtime_envelope() {
         .as_str()
         .unwrap();
     object(&docs, "ConfigMap", cm);
-    assert_eq!(mount("providers-config")["mountPath"], "/etc/proxy-operator");
+    assert_eq!(
+        mount("providers-config")["mountPath"],
+        "/etc/proxy-operator"
+    );
 
     // Environment: the optional token, then the downward API before its use.
     let env = c["env"].as_array().unwrap();
@@ -108,7 +111,11 @@ fn the_deployment_keeps_the_runtime_envelope() {
     let key = &token["valueFrom"]["secretKeyRef"];
     assert_eq!(
         (&key["name"], &key["key"], &key["optional"]),
-        (&Value::from("discovery-token"), &Value::from("token"), &Value::from(true))
+        (
+            &Value::from("discovery-token"),
+            &Value::from("token"),
+            &Value::from(true)
+        )
     );
     let pos = |n: &str| names.iter().position(|x| *x == n).unwrap();
     assert!(pos("POD_NAME") < pos("OTEL_RESOURCE_ATTRIBUTES"));
@@ -242,7 +249,10 @@ fn services_and_network_policy_reach_the_manager_ports() {
         .iter()
         .find(|d| d["kind"] == "NetworkPolicy")
         .expect("a NetworkPolicy");
-    for (k, v) in np["spec"]["podSelector"]["matchLabels"].as_object().unwrap() {
+    for (k, v) in np["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
         assert_eq!(&pod_labels[k], v);
     }
     assert_eq!(strs(&np["spec"]["policyTypes"]), ["Ingress"]);
@@ -259,7 +269,9 @@ fn services_and_network_policy_reach_the_manager_ports() {
 fn grants(rules: &[test_apiserver::authz::PolicyRule], group: &str, resource: &str) -> Vec<String> {
     let mut v: Vec<String> = rules
         .iter()
-        .filter(|r| r.api_groups.iter().any(|g| g == group) && r.resources.iter().any(|x| x == resource))
+        .filter(|r| {
+            r.api_groups.iter().any(|g| g == group) && r.resources.iter().any(|x| x == resource)
+        })
         .flat_map(|r| r.verbs.clone())
         .collect();
     v.sort();
@@ -287,9 +299,12 @@ fn the_manager_gets_least_privilege_rbac() {
     assert_eq!(ns_rule.verbs, ["get"]);
     assert_eq!(
         grants(&cluster, "crawl.example.com", "proxies"),
-        ["get", "list", "patch", "watch"]
+        ["list", "patch", "watch"]
     );
-    assert_eq!(grants(&cluster, "crawl.example.com", "proxies/status"), ["patch"]);
+    assert_eq!(
+        grants(&cluster, "crawl.example.com", "proxies/status"),
+        ["patch"]
+    );
     assert_eq!(
         grants(&cluster, "crawl.example.com", "providerhealths"),
         ["create", "delete", "get", "list", "watch"]
@@ -298,13 +313,20 @@ fn the_manager_gets_least_privilege_rbac() {
         grants(&cluster, "crawl.example.com", "providerhealths/status"),
         ["patch"]
     );
-    assert!(grants(&cluster, "", "events").is_empty(), "no event recorder");
+    assert!(
+        grants(&cluster, "", "events").is_empty(),
+        "no event recorder"
+    );
     // Pods come from the kubernetes-provider component only.
     assert_eq!(
         grants(&cluster, "", "pods"),
         ["create", "delete", "get", "list", "watch"]
     );
-    let pods_role = object(&docs, "ClusterRole", "egress-proxies-operator-manager-pods-role");
+    let pods_role = object(
+        &docs,
+        "ClusterRole",
+        "egress-proxies-operator-manager-pods-role",
+    );
     assert!(pods_role["rules"].to_string().contains("pods"));
     let base = object(&docs, "ClusterRole", "egress-proxies-operator-manager-role");
     assert!(!base["rules"].to_string().contains("pods"));
@@ -312,7 +334,10 @@ fn the_manager_gets_least_privilege_rbac() {
     assert_eq!(namespaced.len(), 1);
     let (ns, rules) = &namespaced[0];
     assert_eq!(ns, NS);
-    assert_eq!(grants(rules, "coordination.k8s.io", "leases"), ["create", "get", "update"]);
+    assert_eq!(
+        grants(rules, "coordination.k8s.io", "leases"),
+        ["create", "get", "update"]
+    );
     assert!(rules.iter().all(|r| r.resources == ["leases"]));
     assert!(rules
         .iter()
@@ -325,16 +350,33 @@ fn user_roles_never_write_status() {
     let docs = kustomize("config/default");
     for (role, verbs) in [
         ("proxy-admin-role", vec!["*"]),
-        ("proxy-editor-role", vec!["create", "delete", "get", "list", "patch", "update", "watch"]),
+        (
+            "proxy-editor-role",
+            vec![
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ],
+        ),
         ("proxy-viewer-role", vec!["get", "list", "watch"]),
         ("providerhealth-viewer-role", vec!["get", "list", "watch"]),
     ] {
-        let r = object(&docs, "ClusterRole", &format!("egress-proxies-operator-{role}"));
+        let r = object(
+            &docs,
+            "ClusterRole",
+            &format!("egress-proxies-operator-{role}"),
+        );
         let rules: Vec<test_apiserver::authz::PolicyRule> =
             serde_json::from_value(r["rules"].clone()).unwrap();
-        let kind = if role.starts_with("proxy-") { "proxies" } else { "providerhealths" };
+        let kind = if role.starts_with("proxy-") {
+            "proxies"
+        } else {
+            "providerhealths"
+        };
         assert_eq!(grants(&rules, "crawl.example.com", kind), verbs, "{role}");
-        assert_eq!(grants(&rules, "crawl.example.com", &format!("{kind}/status")), ["get"], "{role}");
+        assert_eq!(
+            grants(&rules, "crawl.example.com", &format!("{kind}/status")),
+            ["get"],
+            "{role}"
+        );
     }
 }
 
@@ -348,7 +390,8 @@ fn without_the_component_no_pod_permissions_are_granted() {
         .prefix("no-pods-")
         .tempdir_in(&parent)
         .unwrap();
-    let default = std::fs::read_to_string(support::repo().join("config/default/kustomization.yaml")).unwrap();
+    let default =
+        std::fs::read_to_string(support::repo().join("config/default/kustomization.yaml")).unwrap();
     let rel = pathdiff(dir.path());
     let text: String = default
         .lines()
@@ -374,7 +417,13 @@ fn without_the_component_no_pod_permissions_are_granted() {
     )
     .unwrap();
     std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
-    let rel_dir = dir.path().strip_prefix(support::repo()).unwrap().to_str().unwrap().to_string();
+    let rel_dir = dir
+        .path()
+        .strip_prefix(support::repo())
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     let docs = kustomize(&rel_dir);
     let (cluster, _) = rules_of(&docs, NS, SA);
     assert!(grants(&cluster, "", "pods").is_empty());
@@ -383,17 +432,25 @@ fn without_the_component_no_pod_permissions_are_granted() {
 
 /// `../..` from `dir` back to the repository root.
 fn pathdiff(dir: &std::path::Path) -> String {
-    let depth = dir.strip_prefix(support::repo()).unwrap().components().count();
+    let depth = dir
+        .strip_prefix(support::repo())
+        .unwrap()
+        .components()
+        .count();
     vec![".."; depth].join("/")
 }
 
 #[test]
 fn every_sample_renders_and_names_a_sample_provider() {
     let samples = kustomize("config/samples");
-    let kinds: Vec<&str> = samples.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = samples
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
     assert!(kinds.iter().all(|k| *k == "Proxy"), "{kinds:?}");
     let providers_text =
-        std::fs::read_to_string(support::repo().join("config/samples/providers-config.yaml")).unwrap();
+        std::fs::read_to_string(support::repo().join("config/samples/providers-config.yaml"))
+            .unwrap();
     let providers: Value = serde_norway::from_str(&providers_text).unwrap();
     let names: Vec<&str> = providers["providers"]
         .as_array()
@@ -406,7 +463,11 @@ fn every_sample_renders_and_names_a_sample_provider() {
             continue;
         }
         let p = s["spec"]["provider"].as_str().unwrap();
-        assert!(names.contains(&p), "{} names provider {p}, not in providers-config.yaml ({names:?})", s["metadata"]["name"]);
+        assert!(
+            names.contains(&p),
+            "{} names provider {p}, not in providers-config.yaml ({names:?})",
+            s["metadata"]["name"]
+        );
     }
     // Every sample file in the folder is listed.
     let mut files: Vec<String> = std::fs::read_dir(support::repo().join("config/samples"))
@@ -423,5 +484,9 @@ fn every_sample_renders_and_names_a_sample_provider() {
         .arg("--check-config")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -136,21 +136,24 @@ pub fn rules_of(
     Vec<(String, Vec<test_apiserver::authz::PolicyRule>)>,
 ) {
     let binds_sa = |b: &serde_json::Value| {
-        b["subjects"].as_array().into_iter().flatten().any(|s| {
-            s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns
-        })
+        b["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns)
     };
-    let rules = |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<test_apiserver::authz::PolicyRule> {
-        let role = docs
-            .iter()
-            .find(|d| {
-                d["kind"] == kind
-                    && d["metadata"]["name"] == name
-                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
-            })
-            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
-        serde_json::from_value(role["rules"].clone()).unwrap()
-    };
+    let rules =
+        |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<test_apiserver::authz::PolicyRule> {
+            let role = docs
+                .iter()
+                .find(|d| {
+                    d["kind"] == kind
+                        && d["metadata"]["name"] == name
+                        && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
+                })
+                .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
+            serde_json::from_value(role["rules"].clone()).unwrap()
+        };
     let mut cluster = Vec::new();
     let mut namespaced = Vec::new();
     for b in docs.iter().filter(|d| binds_sa(d)) {

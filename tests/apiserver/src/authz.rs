@@ -46,6 +46,7 @@ pub struct Authz {
     /// Rules that apply in one namespace (Roles and RoleBindings).
     pub namespaced_rules: Vec<(String, Vec<PolicyRule>)>,
     seen: Mutex<BTreeSet<Attributes>>,
+    denied: Mutex<BTreeSet<Attributes>>,
 }
 
 fn covers(list: &[String], want: &str) -> bool {
@@ -78,6 +79,7 @@ impl Authz {
             cluster_rules,
             namespaced_rules,
             seen: Mutex::new(BTreeSet::new()),
+            denied: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -96,6 +98,11 @@ impl Authz {
     pub fn check(&self, a: Attributes) -> Result<(), String> {
         let ok = self.allows(&a);
         let msg = (!ok).then(|| self.forbidden_message(&a));
+        if !ok {
+            if let Ok(mut denied) = self.denied.lock() {
+                denied.insert(a.clone());
+            }
+        }
         if let Ok(mut seen) = self.seen.lock() {
             seen.insert(a);
         }
@@ -105,6 +112,14 @@ impl Authz {
     /// Every distinct request made with the token so far.
     pub fn seen(&self) -> Vec<Attributes> {
         self.seen
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every distinct request refused so far.
+    pub fn denied(&self) -> Vec<Attributes> {
+        self.denied
             .lock()
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
@@ -194,22 +209,108 @@ mod tests {
 
     #[test]
     fn request_paths_map_to_rbac_attributes() {
-        let cases: &[(&str, &str, &[&str], bool, &str, &str, Option<&str>, Option<&str>)] = &[
+        let cases: &[(
+            &str,
+            &str,
+            &[&str],
+            bool,
+            &str,
+            &str,
+            Option<&str>,
+            Option<&str>,
+        )] = &[
             ("GET", "", &["pods"], false, "list", "pods", None, None),
             ("GET", "", &["pods"], true, "watch", "pods", None, None),
-            ("GET", "", &["namespaces", "a", "pods", "p"], false, "get", "pods", Some("a"), Some("p")),
-            ("PATCH", "x.io", &["proxies", "p", "status"], false, "patch", "proxies/status", None, Some("p")),
-            ("PUT", "x.io", &["namespaces", "a", "proxies", "p", "status"], false, "update", "proxies/status", Some("a"), Some("p")),
-            ("POST", "", &["namespaces", "a", "pods"], false, "create", "pods", Some("a"), None),
-            ("DELETE", "", &["namespaces", "a", "pods", "p"], false, "delete", "pods", Some("a"), Some("p")),
-            ("DELETE", "", &["namespaces", "a", "pods"], false, "deletecollection", "pods", Some("a"), None),
-            ("GET", "", &["namespaces", "a"], false, "get", "namespaces", None, Some("a")),
-            ("PUT", "", &["namespaces", "a", "finalize"], false, "update", "namespaces/finalize", None, Some("a")),
+            (
+                "GET",
+                "",
+                &["namespaces", "a", "pods", "p"],
+                false,
+                "get",
+                "pods",
+                Some("a"),
+                Some("p"),
+            ),
+            (
+                "PATCH",
+                "x.io",
+                &["proxies", "p", "status"],
+                false,
+                "patch",
+                "proxies/status",
+                None,
+                Some("p"),
+            ),
+            (
+                "PUT",
+                "x.io",
+                &["namespaces", "a", "proxies", "p", "status"],
+                false,
+                "update",
+                "proxies/status",
+                Some("a"),
+                Some("p"),
+            ),
+            (
+                "POST",
+                "",
+                &["namespaces", "a", "pods"],
+                false,
+                "create",
+                "pods",
+                Some("a"),
+                None,
+            ),
+            (
+                "DELETE",
+                "",
+                &["namespaces", "a", "pods", "p"],
+                false,
+                "delete",
+                "pods",
+                Some("a"),
+                Some("p"),
+            ),
+            (
+                "DELETE",
+                "",
+                &["namespaces", "a", "pods"],
+                false,
+                "deletecollection",
+                "pods",
+                Some("a"),
+                None,
+            ),
+            (
+                "GET",
+                "",
+                &["namespaces", "a"],
+                false,
+                "get",
+                "namespaces",
+                None,
+                Some("a"),
+            ),
+            (
+                "PUT",
+                "",
+                &["namespaces", "a", "finalize"],
+                false,
+                "update",
+                "namespaces/finalize",
+                None,
+                Some("a"),
+            ),
         ];
         for (m, g, rest, w, verb, res, ns, name) in cases {
             let a = attributes(m, g, rest, *w);
             assert_eq!(
-                (a.verb.as_str(), a.resource.as_str(), a.namespace.as_deref(), a.name.as_deref()),
+                (
+                    a.verb.as_str(),
+                    a.resource.as_str(),
+                    a.namespace.as_deref(),
+                    a.name.as_deref()
+                ),
                 (*verb, *res, *ns, *name),
                 "{m} {rest:?}"
             );
@@ -222,7 +323,10 @@ mod tests {
             "t",
             "u",
             vec![rule(&["x.io"], &["proxies"], &["get", "list"])],
-            vec![("sys".into(), vec![rule(&["coordination.k8s.io"], &["leases"], &["*"])])],
+            vec![(
+                "sys".into(),
+                vec![rule(&["coordination.k8s.io"], &["leases"], &["*"])],
+            )],
         );
         let a = |verb: &str, group: &str, res: &str, ns: Option<&str>| Attributes {
             verb: verb.into(),
@@ -236,9 +340,22 @@ mod tests {
         assert!(!z.allows(&a("patch", "x.io", "proxies", None)));
         assert!(!z.allows(&a("get", "x.io", "proxies/status", None)));
         assert!(z.allows(&a("update", "coordination.k8s.io", "leases", Some("sys"))));
-        assert!(!z.allows(&a("update", "coordination.k8s.io", "leases", Some("default"))));
-        let err = z.check(a("delete", "", "pods", Some("default"))).unwrap_err();
-        assert!(err.contains("cannot delete resource \"pods\" in API group \"\" in the namespace \"default\""), "{err}");
+        assert!(!z.allows(&a(
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            Some("default")
+        )));
+        let err = z
+            .check(a("delete", "", "pods", Some("default")))
+            .unwrap_err();
+        assert!(
+            err.contains(
+                "cannot delete resource \"pods\" in API group \"\" in the namespace \"default\""
+            ),
+            "{err}"
+        );
         assert_eq!(z.seen().len(), 1);
+        assert_eq!(z.denied().len(), 1);
     }
 }

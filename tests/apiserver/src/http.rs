@@ -102,14 +102,24 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Err(e) => return error(ApiError::bad_request(format!("reading body: {e}"))),
     };
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    if let Some(z) = app.authz.as_ref().filter(|z| bearer == format!("Bearer {}", z.token)) {
+    if let Some(z) = app
+        .authz
+        .as_ref()
+        .filter(|z| bearer == format!("Bearer {}", z.token))
+    {
         let attrs = match segs.as_slice() {
-            ["api", "v1", rest @ ..] if !rest.is_empty() => {
-                Some(crate::authz::attributes(&method, "", rest, truthy(&query, "watch")))
-            }
-            ["apis", g, _, rest @ ..] if !rest.is_empty() => {
-                Some(crate::authz::attributes(&method, g, rest, truthy(&query, "watch")))
-            }
+            ["api", "v1", rest @ ..] if !rest.is_empty() => Some(crate::authz::attributes(
+                &method,
+                "",
+                rest,
+                truthy(&query, "watch"),
+            )),
+            ["apis", g, _, rest @ ..] if !rest.is_empty() => Some(crate::authz::attributes(
+                &method,
+                g,
+                rest,
+                truthy(&query, "watch"),
+            )),
             _ => None,
         };
         if let Some(Err(msg)) = attrs.map(|a| z.check(a)) {
