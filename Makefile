@@ -1,19 +1,32 @@
 # egress-proxies-operator: the targets users of operator projects expect.
+# `make help` lists them.
 
 CARGO ?= cargo
-IMG ?= egress-proxies-operator:dev
-BIN := target/debug/egress-proxies-operator
+KUBECTL ?= kubectl
+# The image `docker-build` builds and `deploy` installs.
+IMG ?= example.com/egress-proxies-operator:v0.0.1
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BIN := $(TARGET_DIR)/debug/egress-proxies-operator
 BENCH_PROFILE ?= --release
+# make run: the providers file; make kvm-ssh-secret: where the Secret goes.
+PROVIDERS ?= hack/providers-dev.yaml
+KVM_SSH_NAMESPACE ?= egress-proxies-operator-system
+KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
+KVM_KNOWN_HOSTS ?= $(HOME)/.ssh/kvm_known_hosts
 
-.PHONY: all build test lint fmt crds manifests check-crds test-apiserver test-e2e run check-config docker-build help bench-lease fuzz-api
+.PHONY: all build test lint fmt crds manifests check-crds test-apiserver test-e2e run run-local \
+	check-config install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
+	bench-lease fuzz-api
 
 all: build
 
 help: ## List the targets.
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-build: ## Build the operator and crdgen.
-	$(CARGO) build --bins
+##@ Development
+
+build: ## Build the operator, crdgen and the test API server.
+	$(CARGO) build --bins --workspace
 
 test: lint check-crds fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the API fuzz run, then every workspace test.
 	$(CARGO) test --workspace --no-fail-fast
@@ -28,12 +41,12 @@ fmt: ## Format the code.
 crds: ## Regenerate config/crd/bases/*.yaml from the Rust types.
 	$(CARGO) run --quiet --bin crdgen -- config/crd/bases
 
-manifests: crds ## Alias of crds.
+manifests: crds ## Alias of crds (RBAC is hand-written; tests/e2e_samples.rs checks it against the code).
 
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- config/crd/bases/ || { echo "config/crd/bases/ is stale: run 'make crds' and commit"; exit 1; }
 
-test-e2e: ## System tests: the real binary against the test API server (and real Squid).
+test-e2e: ## System tests only: the real binary against the test API server (real Squid, sshd, libvirtd; E2E_* env vars: docs/testing.md).
 	$(CARGO) test --test 'e2e_*'
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
@@ -45,11 +58,41 @@ fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemat
 test-apiserver: ## Build the Kubernetes test API server (test support, never shipped).
 	$(CARGO) build -p test-apiserver
 
-check-config: build ## Validate a providers file: make check-config PROVIDERS=path.yaml
+check-config: ## Validate a providers file: make check-config PROVIDERS=path.yaml
+	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --check-config
 
-run: build ## Run the operator against the current kubeconfig with a local providers file.
-	$(BIN) --providers-config $(or $(PROVIDERS),config/samples/providers-config.yaml) --health-probe-bind-address 127.0.0.1:8081 --discovery-bind-address 127.0.0.1:8090
+run: ## Run the operator against the current kubeconfig (PROVIDERS=hack/providers-dev.yaml; ARGS=extra flags).
+	$(CARGO) build --quiet --bin egress-proxies-operator
+	$(BIN) --providers-config $(PROVIDERS) --health-probe-bind-address 127.0.0.1:8081 \
+		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 $(ARGS)
 
-docker-build: ## Build the image (IMG=...).
+run-local: ## Run the operator against a local test API server with a Squid kubelet: no cluster needed (kubeconfig in target/run-local/kubeconfig).
+	CARGO="$(CARGO)" PROVIDERS="$(PROVIDERS)" scripts/run-local.sh $(ARGS)
+
+##@ Deployment
+
+install: ## Install the CRDs into the current cluster.
+	$(KUBECTL) apply --server-side -k config/crd
+
+uninstall: ## Remove the CRDs (and with them every Proxy and ProviderHealth); none installed is fine.
+	$(KUBECTL) delete --ignore-not-found -k config/crd
+
+render: ## Print config/default with the image set to IMG.
+	@scripts/render.sh "$(IMG)"
+
+deploy: ## Install the operator (config/default) with image IMG into the current cluster.
+	scripts/render.sh "$(IMG)" | $(KUBECTL) apply --server-side -f -
+
+undeploy: ## Remove what deploy installed, CRDs included; missing objects are fine.
+	scripts/render.sh "$(IMG)" | $(KUBECTL) delete --ignore-not-found -f -
+
+docker-build: ## Build the image IMG (needs a Docker engine).
 	docker build -t $(IMG) .
+
+kvm-ssh-secret: ## Create or update the kvm-ssh Secret from KVM_SSH_KEY and KVM_KNOWN_HOSTS in KVM_SSH_NAMESPACE.
+	@grep -q 'PRIVATE KEY' "$(KVM_SSH_KEY)" || { echo "$(KVM_SSH_KEY) is not a private key (set KVM_SSH_KEY)"; exit 1; }
+	@test -s "$(KVM_KNOWN_HOSTS)" || { echo "$(KVM_KNOWN_HOSTS) is missing or empty (set KVM_KNOWN_HOSTS; ssh-keyscan HOST >> it)"; exit 1; }
+	$(KUBECTL) -n $(KVM_SSH_NAMESPACE) create secret generic kvm-ssh \
+		--from-file=id_ed25519="$(KVM_SSH_KEY)" --from-file=known_hosts="$(KVM_KNOWN_HOSTS)" \
+		--dry-run=client -o yaml | $(KUBECTL) apply -f -

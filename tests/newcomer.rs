@@ -1,0 +1,302 @@
+//! What a newcomer meets first: the README's commands work as written (the
+//! test command is the one CI runs; the local run command starts the
+//! operator and a sample becomes Ready), every flag of `--help` is in
+//! docs/configuration.md, every Makefile target the docs promise exists,
+//! and no relative link in README.md or docs/ is broken.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{free_port, repo};
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The first command in the README's "Test" section's code block.
+fn readme_command(section: &str) -> String {
+    let readme = read("README.md");
+    let start = readme
+        .find(&format!("## {section}"))
+        .unwrap_or_else(|| panic!("README.md has no '## {section}' section"));
+    let rest = &readme[start..];
+    let block = rest.split("```").nth(1).expect("a code block");
+    block
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .expect("a command")
+        .to_string()
+}
+
+#[test]
+fn ci_runs_the_readme_test_command() {
+    let cmd = readme_command("Test");
+    assert_eq!(cmd, "make test");
+    let ci = read(".ci/run");
+    let last = ci
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty() && !l.starts_with('#'))
+        .unwrap();
+    assert_eq!(last, cmd, ".ci/run must end with the README's test command");
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A loopback HTTP server answering 200: the probe target (no internet here).
+fn probe_target() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_readme_run_command_starts_the_operator_without_a_cluster() {
+    assert_eq!(readme_command("Run"), "make run-local");
+    if !Path::new("/usr/sbin/squid").exists() {
+        println!("SKIP: /usr/sbin/squid is not installed");
+        return;
+    }
+    let operator = env!("CARGO_BIN_EXE_egress-proxies-operator");
+    let apiserver = Path::new(operator).with_file_name("test-apiserver");
+    if !apiserver.exists() {
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "test-apiserver"])
+            .current_dir(repo())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let state = tempfile::tempdir().unwrap();
+    let api_port = free_port();
+    let probes = format!("127.0.0.1:{}", free_port());
+    let target = probe_target();
+    let mut child = Command::new("scripts/run-local.sh")
+        .current_dir(repo())
+        .env("OPERATOR_BIN", operator)
+        .env("APISERVER_BIN", &apiserver)
+        .env("RUN_LOCAL_DIR", state.path())
+        .env("RUN_LOCAL_API_PORT", api_port.to_string())
+        .env("RUN_LOCAL_PROBE_ADDR", &probes)
+        .env(
+            "RUN_LOCAL_DISCOVERY_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .env(
+            "RUN_LOCAL_METRICS_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(state.path().join("run-local.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("/readyz", Duration::from_secs(60), || {
+            get(&probes, "/readyz").filter(|r| r.starts_with("HTTP/1.1 200"))
+        });
+        let kubectl = |args: &[&str]| {
+            Command::new("kubectl")
+                .args(args)
+                .env("KUBECONFIG", state.path().join("kubeconfig"))
+                .current_dir(repo())
+                .output()
+                .expect("kubectl runs (CI installs it)")
+        };
+        let out = kubectl(&["apply", "-f", "config/samples/proxy_kubernetes.yaml"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_for(
+            "the sample Ready in kubectl get px",
+            Duration::from_secs(90),
+            || {
+                let out = kubectl(&["get", "px", "proxy-kubernetes-sample", "--no-headers"]);
+                let row = String::from_utf8_lossy(&out.stdout).into_owned();
+                row.contains(" Ready ").then_some(row)
+            },
+        );
+    }));
+    // Ctrl-C's signal: the script stops the operator and the API server.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(state.path().join("run-local.log")).unwrap_or_default();
+    if let Err(e) = result {
+        eprintln!("run-local log:\n{log}");
+        std::panic::resume_unwind(e);
+    }
+    assert!(
+        status.is_some(),
+        "run-local did not stop on SIGTERM:\n{log}"
+    );
+    wait_for(
+        "the API server port to close",
+        Duration::from_secs(10),
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", api_port))
+                .is_err()
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn every_flag_in_help_is_documented() {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let docs = read("docs/configuration.md");
+    let flags: Vec<&str> = help
+        .lines()
+        .map(str::trim_start)
+        .filter_map(|l| l.strip_prefix("-h, ").or(Some(l)))
+        .filter(|l| l.starts_with("--"))
+        .filter_map(|l| l.split([' ', '=', ',']).next())
+        .filter(|f| *f != "--help" && *f != "--version")
+        .collect();
+    assert!(flags.len() > 20, "parsed {flags:?}");
+    let missing: Vec<&&str> = flags
+        .iter()
+        .filter(|f| !docs.contains(&format!("`{f}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "flags missing from docs/configuration.md: {missing:?}"
+    );
+}
+
+#[test]
+fn the_promised_make_targets_exist() {
+    for target in [
+        "build",
+        "test",
+        "test-e2e",
+        "lint",
+        "fmt",
+        "crds",
+        "manifests",
+        "run",
+        "run-local",
+        "install",
+        "uninstall",
+        "deploy",
+        "undeploy",
+        "docker-build",
+        "kvm-ssh-secret",
+        "check-config",
+        "bench-lease",
+        "fuzz-api",
+    ] {
+        let out = Command::new("make")
+            .args(["-n", target, "IMG=registry.example:5000/epo:t"])
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "make -n {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // deploy installs the image it is given.
+    let out = Command::new("make")
+        .args(["-s", "render", "IMG=registry.example:5000/team/epo:1.2.3"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("image: registry.example:5000/team/epo:1.2.3"),
+        "{text}"
+    );
+    assert!(!text.contains("controller:latest"));
+}
+
+#[test]
+fn relative_links_in_readme_and_docs_resolve() {
+    let mut files = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            files.push(p);
+        }
+    }
+    let link = regex_lite::Regex::new(r"\]\(([^)#\s]+)(#[^)]*)?\)").unwrap();
+    let mut broken = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for c in link.captures_iter(&text) {
+            let target = &c[1];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            if !f.parent().unwrap().join(target).exists() {
+                broken.push(format!("{}: {target}", f.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
