@@ -1,16 +1,26 @@
-# Build stage: release binary linked against libvirt's client library.
-FROM rust:1.95-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends libvirt-dev pkg-config && rm -rf /var/lib/apt/lists/*
+# The manager image: `make docker-build IMG=...`.
+#
+# Build stage: a release build linked against libvirt's client library
+# (the kvm provider), then every shared library the binary loads is copied
+# out by scripts/runtime-libs.sh.
+FROM docker.io/library/rust:1.95-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libvirt-dev pkg-config \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
-COPY src ./src
-COPY tests/apiserver ./tests/apiserver
-RUN cargo build --release --locked --bin egress-proxies-operator
+COPY . .
+RUN cargo build --release --locked --bin egress-proxies-operator \
+ && scripts/runtime-libs.sh target/release/egress-proxies-operator /runtime
 
-# Runtime: only the libraries the binary links (libvirt0), non-root, works
-# with a read-only root filesystem (scratch space only under /tmp).
-FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends libvirt0 ca-certificates && rm -rf /var/lib/apt/lists/*
+# Runtime: distroless (no shell, no package manager) of the same Debian
+# release, plus exactly the libraries above. Runs as 65532 (distroless's
+# nonroot) and needs no writable path but /tmp, which the Deployment mounts
+# as an emptyDir, so the root filesystem can be read-only.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /runtime/ /
 COPY --from=build /src/target/release/egress-proxies-operator /usr/local/bin/egress-proxies-operator
+# libvirt's client looks under $HOME for its config and cache.
+ENV HOME=/tmp
 USER 65532:65532
+EXPOSE 8090 8443 8081
 ENTRYPOINT ["/usr/local/bin/egress-proxies-operator"]
