@@ -145,6 +145,51 @@ async fn try_once(
     }
 }
 
+/// Gives the Lease up if `me` holds it, the way client-go's
+/// `ReleaseOnCancel` does: no holder and a one-second duration, so a
+/// follower takes over at its next attempt instead of after a full lease
+/// duration. Call it only once leader-only work has stopped.
+pub async fn release(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    me: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    if observe(&lease).holder.as_deref() != Some(me) {
+        return Ok(false);
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(now));
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        // Someone else wrote it in between: it is not ours to release.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A running campaign.
+pub struct Campaign {
+    /// `true` while leading; see [`campaign`].
+    pub leading: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Campaign {
+    /// Stops campaigning (no more renewals) and waits for the task to end.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
 /// Campaigns for the Lease `name` in `namespace` as `me`. The returned
 /// channel turns `true` once this replica leads; if it then fails to renew
 /// for `renew_deadline` it turns `false` (and never back: a replica that
@@ -155,11 +200,11 @@ pub fn campaign(
     name: &str,
     me: String,
     timing: Timing,
-) -> watch::Receiver<bool> {
+) -> Campaign {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let name = name.to_string();
     let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut leading = false;
         let mut last_renewal = tokio::time::Instant::now();
         loop {
@@ -193,7 +238,7 @@ pub fn campaign(
             tokio::time::sleep(timing.retry_period).await;
         }
     });
-    rx
+    Campaign { leading: rx, task }
 }
 
 #[cfg(test)]

@@ -173,6 +173,7 @@ async fn main() -> ExitCode {
     // Everything below is leader-only: with --leader-elect, wait for the
     // Lease; a replica that loses it exits, so leader-only work never runs
     // on two replicas at once.
+    let mut held_lease = None;
     if flags.leader_elect {
         let identity = leader_identity();
         let timing = leader::Timing {
@@ -180,13 +181,14 @@ async fn main() -> ExitCode {
             renew_deadline: flags.leader_election_renew_deadline,
             retry_period: flags.leader_election_retry_period,
         };
-        let mut leading = leader::campaign(
+        let campaign = leader::campaign(
             client.clone(),
             &flags.operator_namespace,
             LEADER_ELECTION_ID,
             identity.clone(),
             timing,
         );
+        let mut leading = campaign.leading.clone();
         info!(identity = %identity, lease = LEADER_ELECTION_ID, namespace = %flags.operator_namespace, "Waiting to become the leader");
         let stop = stopped();
         tokio::select! {
@@ -202,10 +204,13 @@ async fn main() -> ExitCode {
             }
         }
         tokio::spawn(async move {
-            let _ = leading.wait_for(|l| !*l).await;
-            error!("Lost leadership; exiting so that leader-only work never runs twice");
-            std::process::exit(1);
+            // An error means the campaign was stopped for shutdown.
+            if leading.wait_for(|l| !*l).await.is_ok() {
+                error!("Lost leadership; exiting so that leader-only work never runs twice");
+                std::process::exit(1);
+            }
         });
+        held_lease = Some((campaign, identity));
     }
 
     let watch_pods = config
@@ -240,6 +245,7 @@ async fn main() -> ExitCode {
         }
     };
     let health_source: Arc<dyn controller::HealthSource> = engine;
+    let client_for_release = client.clone();
     let ctx = Arc::new(
         Context::new(client, providers, installation_id, Some(health_source))
             .with_metrics(metrics.reconcile.clone()),
@@ -268,6 +274,25 @@ async fn main() -> ExitCode {
         _ = async { stop.await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             warn!(grace = ?SHUTDOWN_GRACE, "Runnables did not stop in time; abandoning them");
             tasks.abort_all();
+        }
+    }
+    // Leader-only work has stopped: hand the Lease over now rather than
+    // make the next leader wait out its duration.
+    if let Some((campaign, identity)) = held_lease {
+        campaign.stop().await;
+        let release = leader::release(
+            client_for_release,
+            &flags.operator_namespace,
+            LEADER_ELECTION_ID,
+            &identity,
+        );
+        match tokio::time::timeout(std::time::Duration::from_secs(2), release).await {
+            Ok(Ok(true)) => info!(lease = LEADER_ELECTION_ID, "Released the leader lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e, "Could not release the leader lease; it expires by itself")
+            }
+            Err(_) => warn!("Releasing the leader lease timed out; it expires by itself"),
         }
     }
     telemetry.shutdown();

@@ -1,6 +1,6 @@
 //! Two replicas with --leader-elect against the test API server: only the
 //! leader reconciles, and when it is killed the other takes over within the
-//! lease duration.
+//! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
 
 mod support;
 
@@ -18,6 +18,16 @@ const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
 
 fn replica(server: &TestApiServer, dir: &std::path::Path, name: &str) -> Operator {
+    replica_with(server, dir, name, ["4s", "3s"])
+}
+
+/// A replica with the given lease duration and renew deadline.
+fn replica_with(
+    server: &TestApiServer,
+    dir: &std::path::Path,
+    name: &str,
+    [lease, renew]: [&str; 2],
+) -> Operator {
     let mut cmd = support::operator(
         dir,
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
@@ -28,9 +38,9 @@ fn replica(server: &TestApiServer, dir: &std::path::Path, name: &str) -> Operato
         "--operator-namespace",
         "default",
         "--leader-election-lease-duration",
-        "4s",
+        lease,
         "--leader-election-renew-deadline",
-        "3s",
+        renew,
         "--leader-election-retry-period",
         "500ms",
     ])
@@ -128,5 +138,48 @@ async fn only_the_leader_reconciles_and_the_other_takes_over() {
     reconciled(&proxies, "p2").await;
     let b_log = std::fs::read_to_string(dir.path().join("b.log")).unwrap();
     assert!(b_log.contains("Became the leader"), "{b_log}");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_gracefully_releases_the_lease() {
+    let server = support::api_server(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let leases: Api<Lease> = Api::namespaced(server.client(), "default");
+    // A 60 s lease: b can only lead within the wait below if a releases it.
+    let a = replica_with(&server, dir.path(), "a", ["60s", "40s"]);
+    eventually("a to lead", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    let b = replica_with(&server, dir.path(), "b", ["60s", "40s"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(holder(&leases).await.unwrap().starts_with("a_"));
+
+    let stopped = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &a.pid().to_string()])
+        .status()
+        .unwrap();
+    let mut a = a;
+    let status = a.0.wait().unwrap();
+    assert!(status.success(), "a exits cleanly on SIGTERM: {status:?}");
+    let a_log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    assert!(a_log.contains("Released the leader lease"), "{a_log}");
+    eventually("b to take over", Duration::from_secs(20), || async {
+        holder(&leases).await.filter(|h| h.starts_with("b_"))
+    })
+    .await;
+    println!(
+        "takeover after SIGTERM: {:?} (lease duration 60s)",
+        stopped.elapsed()
+    );
+    let spec = leases.get(LEASE).await.unwrap().spec.unwrap();
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(60),
+        "b writes its own duration"
+    );
+    assert_eq!(spec.lease_transitions, Some(1));
     drop(b);
 }
