@@ -92,3 +92,95 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The series documented in the table of docs/metrics.md: every row whose
+/// first cell is a backticked `proxy_operator_*` name, mapped to its type
+/// cell (`counter`, `gauge`, `histogram`).
+pub fn documented_metrics() -> std::collections::BTreeMap<String, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let mut cells = line.split('|').map(str::trim);
+        // A table row starts with `|`: the first piece is empty.
+        if cells.next() != Some("") {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (cells.next(), cells.next()) else {
+            continue;
+        };
+        let Some(name) = name
+            .strip_prefix('`')
+            .and_then(|n| n.strip_suffix('`'))
+            .filter(|n| n.starts_with("proxy_operator_"))
+        else {
+            continue;
+        };
+        let previous = out.insert(name.to_string(), kind.to_string());
+        assert!(previous.is_none(), "{name} is in docs/metrics.md twice");
+    }
+    out
+}
+
+/// Every `proxy_operator_*` metric name in a PromQL expression, in order
+/// of appearance.
+pub fn metric_names_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("proxy_operator_") {
+        let boundary = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        if boundary {
+            names.push(tail[..len].to_string());
+        }
+        rest = &tail[len..];
+    }
+    names
+}
+
+/// The documented series a PromQL metric name refers to: the name itself,
+/// or for `_bucket`, `_count` and `_sum` the documented histogram.
+pub fn resolve_metric<'a>(
+    name: &str,
+    documented: &'a std::collections::BTreeMap<String, String>,
+) -> Option<&'a str> {
+    if let Some((n, _)) = documented.get_key_value(name) {
+        return Some(n);
+    }
+    ["_bucket", "_count", "_sum"].iter().find_map(|suffix| {
+        let base = name.strip_suffix(suffix)?;
+        let (n, kind) = documented.get_key_value(base)?;
+        (kind == "histogram").then_some(n.as_str())
+    })
+}
+
+/// Runs `promtool` with `args`; panics when it is not installed (CI
+/// installs it: Debian package `prometheus`), never skips.
+pub fn promtool(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    match Command::new("promtool").args(args).output() {
+        Ok(out) => out,
+        Err(e) => panic!(
+            "cannot run promtool ({e}): install it (Debian/Ubuntu: apt-get install prometheus)"
+        ),
+    }
+}
+
+/// Runs `promtool` with `args` and panics with its output unless it
+/// succeeds.
+pub fn promtool_ok(args: &[&std::ffi::OsStr]) -> String {
+    let out = promtool(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    text
+}
