@@ -97,9 +97,7 @@ pub fn free_port() -> u16 {
 /// first cell is a backticked `proxy_operator_*` name, mapped to its type
 /// cell (`counter`, `gauge`, `histogram`).
 pub fn documented_metrics() -> std::collections::BTreeMap<String, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = repo_file("docs/metrics.md");
     let mut out = std::collections::BTreeMap::new();
     for line in text.lines() {
         let mut cells = line.split('|').map(str::trim);
@@ -163,7 +161,7 @@ pub fn resolve_metric<'a>(
 
 /// Runs `promtool` with `args`; panics when it is not installed (CI
 /// installs it: Debian package `prometheus`), never skips.
-pub fn promtool(args: &[&std::ffi::OsStr]) -> std::process::Output {
+pub fn promtool<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
     match Command::new("promtool").args(args).output() {
         Ok(out) => out,
         Err(e) => panic!(
@@ -172,15 +170,31 @@ pub fn promtool(args: &[&std::ffi::OsStr]) -> std::process::Output {
     }
 }
 
-/// Runs `promtool` with `args` and panics with its output unless it
-/// succeeds.
-pub fn promtool_ok(args: &[&std::ffi::OsStr]) -> String {
+/// Runs `promtool` with `args`, panics with its output unless it
+/// succeeds, and returns that output.
+pub fn promtool_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
     let out = promtool(args);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    assert!(
+        out.status.success(),
+        "promtool {} failed:\n{text}",
+        shown.join(" ")
+    );
     text
+}
+
+/// The text of `rel`, a path relative to the repository root.
+pub fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// `rel` parsed as YAML.
+pub fn repo_yaml(rel: &str) -> serde_norway::Value {
+    serde_norway::from_str(&repo_file(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"))
 }
