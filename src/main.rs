@@ -226,6 +226,7 @@ async fn main() -> ExitCode {
             max_deletes: flags.gc_max_deletes_per_sweep,
             installation_id: installation_id.clone(),
         },
+        metrics.gc.clone(),
     );
     let stop = stopped();
     tasks.spawn(async move { gc.run(stop).await });

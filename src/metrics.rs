@@ -1,16 +1,17 @@
 //! The Prometheus registry and the series the operator exports.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Labels of a provider call counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -33,6 +34,20 @@ pub struct OpLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The registry being filled, and the name of every family registered in
+/// it (so a test can check that each one is exported and documented).
+struct Registrar {
+    registry: Registry,
+    names: Vec<&'static str>,
+}
+
+impl Registrar {
+    fn register(&mut self, name: &'static str, help: &str, metric: impl Metric) {
+        self.names.push(name);
+        self.registry.register(name, help, metric);
+    }
+}
 
 fn call_latency_histogram() -> Histogram {
     // 5ms .. ~80s: a Pod get is milliseconds, a kvm create with a first
@@ -62,7 +77,7 @@ impl ProviderMetrics {
         }
     }
 
-    fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registrar) {
         registry.register(
             "proxy_operator_provider_requests",
             "Provider calls by configured provider, operation and result class",
@@ -127,7 +142,7 @@ impl ReconcileMetrics {
         }
     }
 
-    fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registrar) {
         registry.register(
             "proxy_operator_reconcile",
             "Reconciles by controller and result (success or error)",
@@ -219,7 +234,7 @@ impl HealthMetrics {
         }
     }
 
-    fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registrar) {
         registry.register(
             "proxy_operator_healthcheck_duration_seconds",
             "Duration of every health probe through a proxy",
@@ -319,6 +334,21 @@ struct TargetLabels {
     target: String,
 }
 
+const PROXIES: &str = "proxy_operator_proxies";
+const LEASES_ACTIVE: &str = "proxy_operator_leases_active";
+const TARGET_UP: &str = "proxy_operator_provider_target_up";
+const CHECK_DURATION: &str = "proxy_operator_provider_check_duration_seconds";
+const CHECK_TIMESTAMP: &str = "proxy_operator_provider_check_timestamp_seconds";
+
+/// The families [`ScrapeSources`] writes at scrape time.
+const SCRAPE_FAMILIES: [&str; 5] = [
+    PROXIES,
+    LEASES_ACTIVE,
+    TARGET_UP,
+    CHECK_DURATION,
+    CHECK_TIMESTAMP,
+];
+
 /// Help texts of the provider check gauges (provider-health.md §8).
 pub const HELP_TARGET_UP: &str =
     "Whether the target passed its latest provider health check (1) or not (0).";
@@ -331,7 +361,7 @@ impl Collector for ScrapeSources {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         if let Some(phases) = read(&self.phases) {
             let mut m = encoder.encode_descriptor(
-                "proxy_operator_proxies",
+                PROXIES,
                 "Proxies by status.phase",
                 None,
                 MetricType::Gauge,
@@ -342,7 +372,7 @@ impl Collector for ScrapeSources {
         }
         let leases = read(&self.leases).unwrap_or(0);
         ConstGauge::new(leases).encode(encoder.encode_descriptor(
-            "proxy_operator_leases_active",
+            LEASES_ACTIVE,
             "Leases currently held by clients",
             None,
             MetricType::Gauge,
@@ -355,17 +385,13 @@ impl Collector for ScrapeSources {
             provider: t.provider.clone(),
             target: t.target.clone(),
         };
-        let mut m = encoder.encode_descriptor(
-            "proxy_operator_provider_target_up",
-            HELP_TARGET_UP,
-            None,
-            MetricType::Gauge,
-        )?;
+        let mut m =
+            encoder.encode_descriptor(TARGET_UP, HELP_TARGET_UP, None, MetricType::Gauge)?;
         for t in &targets {
             ConstGauge::new(i64::from(t.up)).encode(m.encode_family(&labels(t))?)?;
         }
         let mut m = encoder.encode_descriptor(
-            "proxy_operator_provider_check_duration_seconds",
+            CHECK_DURATION,
             HELP_CHECK_DURATION,
             None,
             MetricType::Gauge,
@@ -374,7 +400,7 @@ impl Collector for ScrapeSources {
             ConstGauge::new(t.duration_seconds).encode(m.encode_family(&labels(t))?)?;
         }
         let mut m = encoder.encode_descriptor(
-            "proxy_operator_provider_check_timestamp_seconds",
+            CHECK_TIMESTAMP,
             HELP_CHECK_TIMESTAMP,
             None,
             MetricType::Gauge,
@@ -403,7 +429,7 @@ impl DiscoveryMetrics {
         }
     }
 
-    fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registrar) {
         registry.register(
             "proxy_operator_discovery_requests",
             "Discovery API requests by route pattern and status",
@@ -448,10 +474,147 @@ impl DiscoveryMetrics {
     }
 }
 
+/// Labels of the GC series that are per provider.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabel {
+    /// Configured provider name.
+    pub provider: String,
+}
+
+/// Labels of the GC sweep counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SweepLabels {
+    /// Configured provider name.
+    pub provider: String,
+    /// `ok` or `error` ([`SweepResult`]).
+    pub result: String,
+}
+
+/// How the sweep of one provider ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepResult {
+    /// The provider's instances were listed and every verdict carried out
+    /// (a failed delete is counted on its own and still makes `ok`).
+    Ok,
+    /// Nothing of this provider was swept: listing its instances failed,
+    /// or the Proxy list failed (then every provider counts `error`).
+    Error,
+}
+
+impl SweepResult {
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SweepResult::Ok => "ok",
+            SweepResult::Error => "error",
+        }
+    }
+}
+
+/// Series written by the orphan GC, per configured provider.
+#[derive(Clone)]
+pub struct GcMetrics {
+    sweeps: Family<SweepLabels, Counter>,
+    deleted: Family<ProviderLabel, Counter>,
+    delete_failures: Family<ProviderLabel, Counter>,
+    last_success: Family<ProviderLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl GcMetrics {
+    fn new() -> Self {
+        GcMetrics {
+            sweeps: Family::default(),
+            deleted: Family::default(),
+            delete_failures: Family::default(),
+            last_success: Family::default(),
+        }
+    }
+
+    fn register(&self, registry: &mut Registrar) {
+        registry.register(
+            "proxy_operator_gc_sweeps",
+            "Orphan GC sweeps by configured provider and result (ok, or error when the provider's instances or the Proxies could not be listed)",
+            self.sweeps.clone(),
+        );
+        registry.register(
+            "proxy_operator_gc_deleted",
+            "Orphaned instances the GC deleted, by configured provider",
+            self.deleted.clone(),
+        );
+        registry.register(
+            "proxy_operator_gc_delete_failures",
+            "Deletes of orphaned instances that failed, by configured provider",
+            self.delete_failures.clone(),
+        );
+        registry.register(
+            "proxy_operator_gc_last_success_timestamp_seconds",
+            "Unix time of the latest GC sweep of the provider that ended ok",
+            self.last_success.clone(),
+        );
+    }
+
+    fn provider(provider: &str) -> ProviderLabel {
+        ProviderLabel {
+            provider: provider.to_string(),
+        }
+    }
+
+    /// Creates the counters of `providers` at zero, so that their first
+    /// increment is visible to `increase()` and the series exist from the
+    /// start.
+    pub fn start(&self, providers: &[&str]) {
+        for p in providers {
+            for result in [SweepResult::Ok, SweepResult::Error] {
+                let _ = self.sweeps.get_or_create(&SweepLabels {
+                    provider: p.to_string(),
+                    result: result.as_str().to_string(),
+                });
+            }
+            let _ = self.deleted.get_or_create(&Self::provider(p));
+            let _ = self.delete_failures.get_or_create(&Self::provider(p));
+        }
+    }
+
+    /// Counts one sweep of `provider`; an `ok` one also sets its
+    /// last-success time to now.
+    pub fn sweep(&self, provider: &str, result: SweepResult) {
+        self.sweeps
+            .get_or_create(&SweepLabels {
+                provider: provider.to_string(),
+                result: result.as_str().to_string(),
+            })
+            .inc();
+        if result == SweepResult::Ok {
+            // A clock before 1970 would be a broken host; 0 then reads as
+            // "never", which is what an alert should see.
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            self.last_success
+                .get_or_create(&Self::provider(provider))
+                .set(now);
+        }
+    }
+
+    /// Counts one orphan deleted.
+    pub fn deleted(&self, provider: &str) {
+        self.deleted.get_or_create(&Self::provider(provider)).inc();
+    }
+
+    /// Counts one failed delete of an orphan.
+    pub fn delete_failed(&self, provider: &str) {
+        self.delete_failures
+            .get_or_create(&Self::provider(provider))
+            .inc();
+    }
+}
+
 /// The operator's one registry and the handles that write into it.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
+    families: Arc<[&'static str]>,
     /// Provider call series.
     pub provider: ProviderMetrics,
     /// Reconcile series.
@@ -460,6 +623,8 @@ pub struct Metrics {
     pub health: HealthMetrics,
     /// Discovery and lease API series.
     pub discovery: DiscoveryMetrics,
+    /// Orphan GC series.
+    pub gc: GcMetrics,
     /// Scrape-time sources (Proxy phases, leases, provider targets).
     pub sources: ScrapeSources,
 }
@@ -473,25 +638,44 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every series registered.
     pub fn new() -> Self {
-        let mut registry = Registry::default();
+        let mut registrar = Registrar {
+            registry: Registry::default(),
+            names: Vec::new(),
+        };
         let provider = ProviderMetrics::new();
-        provider.register(&mut registry);
+        provider.register(&mut registrar);
         let reconcile = ReconcileMetrics::new();
-        reconcile.register(&mut registry);
+        reconcile.register(&mut registrar);
         let health = HealthMetrics::new();
-        health.register(&mut registry);
+        health.register(&mut registrar);
         let discovery = DiscoveryMetrics::new();
-        discovery.register(&mut registry);
+        discovery.register(&mut registrar);
+        let gc = GcMetrics::new();
+        gc.register(&mut registrar);
+        let Registrar {
+            mut registry,
+            mut names,
+        } = registrar;
         let sources = ScrapeSources::default();
         registry.register_collector(Box::new(sources.clone()));
+        names.extend(SCRAPE_FAMILIES);
         Metrics {
             registry: Arc::new(registry),
+            families: names.into(),
             provider,
             reconcile,
             health,
             discovery,
+            gc,
             sources,
         }
+    }
+
+    /// The name of every family this registry can export, as registered
+    /// (counters without their `_total` suffix). A family is printed only
+    /// once it has a sample.
+    pub fn family_names(&self) -> &[&'static str] {
+        &self.families
     }
 
     /// The exposition text (OpenMetrics format, which Prometheus scrapes).
@@ -545,6 +729,27 @@ mod tests {
         assert_eq!(
             openmetrics_to_text(om),
             "# HELP a_requests_total Calls.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g G.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+
+    #[test]
+    fn gc_start_creates_the_provider_counters_at_zero() {
+        let m = Metrics::new();
+        assert!(!m.encode().unwrap().contains("proxy_operator_gc_"));
+        m.gc.start(&["gcp-eu"]);
+        let text = m.encode_prometheus_text().unwrap();
+        for want in [
+            "proxy_operator_gc_sweeps_total{provider=\"gcp-eu\",result=\"ok\"} 0",
+            "proxy_operator_gc_sweeps_total{provider=\"gcp-eu\",result=\"error\"} 0",
+            "proxy_operator_gc_deleted_total{provider=\"gcp-eu\"} 0",
+            "proxy_operator_gc_delete_failures_total{provider=\"gcp-eu\"} 0",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        // No sweep has succeeded yet: no last-success time.
+        assert!(
+            !text.contains("proxy_operator_gc_last_success_timestamp_seconds{"),
+            "{text}"
         );
     }
 

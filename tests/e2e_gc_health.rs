@@ -249,6 +249,7 @@ async fn gc_deletes_only_this_installations_orphans() {
         pods.create(&pp, &pod).await.unwrap();
     }
     let t0 = Instant::now();
+    let metrics = format!("127.0.0.1:{}", free_port());
     let _op = start(
         &server,
         KUBE_ONLY,
@@ -261,6 +262,8 @@ async fn gc_deletes_only_this_installations_orphans() {
             "2s",
             "--gc-min-age",
             "2s",
+            "--metrics-bind-address",
+            &metrics,
         ],
         &[],
     );
@@ -280,6 +283,24 @@ async fn gc_deletes_only_this_installations_orphans() {
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("Deleted orphaned instance"), "{log}");
     assert_eq!(log.matches("Deleted orphaned instance").count(), 1, "{log}");
+    // The GC series count the same: one delete, ok sweeps, no errors.
+    let body = scrape(&metrics).await.expect("a scrape");
+    for want in [
+        "proxy_operator_gc_deleted_total{provider=\"kubernetes\"} 1\n",
+        "proxy_operator_gc_delete_failures_total{provider=\"kubernetes\"} 0\n",
+        "proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"error\"} 0\n",
+        "proxy_operator_gc_last_success_timestamp_seconds{provider=\"kubernetes\"} ",
+    ] {
+        assert!(body.contains(want), "missing {want:?} in\n{body}");
+    }
+    let ok_sweeps: u64 = body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"ok\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ok sweeps in\n{body}"));
+    assert!(ok_sweeps >= 2, "{ok_sweeps} ok sweeps in\n{body}");
 }
 
 async fn scrape(addr: &str) -> Option<String> {
@@ -349,6 +370,9 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         "proxy_operator_reconcile_total{controller=\"proxy\",result=\"success\"}",
         "proxy_operator_reconcile_total{controller=\"providerhealth\",result=\"success\"}",
         "proxy_operator_reconcile_duration_seconds_count{controller=\"proxy\"}",
+        // GC (default interval 10m) has not swept yet: its counters are 0.
+        "proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"ok\"} 0",
+        "proxy_operator_gc_deleted_total{provider=\"kubernetes\"} 0",
     ] {
         assert!(body.contains(want), "missing {want} in\n{body}");
     }

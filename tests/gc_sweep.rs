@@ -1,6 +1,7 @@
 //! GC sweeps against the test API server with scripted providers: a
 //! failing provider list skips that provider only, a failing Proxy list
-//! skips the whole sweep, the per-sweep budget holds across providers.
+//! skips the whole sweep, the per-sweep budget holds across providers, and
+//! the `proxy_operator_gc_*` series count all of it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use test_apiserver::{Options, TestApiServer};
 struct Scripted {
     name: String,
     fail_list: bool,
+    fail_delete: bool,
     instances: Vec<Instance>,
     deleted: Arc<Mutex<Vec<String>>>,
 }
@@ -44,6 +46,15 @@ impl Provider for Scripted {
         ))
     }
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        if self.fail_delete {
+            return Err(ProviderError::new(
+                ErrorClass::Permanent,
+                Op::Delete,
+                &self.name,
+                id,
+                "denied",
+            ));
+        }
         self.deleted
             .lock()
             .unwrap()
@@ -76,7 +87,14 @@ fn orphan(id: &str) -> Instance {
     }
 }
 
-async fn setup(with_crds: bool, max_deletes: u32) -> (TestApiServer, Gc, Arc<Mutex<Vec<String>>>) {
+/// A GC over scripted providers named `providers`: a name containing
+/// `broken` fails its list, one containing `stuck` fails every delete;
+/// each lists three orphans.
+async fn setup(
+    with_crds: bool,
+    max_deletes: u32,
+    providers: &[&str],
+) -> (TestApiServer, Gc, Arc<Mutex<Vec<String>>>, Metrics) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let server = TestApiServer::start(Options {
         crds_dir: with_crds.then(test_apiserver::workspace_crds_dir),
@@ -85,15 +103,21 @@ async fn setup(with_crds: bool, max_deletes: u32) -> (TestApiServer, Gc, Arc<Mut
     .await
     .expect("test API server starts");
     let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
-    let cfg = ProvidersConfig::from_slice(
-        b"providers:\n  - name: a-broken\n    type: kubernetes\n  - name: b-fine\n    type: kubernetes\n",
-    )
-    .unwrap();
+    let yaml: String = std::iter::once("providers:\n".to_string())
+        .chain(
+            providers
+                .iter()
+                .map(|n| format!("  - name: {n}\n    type: kubernetes\n")),
+        )
+        .collect();
+    let cfg = ProvidersConfig::from_slice(yaml.as_bytes()).unwrap();
     let d = deleted.clone();
-    let registry = Registry::build(&cfg, &Metrics::new().provider, |e| {
+    let metrics = Metrics::new();
+    let registry = Registry::build(&cfg, &metrics.provider, |e| {
         let p: Arc<dyn Provider> = Arc::new(Scripted {
             name: e.name.clone(),
-            fail_list: e.name == "a-broken",
+            fail_list: e.name.contains("broken"),
+            fail_delete: e.name.contains("stuck"),
             instances: vec![orphan("x"), orphan("y"), orphan("z")],
             deleted: d.clone(),
         });
@@ -109,26 +133,137 @@ async fn setup(with_crds: bool, max_deletes: u32) -> (TestApiServer, Gc, Arc<Mut
             max_deletes,
             installation_id: "ours".into(),
         },
+        metrics.gc.clone(),
     );
-    (server, gc, deleted)
+    (server, gc, deleted, metrics)
+}
+
+/// The sample value of `series` (name and labels exactly as exported) in
+/// the Prometheus text exposition, if present.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+fn now_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 #[tokio::test]
 async fn a_failing_provider_list_skips_only_that_provider_and_the_budget_holds() {
-    let (_server, mut gc, deleted) = setup(true, 2).await;
+    let (_server, mut gc, deleted, metrics) = setup(true, 2, &["a-broken", "b-fine"]).await;
+    let before = now_seconds();
     let report = gc.sweep().await;
     assert!(report.ran);
     assert_eq!(report.failed_providers, ["a-broken"]);
     assert_eq!(report.deleted, 2, "budget of 2");
     assert_eq!(*deleted.lock().unwrap(), ["b-fine:x", "b-fine:y"]);
+
+    let text = metrics.encode_prometheus_text().unwrap();
+    for (series, want) in [
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="error"}"#,
+            1.0,
+        ),
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
+            1.0,
+        ),
+        (r#"proxy_operator_gc_deleted_total{provider="b-fine"}"#, 2.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+    for absent in [
+        r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="ok"}"#,
+        r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="error"}"#,
+        r#"proxy_operator_gc_deleted_total{provider="a-broken"}"#,
+        r#"proxy_operator_gc_last_success_timestamp_seconds{provider="a-broken"}"#,
+        "proxy_operator_gc_delete_failures_total{",
+    ] {
+        assert!(!text.contains(absent), "{absent} in\n{text}");
+    }
+    let last = sample(
+        &text,
+        r#"proxy_operator_gc_last_success_timestamp_seconds{provider="b-fine"}"#,
+    )
+    .unwrap_or_else(|| panic!("no last-success time in\n{text}"));
+    assert!(
+        (before..=now_seconds()).contains(&last),
+        "last success {last} not within the sweep"
+    );
+
+    // The scripted listing never changes: a second sweep deletes two again
+    // and the counters add up.
+    let report = gc.sweep().await;
+    assert_eq!(report.deleted, 2);
+    let text = metrics.encode_prometheus_text().unwrap();
+    for (series, want) in [
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="error"}"#,
+            2.0,
+        ),
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
+            2.0,
+        ),
+        (r#"proxy_operator_gc_deleted_total{provider="b-fine"}"#, 4.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn failed_deletes_are_counted_and_the_sweep_still_ends_ok() {
+    let (_server, mut gc, deleted, metrics) = setup(true, 20, &["c-stuck"]).await;
+    let report = gc.sweep().await;
+    assert!(report.ran);
+    assert!(report.failed_providers.is_empty());
+    assert_eq!(report.deleted, 0);
+    assert!(deleted.lock().unwrap().is_empty());
+    let text = metrics.encode_prometheus_text().unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            r#"proxy_operator_gc_delete_failures_total{provider="c-stuck"}"#
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"proxy_operator_gc_sweeps_total{provider="c-stuck",result="ok"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("proxy_operator_gc_deleted_total{"), "{text}");
 }
 
 #[tokio::test]
 async fn a_failing_proxy_list_skips_the_sweep() {
     // No CRDs: listing Proxies fails.
-    let (_server, mut gc, deleted) = setup(false, 20).await;
+    let (_server, mut gc, deleted, metrics) = setup(false, 20, &["a-broken", "b-fine"]).await;
     let report = gc.sweep().await;
     assert!(!report.ran);
     assert_eq!(report.deleted, 0);
     assert!(deleted.lock().unwrap().is_empty());
+    // Every configured provider counts an error sweep; nothing succeeded.
+    let text = metrics.encode_prometheus_text().unwrap();
+    for p in ["a-broken", "b-fine"] {
+        let series = format!(r#"proxy_operator_gc_sweeps_total{{provider="{p}",result="error"}}"#);
+        assert_eq!(sample(&text, &series), Some(1.0), "{series} in\n{text}");
+    }
+    for absent in [
+        r#"result="ok""#,
+        "proxy_operator_gc_last_success_timestamp_seconds{",
+        "proxy_operator_gc_deleted_total{",
+    ] {
+        assert!(!text.contains(absent), "{absent} in\n{text}");
+    }
 }

@@ -14,6 +14,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, error, info, warn, Instrument};
 
 use crate::api::Proxy;
+use crate::metrics::{GcMetrics, SweepResult};
 use crate::provider::registry::Registry;
 pub use select::{Rules, Verdict};
 
@@ -46,16 +47,19 @@ pub struct Gc {
     client: Client,
     registry: Registry,
     settings: Settings,
+    metrics: GcMetrics,
     first_seen: HashMap<String, DateTime<Utc>>,
 }
 
 impl Gc {
-    /// A collector; nothing runs until [`Gc::run`].
-    pub fn new(client: Client, registry: Registry, settings: Settings) -> Self {
+    /// A collector writing its series into `metrics`; nothing runs until
+    /// [`Gc::run`].
+    pub fn new(client: Client, registry: Registry, settings: Settings, metrics: GcMetrics) -> Self {
         Gc {
             client,
             registry,
             settings,
+            metrics,
             first_seen: HashMap::new(),
         }
     }
@@ -73,6 +77,8 @@ impl Gc {
             maxDeletes = self.settings.max_deletes,
             "Starting orphan GC"
         );
+        let names: Vec<&str> = self.registry.providers().map(|(n, _)| n).collect();
+        self.metrics.start(&names);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -106,6 +112,9 @@ impl Gc {
             Ok(list) => list.items.iter().filter_map(|p| p.uid()).collect(),
             Err(e) => {
                 error!(error = %e, "Listing Proxies failed; skipping this GC sweep");
+                for (name, _) in self.registry.providers() {
+                    self.metrics.sweep(name, SweepResult::Error);
+                }
                 return report;
             }
         };
@@ -122,6 +131,7 @@ impl Gc {
                 Ok(l) => l,
                 Err(e) => {
                     error!(provider = %name, error = %e, "Listing instances failed; skipping this provider");
+                    self.metrics.sweep(&name, SweepResult::Error);
                     report.failed_providers.push(name);
                     continue;
                 }
@@ -145,9 +155,11 @@ impl Gc {
                     Verdict::Delete => match provider.delete(&inst.id).await {
                         Ok(()) => {
                             report.deleted += 1;
+                            self.metrics.deleted(&name);
                             info!(provider = %name, providerID = %inst.id, uid = %inst.uid, "Deleted orphaned instance");
                         }
                         Err(e) => {
+                            self.metrics.delete_failed(&name);
                             error!(provider = %name, providerID = %inst.id, uid = %inst.uid, error = %e, "Deleting orphaned instance failed");
                         }
                     },
@@ -159,6 +171,7 @@ impl Gc {
                     }
                 }
             }
+            self.metrics.sweep(&name, SweepResult::Ok);
         }
         report
     }

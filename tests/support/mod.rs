@@ -72,6 +72,112 @@ where
     }
 }
 
+/// The series documented in the table of docs/metrics.md: every row whose
+/// first cell is a backticked `proxy_operator_*` name, mapped to its type
+/// cell (`counter`, `gauge`, `histogram`).
+pub fn documented_metrics() -> std::collections::BTreeMap<String, String> {
+    let text = repo_file("docs/metrics.md");
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let mut cells = line.split('|').map(str::trim);
+        // A table row starts with `|`: the first piece is empty.
+        if cells.next() != Some("") {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (cells.next(), cells.next()) else {
+            continue;
+        };
+        let Some(name) = name
+            .strip_prefix('`')
+            .and_then(|n| n.strip_suffix('`'))
+            .filter(|n| n.starts_with("proxy_operator_"))
+        else {
+            continue;
+        };
+        let previous = out.insert(name.to_string(), kind.to_string());
+        assert!(previous.is_none(), "{name} is in docs/metrics.md twice");
+    }
+    out
+}
+
+/// Every `proxy_operator_*` metric name in a PromQL expression, in order
+/// of appearance.
+pub fn metric_names_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("proxy_operator_") {
+        let boundary = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        if boundary {
+            names.push(tail[..len].to_string());
+        }
+        rest = &tail[len..];
+    }
+    names
+}
+
+/// The documented series a PromQL metric name refers to: the name itself,
+/// or for `_bucket`, `_count` and `_sum` the documented histogram.
+pub fn resolve_metric<'a>(
+    name: &str,
+    documented: &'a std::collections::BTreeMap<String, String>,
+) -> Option<&'a str> {
+    if let Some((n, _)) = documented.get_key_value(name) {
+        return Some(n);
+    }
+    ["_bucket", "_count", "_sum"].iter().find_map(|suffix| {
+        let base = name.strip_suffix(suffix)?;
+        let (n, kind) = documented.get_key_value(base)?;
+        (kind == "histogram").then_some(n.as_str())
+    })
+}
+
+/// Runs `promtool` with `args`; panics when it is not installed (CI
+/// installs it: Debian package `prometheus`), never skips.
+pub fn promtool<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    match Command::new("promtool").args(args).output() {
+        Ok(out) => out,
+        Err(e) => panic!(
+            "cannot run promtool ({e}): install it (Debian/Ubuntu: apt-get install prometheus)"
+        ),
+    }
+}
+
+/// Runs `promtool` with `args`, panics with its output unless it
+/// succeeds, and returns that output.
+pub fn promtool_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+    let out = promtool(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    assert!(
+        out.status.success(),
+        "promtool {} failed:\n{text}",
+        shown.join(" ")
+    );
+    text
+}
+
+/// The text of `rel`, a path relative to the repository root.
+pub fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// `rel` parsed as YAML.
+pub fn repo_yaml(rel: &str) -> serde_norway::Value {
+    serde_norway::from_str(&repo_file(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"))
+}
+
 /// The test API server on loopback with the generated CRDs, optionally with
 /// its Squid-running kubelet. (It installs the process's TLS provider.)
 pub async fn api_server(kubelet: bool) -> test_apiserver::TestApiServer {
