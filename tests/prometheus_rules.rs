@@ -173,21 +173,14 @@ fn service_monitor_scrapes_the_metrics_service_over_plain_http() {
 #[test]
 fn kustomize_renders_the_service_monitor_and_the_rule() {
     // kubectl is required like promtool (CI installs both).
-    let out = std::process::Command::new("kubectl")
-        .args(["kustomize", DIR])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl ({e}): install it"));
-    let rendered = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {DIR} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let kinds: Vec<String> = serde_norway::Deserializer::from_str(&rendered)
-        .map(|d| {
-            let v: Value = serde::Deserialize::deserialize(d).unwrap();
-            format!("{}/{}", text(&v["kind"]), text(&v["metadata"]["name"]))
+    let kinds: Vec<String> = support::kustomize(DIR)
+        .iter()
+        .map(|v| {
+            format!(
+                "{}/{}",
+                v["kind"].as_str().unwrap_or(""),
+                v["metadata"]["name"].as_str().unwrap_or("")
+            )
         })
         .collect();
     assert_eq!(

@@ -169,7 +169,7 @@ pub fn promtool_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
 
 /// The text of `rel`, a path relative to the repository root.
 pub fn repo_file(rel: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let path = repo().join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
