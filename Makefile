@@ -46,7 +46,7 @@ manifests: crds ## Alias of crds (RBAC is hand-written; tests/e2e_samples.rs che
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- config/crd/bases/ || { echo "config/crd/bases/ is stale: run 'make crds' and commit"; exit 1; }
 
-test-e2e: ## System tests only: the real binary against the test API server (real Squid, sshd, libvirtd; E2E_* env vars: docs/testing.md).
+test-e2e: ## System tests only: the real binary against the test API server (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test 'e2e_*'
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
