@@ -35,9 +35,9 @@ fn the_runtime_stage_is_minimal_and_non_root() {
         .split_whitespace()
         .nth(1)
         .unwrap()
-        .rsplitn(2, '.')
-        .nth(1)
+        .rsplit_once('.')
         .unwrap()
+        .0
         .to_string();
     assert!(
         build.contains(&format!("rust:{minor}-bookworm")),

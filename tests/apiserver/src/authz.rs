@@ -207,113 +207,40 @@ mod tests {
         }
     }
 
+    /// "METHOD group /rest/of/path [watch]" => "verb resource ns name".
     #[test]
     fn request_paths_map_to_rbac_attributes() {
-        let cases: &[(
-            &str,
-            &str,
-            &[&str],
-            bool,
-            &str,
-            &str,
-            Option<&str>,
-            Option<&str>,
-        )] = &[
-            ("GET", "", &["pods"], false, "list", "pods", None, None),
-            ("GET", "", &["pods"], true, "watch", "pods", None, None),
+        let cases = [
+            ("GET - /pods", "list pods - -"),
+            ("GET - /pods watch", "watch pods - -"),
+            ("GET - /namespaces/a/pods/p", "get pods a p"),
+            ("PATCH x.io /proxies/p/status", "patch proxies/status - p"),
             (
-                "GET",
-                "",
-                &["namespaces", "a", "pods", "p"],
-                false,
-                "get",
-                "pods",
-                Some("a"),
-                Some("p"),
+                "PUT x.io /namespaces/a/proxies/p/status",
+                "update proxies/status a p",
             ),
+            ("POST - /namespaces/a/pods", "create pods a -"),
+            ("DELETE - /namespaces/a/pods/p", "delete pods a p"),
+            ("DELETE - /namespaces/a/pods", "deletecollection pods a -"),
+            ("GET - /namespaces/a", "get namespaces - a"),
             (
-                "PATCH",
-                "x.io",
-                &["proxies", "p", "status"],
-                false,
-                "patch",
-                "proxies/status",
-                None,
-                Some("p"),
-            ),
-            (
-                "PUT",
-                "x.io",
-                &["namespaces", "a", "proxies", "p", "status"],
-                false,
-                "update",
-                "proxies/status",
-                Some("a"),
-                Some("p"),
-            ),
-            (
-                "POST",
-                "",
-                &["namespaces", "a", "pods"],
-                false,
-                "create",
-                "pods",
-                Some("a"),
-                None,
-            ),
-            (
-                "DELETE",
-                "",
-                &["namespaces", "a", "pods", "p"],
-                false,
-                "delete",
-                "pods",
-                Some("a"),
-                Some("p"),
-            ),
-            (
-                "DELETE",
-                "",
-                &["namespaces", "a", "pods"],
-                false,
-                "deletecollection",
-                "pods",
-                Some("a"),
-                None,
-            ),
-            (
-                "GET",
-                "",
-                &["namespaces", "a"],
-                false,
-                "get",
-                "namespaces",
-                None,
-                Some("a"),
-            ),
-            (
-                "PUT",
-                "",
-                &["namespaces", "a", "finalize"],
-                false,
-                "update",
-                "namespaces/finalize",
-                None,
-                Some("a"),
+                "PUT - /namespaces/a/finalize",
+                "update namespaces/finalize - a",
             ),
         ];
-        for (m, g, rest, w, verb, res, ns, name) in cases {
-            let a = attributes(m, g, rest, *w);
-            assert_eq!(
-                (
-                    a.verb.as_str(),
-                    a.resource.as_str(),
-                    a.namespace.as_deref(),
-                    a.name.as_deref()
-                ),
-                (*verb, *res, *ns, *name),
-                "{m} {rest:?}"
+        for (req, want) in cases {
+            let parts: Vec<&str> = req.split(' ').collect();
+            let group = if parts[1] == "-" { "" } else { parts[1] };
+            let rest: Vec<&str> = parts[2].split('/').filter(|x| !x.is_empty()).collect();
+            let a = attributes(parts[0], group, &rest, parts.get(3) == Some(&"watch"));
+            let got = format!(
+                "{} {} {} {}",
+                a.verb,
+                a.resource,
+                a.namespace.as_deref().unwrap_or("-"),
+                a.name.as_deref().unwrap_or("-")
             );
+            assert_eq!(got, want, "{req}");
         }
     }
 
