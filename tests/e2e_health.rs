@@ -22,30 +22,6 @@ use tokio::net::TcpListener;
 
 const TOKEN: &str = "s3cret-test-token";
 
-/// An HTTP server answering 200 "hello from target" to everything.
-async fn target() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 1];
-                while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
-                    match c.read(&mut b).await {
-                        Ok(1) => buf.push(b[0]),
-                        _ => break,
-                    }
-                }
-                let _ = c
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\nConnection: close\r\n\r\nhello from target")
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
 /// Accepts connections and never answers.
 async fn sink() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -121,7 +97,7 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
         return;
     }
     let server = support::api_server(true).await;
-    let target = target().await;
+    let target = support::http_target().await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let providers = dir.path().join("providers.yaml");
@@ -378,7 +354,7 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
         return;
     }
     let server = support::api_server(true).await;
-    let target = target().await;
+    let target = support::http_target().await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();

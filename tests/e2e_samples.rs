@@ -32,32 +32,6 @@ const NS: &str = "egress-proxies-operator-system";
 const SA: &str = "egress-proxies-operator-controller-manager";
 const TOKEN: &str = "manager-serviceaccount-token";
 
-/// An HTTP server answering 200 to everything: the probe target.
-async fn target() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 1];
-                while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
-                    match c.read(&mut b).await {
-                        Ok(1) => buf.push(b[0]),
-                        _ => break,
-                    }
-                }
-                let _ = c
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                    )
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
 /// The samples' providers file, with the gcp entry aimed at the stand-in
 /// and the kvm entry left to e2e_samples_kvm.rs.
 fn providers(gcp_endpoint: &str) -> String {
@@ -98,6 +72,23 @@ fn deployment_args(docs: &[Value], providers: &std::path::Path) -> (Vec<String>,
         })
         .collect();
     (out, probes)
+}
+
+/// The samples this test covers (the kvm one is in e2e_samples_kvm.rs).
+const SAMPLES: [&str; 3] = [
+    "config/samples/proxy_kubernetes.yaml",
+    "config/samples/proxy_gcp.yaml",
+    "config/samples/proxy_external.yaml",
+];
+
+/// `kubectl VERB -n default EXTRA -f SAMPLE...`
+fn samples_args<'a>(verb: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![verb, "-n", "default"];
+    args.extend_from_slice(extra);
+    for s in SAMPLES {
+        args.extend(["-f", s]);
+    }
+    args
 }
 
 fn kubectl(server: &TestApiServer, args: &[&str]) -> String {
@@ -191,7 +182,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
 
     let standin = gcp_standin::StandIn::start().await;
     standin.with(|st| st.running_after_gets = 1);
-    let target = target().await;
+    let target = support::http_target().await;
     let dir = tempfile::tempdir().unwrap();
     let providers_file = dir.path().join("providers.yaml");
     std::fs::write(&providers_file, providers(&standin.url)).unwrap();
@@ -212,20 +203,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     let log = dir.path().join("operator.log");
     let _op = Operator::spawn(cmd, &log);
 
-    kubectl(
-        &server,
-        &[
-            "apply",
-            "-n",
-            "default",
-            "-f",
-            "config/samples/proxy_kubernetes.yaml",
-            "-f",
-            "config/samples/proxy_gcp.yaml",
-            "-f",
-            "config/samples/proxy_external.yaml",
-        ],
-    );
+    kubectl(&server, &samples_args("apply", &[]));
     let proxies: Api<Proxy> = Api::namespaced(admin.clone(), "default");
     let started = std::time::Instant::now();
     let k8s = eventually(
@@ -309,21 +287,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     }
 
     // Deleting the samples removes the Pod and the VM, and the finalizers.
-    kubectl(
-        &server,
-        &[
-            "delete",
-            "-n",
-            "default",
-            "--wait=false",
-            "-f",
-            "config/samples/proxy_kubernetes.yaml",
-            "-f",
-            "config/samples/proxy_gcp.yaml",
-            "-f",
-            "config/samples/proxy_external.yaml",
-        ],
-    );
+    kubectl(&server, &samples_args("delete", &["--wait=false"]));
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     eventually(
         "samples and their Pod gone",

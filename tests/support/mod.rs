@@ -281,3 +281,30 @@ pub fn rules_of(
     }
     (cluster, namespaced)
 }
+
+/// An HTTP server on 127.0.0.1 answering 200 "hello from target" to every
+/// request: the probe target of system tests (there is no internet here).
+/// It lives as long as the test's runtime.
+pub async fn http_target() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 1];
+                while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
+                    match c.read(&mut b).await {
+                        Ok(1) => buf.push(b[0]),
+                        _ => break,
+                    }
+                }
+                let _ = c
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\nConnection: close\r\n\r\nhello from target")
+                    .await;
+            });
+        }
+    });
+    addr
+}
