@@ -20,29 +20,7 @@ use support::{eventually, Operator};
 async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
     let Some(env) = Env::start("e2e") else { return };
     let (url, _) = env.serve_qcow2("base.qcow2", "64M");
-    let host = env.host("h1");
-    let providers = format!(
-        "providers:
-  - name: kvm-test
-    type: kvm
-    kvm:
-      sshKeyFile: {key}
-      knownHostsFile: {known}
-      diskSizeGb: 1
-      images:
-        test-image: {{url: \"{url}\"}}
-      machineTypes:
-        small: {{vcpus: 1, memoryMiB: 128}}
-      hosts:
-        - {{name: h1, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}
-",
-        key = env.key_file.display(),
-        known = env.known_hosts.display(),
-        addr = host.address,
-        socket = host.socket,
-        pool = host.pool,
-        bridge = host.bridge,
-    );
+    let providers = env.providers_yaml("kvm-test", "h1", "test-image", &url);
     let server = support::api_server(false).await;
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = support::operator(dir.path(), &providers, server.kubeconfig_path());

@@ -138,29 +138,7 @@ async fn the_kvm_sample_reaches_running_with_an_address_from_arp() {
     let started = Instant::now();
     let net = env.guest_network();
     let url = env.serve_ipxe_disk("debian-13.qcow2");
-    let host = env.host("beelink");
-    let providers = format!(
-        "providers:
-  - name: kvm-home
-    type: kvm
-    kvm:
-      sshKeyFile: {key}
-      knownHostsFile: {known}
-      diskSizeGb: 1
-      images:
-        debian-13: {{url: \"{url}\"}}
-      machineTypes:
-        small: {{vcpus: 1, memoryMiB: 128}}
-      hosts:
-        - {{name: beelink, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}
-",
-        key = env.key_file.display(),
-        known = env.known_hosts.display(),
-        addr = host.address,
-        socket = host.socket,
-        pool = host.pool,
-        bridge = host.bridge,
-    );
+    let providers = env.providers_yaml("kvm-home", "beelink", "debian-13", &url);
     let server = support::api_server(false).await;
     let dir = tempfile::tempdir().unwrap();
     let op_log = dir.path().join("operator.log");

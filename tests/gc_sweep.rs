@@ -165,19 +165,7 @@ async fn a_failing_provider_list_skips_only_that_provider_and_the_budget_holds()
     assert_eq!(*deleted.lock().unwrap(), ["b-fine:x", "b-fine:y"]);
 
     let text = metrics.encode_prometheus_text().unwrap();
-    for (series, want) in [
-        (
-            r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="error"}"#,
-            1.0,
-        ),
-        (
-            r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
-            1.0,
-        ),
-        (r#"proxy_operator_gc_deleted_total{provider="b-fine"}"#, 2.0),
-    ] {
-        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
-    }
+    assert_sweep_counters(&text, 1.0);
     for absent in [
         r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="ok"}"#,
         r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="error"}"#,
@@ -202,19 +190,7 @@ async fn a_failing_provider_list_skips_only_that_provider_and_the_budget_holds()
     let report = gc.sweep().await;
     assert_eq!(report.deleted, 2);
     let text = metrics.encode_prometheus_text().unwrap();
-    for (series, want) in [
-        (
-            r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="error"}"#,
-            2.0,
-        ),
-        (
-            r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
-            2.0,
-        ),
-        (r#"proxy_operator_gc_deleted_total{provider="b-fine"}"#, 4.0),
-    ] {
-        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
-    }
+    assert_sweep_counters(&text, 2.0);
 }
 
 #[tokio::test]
@@ -265,5 +241,26 @@ async fn a_failing_proxy_list_skips_the_sweep() {
         "proxy_operator_gc_deleted_total{",
     ] {
         assert!(!text.contains(absent), "{absent} in\n{text}");
+    }
+}
+
+/// After `sweeps` sweeps of the scripted listing: one error and one ok
+/// sweep each, two deletes each.
+fn assert_sweep_counters(text: &str, sweeps: f64) {
+    for (series, want) in [
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="error"}"#,
+            sweeps,
+        ),
+        (
+            r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
+            sweeps,
+        ),
+        (
+            r#"proxy_operator_gc_deleted_total{provider="b-fine"}"#,
+            2.0 * sweeps,
+        ),
+    ] {
+        assert_eq!(sample(text, series), Some(want), "{series} in\n{text}");
     }
 }

@@ -393,6 +393,22 @@ impl Env {
     }
 
     /// A host entry for this environment.
+    /// A providers file with one kvm entry `provider` whose single host is
+    /// `host` (this harness's sshd and libvirtd), image `image` at `url`
+    /// and machine type `small`: what the system tests give the binary.
+    pub fn providers_yaml(&self, provider: &str, host: &str, image: &str, url: &str) -> String {
+        let h = self.host(host);
+        format!(
+            "providers:\n  - name: {provider}\n    type: kvm\n    kvm:\n      sshKeyFile: {key}\n      knownHostsFile: {known}\n      diskSizeGb: 1\n      images:\n        {image}: {{url: \"{url}\"}}\n      machineTypes:\n        small: {{vcpus: 1, memoryMiB: 128}}\n      hosts:\n        - {{name: {host}, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}\n",
+            key = self.key_file.display(),
+            known = self.known_hosts.display(),
+            addr = h.address,
+            socket = h.socket,
+            pool = h.pool,
+            bridge = h.bridge,
+        )
+    }
+
     pub fn host(&self, name: &str) -> KvmHost {
         KvmHost {
             name: name.into(),
