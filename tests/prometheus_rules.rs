@@ -154,11 +154,24 @@ fn service_monitor_scrapes_the_metrics_service_over_plain_http() {
     assert_eq!(m["kind"], "ServiceMonitor");
     // Before the kustomize namePrefix and namespace, like the Service.
     assert_eq!(m["metadata"]["namespace"], "system");
-    let selector = &m["spec"]["selector"]["matchLabels"];
-    assert_eq!(selector["control-plane"], "controller-manager");
+    // The selector picks exactly the metrics Service of config/default.
+    let selector: serde_json::Value =
+        serde_json::to_value(&m["spec"]["selector"]["matchLabels"]).unwrap();
+    let selected: Vec<String> = support::kustomize("config/default")
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .filter(|d| {
+            selector
+                .as_object()
+                .unwrap()
+                .iter()
+                .all(|(k, v)| &d["metadata"]["labels"][k] == v)
+        })
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(
-        selector["app.kubernetes.io/name"],
-        "egress-proxies-operator"
+        selected,
+        ["egress-proxies-operator-controller-manager-metrics-service"]
     );
     let endpoints = m["spec"]["endpoints"].as_sequence().unwrap();
     assert_eq!(endpoints.len(), 1);
