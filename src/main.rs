@@ -109,7 +109,15 @@ async fn main() -> ExitCode {
         });
     }
 
-    let client = match Client::try_default().await {
+    let kube_config = match kube::Config::infer().await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let api_url = kube_config.cluster_url.to_string();
+    let client = match Client::try_from(kube_config) {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
@@ -118,6 +126,7 @@ async fn main() -> ExitCode {
     };
     let deps = registry::Deps {
         client: client.clone(),
+        api_url,
         gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
     };
     let providers = match Registry::build(&config, &metrics.provider, |e| {

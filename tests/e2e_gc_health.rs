@@ -110,6 +110,14 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
     assert_eq!(status.type_.as_deref(), Some("kubernetes"));
     assert_eq!(status.targets[0].name, "apiserver");
     assert_eq!(status.targets[0].reason.as_deref(), Some("Reachable"));
+    // The address is the API server the operator talks to.
+    assert_eq!(
+        status.targets[0]
+            .address
+            .as_deref()
+            .map(|a| a.trim_end_matches('/')),
+        Some(server.url().as_str())
+    );
     assert!(
         ph.get_opt("retired").await.unwrap().is_none(),
         "unconfigured, labelled: deleted"

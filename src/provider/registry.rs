@@ -141,6 +141,8 @@ impl Registry {
 pub struct Deps {
     /// The operator's Kubernetes client.
     pub client: kube::Client,
+    /// The API server URL of that client, for the kubernetes check.
+    pub api_url: String,
     /// `--gcp-wire-log-full-payloads`.
     pub gcp_wire_log_full_payloads: bool,
 }
@@ -150,9 +152,14 @@ pub struct Deps {
 pub fn construct(entry: &ProviderConfig, deps: &Deps) -> Result<Arc<dyn Provider>, String> {
     use crate::config::ProviderSettings;
     match &entry.settings {
-        ProviderSettings::Kubernetes(cfg) => Ok(Arc::new(
-            super::kubernetes::KubernetesProvider::new(&entry.name, cfg, deps.client.clone()),
-        )),
+        ProviderSettings::Kubernetes(cfg) => {
+            Ok(Arc::new(super::kubernetes::KubernetesProvider::new(
+                &entry.name,
+                cfg,
+                deps.client.clone(),
+                &deps.api_url,
+            )))
+        }
         #[cfg(feature = "gcp")]
         ProviderSettings::Gcp(cfg) => {
             let opts = super::gcp::GcpOptions {

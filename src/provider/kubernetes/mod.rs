@@ -36,15 +36,17 @@ pub struct KubernetesProvider {
     name: String,
     image: String,
     client: Client,
+    api_url: String,
 }
 
 impl KubernetesProvider {
     /// Builds the provider; does not contact the API server.
-    pub fn new(name: &str, cfg: &KubernetesConfig, client: Client) -> Self {
+    pub fn new(name: &str, cfg: &KubernetesConfig, client: Client, api_url: &str) -> Self {
         KubernetesProvider {
             name: name.to_string(),
             image: cfg.image.clone(),
             client,
+            api_url: api_url.to_string(),
         }
     }
 
@@ -313,6 +315,7 @@ impl Provider for KubernetesProvider {
     fn checker(&self) -> Option<Arc<dyn Checker>> {
         Some(Arc::new(ApiServerCheck {
             client: self.client.clone(),
+            api_url: self.api_url.clone(),
         }))
     }
 }
@@ -320,6 +323,8 @@ impl Provider for KubernetesProvider {
 /// The kubernetes check: can the operator list Pods (the verb GC uses)?
 struct ApiServerCheck {
     client: Client,
+    /// The API server the client talks to, shown as the target's address.
+    api_url: String,
 }
 
 #[async_trait]
@@ -339,7 +344,7 @@ impl Checker for ApiServerCheck {
         };
         vec![TargetStatus {
             name: "apiserver".into(),
-            address: self.client.default_namespace().to_string(),
+            address: self.api_url.clone(),
             ready,
             reason: reason.into(),
             message,
