@@ -5,7 +5,7 @@
 
 mod kvm_support;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
@@ -64,7 +64,10 @@ async fn base_image_cached_once_and_checksums_enforced() {
         image(&format!("{}/nope.qcow2", env.http.url), None),
     );
 
-    let a = KvmProvider::new("kvm-a", &cfg).unwrap();
+    let a = KvmProvider::new("kvm-a", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
     let mut ids = Vec::new();
     for i in 0..2 {
         let r = request(&uid(&format!("ic{i}")), "good");
@@ -72,7 +75,10 @@ async fn base_image_cached_once_and_checksums_enforced() {
         ids.push(a.create(&r).await.unwrap());
     }
     // Another provider instance on the same host and pool: the pool is the cache.
-    let b = KvmProvider::new("kvm-b", &cfg).unwrap();
+    let b = KvmProvider::new("kvm-b", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
     let r = request(&uid("ic-b"), "good");
     env.track(&r.name);
     ids.push(b.create(&r).await.unwrap());

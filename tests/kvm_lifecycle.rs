@@ -4,7 +4,7 @@
 
 mod kvm_support;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
@@ -49,7 +49,10 @@ async fn lifecycle_create_get_list_delete() {
             firmware: None,
         },
     );
-    let p = KvmProvider::new("kvm-test", &cfg).unwrap();
+    let p = KvmProvider::new("kvm-test", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
     let u = uid("lc");
     let req = request(&u, "test-image");
     env.track(&req.name);

@@ -4,7 +4,7 @@
 
 mod kvm_support;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
@@ -44,7 +44,10 @@ async fn image_upload_of_256_mib_stays_bounded() {
             firmware: Some("bios".into()),
         },
     );
-    let p = KvmProvider::new("kvm-mem", &cfg).unwrap();
+    let p = KvmProvider::new("kvm-mem", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
     // Warm up: SSH session, libvirt connection, HTTP client.
     let verdicts = p.checker().unwrap().check().await;
     assert!(verdicts[0].ready, "{verdicts:?}");

@@ -44,6 +44,9 @@ use crate::provider::{
 
 /// Default upper bound of one health check round.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long `create` waits for its work before returning with it still
+/// running in the background (see [`KvmProvider::with_create_wait`]).
+pub const DEFAULT_CREATE_WAIT: Duration = Duration::from_secs(20);
 
 /// One download at a time per (host, base volume).
 type ImageLock = Arc<tokio::sync::Mutex<()>>;
@@ -56,6 +59,39 @@ struct Inner {
     http: OnceCell<reqwest::Client>,
     check_timeout: Duration,
     scratch: PathBuf,
+    /// Creates still running in the background, by domain name.
+    pending: Mutex<HashMap<String, Pending>>,
+    /// How long `create` waits for its background work before it returns
+    /// the ID with the work still going (kvm.md §11 gap 2).
+    create_wait: Duration,
+}
+
+/// How a background create stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobState {
+    Running,
+    Done,
+    Failed,
+}
+
+/// What a finished background create left to report.
+enum Outcome {
+    Running,
+    Done,
+    Failed(ProviderError),
+}
+
+/// A create that outlives its `create` call: the first download of an
+/// image on a host can take minutes, which must not hold a reconcile
+/// worker. `get` reports it as Provisioning and `delete` cancels it.
+struct Pending {
+    uid: String,
+    installation: String,
+    started: chrono::DateTime<Utc>,
+    state: tokio::sync::watch::Receiver<JobState>,
+    /// Set by the task before it reports `Failed`.
+    error: Arc<Mutex<Option<ProviderError>>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Inner {
@@ -269,6 +305,8 @@ impl KvmProvider {
                 http: OnceCell::new(),
                 check_timeout: DEFAULT_CHECK_TIMEOUT,
                 scratch,
+                pending: Mutex::new(HashMap::new()),
+                create_wait: DEFAULT_CREATE_WAIT,
             }),
         })
     }
@@ -284,6 +322,109 @@ impl KvmProvider {
             }
             Err(shared) => KvmProvider { inner: shared },
         }
+    }
+
+    /// The same provider with another bound on how long `create` waits for
+    /// its background work (default 20 s) before returning the ID.
+    pub fn with_create_wait(self, d: Duration) -> Self {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.create_wait = d;
+                KvmProvider {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(shared) => KvmProvider { inner: shared },
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        // A poisoned map only means a panic between two plain map calls.
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state of the background create of `name`, if any; a finished one
+    /// is forgotten as it is reported.
+    fn take_finished(&self, name: &str) -> Option<Outcome> {
+        let mut m = self.pending();
+        let state = *m.get(name)?.state.borrow();
+        match state {
+            JobState::Running => Some(Outcome::Running),
+            JobState::Done => {
+                m.remove(name);
+                Some(Outcome::Done)
+            }
+            JobState::Failed => {
+                let job = m.remove(name)?;
+                let error = job.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+                Some(error.map_or(Outcome::Done, Outcome::Failed))
+            }
+        }
+    }
+
+    /// Starts `create_on` in the background unless it already runs for
+    /// this name; returns a receiver of its state.
+    fn start_create(
+        &self,
+        link: &Arc<HostLink>,
+        mt: &MachineType,
+        img: &ImageSource,
+        req: &CreateRequest,
+        id: &str,
+    ) -> tokio::sync::watch::Receiver<JobState> {
+        let mut m = self.pending();
+        if let Some(p) = m.get(&req.name) {
+            return p.state.clone();
+        }
+        let (tx, rx) = tokio::sync::watch::channel(JobState::Running);
+        let error = Arc::new(Mutex::new(None));
+        let slot = error.clone();
+        let (this, link, mt, img, req2, id2) = (
+            self.clone(),
+            link.clone(),
+            mt.clone(),
+            img.clone(),
+            req.clone(),
+            id.to_string(),
+        );
+        let span = info_span!("kvm.create", host = %link.host.name, name = %req.name);
+        let task = tokio::spawn(
+            async move {
+                let state = match this.create_on(&link, &mt, &img, &req2).await {
+                    Ok(()) => JobState::Done,
+                    Err(e) => {
+                        let mut e = this.err(Op::Create, &id2, e);
+                        // Something vanishing mid-create is worth a retry,
+                        // not a "gone" verdict.
+                        if e.is(ErrorClass::NotFound) {
+                            e = ProviderError::wrap(
+                                ErrorClass::Transient,
+                                Op::Create,
+                                &this.inner.name,
+                                &id2,
+                                Tagged::new(ErrorClass::Transient, e.to_string()),
+                            );
+                        }
+                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        JobState::Failed
+                    }
+                };
+                let _ = tx.send(state);
+            }
+            .instrument(span),
+        );
+        m.insert(
+            req.name.clone(),
+            Pending {
+                uid: req.uid.clone(),
+                installation: req.installation_id.clone(),
+                started: Utc::now(),
+                state: rx.clone(),
+                error,
+                task,
+            },
+        );
+        rx
     }
 
     /// Bounds every blocking libvirt conversation except image uploads
@@ -763,26 +904,34 @@ impl Provider for KvmProvider {
             .resolve(&req.placement)
             .map_err(|m| self.err(Op::Create, "", Tagged::permanent(m)))?;
         let id = provider_id(&link.host.name, &req.name);
-        let span = info_span!("kvm.create", host = %link.host.name, name = %req.name);
-        match self.create_on(link, mt, &img, req).instrument(span).await {
-            Ok(()) => {
-                debug!(id = %id, "KVM domain ensured running");
+        let mut state = self.start_create(link, mt, &img, req, &id);
+        let finished = tokio::time::timeout(
+            self.inner.create_wait,
+            state.wait_for(|s| *s != JobState::Running),
+        )
+        .await
+        .map(|r| r.map(|s| *s));
+        match finished {
+            Err(_) => {
+                info!(id = %id, wait = ?self.inner.create_wait, "KVM create still running (first image download?); it goes on in the background");
                 Ok(id)
             }
-            Err(e) => {
-                let e = self.err(Op::Create, &id, e);
-                // Something vanishing mid-create is worth a retry, not a
-                // "gone" verdict.
-                if e.is(ErrorClass::NotFound) {
-                    return Err(ProviderError::wrap(
-                        ErrorClass::Transient,
-                        Op::Create,
-                        &self.inner.name,
-                        &id,
-                        Tagged::new(ErrorClass::Transient, e.to_string()),
-                    ));
+            Ok(Ok(_)) => match self.take_finished(&req.name) {
+                Some(Outcome::Failed(e)) => Err(e),
+                _ => {
+                    debug!(id = %id, "KVM domain ensured running");
+                    Ok(id)
                 }
-                Err(e)
+            },
+            Ok(Err(_)) => {
+                self.pending().remove(&req.name);
+                Err(ProviderError::new(
+                    ErrorClass::Transient,
+                    Op::Create,
+                    &self.inner.name,
+                    &id,
+                    "the create was cancelled",
+                ))
             }
         }
     }
@@ -796,6 +945,30 @@ impl Provider for KvmProvider {
                 Tagged::permanent(format!("host {:?} is not in kvm.hosts", r.host)),
             )
         })?;
+        match self.take_finished(&r.name) {
+            Some(Outcome::Running) => {
+                let m = self.pending();
+                if let Some(p) = m.get(&r.name) {
+                    return Ok(Instance {
+                        uid: p.uid.clone(),
+                        installation_id: p.installation.clone(),
+                        created_at: Some(p.started),
+                        ..Instance::new(r.id(), InstanceState::Provisioning)
+                    });
+                }
+            }
+            // Reported once; the next get sees what the host has.
+            Some(Outcome::Failed(e)) => {
+                return Err(ProviderError::wrap(
+                    e.class(),
+                    Op::Get,
+                    &self.inner.name,
+                    id,
+                    e,
+                ))
+            }
+            Some(Outcome::Done) | None => {}
+        }
         let span = info_span!("kvm.get", host = %r.host, name = %r.name);
         let obs = self
             .observe_one(link, &r.name)
@@ -813,6 +986,14 @@ impl Provider for KvmProvider {
             info!(host = %r.host, id, "host is not configured; delete has nothing to clean up");
             return Ok(());
         };
+        // A create still running is stopped first, so it cannot define the
+        // domain after the delete removed it.
+        let job = self.pending().remove(&r.name);
+        if let Some(job) = job {
+            job.task.abort();
+            let _ = job.task.await;
+            debug!(id, "background create cancelled");
+        }
         let span = info_span!("kvm.delete", host = %r.host, name = %r.name);
         self.delete_on(link, &r.name)
             .instrument(span)
