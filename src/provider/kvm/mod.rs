@@ -313,9 +313,15 @@ impl KvmProvider {
 
     /// The same provider with another health-check bound.
     pub fn with_check_timeout(self, d: Duration) -> Self {
+        self.tuned(|i| i.check_timeout = d)
+    }
+
+    /// Applies `f` while this handle is the only one (builders run before
+    /// any clone); a shared provider is returned unchanged.
+    fn tuned(self, f: impl FnOnce(&mut Inner)) -> Self {
         match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => {
-                inner.check_timeout = d;
+                f(&mut inner);
                 KvmProvider {
                     inner: Arc::new(inner),
                 }
@@ -327,15 +333,7 @@ impl KvmProvider {
     /// The same provider with another bound on how long `create` waits for
     /// its background work (default 20 s) before returning the ID.
     pub fn with_create_wait(self, d: Duration) -> Self {
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.create_wait = d;
-                KvmProvider {
-                    inner: Arc::new(inner),
-                }
-            }
-            Err(shared) => KvmProvider { inner: shared },
-        }
+        self.tuned(|i| i.create_wait = d)
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
