@@ -203,6 +203,29 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     let log = dir.path().join("operator.log");
     let _op = Operator::spawn(cmd, &log);
 
+    // The samples' namespace enforces the restricted Pod Security Standard,
+    // as a careful cluster would: the kubernetes provider's Pod must pass.
+    kubectl(
+        &server,
+        &[
+            "label",
+            "namespace",
+            "default",
+            "pod-security.kubernetes.io/enforce=restricted",
+        ],
+    );
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let rogue: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "rogue"},
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}
+    }))
+    .unwrap();
+    match pods.create(&PostParams::default(), &rogue).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.code == 403 && e.message.contains("PodSecurity"), "{e:?}")
+        }
+        other => panic!("a privileged Pod must be refused in a restricted namespace: {other:?}"),
+    }
     kubectl(&server, &samples_args("apply", &[]));
     let proxies: Api<Proxy> = Api::namespaced(admin.clone(), "default");
     let started = std::time::Instant::now();
@@ -288,7 +311,6 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
 
     // Deleting the samples removes the Pod and the VM, and the finalizers.
     kubectl(&server, &samples_args("delete", &["--wait=false"]));
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     eventually(
         "samples and their Pod gone",
         Duration::from_secs(60),

@@ -64,6 +64,13 @@ fn the_deployment_keeps_the_runtime_envelope() {
         "restricted"
     );
 
+    // The whole pod template passes the restricted Pod Security Standard,
+    // as the test API server's admission checks it.
+    assert_eq!(
+        test_apiserver::pss::restricted_violations(pod),
+        Vec::<String>::new()
+    );
+
     // Memory and scratch space.
     assert_eq!(c["resources"]["limits"]["memory"], "128Mi");
     assert_eq!(c["resources"]["limits"]["cpu"], "500m");

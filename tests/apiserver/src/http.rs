@@ -357,6 +357,7 @@ impl Ctx<'_> {
                 .get(def, ns, n)
                 .map(|o| (200, self.maybe_table(def, o))),
             ("POST", None) => parse_body(self.body, false)
+                .and_then(|o| self.admit(def, ns, o))
                 .and_then(|o| self.app.store.create(def, ns, o))
                 .map(|o| (201, o)),
             ("PUT", Some(n)) => parse_body(self.body, false).and_then(|body| {
@@ -374,6 +375,43 @@ impl Ctx<'_> {
             Ok((code, v)) => respond(code, &v),
             Err(e) => error(e),
         }
+    }
+
+    /// Pod Security admission (`restricted` only) for new Pods.
+    fn admit(&self, def: &ResourceDef, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        if !def.group.is_empty() || def.plural != "pods" {
+            return Ok(obj);
+        }
+        let ns = ns.unwrap_or("default");
+        let level = self
+            .app
+            .store
+            .def("", "namespaces")
+            .and_then(|nsdef| self.app.store.get(nsdef, None, ns).ok())
+            .and_then(|n| {
+                n["metadata"]["labels"][crate::pss::ENFORCE_LABEL]
+                    .as_str()
+                    .map(String::from)
+            });
+        if level.as_deref() != Some("restricted") {
+            return Ok(obj);
+        }
+        let violations = crate::pss::restricted_violations(&obj["spec"]);
+        if violations.is_empty() {
+            return Ok(obj);
+        }
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .or(obj["metadata"]["generateName"].as_str())
+            .unwrap_or_default();
+        Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "pods \"{name}\" is forbidden: violates PodSecurity \"restricted:latest\": {}",
+                violations.join(", ")
+            ),
+        ))
     }
 
     fn filter(&self, ns: Option<&str>) -> Result<Filter, ApiError> {

@@ -18,6 +18,7 @@ pub mod authz;
 pub mod errors;
 pub mod http;
 pub mod kubelet;
+pub mod pss;
 pub mod resources;
 pub mod selectors;
 pub mod store;
