@@ -353,15 +353,7 @@ pub fn mark_permanent(
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) {
-    status.phase = Some(ProxyPhase::Failed);
-    provisioned(
-        status,
-        ConditionStatus::False,
-        REASON_PERMANENT_ERROR,
-        message,
-        now,
-        generation,
-    );
+    mark_failed(status, REASON_PERMANENT_ERROR, message, now, generation);
 }
 
 /// A quota or rate-limit error: retried after [`QUOTA_RETRY`].
@@ -385,16 +377,27 @@ pub fn mark_quota(
 /// deliberately without an observed generation, so it is not a latch: the
 /// next pass (e.g. after a restart with the provider added) re-evaluates.
 pub fn mark_not_configured(status: &mut ProxyStatus, provider: &str, now: DateTime<Utc>) {
-    status.phase = Some(ProxyPhase::Failed);
     let msg =
         format!("spec.provider {provider:?} is not configured in the operator's providers config");
+    mark_failed(status, REASON_PERMANENT_ERROR, &msg, now, None);
+}
+
+/// Phase Failed with `Provisioned=False/reason`.
+fn mark_failed(
+    status: &mut ProxyStatus,
+    reason: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    status.phase = Some(ProxyPhase::Failed);
     provisioned(
         status,
         ConditionStatus::False,
-        REASON_PERMANENT_ERROR,
-        &msg,
+        reason,
+        message,
         now,
-        None,
+        generation,
     );
 }
 
@@ -425,15 +428,7 @@ pub fn mark_invalid(
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) {
-    status.phase = Some(ProxyPhase::Failed);
-    provisioned(
-        status,
-        ConditionStatus::False,
-        REASON_INVALID_SPEC,
-        message,
-        now,
-        generation,
-    );
+    mark_failed(status, REASON_INVALID_SPEC, message, now, generation);
 }
 
 /// The old instance is going away for `why`.

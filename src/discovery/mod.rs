@@ -277,6 +277,15 @@ fn unknown_lease() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "unknown_lease", "no such lease")
 }
 
+/// 409: the lease is live but its proxy left the healthy set.
+fn proxy_unavailable(lease: &crate::lease::Lease) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "proxy_unavailable",
+        format!("proxy {} is no longer healthy", lease.proxy),
+    )
+}
+
 fn ttl_error(e: crate::lease::TtlError) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_ttl", e.to_string())
 }
@@ -383,13 +392,7 @@ async fn get_lease(
     Path(id): Path<String>,
 ) -> ApiResult<Json<LeaseResponse>> {
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
-    let item = item_for(&s, &lease).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "proxy_unavailable",
-            format!("proxy {} is no longer healthy", lease.proxy),
-        )
-    })?;
+    let item = item_for(&s, &lease).ok_or_else(|| proxy_unavailable(&lease))?;
     Ok(Json(lease_response(&lease, item)))
 }
 
@@ -407,13 +410,7 @@ async fn renew(
     let b: RenewBody = parse_body(body, true)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
-    let item = item_for(&s, &lease).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "proxy_unavailable",
-            format!("proxy {} is no longer healthy", lease.proxy),
-        )
-    })?;
+    let item = item_for(&s, &lease).ok_or_else(|| proxy_unavailable(&lease))?;
     let lease = s.leases.renew(&id, ttl).ok_or_else(unknown_lease)?;
     s.metrics.lease_event("renewed", 1);
     Ok(Json(lease_response(&lease, item)))
