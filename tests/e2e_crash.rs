@@ -35,17 +35,12 @@ impl Lcg {
 }
 
 fn proxy(i: usize) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-        "metadata": {"name": format!("c{i}"), "namespace": "default"},
-        "spec": {"provider": "kubernetes", "port": 3128},
-    }))
-    .unwrap()
+    support::kube_proxy(&format!("c{i}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
-    if !std::path::Path::new("/usr/sbin/squid").exists() {
+    if !support::squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }

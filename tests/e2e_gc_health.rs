@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{eventually, free_port, Operator};
+use support::{eventually, free_port, kube_proxy as proxy, squid_present, Operator};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -322,20 +322,6 @@ async fn scrape(addr: &str) -> Option<String> {
     let text = String::from_utf8(buf).ok()?;
     let (_, body) = text.split_once("\r\n\r\n")?;
     Some(body.to_string())
-}
-
-fn proxy(name: &str) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"provider": "kubernetes", "port": 3128},
-    }))
-    .unwrap()
-}
-
-fn squid_present() -> bool {
-    Path::new("/usr/sbin/squid").exists()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

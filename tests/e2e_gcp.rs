@@ -17,18 +17,15 @@ use kube::Api;
 use serde_json::json;
 
 fn proxy(name: &str, placement: serde_json::Value, port: i32) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
+    support::proxy(
+        name,
+        json!({
             "provider": "gcp-eu",
             "port": port,
             "placement": placement,
             "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
-        },
-    }))
-    .unwrap()
+        }),
+    )
 }
 
 fn placement() -> serde_json::Value {
@@ -36,13 +33,7 @@ fn placement() -> serde_json::Value {
 }
 
 fn condition(p: &Proxy) -> Option<(String, String)> {
-    let c = p
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Provisioned")?;
-    Some((c.reason.clone(), c.message.clone()))
+    support::condition(p, "Provisioned").map(|c| (c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

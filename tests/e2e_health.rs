@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{eventually, free_port, Operator};
+use support::{condition, eventually, free_port, phase, proxy, Operator};
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -66,33 +66,13 @@ async fn call(
     (status, v)
 }
 
-fn proxy(name: &str, spec: Value) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
 fn healthy(p: &Proxy) -> Option<(String, String)> {
-    let c = p
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Healthy")?;
-    Some((c.status.as_str().to_string(), c.reason.clone()))
-}
-
-fn phase(p: &Proxy) -> Option<&'static str> {
-    p.status.as_ref()?.phase.map(|ph| ph.as_str())
+    condition(p, "Healthy").map(|c| (c.status.as_str().to_string(), c.reason.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
-    if !std::path::Path::new("/usr/sbin/squid").exists() {
+    if !support::squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
@@ -349,7 +329,7 @@ async fn squid_pod(pods: &Api<Pod>, name: &str, conf: &str) -> String {
 /// proxy down, and a lease expires by its TTL, in real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
-    if !std::path::Path::new("/usr/sbin/squid").exists() {
+    if !support::squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{eventually, Operator};
+use support::{condition, eventually, phase, proxy, squid_present, Operator};
 
 use std::process::Command;
 use std::time::Duration;
@@ -23,10 +23,6 @@ fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path
     )
 }
 
-fn squid_present() -> bool {
-    std::path::Path::new("/usr/sbin/squid").exists()
-}
-
 async fn setup(providers: &str) -> (TestApiServer, Operator, tempfile::TempDir, Client) {
     // Both ring and aws-lc-rs are linked; pick one as the binary does.
     let server = support::api_server(true).await;
@@ -36,34 +32,11 @@ async fn setup(providers: &str) -> (TestApiServer, Operator, tempfile::TempDir, 
     (server, op, dir, client)
 }
 
-const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
-
-fn proxy(name: &str, spec: serde_json::Value) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
-fn phase(p: &Proxy) -> Option<&'static str> {
-    p.status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .map(|ph| ph.as_str())
-}
-
 fn provisioned(p: &Proxy) -> Option<(String, String)> {
-    let c = p
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Provisioned")?;
-    Some((c.reason.clone(), c.message.clone()))
+    condition(p, "Provisioned").map(|c| (c.reason.clone(), c.message.clone()))
 }
+
+const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {

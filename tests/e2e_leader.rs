@@ -10,8 +10,7 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
-use serde_json::json;
-use support::{eventually, Operator};
+use support::{eventually, kube_proxy as proxy, Operator};
 use test_apiserver::TestApiServer;
 
 const LEASE: &str = "egress-proxies-operator.crawl.example.com";
@@ -52,15 +51,6 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases.get_opt(LEASE).await.ok()??.spec?.holder_identity
 }
 
-fn proxy(name: &str) -> Proxy {
-    serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"provider": "kubernetes", "port": 3128},
-    }))
-    .unwrap()
-}
-
 async fn reconciled(proxies: &Api<Proxy>, name: &str) {
     eventually(
         &format!("{name} to get a providerID"),
@@ -80,7 +70,7 @@ async fn reconciled(proxies: &Api<Proxy>, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_reconciles_and_the_other_takes_over() {
-    let server = support::api_server(std::path::Path::new("/usr/sbin/squid").exists()).await;
+    let server = support::api_server(support::squid_present()).await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client();
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");

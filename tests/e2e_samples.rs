@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
-use support::{eventually, free_port, Operator};
+use support::{eventually, free_port, phase, Operator};
 use test_apiserver::authz::{Attributes, Authz, PolicyRule};
 use test_apiserver::{Options, TestApiServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -107,17 +107,7 @@ fn kubectl(server: &TestApiServer, args: &[&str]) -> String {
 }
 
 fn condition(p: &Proxy, type_: &str) -> Option<(String, String)> {
-    let c = p
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)?;
-    Some((c.status.as_str().to_string(), c.reason.clone()))
-}
-
-fn phase(p: &Proxy) -> Option<&'static str> {
-    p.status.as_ref()?.phase.map(|x| x.as_str())
+    support::condition(p, type_).map(|c| (c.status.as_str().to_string(), c.reason.clone()))
 }
 
 /// Grants no request used: (rule, verb) pairs the operator never exercised.
@@ -145,7 +135,7 @@ fn unused(rules: &[PolicyRule], ns: Option<&str>, seen: &[Attributes]) -> Vec<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
-    if !std::path::Path::new("/usr/sbin/squid").exists() {
+    if !support::squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }

@@ -94,7 +94,7 @@ fn probe_target() -> String {
 #[test]
 fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     assert_eq!(readme_command("Run"), "make run-local");
-    if !Path::new("/usr/sbin/squid").exists() {
+    if !support::squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }

@@ -308,3 +308,44 @@ pub async fn http_target() -> std::net::SocketAddr {
     });
     addr
 }
+
+/// A Proxy named `name` in namespace `default` with `spec`.
+pub fn proxy(name: &str, spec: serde_json::Value) -> egress_proxies_operator::api::Proxy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// A Proxy on the kubernetes provider, port 3128.
+pub fn kube_proxy(name: &str) -> egress_proxies_operator::api::Proxy {
+    proxy(
+        name,
+        serde_json::json!({"provider": "kubernetes", "port": 3128}),
+    )
+}
+
+/// The Proxy's phase, as its wire string.
+pub fn phase(p: &egress_proxies_operator::api::Proxy) -> Option<&'static str> {
+    p.status.as_ref()?.phase.map(|ph| ph.as_str())
+}
+
+/// The Proxy's condition of `type_`.
+pub fn condition<'a>(
+    p: &'a egress_proxies_operator::api::Proxy,
+    type_: &str,
+) -> Option<&'a egress_proxies_operator::api::Condition> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Whether Squid is installed (the test kubelet runs it for Pods).
+pub fn squid_present() -> bool {
+    Path::new("/usr/sbin/squid").exists()
+}
