@@ -9,29 +9,13 @@ mod kvm_support;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
-use egress_proxies_operator::provider::naming::name_from_uid;
-use egress_proxies_operator::provider::{
-    CreateRequest, ErrorClass, InstanceState, Provider, UserData,
-};
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, InstanceState, Provider};
 use kvm_support::{init_logs, uid, Env};
 
 fn request(tag: &str, image: &str) -> CreateRequest {
-    let u = uid(tag);
-    CreateRequest {
-        name: name_from_uid(&u),
-        uid: u,
-        placement: Placement {
-            image: image.into(),
-            machine_type: "small".into(),
-            ..Default::default()
-        },
-        cloud_init: UserData::new("#cloud-config\n"),
-        installation_id: "inst".into(),
-        ..Default::default()
-    }
+    kvm_support::request(&uid(tag), image, "inst")
 }
 
 fn bios(url: String) -> KvmImage {

@@ -8,28 +8,15 @@ mod kvm_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
-use egress_proxies_operator::provider::naming::name_from_uid;
-use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider, UserData};
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
 use kvm_support::{init_logs, run, uid, Env};
 
 fn request(zone: &str) -> CreateRequest {
-    let u = uid(zone);
-    CreateRequest {
-        name: name_from_uid(&u),
-        uid: u,
-        placement: Placement {
-            image: "img".into(),
-            machine_type: "small".into(),
-            zone: zone.into(),
-            ..Default::default()
-        },
-        cloud_init: UserData::new("#cloud-config\n"),
-        installation_id: "inst".into(),
-        ..Default::default()
-    }
+    let mut r = kvm_support::request(&uid(zone), "img", "inst");
+    r.placement.zone = zone.into();
+    r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

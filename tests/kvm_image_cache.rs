@@ -7,29 +7,14 @@ mod kvm_support;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
-use egress_proxies_operator::provider::naming::name_from_uid;
-use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider, UserData};
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
 use kvm_support::{init_logs, uid, Env};
 use sha2::{Digest, Sha256};
 
 fn request(uid: &str, image: &str) -> CreateRequest {
-    CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.to_string(),
-        namespace: "default".into(),
-        proxy_name: "p".into(),
-        placement: Placement {
-            image: image.into(),
-            machine_type: "small".into(),
-            ..Default::default()
-        },
-        cloud_init: UserData::new("#cloud-config\n"),
-        port: 3128,
-        installation_id: "inst-test".into(),
-    }
+    kvm_support::request(uid, image, "inst-test")
 }
 
 fn image(url: &str, sha: Option<String>) -> KvmImage {

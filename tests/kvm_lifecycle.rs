@@ -6,10 +6,8 @@ mod kvm_support;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
-use egress_proxies_operator::provider::naming::name_from_uid;
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, UserData,
 };
@@ -17,18 +15,8 @@ use kvm_support::{capture_logs, uid, virsh, Env};
 
 fn request(uid: &str, image: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.to_string(),
-        namespace: "default".into(),
-        proxy_name: "p".into(),
-        placement: Placement {
-            image: image.into(),
-            machine_type: "small".into(),
-            ..Default::default()
-        },
         cloud_init: UserData::new("#cloud-config\n# SENTINEL-SECRET\n"),
-        port: 3128,
-        installation_id: "inst-test".into(),
+        ..kvm_support::request(uid, image, "inst-test")
     }
 }
 

@@ -6,11 +6,9 @@ mod kvm_support;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::api::Placement;
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
-use egress_proxies_operator::provider::naming::name_from_uid;
-use egress_proxies_operator::provider::{CreateRequest, Provider, UserData};
+use egress_proxies_operator::provider::Provider;
 use kvm_support::{init_logs, run, uid, vm_hwm_kib, Env};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,18 +51,7 @@ async fn image_upload_of_256_mib_stays_bounded() {
     assert!(verdicts[0].ready, "{verdicts:?}");
     let idle = vm_hwm_kib();
     let u = uid("mem");
-    let req = CreateRequest {
-        name: name_from_uid(&u),
-        uid: u.clone(),
-        placement: Placement {
-            image: "big".into(),
-            machine_type: "small".into(),
-            ..Default::default()
-        },
-        cloud_init: UserData::new("#cloud-config\n"),
-        installation_id: "inst".into(),
-        ..Default::default()
-    };
+    let req = kvm_support::request(&u, "big", "inst");
     env.track(&req.name);
     let t = Instant::now();
     let id = p.create(&req).await.unwrap();

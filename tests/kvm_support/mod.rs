@@ -914,6 +914,31 @@ pub fn capture_logs() -> LogSink {
     sink
 }
 
+/// A create request for Proxy `uid`: image key `image`, machine type
+/// `small`, a minimal cloud-config, installation `installation`.
+pub fn request(
+    uid: &str,
+    image: &str,
+    installation: &str,
+) -> egress_proxies_operator::provider::CreateRequest {
+    use egress_proxies_operator::api::Placement;
+    use egress_proxies_operator::provider::{naming::name_from_uid, CreateRequest, UserData};
+    CreateRequest {
+        name: name_from_uid(uid),
+        uid: uid.to_string(),
+        namespace: "default".into(),
+        proxy_name: "p".into(),
+        placement: Placement {
+            image: image.into(),
+            machine_type: "small".into(),
+            ..Default::default()
+        },
+        cloud_init: UserData::new("#cloud-config\n"),
+        port: 3128,
+        installation_id: installation.into(),
+    }
+}
+
 /// A fresh Proxy UID for a test.
 pub fn uid(tag: &str) -> String {
     format!(
