@@ -7,7 +7,7 @@ mod support;
 use support::{condition, eventually, free_port, phase, proxy, Operator};
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -70,6 +70,29 @@ fn healthy(p: &Proxy) -> Option<(String, String)> {
     condition(p, "Healthy").map(|c| (c.status.as_str().to_string(), c.reason.clone()))
 }
 
+/// The operator with the kubernetes provider, probing `target`, serving the
+/// token-protected API on `api`, plus `extra` flags.
+fn probing_operator(
+    server: &test_apiserver::TestApiServer,
+    dir: &std::path::Path,
+    target: SocketAddr,
+    api: SocketAddr,
+    extra: &[&str],
+) -> Operator {
+    let mut cmd = support::operator(
+        dir,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+        server.kubeconfig_path(),
+    );
+    cmd.args(["--discovery-bind-address", &api.to_string()])
+        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .args(extra)
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("LOG_LEVEL", "info");
+    Operator::spawn(cmd, &dir.join("operator.log"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     if !support::squid_present() {
@@ -80,32 +103,15 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     let target = support::http_target().await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-    )
-    .unwrap();
     let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
-        .arg("--providers-config")
-        .arg(&providers)
-        .args(["--health-probe-bind-address", "0"])
-        .args(["--discovery-bind-address", &api_addr.to_string()])
-        .args(["--metrics-bind-address", &metrics_addr.to_string()])
-        .args(["--default-probe-url", &format!("http://{target}/")])
-        .args(["--default-probe-expected-status", "200"])
-        .env("KUBECONFIG", server.kubeconfig_path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("DISCOVERY_TOKEN", TOKEN)
-        .env("LOG_LEVEL", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let _op = Operator(child);
+    let _op = probing_operator(
+        &server,
+        dir.path(),
+        target,
+        api_addr,
+        &["--metrics-bind-address", &metrics_addr.to_string()],
+    );
     let client = server.client();
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     proxies
@@ -338,17 +344,13 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut cmd = support::operator(
+    let _op = probing_operator(
+        &server,
         dir.path(),
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-        server.kubeconfig_path(),
+        target,
+        api_addr,
+        &["--lease-cooldown", "2s"],
     );
-    cmd.args(["--discovery-bind-address", &api_addr.to_string()])
-        .args(["--default-probe-url", &format!("http://{target}/")])
-        .args(["--default-probe-expected-status", "200"])
-        .args(["--lease-cooldown", "2s"])
-        .env("DISCOVERY_TOKEN", TOKEN);
-    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let client = server.client();
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
