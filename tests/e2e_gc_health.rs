@@ -29,7 +29,6 @@ fn start(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Operator {
-    let log = std::fs::File::create(dir.join(log_name)).unwrap();
     let mut cmd: Command = support::operator(dir, providers, server.kubeconfig_path());
     cmd.args(args).env("LOG_LEVEL", "info");
     for (k, _) in std::env::vars() {
@@ -40,8 +39,7 @@ fn start(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap();
-    Operator(child)
+    Operator::spawn(cmd, &dir.join(log_name))
 }
 
 async fn server() -> (TestApiServer, tempfile::TempDir, Client) {
@@ -461,30 +459,45 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Span>>>) {
     (format!("http://{addr}"), spans)
 }
 
+/// The operator exporting to a loopback OTLP receiver every 200 ms, with
+/// `args`, and a kubernetes Proxy `name` created.
+async fn traced_proxy(
+    name: &str,
+    args: &[&str],
+) -> (
+    TestApiServer,
+    tempfile::TempDir,
+    Operator,
+    Arc<Mutex<Vec<Span>>>,
+) {
+    let (endpoint, spans) = otlp_receiver().await;
+    let (server, dir, client) = server().await;
+    let op = start(
+        &server,
+        KUBE_ONLY,
+        dir.path(),
+        "op.log",
+        args,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let proxies: Api<Proxy> = Api::namespaced(client, "default");
+    proxies
+        .create(&PostParams::default(), &proxy(name))
+        .await
+        .unwrap();
+    (server, dir, op, spans)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
     if !squid_present() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
-    let (endpoint, spans) = otlp_receiver().await;
-    let (server, dir, client) = server().await;
-    let _op = start(
-        &server,
-        KUBE_ONLY,
-        dir.path(),
-        "op.log",
-        &[],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
-    );
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    proxies
-        .create(&PostParams::default(), &proxy("t1"))
-        .await
-        .unwrap();
+    let (_server, dir, _op, spans) = traced_proxy("t1", &[]).await;
     let t0 = Instant::now();
     let (root, create) = eventually(
         "a Reconcile Proxy trace with provider.create",
@@ -546,24 +559,7 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
-    let (endpoint, spans) = otlp_receiver().await;
-    let (server, dir, client) = server().await;
-    let _op = start(
-        &server,
-        KUBE_ONLY,
-        dir.path(),
-        "op.log",
-        &["--log-format", "json"],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
-    );
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    proxies
-        .create(&PostParams::default(), &proxy("j1"))
-        .await
-        .unwrap();
+    let (_server, dir, _op, spans) = traced_proxy("j1", &["--log-format", "json"]).await;
     let line: serde_json::Value = eventually(
         "a JSON Instance created line",
         Duration::from_secs(30),
