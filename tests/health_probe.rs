@@ -3,13 +3,16 @@
 //! https target through CONNECT + TLS with a test CA, and the ways a probe
 //! must fail.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::read_head;
 
 use egress_proxies_operator::health::probe::{probe, tls_config, ProbeTarget};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use url::Url;
 
@@ -121,18 +124,6 @@ async fn http_target(status: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
         }
     });
     (addr, seen)
-}
-
-async fn read_head<S: tokio::io::AsyncRead + Unpin>(c: &mut S) -> String {
-    let mut buf = Vec::new();
-    let mut b = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
-        match c.read(&mut b).await {
-            Ok(1) => buf.push(b[0]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// A TLS server for 127.0.0.1 signed by a fresh CA; returns its address

@@ -286,20 +286,13 @@ pub fn rules_of(
 /// request: the probe target of system tests (there is no internet here).
 /// It lives as long as the test's runtime.
 pub async fn http_target() -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut c, _)) = l.accept().await {
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 1];
-                while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
-                    match c.read(&mut b).await {
-                        Ok(1) => buf.push(b[0]),
-                        _ => break,
-                    }
-                }
+                read_head(&mut c).await;
                 let _ = c
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\nConnection: close\r\n\r\nhello from target")
                     .await;
@@ -348,4 +341,19 @@ pub fn condition<'a>(
 /// Whether Squid is installed (the test kubelet runs it for Pods).
 pub fn squid_present() -> bool {
     Path::new("/usr/sbin/squid").exists()
+}
+
+/// Reads an HTTP request or response head (up to the blank line, 64 KiB at
+/// most) byte by byte, so nothing after it is consumed.
+pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(c: &mut S) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") && buf.len() < 65536 {
+        match c.read(&mut b).await {
+            Ok(1) => buf.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&buf).into_owned()
 }
