@@ -14,6 +14,12 @@ const NS: &str = "egress-proxies-operator-system";
 const SA: &str = "egress-proxies-operator-controller-manager";
 const DEPLOYMENT: &str = "egress-proxies-operator-controller-manager";
 
+/// `config/default`, rendered once for all the tests of this file.
+fn rendered() -> &'static [Value] {
+    static DOCS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    DOCS.get_or_init(|| kustomize("config/default"))
+}
+
 fn strs(v: &Value) -> Vec<&str> {
     v.as_array()
         .into_iter()
@@ -39,10 +45,10 @@ fn arg<'a>(c: &'a Value, flag: &str) -> Option<&'a str> {
 
 #[test]
 fn the_deployment_keeps_the_runtime_envelope() {
-    let docs = kustomize("config/default");
-    let d = object(&docs, "Deployment", DEPLOYMENT);
+    let docs = rendered();
+    let d = object(docs, "Deployment", DEPLOYMENT);
     let pod = &d["spec"]["template"]["spec"];
-    let c = manager(&docs);
+    let c = manager(docs);
 
     // Pod and container security: restricted PSS.
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
@@ -58,7 +64,7 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert_eq!(strs(&sc["capabilities"]["drop"]), ["ALL"]);
     assert!(sc["capabilities"]["add"].is_null());
     assert!(sc["privileged"].is_null() || sc["privileged"] == false);
-    let ns = object(&docs, "Namespace", NS);
+    let ns = object(docs, "Namespace", NS);
     assert_eq!(
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "restricted"
@@ -105,7 +111,7 @@ fn the_deployment_keeps_the_runtime_envelope() {
     let cm = volume("providers-config")["configMap"]["name"]
         .as_str()
         .unwrap();
-    object(&docs, "ConfigMap", cm);
+    object(docs, "ConfigMap", cm);
     assert_eq!(
         mount("providers-config")["mountPath"],
         "/etc/proxy-operator"
@@ -167,15 +173,15 @@ fn the_deployment_keeps_the_runtime_envelope() {
     // Image set by kustomize, never the placeholder.
     assert_eq!(c["image"], "example.com/egress-proxies-operator:v0.0.1");
     assert_eq!(pod["serviceAccountName"], SA);
-    object(&docs, "ServiceAccount", SA);
+    object(docs, "ServiceAccount", SA);
     assert_eq!(pod["terminationGracePeriodSeconds"], 10);
 }
 
 #[test]
 fn the_deployment_args_and_providers_file_are_accepted_by_the_binary() {
-    let docs = kustomize("config/default");
-    let c = manager(&docs);
-    let cm_name = object(&docs, "Deployment", DEPLOYMENT)["spec"]["template"]["spec"]["volumes"]
+    let docs = rendered();
+    let c = manager(docs);
+    let cm_name = object(docs, "Deployment", DEPLOYMENT)["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap()
         .iter()
@@ -184,7 +190,7 @@ fn the_deployment_args_and_providers_file_are_accepted_by_the_binary() {
         .as_str()
         .unwrap()
         .to_string();
-    let cm = object(&docs, "ConfigMap", &cm_name);
+    let cm = object(docs, "ConfigMap", &cm_name);
     let dir = tempfile::tempdir().unwrap();
     let providers = dir.path().join("providers.yaml");
     std::fs::write(&providers, cm["data"]["providers.yaml"].as_str().unwrap()).unwrap();
@@ -220,10 +226,10 @@ fn the_deployment_args_and_providers_file_are_accepted_by_the_binary() {
 
 #[test]
 fn services_and_network_policy_reach_the_manager_ports() {
-    let docs = kustomize("config/default");
-    let d = object(&docs, "Deployment", DEPLOYMENT);
+    let docs = rendered();
+    let d = object(docs, "Deployment", DEPLOYMENT);
     let pod_labels = &d["spec"]["template"]["metadata"]["labels"];
-    let c = manager(&docs);
+    let c = manager(docs);
     let has_port = |name: &str| {
         c["ports"]
             .as_array()
@@ -243,7 +249,7 @@ fn services_and_network_policy_reach_the_manager_ports() {
             "metrics",
         ),
     ] {
-        let s = object(&docs, "Service", svc);
+        let s = object(docs, "Service", svc);
         assert_eq!(s["metadata"]["namespace"], NS);
         assert_eq!(s["spec"]["ports"][0]["port"], port);
         assert_eq!(s["spec"]["ports"][0]["targetPort"], target);
@@ -288,8 +294,8 @@ fn grants(rules: &[test_apiserver::authz::PolicyRule], group: &str, resource: &s
 
 #[test]
 fn the_manager_gets_least_privilege_rbac() {
-    let docs = kustomize("config/default");
-    let (cluster, namespaced) = rules_of(&docs, NS, SA);
+    let docs = rendered();
+    let (cluster, namespaced) = rules_of(docs, NS, SA);
     for r in &cluster {
         for list in [&r.api_groups, &r.resources, &r.verbs] {
             assert!(!list.iter().any(|x| x == "*"), "no wildcards: {r:?}");
@@ -330,12 +336,12 @@ fn the_manager_gets_least_privilege_rbac() {
         ["create", "delete", "get", "list", "watch"]
     );
     let pods_role = object(
-        &docs,
+        docs,
         "ClusterRole",
         "egress-proxies-operator-manager-pods-role",
     );
     assert!(pods_role["rules"].to_string().contains("pods"));
-    let base = object(&docs, "ClusterRole", "egress-proxies-operator-manager-role");
+    let base = object(docs, "ClusterRole", "egress-proxies-operator-manager-role");
     assert!(!base["rules"].to_string().contains("pods"));
     // Leader election: the Lease in the install namespace, nothing else.
     assert_eq!(namespaced.len(), 1);
@@ -354,7 +360,7 @@ fn the_manager_gets_least_privilege_rbac() {
 
 #[test]
 fn user_roles_never_write_status() {
-    let docs = kustomize("config/default");
+    let docs = rendered();
     for (role, verbs) in [
         ("proxy-admin-role", vec!["*"]),
         (
@@ -367,7 +373,7 @@ fn user_roles_never_write_status() {
         ("providerhealth-viewer-role", vec!["get", "list", "watch"]),
     ] {
         let r = object(
-            &docs,
+            docs,
             "ClusterRole",
             &format!("egress-proxies-operator-{role}"),
         );
