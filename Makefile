@@ -13,9 +13,17 @@ PROVIDERS ?= hack/providers-dev.yaml
 KVM_SSH_NAMESPACE ?= egress-proxies-operator-system
 KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
 KVM_KNOWN_HOSTS ?= $(HOME)/.ssh/kvm_known_hosts
+# The test cluster: upstream programs built from the Go modules pinned under
+# tests/cluster/go, plus our launcher and node agent.
+GO ?= go
+CLUSTER_BIN := $(abspath $(TARGET_DIR))/test-cluster/bin
+K8S_VERSION := v1.37.2
+K8S_VERSION_VARS := gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean
+K8S_LDFLAGS := -s -w $(foreach v,$(K8S_VERSION_VARS),-X k8s.io/component-base/version.$(v) -X k8s.io/client-go/pkg/version.$(v))
+K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds test-apiserver test-e2e run run-local \
-	check-config install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
+	check-config test-cluster install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
 	bench-lease fuzz-api
 
 all: build
@@ -69,6 +77,21 @@ run: ## Run the operator against the current kubeconfig (PROVIDERS=hack/provider
 
 run-local: ## Run the operator against a local test API server with a Squid kubelet: no cluster needed (kubeconfig in target/run-local/kubeconfig).
 	CARGO="$(CARGO)" PROVIDERS="$(PROVIDERS)" scripts/run-local.sh $(ARGS)
+
+test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date).
+
+$(CLUSTER_BIN)/.kubernetes: tests/cluster/go/kubernetes/go.mod tests/cluster/go/kubernetes/go.sum Makefile
+	@mkdir -p $(CLUSTER_BIN)
+	cd tests/cluster/go/kubernetes && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(CLUSTER_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,$(K8S_TOOLS))
+	@touch $@
+
+$(CLUSTER_BIN)/etcd: tests/cluster/go/etcd/go.mod tests/cluster/go/etcd/go.sum
+	@mkdir -p $(CLUSTER_BIN)
+	cd tests/cluster/go/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $@ go.etcd.io/etcd/server/v3
+
+$(CLUSTER_BIN)/helm: tests/cluster/go/helm/go.mod tests/cluster/go/helm/go.sum
+	@mkdir -p $(CLUSTER_BIN)
+	cd tests/cluster/go/helm && $(GO) build -trimpath -ldflags '-s -w' -o $@ helm.sh/helm/v4/cmd/helm
 
 ##@ Deployment
 
