@@ -36,7 +36,7 @@ help: ## List the targets.
 build: ## Build the operator, crdgen and the test API server.
 	$(CARGO) build --bins --workspace
 
-test: lint check-crds fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the API fuzz run, then every workspace test.
+test: lint check-crds test-cluster fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, the API fuzz run, then every workspace test.
 	$(CARGO) test --workspace --no-fail-fast
 
 lint: ## Formatting and clippy, warnings are errors.

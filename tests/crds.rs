@@ -177,9 +177,7 @@ fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
     }
     if let Some(mt) = obj.get("x-kubernetes-map-type") {
         if type_ != Some("object") {
-            problems.push(format!(
-                "{path}: x-kubernetes-map-type needs type object"
-            ));
+            problems.push(format!("{path}: x-kubernetes-map-type needs type object"));
         }
         if !matches!(mt.as_str(), Some("atomic" | "granular")) {
             problems.push(format!("{path}: x-kubernetes-map-type {mt}"));
@@ -189,9 +187,7 @@ fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
     let keys = strs(obj.get("x-kubernetes-list-map-keys"));
     if obj.contains_key("x-kubernetes-list-type") {
         if type_ != Some("array") {
-            problems.push(format!(
-                "{path}: x-kubernetes-list-type needs type array"
-            ));
+            problems.push(format!("{path}: x-kubernetes-list-type needs type array"));
         }
         if !matches!(list_type, Some("atomic" | "set" | "map")) {
             problems.push(format!("{path}: x-kubernetes-list-type {list_type:?}"));
@@ -204,7 +200,9 @@ fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
     }
     if let (Some("map" | "set"), Some(items)) = (list_type, obj.get("items")) {
         if items.get("nullable") == Some(&Value::Bool(true)) {
-            problems.push(format!("{path}[]: items of a map or set list cannot be nullable"));
+            problems.push(format!(
+                "{path}[]: items of a map or set list cannot be nullable"
+            ));
         }
     }
     if let (Some("map"), Some(items)) = (list_type, obj.get("items")) {
@@ -225,7 +223,10 @@ fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
                 problems.push(format!("{path}: list-map key {k} is not an item property"));
                 continue;
             };
-            if matches!(p.get("type").and_then(Value::as_str), Some("array" | "object")) {
+            if matches!(
+                p.get("type").and_then(Value::as_str),
+                Some("array" | "object")
+            ) {
                 problems.push(format!("{path}: list-map key {k} must be a scalar"));
             }
             if !required.contains(&k) && p.get("default").is_none() {
@@ -245,7 +246,12 @@ fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
             None => continue,
         };
         for (i, n) in nested.into_iter().enumerate() {
-            check_nested(n, &format!("{path}.{junctor}[{i}]"), junctor == "allOf", problems);
+            check_nested(
+                n,
+                &format!("{path}.{junctor}[{i}]"),
+                junctor == "allOf",
+                problems,
+            );
         }
     }
     if let Some(props) = obj.get("properties").and_then(Value::as_object) {

@@ -286,8 +286,14 @@ pub fn rules_of(
 /// request: the probe target of system tests (there is no internet here).
 /// It lives as long as the test's runtime.
 pub async fn http_target() -> std::net::SocketAddr {
+    http_target_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+}
+
+/// [`http_target`] on `ip`: the test cluster's `host_ip()` for a target
+/// that Pods (Squid in a Pod, the operator as a Pod) must reach.
+pub async fn http_target_on(ip: std::net::IpAddr) -> std::net::SocketAddr {
     use tokio::io::AsyncWriteExt;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut c, _)) = l.accept().await {
@@ -356,4 +362,64 @@ pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(c: &mut S) -> String {
         }
     }
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The repository of the operator's image in config/manager: the test
+/// cluster's node agent runs the binary built from this checkout for it.
+pub const OPERATOR_IMAGE: &str = "example.com/egress-proxies-operator";
+
+/// The images this checkout's tests run on the test cluster: the default
+/// Squid image (its Pods give their own command, run with the host's squid)
+/// and the operator's image.
+pub fn cluster_images() -> Vec<String> {
+    let squid = egress_proxies_operator::config::DEFAULT_SQUID_IMAGE;
+    let squid_repo = squid.rsplit_once(':').map_or(squid, |(repo, _)| repo);
+    vec![
+        squid_repo.to_string(),
+        format!(
+            "{OPERATOR_IMAGE}={}",
+            env!("CARGO_BIN_EXE_egress-proxies-operator")
+        ),
+    ]
+}
+
+/// The test binary's one real Kubernetes cluster (or `E2E_KUBECONFIG`'s),
+/// started on first use; tests share it with a namespace each. Without the
+/// built control plane it panics naming `make test-cluster`, never skips.
+pub fn cluster() -> &'static test_cluster::TestCluster {
+    static CLUSTER: std::sync::OnceLock<test_cluster::TestCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| start_cluster(false))
+}
+
+/// Like [`cluster`] without a node agent, for tests that run no Pods.
+pub fn control_plane() -> &'static test_cluster::TestCluster {
+    static CLUSTER: std::sync::OnceLock<test_cluster::TestCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| start_cluster(true))
+}
+
+fn start_cluster(no_pods: bool) -> test_cluster::TestCluster {
+    test_cluster::TestCluster::start(&test_cluster::Options {
+        images: cluster_images(),
+        no_pods,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("the test cluster must start: {e:#}"))
+}
+
+/// The operator's CRDs, applied server-side once per test binary and
+/// Established.
+pub fn install_crds(c: &test_cluster::TestCluster) {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let dir = repo().join("config/crd/bases");
+        let dir = dir.to_str().unwrap();
+        c.kubectl_ok(&["apply", "--server-side", "-f", dir]);
+        c.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/proxies.crawl.example.com",
+            "crd/providerhealths.crawl.example.com",
+        ]);
+    });
 }

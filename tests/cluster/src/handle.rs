@@ -99,6 +99,8 @@ impl TestCluster {
         let mut cmd = Command::new(bin("test-cluster"));
         cmd.arg("--dir")
             .arg(&dir)
+            .arg("--bin-dir")
+            .arg(bin_dir())
             .arg("--nodes")
             .arg(opts.nodes.max(1).to_string())
             .arg("--remove-dir");

@@ -323,12 +323,16 @@ impl Cluster {
     }
 
     async fn wait_tcp(&mut self, what: &str, addr: SocketAddr) -> anyhow::Result<()> {
-        self.poll(&format!("{what} did not listen on {addr}"), Duration::from_secs(60), || async move {
-            tokio::net::TcpStream::connect(addr)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        })
+        self.poll(
+            &format!("{what} did not listen on {addr}"),
+            Duration::from_secs(60),
+            || async move {
+                tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            },
+        )
         .await
     }
 
@@ -360,32 +364,39 @@ impl Cluster {
             || {
                 let sas = sas.clone();
                 async move {
-                    sas.get("default").await.map(drop).map_err(|e| e.to_string())
+                    sas.get("default")
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
                 }
             },
         )
         .await?;
         let nodes: Api<KubeNode> = Api::all(admin.clone());
         let want = self.info.nodes.clone();
-        self.poll("the nodes did not become Ready", Duration::from_secs(60), || {
-            let (nodes, want) = (nodes.clone(), want.clone());
-            async move {
-                let list = nodes
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let ready: Vec<String> = list
-                    .items
-                    .iter()
-                    .filter(|n| node_ready(n))
-                    .filter_map(|n| n.metadata.name.clone())
-                    .collect();
-                match want.iter().find(|w| !ready.contains(w)) {
-                    None => Ok(()),
-                    Some(w) => Err(format!("{w} is not Ready")),
+        self.poll(
+            "the nodes did not become Ready",
+            Duration::from_secs(60),
+            || {
+                let (nodes, want) = (nodes.clone(), want.clone());
+                async move {
+                    let list = nodes
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let ready: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter(|n| node_ready(n))
+                        .filter_map(|n| n.metadata.name.clone())
+                        .collect();
+                    match want.iter().find(|w| !ready.contains(w)) {
+                        None => Ok(()),
+                        Some(w) => Err(format!("{w} is not Ready")),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await
     }
 

@@ -79,11 +79,21 @@ fn main() {
 async fn run(args: Args) -> i32 {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("test-cluster"));
-    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
-        exe.parent()
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."))
-    });
+    // The directory it was started from (target/test-cluster/bin holds a
+    // link to it), not the link's target.
+    let invoked = std::env::args()
+        .next()
+        .map(PathBuf::from)
+        .filter(|p| p.parent().is_some_and(|d| !d.as_os_str().is_empty()));
+    let bin_dir = args
+        .bin_dir
+        .clone()
+        .or_else(|| invoked.and_then(|p| p.parent().map(PathBuf::from)))
+        .unwrap_or_else(|| {
+            exe.parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."))
+        });
     if let Err(e) = std::fs::create_dir_all(&args.dir) {
         eprintln!("test-cluster: creating {}: {e}", args.dir.display());
         return 1;

@@ -127,7 +127,11 @@ impl Ca {
     ) -> anyhow::Result<()> {
         let file = cn.replace(':', "-");
         let (_, cert, key) = self.client(pki, &file, cn, org)?;
-        write(path, &kubeconfig_yaml(server, &self.cert_pem, &cert, &key), 0o600)
+        write(
+            path,
+            &kubeconfig_yaml(server, &self.cert_pem, &cert, &key),
+            0o600,
+        )
     }
 }
 
@@ -184,7 +188,12 @@ mod tests {
             "10.96.0.1".parse().unwrap(),
             &["10.216.3.1".parse().unwrap()],
         );
-        for want in ["127.0.0.1", "10.96.0.1", "10.216.3.1", "kubernetes.default.svc"] {
+        for want in [
+            "127.0.0.1",
+            "10.96.0.1",
+            "10.216.3.1",
+            "kubernetes.default.svc",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
         }
     }
@@ -195,7 +204,11 @@ mod tests {
         let v: serde_norway::Value = serde_norway::from_str(&y).unwrap();
         assert_eq!(
             v["users"][0]["user"]["client-key-data"].as_str(),
-            Some(base64::engine::general_purpose::STANDARD.encode("KEY").as_str())
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode("KEY")
+                    .as_str()
+            )
         );
         assert_eq!(v["current-context"].as_str(), Some("test-cluster"));
     }

@@ -83,7 +83,10 @@ impl Component {
         let pid = Pid::from_raw(pid as i32);
         let _ = kill(pid, Signal::SIGCONT);
         let _ = kill(pid, Signal::SIGTERM);
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = self.child.start_kill();
             let _ = self.child.wait().await;
         }
