@@ -308,12 +308,13 @@ pub async fn http_target_on(ip: std::net::IpAddr) -> std::net::SocketAddr {
     addr
 }
 
-/// A Proxy named `name` in namespace `default` with `spec`.
+/// A Proxy named `name` with `spec`, in no namespace: `Api::namespaced`
+/// puts it in the test's.
 pub fn proxy(name: &str, spec: serde_json::Value) -> egress_proxies_operator::api::Proxy {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "crawl.example.com/v1alpha1",
         "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": spec,
     }))
     .unwrap()
@@ -422,4 +423,78 @@ pub fn install_crds(c: &test_cluster::TestCluster) {
             "crd/providerhealths.crawl.example.com",
         ]);
     });
+}
+
+/// One test's ground: the binary's cluster (with the CRDs), an admin client
+/// and a namespace of its own.
+pub struct Ground {
+    pub cluster: &'static test_cluster::TestCluster,
+    pub client: kube::Client,
+    pub ns: String,
+}
+
+/// A [`Ground`] on the cluster with the node agent (Pods run).
+pub async fn ground(prefix: &str) -> Ground {
+    ground_on(cluster(), prefix).await
+}
+
+/// A [`Ground`] on the cluster without a node agent (no Pods run).
+pub async fn ground_without_pods(prefix: &str) -> Ground {
+    ground_on(control_plane(), prefix).await
+}
+
+async fn ground_on(cluster: &'static test_cluster::TestCluster, prefix: &str) -> Ground {
+    install_crds(cluster);
+    let client = cluster.client().await;
+    let ns = cluster.namespace(&client, prefix).await;
+    Ground {
+        cluster,
+        client,
+        ns,
+    }
+}
+
+impl Ground {
+    /// The operator binary (see [`operator`]) confined to this test: it
+    /// watches only this namespace, keeps its Lease here, and has an
+    /// installation id of its own, so operators of parallel tests never
+    /// touch each other's Proxies or instances.
+    pub fn operator(&self, dir: &Path, providers: &str) -> Command {
+        let mut cmd = operator(dir, providers, self.cluster.kubeconfig());
+        cmd.args([
+            "--proxy-namespace",
+            &self.ns,
+            "--operator-namespace",
+            &self.ns,
+        ])
+        .env("INSTALLATION_ID", &self.ns)
+        .env("POD_NAMESPACE", &self.ns);
+        cmd
+    }
+
+    /// Proxies of this namespace.
+    pub fn proxies(&self) -> kube::Api<egress_proxies_operator::api::Proxy> {
+        kube::Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Any namespaced kind of this namespace.
+    pub fn api<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        kube::Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// kubectl in this namespace; panics unless it succeeds; returns stdout.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.ns.as_str()];
+        all.extend_from_slice(args);
+        self.cluster.kubectl_ok(&all)
+    }
+
+    /// Where to bind a server that Pods of this cluster must reach.
+    pub fn host_ip(&self) -> std::net::IpAddr {
+        self.cluster.host_ip()
+    }
 }
