@@ -18,26 +18,146 @@ fn committed_crds_match_the_types() {
     }
 }
 
-/// Walks a schema node, collecting violations of the structural rules.
-fn check(node: &Value, path: &str, problems: &mut Vec<String>, needs_description: bool) {
+/// The keys kube-apiserver allows at the root of a schema when the status
+/// subresource is enabled (`allowedFieldsAtRootSchema` in
+/// apiextensions-apiserver's validation.go, as JSON keys).
+const ROOT_KEYS: &[&str] = &[
+    "description",
+    "type",
+    "format",
+    "title",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "multipleOf",
+    "required",
+    "items",
+    "properties",
+    "externalDocs",
+    "example",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
+];
+
+/// The schema keywords kube-apiserver refuses anywhere.
+const UNSUPPORTED: &[&str] = &[
+    "$ref",
+    "id",
+    "additionalItems",
+    "patternProperties",
+    "definitions",
+    "dependencies",
+    "$schema",
+];
+
+const TYPES: &[&str] = &["string", "number", "integer", "boolean", "array", "object"];
+
+/// Where a schema node sits, as kube-apiserver distinguishes them.
+#[derive(Clone, Copy, PartialEq)]
+enum Level {
+    Root,
+    Field,
+    Item,
+}
+
+fn strs(v: Option<&Value>) -> Vec<&str> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Checks the schema of one CRD version against the rules kube-apiserver
+/// (apiextensions-apiserver v0.37 `ValidateCustomResourceDefinitionOpenAPISchema`
+/// and the structural-schema invariants) enforces when the CRD is created,
+/// plus this project's rule that every field has a description.
+fn check_root(schema: &Value, status_subresource: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(root) = schema.as_object() else {
+        return vec!["root: not an object".into()];
+    };
+    if root.get("type").and_then(Value::as_str) != Some("object") {
+        problems.push("root: type must be object".into());
+    }
+    if root.contains_key("additionalProperties") {
+        problems.push("root: additionalProperties must not be used at the root".into());
+    }
+    if status_subresource {
+        for k in root.keys() {
+            if !ROOT_KEYS.contains(&k.as_str()) {
+                problems.push(format!(
+                    "root: {k} is not allowed at the root when the status subresource is enabled"
+                ));
+            }
+        }
+    }
+    let props = root.get("properties").and_then(Value::as_object);
+    for k in ["apiVersion", "kind"] {
+        if let Some(p) = props.and_then(|p| p.get(k)) {
+            if p.get("type").and_then(Value::as_str) != Some("string") {
+                problems.push(format!("root.{k}: type must be string"));
+            }
+        }
+    }
+    // The server owns metadata's schema: it accepts `type: object` and
+    // nothing else (bar name/generateName restrictions, which we never use).
+    if let Some(md) = props.and_then(|p| p.get("metadata")) {
+        if md != &serde_json::json!({"type": "object"}) {
+            problems.push(format!(
+                "root.metadata: must not specify anything other than type: object (the server refuses it), got {md}"
+            ));
+        }
+    }
+    check(schema, "root", Level::Root, &mut problems);
+    problems
+}
+
+/// Walks a schema node, collecting violations of kube-apiserver's rules.
+fn check(node: &Value, path: &str, level: Level, problems: &mut Vec<String>) {
     let Some(obj) = node.as_object() else {
         problems.push(format!("{path}: not an object"));
         return;
     };
-    if obj.contains_key("$ref") {
-        problems.push(format!("{path}: $ref"));
-    }
-    for forbidden in ["anyOf", "oneOf", "allOf", "not"] {
-        if obj.contains_key(forbidden) && !obj.contains_key("type") {
-            problems.push(format!("{path}: {forbidden} without a type"));
+    for k in UNSUPPORTED {
+        if obj.contains_key(*k) {
+            problems.push(format!("{path}: {k} is not supported"));
         }
     }
-    let int_or_string = obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
-    let preserve = obj.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
-    if !obj.contains_key("type") && !int_or_string && !preserve {
-        problems.push(format!("{path}: no type"));
+    let bool_of = |k: &str| obj.get(k).and_then(Value::as_bool);
+    let type_ = obj.get("type").and_then(Value::as_str);
+    let int_or_string = bool_of("x-kubernetes-int-or-string") == Some(true);
+    let preserve = bool_of("x-kubernetes-preserve-unknown-fields") == Some(true);
+    let embedded = bool_of("x-kubernetes-embedded-resource") == Some(true);
+    match type_ {
+        None if !int_or_string && !preserve => problems.push(format!("{path}: no type")),
+        Some(t) if !TYPES.contains(&t) => problems.push(format!("{path}: unsupported type {t}")),
+        _ => {}
     }
-    if needs_description
+    if bool_of("x-kubernetes-preserve-unknown-fields") == Some(false) {
+        problems.push(format!(
+            "{path}: x-kubernetes-preserve-unknown-fields must be true or undefined"
+        ));
+    }
+    if int_or_string && (preserve || embedded) {
+        problems.push(format!(
+            "{path}: x-kubernetes-int-or-string excludes preserve-unknown-fields and embedded-resource"
+        ));
+    }
+    if embedded && (type_ != Some("object") || obj.contains_key("additionalProperties")) {
+        problems.push(format!(
+            "{path}: x-kubernetes-embedded-resource needs type object and no additionalProperties"
+        ));
+    }
+    // The project's rule: every field explains itself in `kubectl explain`.
+    let root_metadata = path == "root.metadata";
+    if level == Level::Field
+        && !root_metadata
         && obj
             .get("description")
             .and_then(Value::as_str)
@@ -47,54 +167,245 @@ fn check(node: &Value, path: &str, problems: &mut Vec<String>, needs_description
     }
     if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
         problems.push(format!(
-            "{path}: properties and additionalProperties together"
+            "{path}: additionalProperties and properties are mutual exclusive"
         ));
+    }
+    if type_ == Some("array") && !obj.get("items").is_some_and(Value::is_object) {
+        problems.push(format!(
+            "{path}: an array needs items (one schema, not a list)"
+        ));
+    }
+    if let Some(mt) = obj.get("x-kubernetes-map-type") {
+        if type_ != Some("object") {
+            problems.push(format!("{path}: x-kubernetes-map-type needs type object"));
+        }
+        if !matches!(mt.as_str(), Some("atomic" | "granular")) {
+            problems.push(format!("{path}: x-kubernetes-map-type {mt}"));
+        }
+    }
+    let list_type = obj.get("x-kubernetes-list-type").and_then(Value::as_str);
+    let keys = strs(obj.get("x-kubernetes-list-map-keys"));
+    if obj.contains_key("x-kubernetes-list-type") {
+        if type_ != Some("array") {
+            problems.push(format!("{path}: x-kubernetes-list-type needs type array"));
+        }
+        if !matches!(list_type, Some("atomic" | "set" | "map")) {
+            problems.push(format!("{path}: x-kubernetes-list-type {list_type:?}"));
+        }
+    }
+    if !keys.is_empty() && list_type != Some("map") {
+        problems.push(format!(
+            "{path}: x-kubernetes-list-map-keys needs x-kubernetes-list-type map"
+        ));
+    }
+    if let (Some("map" | "set"), Some(items)) = (list_type, obj.get("items")) {
+        if items.get("nullable") == Some(&Value::Bool(true)) {
+            problems.push(format!(
+                "{path}[]: items of a map or set list cannot be nullable"
+            ));
+        }
+    }
+    if let (Some("map"), Some(items)) = (list_type, obj.get("items")) {
+        if keys.is_empty() {
+            problems.push(format!("{path}: list-type map without keys"));
+        }
+        if items.get("type").and_then(Value::as_str) != Some("object") {
+            problems.push(format!("{path}[]: items of a map list must be objects"));
+        }
+        let required = strs(items.get("required"));
+        let mut seen = Vec::new();
+        for k in keys {
+            if seen.contains(&k) {
+                problems.push(format!("{path}: duplicate list-map key {k}"));
+            }
+            seen.push(k);
+            let Some(p) = items.get("properties").and_then(|p| p.get(k)) else {
+                problems.push(format!("{path}: list-map key {k} is not an item property"));
+                continue;
+            };
+            if matches!(
+                p.get("type").and_then(Value::as_str),
+                Some("array" | "object")
+            ) {
+                problems.push(format!("{path}: list-map key {k} must be a scalar"));
+            }
+            if !required.contains(&k) && p.get("default").is_none() {
+                problems.push(format!(
+                    "{path}: list-map key {k} must be required or have a default"
+                ));
+            }
+            if p.get("nullable") == Some(&Value::Bool(true)) {
+                problems.push(format!("{path}: list-map key {k} cannot be nullable"));
+            }
+        }
+    }
+    for junctor in ["anyOf", "oneOf", "allOf", "not"] {
+        let nested: Vec<&Value> = match obj.get(junctor) {
+            Some(Value::Array(a)) => a.iter().collect(),
+            Some(v) => vec![v],
+            None => continue,
+        };
+        for (i, n) in nested.into_iter().enumerate() {
+            check_nested(
+                n,
+                &format!("{path}.{junctor}[{i}]"),
+                junctor == "allOf",
+                problems,
+            );
+        }
     }
     if let Some(props) = obj.get("properties").and_then(Value::as_object) {
         for (k, v) in props {
-            check(v, &format!("{path}.{k}"), problems, true);
+            check(v, &format!("{path}.{k}"), Level::Field, problems);
         }
     }
     if let Some(ap) = obj.get("additionalProperties") {
         if ap.is_object() {
-            check(ap, &format!("{path}[*]"), problems, false);
+            check(ap, &format!("{path}[*]"), Level::Item, problems);
+        }
+    }
+    if let Some(items) = obj.get("items").filter(|i| i.is_object()) {
+        check(items, &format!("{path}[]"), Level::Item, problems);
+    }
+}
+
+/// Inside anyOf/oneOf/allOf/not only value validations are allowed: no
+/// types, descriptions, defaults, nullable or x-kubernetes-* extensions
+/// (CEL rules only under allOf), and no `metadata` property.
+fn check_nested(node: &Value, path: &str, cel_allowed: bool, problems: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else {
+        return;
+    };
+    for k in obj.keys() {
+        let forbidden = matches!(
+            k.as_str(),
+            "type" | "additionalProperties" | "default" | "title" | "description" | "nullable"
+        ) || (k.starts_with("x-kubernetes-")
+            && !(cel_allowed && k == "x-kubernetes-validations"));
+        if forbidden {
+            problems.push(format!("{path}: {k} must not be used inside a junctor"));
+        }
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        if props.contains_key("metadata") {
+            problems.push(format!(
+                "{path}: metadata must not be specified in a nested context"
+            ));
+        }
+        for (k, v) in props {
+            check_nested(v, &format!("{path}.{k}"), cel_allowed, problems);
         }
     }
     if let Some(items) = obj.get("items") {
-        check(items, &format!("{path}[]"), problems, false);
-        if obj.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map") {
-            let keys: Vec<&str> = obj
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if keys.is_empty() {
-                problems.push(format!("{path}: list-type map without keys"));
-            }
-            let required: Vec<&str> = items
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            for k in keys {
-                if !required.contains(&k) {
-                    problems.push(format!("{path}: list-map key {k} is not required"));
-                }
+        check_nested(items, &format!("{path}[]"), cel_allowed, problems);
+    }
+}
+
+fn version_schemas(def: &impl serde::Serialize) -> Vec<(Value, bool)> {
+    let v = serde_json::to_value(def).unwrap();
+    v["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ver| {
+            (
+                ver["schema"]["openAPIV3Schema"].clone(),
+                ver["subresources"]["status"].is_object(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn schemas_pass_the_api_servers_rules_and_are_documented() {
+    for (file, def) in crd::all() {
+        for (schema, status) in version_schemas(&def) {
+            let problems = check_root(&schema, status);
+            assert!(problems.is_empty(), "{file}: {problems:#?}");
+        }
+    }
+}
+
+/// The committed files, not just the generator, are what `kubectl apply`
+/// sends: check them too.
+#[test]
+fn committed_crds_pass_the_api_servers_rules() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/crd/bases");
+    for (file, _) in crd::all() {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let def: Value = serde_norway::from_str(&text).unwrap();
+        for (schema, status) in version_schemas(&def) {
+            let problems = check_root(&schema, status);
+            assert!(problems.is_empty(), "{file}: {problems:#?}");
+        }
+    }
+}
+
+/// The top-level metadata schema is exactly `type: object` in every CRD
+/// (the real server refused the `description` the generator once put there).
+#[test]
+fn top_level_metadata_is_only_type_object() {
+    for (file, def) in crd::all() {
+        for (schema, _) in version_schemas(&def) {
+            if let Some(md) = schema["properties"].get("metadata") {
+                assert_eq!(md, &serde_json::json!({"type": "object"}), "{file}");
             }
         }
     }
 }
 
+/// The checker itself catches what the real server refused, so a passing
+/// run means something.
 #[test]
-fn schemas_are_structural_and_documented() {
-    for (file, def) in crd::all() {
-        let v = serde_json::to_value(&def).unwrap();
-        for version in v["spec"]["versions"].as_array().unwrap() {
-            let schema = &version["schema"]["openAPIV3Schema"];
-            let mut problems = Vec::new();
-            check(schema, "", &mut problems, true);
-            assert!(problems.is_empty(), "{file}: {problems:#?}");
-        }
+fn the_checker_refuses_what_the_server_refuses() {
+    let (ph, _) = version_schemas(&crd::provider_health_crd()).remove(0);
+    type Tamper = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Tamper, &str)> = vec![
+        (
+            "description on metadata",
+            Box::new(|s| s["properties"]["metadata"]["description"] = "meta".into()),
+            "root.metadata",
+        ),
+        (
+            "metadata properties",
+            Box::new(|s| {
+                s["properties"]["metadata"]["properties"] =
+                    serde_json::json!({"labels": {"type": "object"}})
+            }),
+            "root.metadata",
+        ),
+        (
+            "nullable at the root",
+            Box::new(|s| s["nullable"] = true.into()),
+            "root: nullable is not allowed at the root",
+        ),
+        (
+            "list-type on an object",
+            Box::new(|s| s["properties"]["status"]["x-kubernetes-list-type"] = "map".into()),
+            "root.status: x-kubernetes-list-type needs type array",
+        ),
+        (
+            "nullable list-map key",
+            Box::new(|s| {
+                s["properties"]["status"]["properties"]["targets"]["items"]["properties"]["name"]
+                    ["nullable"] = true.into()
+            }),
+            "list-map key name cannot be nullable",
+        ),
+        (
+            "kind not a string",
+            Box::new(|s| s["properties"]["kind"]["type"] = "object".into()),
+            "root.kind: type must be string",
+        ),
+    ];
+    for (name, tamper, want) in cases {
+        let mut s = ph.clone();
+        tamper(&mut s);
+        let problems = check_root(&s, true);
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{name}: {problems:#?} lacks {want}"
+        );
     }
 }
 

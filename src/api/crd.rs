@@ -13,7 +13,33 @@ use super::{ProviderHealth, Proxy};
 
 /// The Proxy CRD.
 pub fn proxy_crd() -> CustomResourceDefinition {
-    Proxy::crd()
+    let mut crd = Proxy::crd();
+    server_owned_metadata(&mut crd);
+    crd
+}
+
+/// kube-apiserver owns the schema of the top-level `metadata`: a CRD whose
+/// schema says anything about it beyond `type: object` (a description, a
+/// title, nullable, properties other than name/generateName) is refused
+/// with `must not specify anything other than name and generateName`. So
+/// whatever the generator put there is reduced to `type: object`.
+fn server_owned_metadata(crd: &mut CustomResourceDefinition) {
+    for version in &mut crd.spec.versions {
+        let Some(props) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|root| root.properties.as_mut())
+        else {
+            continue;
+        };
+        if let Some(metadata) = props.get_mut("metadata") {
+            *metadata = JSONSchemaProps {
+                type_: Some("object".into()),
+                ..Default::default()
+            };
+        }
+    }
 }
 
 /// The ProviderHealth CRD: cluster-scoped, status subresource, no spec.
@@ -38,7 +64,7 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
         json_path: path.into(),
         ..Default::default()
     };
-    CustomResourceDefinition {
+    let mut crd = CustomResourceDefinition {
         metadata: ObjectMeta {
             name: Some("providerhealths.crawl.example.com".into()),
             ..Default::default()
@@ -81,7 +107,9 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
             ..Default::default()
         },
         status: None,
-    }
+    };
+    server_owned_metadata(&mut crd);
+    crd
 }
 
 /// Every CRD with the file name it is committed under in `config/crd/bases/`.

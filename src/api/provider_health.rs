@@ -76,7 +76,9 @@ impl JsonSchema for ProviderHealth {
             "properties": {
                 "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."},
                 "kind": {"type": "string", "description": "Kind is a string value representing the REST resource this object represents."},
-                "metadata": {"type": "object", "description": "Standard object metadata; the name is the provider's configured name."},
+                // kube-apiserver refuses anything but `type: object` here
+                // (no description): metadata's schema is the server's own.
+                "metadata": {"type": "object"},
                 "status": status,
             }
         })

@@ -189,6 +189,20 @@ pub fn crd_defs(crd: &Value) -> Result<Vec<ResourceDef>, String> {
         if ver.get("served") == Some(&Value::Bool(false)) {
             continue;
         }
+        // kube-apiserver owns the top-level metadata schema and refuses a
+        // CRD that says anything there beyond `type: object`.
+        if let Some(md) = ver.pointer("/schema/openAPIV3Schema/properties/metadata") {
+            let extra: Vec<&String> = md
+                .as_object()
+                .map(|o| o.keys().filter(|k| *k != "type").collect())
+                .unwrap_or_default();
+            if md.get("type").and_then(Value::as_str) != Some("object") || !extra.is_empty() {
+                return Err(format!(
+                    "CRD {}: spec.validation.openAPIV3Schema.properties[metadata]: Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified (found {extra:?})",
+                    s(crd, "/metadata/name")
+                ));
+            }
+        }
         let columns = ver
             .get("additionalPrinterColumns")
             .and_then(Value::as_array)
