@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use tracing::{debug, warn};
 
 use crate::api::constants::{CLOUD_INIT_SECRET_LABEL, MANAGED_MARK, MANAGED_MARK_VALUE};
+use crate::provider::error::plain_message;
 use crate::api::Proxy;
 pub use reconcile::{Context, HealthReport, HealthSource};
 
@@ -74,7 +75,7 @@ pub async fn run(
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => debug!(proxy = %obj, "Reconciled"),
-                Err(e) => warn!(error = %e, "Controller error"),
+                Err(e) => warn!(error = %plain_message(&e), "Controller error"),
             }
         })
         .await;

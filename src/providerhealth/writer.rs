@@ -26,6 +26,7 @@ use crate::api::constants::{MANAGED_BY_LABEL, OPERATOR_NAME};
 use crate::api::ProviderHealth;
 use crate::controller::status_patch::merge_diff;
 use crate::metrics::ReconcileMetrics;
+use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.
 pub const CONTROLLER: &str = "providerhealth";
@@ -40,13 +41,13 @@ fn selector() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the object failed.
-    #[error("reading ProviderHealth {0}: {1}")]
+    #[error("reading ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Read(String, #[source] kube::Error),
     /// Creating the object failed.
-    #[error("creating ProviderHealth {0}: {1}")]
+    #[error("creating ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Create(String, #[source] kube::Error),
     /// Patching the status failed.
-    #[error("patching ProviderHealth {0} status: {1}")]
+    #[error("patching ProviderHealth {0} status: {msg}", msg = plain_message(.1))]
     Patch(String, #[source] kube::Error),
 }
 
@@ -137,7 +138,7 @@ impl Writer {
             m.observe(CONTROLLER, res.is_ok(), started.elapsed());
         }
         if let Err(e) = &res {
-            error!(provider = %name, error = %e, "Writing provider health");
+            error!(provider = %name, error = %plain_message(e), "Writing provider health");
         }
         res
     }
@@ -199,7 +200,7 @@ pub async fn run(
                         let _ = w.publish_counted(&r.name).await;
                     }
                     Err(controller::Error::ReconcilerFailed(..)) => {}
-                    Err(e) => warn!(error = %e, "ProviderHealth controller error"),
+                    Err(e) => warn!(error = %plain_message(&e), "ProviderHealth controller error"),
                 }
             }
         });
@@ -214,7 +215,7 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
     let list = match api.list(&ListParams::default().labels(&selector())).await {
         Ok(l) => l,
         Err(e) => {
-            error!(error = %e, "Listing provider health objects; stale ones stay until the next start");
+            error!(error = %plain_message(&e), "Listing provider health objects; stale ones stay until the next start");
             return;
         }
     };
@@ -227,7 +228,7 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
             Ok(_) => info!(%name, "Deleted provider health of an unconfigured provider"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
-                error!(%name, error = %e, "Deleting provider health of an unconfigured provider")
+                error!(%name, error = %plain_message(&e), "Deleting provider health of an unconfigured provider")
             }
         }
     }
