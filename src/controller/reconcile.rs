@@ -18,9 +18,9 @@ use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use crate::api::{Proxy, ProxyMode, ProxyPhase, ProxyStatus};
+use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::registry::Registry;
-use crate::provider::error::plain_message;
 use crate::provider::{CreateRequest, ErrorClass, Provider, ProviderError, UserData};
 
 /// How long a Running instance waits before the next `get` (catches
@@ -64,6 +64,9 @@ pub struct Context {
     pub installation_id: String,
     /// Health verdicts, when the health engine runs.
     pub health: Option<Arc<dyn HealthSource>>,
+    /// The labelled cloud-init Secrets, filled by the controller's Secret
+    /// watch; cloud-init is read from here, never with `get`.
+    pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
     /// Reconcile count, error and duration series, when exported.
     pub metrics: Option<crate::metrics::ReconcileMetrics>,
@@ -82,6 +85,7 @@ impl Context {
             registry,
             installation_id,
             health,
+            secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
             metrics: None,
         }
@@ -385,7 +389,7 @@ async fn managed_path(
                 return Ok(Action::await_change());
             }
             Step::ResolveCloudInit => {
-                match cloud_init::resolve(&ctx.client, &namespace, proxy.spec.cloud_init.as_ref())
+                match cloud_init::resolve(&ctx.secrets, &namespace, proxy.spec.cloud_init.as_ref())
                     .await
                 {
                     Ok(text) => {
