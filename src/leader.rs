@@ -16,6 +16,8 @@ use kube::Client;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::provider::error::plain_message;
+
 /// Election timing.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -224,7 +226,7 @@ pub fn campaign(
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    warn!(identity = %me, error = %e, "Leader election request failed");
+                    warn!(identity = %me, error = %plain_message(&e), "Leader election request failed");
                     if leading && last_renewal.elapsed() >= timing.renew_deadline {
                         warn!(identity = %me, "Could not renew the leader lease in time; stepping down");
                         let _ = tx.send(false);

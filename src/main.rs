@@ -15,6 +15,7 @@ use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::{self, Context};
 use egress_proxies_operator::gc::{self, Gc};
 use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::provider::error::plain_message;
 use egress_proxies_operator::provider::naming::derive_installation_id;
 use egress_proxies_operator::provider::registry::{self, ProviderType, Registry};
 use egress_proxies_operator::{health, http, leader, runnables, telemetry};
@@ -112,7 +113,7 @@ async fn main() -> ExitCode {
     let kube_config = match kube::Config::infer().await {
         Ok(c) => c,
         Err(e) => {
-            error!(error = %e, "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
+            error!(error = %plain_message(&e), "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
             return ExitCode::FAILURE;
         }
     };
@@ -120,7 +121,7 @@ async fn main() -> ExitCode {
     let client = match Client::try_from(kube_config) {
         Ok(c) => c,
         Err(e) => {
-            error!(error = %e, "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
+            error!(error = %plain_message(&e), "Cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
             return ExitCode::FAILURE;
         }
     };
@@ -149,7 +150,7 @@ async fn main() -> ExitCode {
                 &flags.operator_namespace,
             ),
             Err(e) => {
-                error!(error = %e, "Cannot read the kube-system namespace to derive the installation id; pass --installation-id");
+                error!(error = %plain_message(&e), "Cannot read the kube-system namespace to derive the installation id; pass --installation-id");
                 return ExitCode::FAILURE;
             }
         },
@@ -300,7 +301,7 @@ async fn main() -> ExitCode {
             Ok(Ok(true)) => info!(lease = LEADER_ELECTION_ID, "Released the leader lease"),
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                warn!(error = %e, "Could not release the leader lease; it expires by itself")
+                warn!(error = %plain_message(&e), "Could not release the leader lease; it expires by itself")
             }
             Err(_) => warn!("Releasing the leader lease timed out; it expires by itself"),
         }

@@ -67,7 +67,7 @@ enum Level {
     Item,
 }
 
-fn strs<'a>(v: Option<&'a Value>) -> Vec<&'a str> {
+fn strs(v: Option<&Value>) -> Vec<&str> {
     v.and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
@@ -359,7 +359,8 @@ fn top_level_metadata_is_only_type_object() {
 #[test]
 fn the_checker_refuses_what_the_server_refuses() {
     let (ph, _) = version_schemas(&crd::provider_health_crd()).remove(0);
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    type Tamper = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Tamper, &str)> = vec![
         (
             "description on metadata",
             Box::new(|s| s["properties"]["metadata"]["description"] = "meta".into()),

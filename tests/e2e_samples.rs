@@ -246,6 +246,41 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .provider_id
         .unwrap()
         .starts_with("zones/europe-west1-b/instances/"));
+    // Cloud-init from a labelled Secret works under the shipped RBAC
+    // (secrets: list, watch): the operator reads it from its watch, so no
+    // `get` is refused (checked with the other requests below).
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(admin.clone(), "default");
+    let ci: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "ci", "labels": {"crawl.example.com/cloud-init": "true"}},
+        "stringData": {"user-data": "#cloud-config\n"}
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &ci).await.unwrap();
+    let from_secret: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "cloud-init-from-secret"},
+        "spec": {"provider": "kubernetes", "port": 3128, "cloudInit": {"secretRef": {"name": "ci"}}}
+    }))
+    .unwrap();
+    proxies
+        .create(&PostParams::default(), &from_secret)
+        .await
+        .unwrap();
+    eventually(
+        "the Proxy with a cloud-init Secret created",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("cloud-init-from-secret").await.ok()?;
+            p.status.as_ref()?.provider_id.is_some().then_some(())
+        },
+    )
+    .await;
+    proxies
+        .delete("cloud-init-from-secret", &Default::default())
+        .await
+        .unwrap();
     let ext = eventually(
         "the External sample probed",
         Duration::from_secs(60),

@@ -1,17 +1,78 @@
 //! Resolving `spec.cloudInit` to its text: inline, or from a labelled
 //! Secret in the Proxy's namespace.
+//!
+//! Secrets are read from the operator's own watch of labelled Secrets (the
+//! [`SecretCache`]), never with `get`: the shipped RBAC grants `list` and
+//! `watch` on Secrets only, and the label selector keeps every other Secret
+//! out of the operator's memory.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::{Api, Client};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 
 use crate::api::constants::CLOUD_INIT_SECRET_LABEL;
 use crate::api::CloudInit;
 
+/// How long a reconcile waits for the Secret watch's first list before it
+/// reports [`CloudInitError::NotSynced`] (and retries later).
+pub const SYNC_WAIT: Duration = Duration::from_secs(10);
+
+/// The label selector of the Secret watch.
+pub fn secret_selector() -> String {
+    format!("{CLOUD_INIT_SECRET_LABEL}=true")
+}
+
+/// The Secrets labelled `crawl.example.com/cloud-init=true`, as the Proxy
+/// controller's Secret watch reflects them.
+pub struct SecretCache {
+    store: Store<Secret>,
+    writer: Mutex<Option<reflector::store::Writer<Secret>>>,
+}
+
+impl Default for SecretCache {
+    fn default() -> Self {
+        let (store, writer) = reflector::store();
+        SecretCache {
+            store,
+            writer: Mutex::new(Some(writer)),
+        }
+    }
+}
+
+impl SecretCache {
+    /// The writer the watch fills the cache through; `None` once taken.
+    pub fn take_writer(&self) -> Option<reflector::store::Writer<Secret>> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The cached Secret `namespace/name`, once the watch has listed.
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, CloudInitError> {
+        if tokio::time::timeout(SYNC_WAIT, self.store.wait_until_ready())
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            return Err(CloudInitError::NotSynced {
+                name: name.to_string(),
+            });
+        }
+        Ok(self
+            .store
+            .get(&ObjectRef::<Secret>::new(name).within(namespace)))
+    }
+}
+
 /// Why cloud-init could not be resolved (shown in the Proxy's status).
 #[derive(Debug, thiserror::Error)]
 pub enum CloudInitError {
-    /// The Secret does not exist.
-    #[error("cloud-init Secret {name:?} not found in namespace {namespace:?}")]
+    /// No Secret of that name carries the label (it may exist unlabelled:
+    /// the operator cannot tell, as it never reads unlabelled Secrets).
+    #[error("no cloud-init Secret {name:?} in namespace {namespace:?}: create it, or label it {CLOUD_INIT_SECRET_LABEL}: \"true\" (the operator reads only labelled Secrets)")]
     NotFound {
         /// Secret name.
         name: String,
@@ -40,19 +101,19 @@ pub enum CloudInitError {
         /// The key.
         key: String,
     },
-    /// The API call failed.
-    #[error("reading cloud-init Secret {name:?}: {source}")]
-    Api {
+    /// The Secret watch has not listed yet (or cannot: see the operator's log).
+    #[error(
+        "cloud-init Secret {name:?}: the operator's watch of labelled Secrets has not synced yet"
+    )]
+    NotSynced {
         /// Secret name.
         name: String,
-        /// The error.
-        source: kube::Error,
     },
 }
 
 /// The resolved cloud-init text (empty when the Proxy has none).
 pub async fn resolve(
-    client: &Client,
+    secrets: &SecretCache,
     namespace: &str,
     spec: Option<&CloudInit>,
 ) -> Result<String, CloudInitError> {
@@ -65,21 +126,11 @@ pub async fn resolve(
     let Some(r) = &ci.secret_ref else {
         return Ok(String::new());
     };
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = match api.get_opt(&r.name).await {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return Err(CloudInitError::NotFound {
-                name: r.name.clone(),
-                namespace: namespace.to_string(),
-            })
-        }
-        Err(source) => {
-            return Err(CloudInitError::Api {
-                name: r.name.clone(),
-                source,
-            })
-        }
+    let Some(secret) = secrets.get(namespace, &r.name).await? else {
+        return Err(CloudInitError::NotFound {
+            name: r.name.clone(),
+            namespace: namespace.to_string(),
+        });
     };
     extract(&secret, &r.name, r.key_or_default())
 }
@@ -139,6 +190,68 @@ mod tests {
                 .collect(),
         );
         s
+    }
+
+    fn secret_ref(name: &str) -> CloudInit {
+        CloudInit {
+            inline: None,
+            secret_ref: Some(crate::api::SecretKeyRef {
+                name: name.into(),
+                key: None,
+            }),
+        }
+    }
+
+    /// Secrets come from the watch's cache: a cached labelled Secret
+    /// resolves, a missing one names the label, and nothing calls the API.
+    #[tokio::test]
+    async fn resolve_reads_the_cache() {
+        let cache = SecretCache::default();
+        let mut writer = cache.take_writer().unwrap();
+        assert!(cache.take_writer().is_none());
+        let mut s = secret(Some("true"), &[("user-data", b"#cloud-config\n")]);
+        s.metadata.name = Some("ci".into());
+        s.metadata.namespace = Some("default".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(s));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+
+        let text = resolve(&cache, "default", Some(&secret_ref("ci"))).await;
+        assert_eq!(text.unwrap(), "#cloud-config\n");
+        let e = resolve(&cache, "default", Some(&secret_ref("other")))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"other\"") && e.contains(CLOUD_INIT_SECRET_LABEL),
+            "{e}"
+        );
+        // Same name, other namespace: not this Proxy's Secret.
+        let e = resolve(&cache, "prod", Some(&secret_ref("ci"))).await;
+        assert!(matches!(e, Err(CloudInitError::NotFound { .. })), "{e:?}");
+        // Inline and absent cloud-init need no cache.
+        let inline = CloudInit {
+            inline: Some("x".into()),
+            secret_ref: None,
+        };
+        assert_eq!(
+            resolve(&cache, "default", Some(&inline)).await.unwrap(),
+            "x"
+        );
+        assert_eq!(resolve(&cache, "default", None).await.unwrap(), "");
+    }
+
+    /// A watch that never listed (here: its writer is gone) is reported,
+    /// not mistaken for a missing Secret.
+    #[tokio::test]
+    async fn resolve_without_a_synced_watch_says_so() {
+        let cache = SecretCache::default();
+        drop(cache.take_writer());
+        let e = resolve(&cache, "default", Some(&secret_ref("ci")))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, CloudInitError::NotSynced { .. }), "{e:?}");
+        assert!(e.to_string().contains("not synced"), "{e}");
     }
 
     #[test]

@@ -12,13 +12,14 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{controller, watcher, Controller};
+use kube::runtime::{controller, watcher, Controller, WatchStreamExt};
 use kube::Api;
 use kube::ResourceExt;
 use tracing::{debug, warn};
 
-use crate::api::constants::{CLOUD_INIT_SECRET_LABEL, MANAGED_MARK, MANAGED_MARK_VALUE};
+use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 use crate::api::Proxy;
+use crate::provider::error::plain_message;
 pub use reconcile::{Context, HealthReport, HealthSource};
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
@@ -44,18 +45,38 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
     // A labelled cloud-init Secret that appears, changes or gains its label
-    // re-triggers the Proxies that reference it (only labelled Secrets are
-    // watched, so the operator never reads unrelated ones).
+    // re-triggers the Proxies that reference it. The same watch fills the
+    // Secret cache reconciles read cloud-init from (only labelled Secrets
+    // are watched, so the operator never reads unrelated ones, and it never
+    // needs `get` on Secrets).
     let cache = c.store();
     let secrets: Api<Secret> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    c = c.watches(
-        secrets,
-        watcher::Config::default().labels(&format!("{CLOUD_INIT_SECRET_LABEL}=true")),
-        move |secret| referencing(&cache.state(), &secret),
-    );
+    let wc = watcher::Config::default().labels(&cloud_init::secret_selector());
+    let secret_events = match ctx.secrets.take_writer() {
+        Some(writer) => watcher(secrets, wc)
+            .default_backoff()
+            .reflect(writer)
+            .boxed(),
+        // A second run on the same context: the cache already has its
+        // watch, this one only triggers.
+        None => watcher(secrets, wc).default_backoff().boxed(),
+    };
+    let secret_events = secret_events
+        .touched_objects()
+        .filter_map(|res| {
+            futures::future::ready(match res {
+                Ok(secret) => Some(secret),
+                Err(e) => {
+                    warn!(error = %plain_message(&e), "Watching cloud-init Secrets");
+                    None
+                }
+            })
+        })
+        .flat_map(move |secret| futures::stream::iter(referencing(&cache.state(), &secret)));
+    c = c.reconcile_on(secret_events);
     if watch_pods {
         let pods: Api<Pod> = match namespace {
             Some(ns) => Api::namespaced(client, ns),
@@ -74,7 +95,7 @@ pub async fn run(
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => debug!(proxy = %obj, "Reconciled"),
-                Err(e) => warn!(error = %e, "Controller error"),
+                Err(e) => warn!(error = %plain_message(&e), "Controller error"),
             }
         })
         .await;

@@ -18,6 +18,7 @@ use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use crate::api::{Proxy, ProxyMode, ProxyPhase, ProxyStatus};
+use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::registry::Registry;
 use crate::provider::{CreateRequest, ErrorClass, Provider, ProviderError, UserData};
@@ -63,6 +64,9 @@ pub struct Context {
     pub installation_id: String,
     /// Health verdicts, when the health engine runs.
     pub health: Option<Arc<dyn HealthSource>>,
+    /// The labelled cloud-init Secrets, filled by the controller's Secret
+    /// watch; cloud-init is read from here, never with `get`.
+    pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
     /// Reconcile count, error and duration series, when exported.
     pub metrics: Option<crate::metrics::ReconcileMetrics>,
@@ -81,6 +85,7 @@ impl Context {
             registry,
             installation_id,
             health,
+            secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
             metrics: None,
         }
@@ -117,7 +122,7 @@ pub enum Error {
     #[error(transparent)]
     Provider(#[from] ProviderError),
     /// A Kubernetes API call failed.
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API: {msg}", msg = plain_message(.0))]
     Kube(#[from] kube::Error),
     /// The provider of a Proxy being deleted is not configured.
     #[error("provider {provider:?} is not configured; cannot clean up instance {id}; set {SKIP_CLEANUP_ANNOTATION}: \"true\" to abandon it")]
@@ -161,7 +166,7 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, E
         Ok(_) => span.record("otel.status_code", "ok"),
         Err(e) => {
             span.record("otel.status_code", "error");
-            span.record("otel.status_description", e.to_string())
+            span.record("otel.status_description", plain_message(e))
         }
     };
     res
@@ -187,7 +192,7 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
 /// Requeue policy for a failed reconcile.
 pub fn error_policy(proxy: Arc<Proxy>, err: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.backoff(&key(&proxy));
-    warn!(proxy = %key(&proxy), error = %err, retry_in = ?delay, "Reconcile failed");
+    warn!(proxy = %key(&proxy), error = %plain_message(err), retry_in = ?delay, "Reconcile failed");
     Action::requeue(delay)
 }
 
@@ -306,7 +311,7 @@ fn outcome(res: Result<crate::provider::Instance, ProviderError>) -> GetOutcome 
     match res {
         Ok(i) => GetOutcome::Found(i),
         Err(e) if e.class() == ErrorClass::NotFound => GetOutcome::NotFound,
-        Err(e) => GetOutcome::Failed(e.class(), e.to_string()),
+        Err(e) => GetOutcome::Failed(e.class(), plain_message(&e)),
     }
 }
 
@@ -315,11 +320,11 @@ fn on_error(proxy: &Proxy, status: &mut ProxyStatus, err: ProviderError) -> Resu
     let now = Utc::now();
     match err.class() {
         ErrorClass::Permanent => {
-            plan::mark_permanent(status, &err.to_string(), now, proxy.metadata.generation);
+            plan::mark_permanent(status, &plain_message(&err), now, proxy.metadata.generation);
             Ok(Action::await_change())
         }
         ErrorClass::QuotaExceeded => {
-            plan::mark_quota(status, &err.to_string(), now, proxy.metadata.generation);
+            plan::mark_quota(status, &plain_message(&err), now, proxy.metadata.generation);
             Ok(Action::requeue(plan::QUOTA_RETRY))
         }
         _ => Err(err.into()),
@@ -384,7 +389,7 @@ async fn managed_path(
                 return Ok(Action::await_change());
             }
             Step::ResolveCloudInit => {
-                match cloud_init::resolve(&ctx.client, &namespace, proxy.spec.cloud_init.as_ref())
+                match cloud_init::resolve(&ctx.secrets, &namespace, proxy.spec.cloud_init.as_ref())
                     .await
                 {
                     Ok(text) => {
@@ -397,7 +402,7 @@ async fn managed_path(
                         user_data = UserData::new(text);
                     }
                     Err(e) => {
-                        plan::mark_cloud_init_error(status, &e.to_string(), now, generation);
+                        plan::mark_cloud_init_error(status, &plain_message(&e), now, generation);
                         return Ok(Action::requeue(plan::CLOUD_INIT_RETRY));
                     }
                 }

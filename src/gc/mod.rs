@@ -15,6 +15,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use crate::api::Proxy;
 use crate::metrics::{GcMetrics, SweepResult};
+use crate::provider::error::plain_message;
 use crate::provider::registry::Registry;
 pub use select::{Rules, Verdict};
 
@@ -111,7 +112,7 @@ impl Gc {
         let live: HashSet<String> = match proxies.list(&ListParams::default()).await {
             Ok(list) => list.items.iter().filter_map(|p| p.uid()).collect(),
             Err(e) => {
-                error!(error = %e, "Listing Proxies failed; skipping this GC sweep");
+                error!(error = %plain_message(&e), "Listing Proxies failed; skipping this GC sweep");
                 for (name, _) in self.registry.providers() {
                     self.metrics.sweep(name, SweepResult::Error);
                 }
@@ -130,7 +131,7 @@ impl Gc {
             let listing = match provider.list_by_tag().await {
                 Ok(l) => l,
                 Err(e) => {
-                    error!(provider = %name, error = %e, "Listing instances failed; skipping this provider");
+                    error!(provider = %name, error = %plain_message(&e), "Listing instances failed; skipping this provider");
                     self.metrics.sweep(&name, SweepResult::Error);
                     report.failed_providers.push(name);
                     continue;
@@ -160,7 +161,7 @@ impl Gc {
                         }
                         Err(e) => {
                             self.metrics.delete_failed(&name);
-                            error!(provider = %name, providerID = %inst.id, uid = %inst.uid, error = %e, "Deleting orphaned instance failed");
+                            error!(provider = %name, providerID = %inst.id, uid = %inst.uid, error = %plain_message(&e), "Deleting orphaned instance failed");
                         }
                     },
                     Verdict::OverBudget => {

@@ -36,7 +36,7 @@ pub fn proxy_cache(
         .default_backoff()
         .for_each(|ev| async move {
             if let Err(e) = ev {
-                tracing::warn!(error = %e, "Proxy cache watch error");
+                tracing::warn!(error = %crate::provider::error::plain_message(&e), "Proxy cache watch error");
             }
         });
     (reader, stream)

@@ -101,7 +101,7 @@ impl fmt::Display for ProviderError {
             write!(f, ": {}", self.message)?;
         }
         if let Some(src) = &self.source {
-            write!(f, ": {src}")?;
+            write!(f, ": {}", plain_message(src.as_ref()))?;
         }
         Ok(())
     }
@@ -240,6 +240,67 @@ pub fn class_of(err: &(dyn StdError + 'static)) -> ErrorClass {
     class_in_chain(err).unwrap_or(ErrorClass::Transient)
 }
 
+/// An error as a user reads it in a status message, condition, Event or
+/// log line: never a `Debug` dump.
+///
+/// A Kubernetes API error is the API server's own message (`secrets "ci" is
+/// forbidden: User "..." cannot get resource "secrets" ...`), not kube's
+/// `Display`, which appends the whole `Status` in `Debug` form. Any other
+/// error is its `Display` followed by its causes, joined with `": "`; a
+/// `Display` that already ends with its cause (the `"{context}: {source}"`
+/// convention) is not repeated, and its cause's text is rewritten the same
+/// way, so an API error deep in a chain still reads plainly.
+pub fn plain_message(err: &(dyn StdError + 'static)) -> String {
+    if let Some(status) = api_status(err) {
+        return status_text(status);
+    }
+    let text = err.to_string();
+    let Some(cause) = err.source() else {
+        return text;
+    };
+    if let Some(status) = api_status(cause) {
+        // A wrapper that shows kube's API error text but hands on its
+        // `Status` as the cause (`#[error(transparent)]` over `kube::Error`).
+        let kube_text = format!("ApiError: {status} ({status:?})");
+        if let Some(head) = text.strip_suffix(kube_text.as_str()) {
+            return format!("{head}{}", status_text(status));
+        }
+    }
+    let rest = plain_message(cause);
+    let raw = cause.to_string();
+    if let Some(head) = text.strip_suffix(raw.as_str()) {
+        // `#[error(transparent)]` (head empty) or `"{context}: {source}"`.
+        return format!("{head}{rest}");
+    }
+    if text.ends_with(rest.as_str()) {
+        return text;
+    }
+    format!("{text}: {rest}")
+}
+
+/// The `Status` of a Kubernetes API error, at `err` itself (kube's
+/// `Error::Api`, or the `Status` it carries as its source).
+fn api_status<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a kube::core::Status> {
+    if let Some(kube::Error::Api(s)) = err.downcast_ref::<kube::Error>() {
+        return Some(s);
+    }
+    if let Some(s) = err.downcast_ref::<kube::core::Status>() {
+        return Some(s);
+    }
+    err.downcast_ref::<Box<kube::core::Status>>().map(|b| &**b)
+}
+
+/// The API server's message, or what there is of it.
+fn status_text(s: &kube::core::Status) -> String {
+    if !s.message.is_empty() {
+        s.message.clone()
+    } else if !s.reason.is_empty() {
+        format!("{} (HTTP {})", s.reason, s.code)
+    } else {
+        format!("the API server answered HTTP {}", s.code)
+    }
+}
+
 /// The metrics/tracing result label of a call outcome.
 pub fn result_label<T>(res: &Result<T, ProviderError>) -> &'static str {
     match res {
@@ -349,6 +410,116 @@ mod tests {
         assert_eq!(e.provider(), "gcp-eu");
         assert_eq!(e.op(), Op::Delete);
         assert_eq!(e.id(), "zones/a/instances/b");
+    }
+
+    fn forbidden() -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            status: Some(kube::core::response::StatusSummary::Failure),
+            code: 403,
+            message: "secrets \"ci\" is forbidden: User \"system:serviceaccount:egress-proxies-operator-system:controller-manager\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\"".into(),
+            reason: "Forbidden".into(),
+            metadata: None,
+            details: None,
+        }))
+    }
+
+    const FORBIDDEN: &str = "secrets \"ci\" is forbidden: User \"system:serviceaccount:egress-proxies-operator-system:controller-manager\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\"";
+
+    /// A context whose Display ends with its source (the thiserror habit).
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading Secret \"ci\": {0}")]
+    struct WithSource(#[source] kube::Error);
+
+    /// A context whose Display leaves the source out.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Leaf(&'static str);
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Chain {
+        text: &'static str,
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error(transparent)]
+    struct Transparent(#[from] kube::Error);
+
+    #[test]
+    fn plain_message_table() {
+        let chain = Chain {
+            text: "creating Pod",
+            source: Box::new(Chain {
+                text: "connecting",
+                source: Box::new(Leaf("connection refused")),
+            }),
+        };
+        let cases: Vec<(&str, Box<dyn StdError + 'static>, String)> = vec![
+            (
+                "an API error is the server's message",
+                Box::new(forbidden()),
+                FORBIDDEN.into(),
+            ),
+            (
+                "an API error without a message",
+                Box::new(kube::Error::Api(Box::new(kube::core::Status {
+                    code: 503,
+                    reason: "ServiceUnavailable".into(),
+                    ..Default::default()
+                }))),
+                "ServiceUnavailable (HTTP 503)".into(),
+            ),
+            (
+                "a context that embeds its API error",
+                Box::new(WithSource(forbidden())),
+                format!("reading Secret \"ci\": {FORBIDDEN}"),
+            ),
+            (
+                "transparent",
+                Box::new(Transparent(forbidden())),
+                FORBIDDEN.into(),
+            ),
+            (
+                "a source chain is joined with ': '",
+                Box::new(chain),
+                "creating Pod: connecting: connection refused".into(),
+            ),
+            (
+                "a provider error around an API error",
+                Box::new(ProviderError::wrap(
+                    ErrorClass::Permanent,
+                    Op::Create,
+                    "kubernetes",
+                    "default/proxy-x",
+                    forbidden(),
+                )),
+                format!("provider \"kubernetes\" create default/proxy-x (permanent): {FORBIDDEN}"),
+            ),
+            ("a plain error", Box::new(Leaf("boom")), "boom".into()),
+            (
+                "a non-API kube error keeps its Display",
+                Box::new(kube::Error::LinesCodecMaxLineLengthExceeded),
+                "Error finding newline character".into(),
+            ),
+        ];
+        for (name, err, want) in cases {
+            let got = plain_message(err.as_ref());
+            assert_eq!(got, want, "{name}");
+            for dump in ["Status {", "Some(", "Failure"] {
+                assert!(!got.contains(dump), "{name}: {got}");
+            }
+        }
+    }
+
+    /// The Display of a provider error is plain too (it is what reaches a
+    /// Proxy's Provisioned condition).
+    #[test]
+    fn provider_error_display_has_no_debug_dump() {
+        let e = ProviderError::wrap(ErrorClass::Permanent, Op::Get, "k", "ns/p", forbidden());
+        let s = e.to_string();
+        assert!(s.ends_with(FORBIDDEN), "{s}");
+        assert!(!s.contains("Status {"), "{s}");
     }
 
     #[test]

@@ -160,8 +160,9 @@ impl Monitor {
                 Some(mut h) => match tokio::time::timeout_at(deadline, &mut h).await {
                     Ok(Ok(targets)) => targets,
                     Ok(Err(e)) => {
-                        warn!(provider = %entry.name, error = %e, "WARNING: provider check failed to run");
-                        abandoned(&previous, &entry.name, "CheckFailed", &e.to_string())
+                        let message = crate::provider::error::plain_message(&e);
+                        warn!(provider = %entry.name, error = %message, "WARNING: provider check failed to run");
+                        abandoned(&previous, &entry.name, "CheckFailed", &message)
                     }
                     Err(_) => {
                         // Dropping is the cancellation signal; a check that

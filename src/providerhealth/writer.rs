@@ -26,6 +26,7 @@ use crate::api::constants::{MANAGED_BY_LABEL, OPERATOR_NAME};
 use crate::api::ProviderHealth;
 use crate::controller::status_patch::merge_diff;
 use crate::metrics::ReconcileMetrics;
+use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.
 pub const CONTROLLER: &str = "providerhealth";
@@ -40,13 +41,13 @@ fn selector() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the object failed.
-    #[error("reading ProviderHealth {0}: {1}")]
+    #[error("reading ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Read(String, #[source] kube::Error),
     /// Creating the object failed.
-    #[error("creating ProviderHealth {0}: {1}")]
+    #[error("creating ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Create(String, #[source] kube::Error),
     /// Patching the status failed.
-    #[error("patching ProviderHealth {0} status: {1}")]
+    #[error("patching ProviderHealth {0} status: {msg}", msg = plain_message(.1))]
     Patch(String, #[source] kube::Error),
 }
 
@@ -92,9 +93,7 @@ impl Writer {
         {
             Some(o) => o,
             None => {
-                let mut obj = ProviderHealth::new(name);
-                obj.metadata.labels =
-                    Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+                let obj = new_object(name);
                 match api.create(&PostParams::default(), &obj).await {
                     Ok(o) => {
                         info!(provider = %name, "Created ProviderHealth");
@@ -139,10 +138,17 @@ impl Writer {
             m.observe(CONTROLLER, res.is_ok(), started.elapsed());
         }
         if let Err(e) = &res {
-            error!(provider = %name, error = %e, "Writing provider health");
+            error!(provider = %name, error = %plain_message(e), "Writing provider health");
         }
         res
     }
+}
+
+/// The object `publish` creates for provider `name`: labelled, no status.
+pub fn new_object(name: &str) -> ProviderHealth {
+    let mut obj = ProviderHealth::new(name);
+    obj.metadata.labels = Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+    obj
 }
 
 async fn reconcile(obj: Arc<ProviderHealth>, w: Arc<Writer>) -> Result<Action, Error> {
@@ -194,7 +200,7 @@ pub async fn run(
                         let _ = w.publish_counted(&r.name).await;
                     }
                     Err(controller::Error::ReconcilerFailed(..)) => {}
-                    Err(e) => warn!(error = %e, "ProviderHealth controller error"),
+                    Err(e) => warn!(error = %plain_message(&e), "ProviderHealth controller error"),
                 }
             }
         });
@@ -209,7 +215,7 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
     let list = match api.list(&ListParams::default().labels(&selector())).await {
         Ok(l) => l,
         Err(e) => {
-            error!(error = %e, "Listing provider health objects; stale ones stay until the next start");
+            error!(error = %plain_message(&e), "Listing provider health objects; stale ones stay until the next start");
             return;
         }
     };
@@ -222,8 +228,53 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
             Ok(_) => info!(%name, "Deleted provider health of an unconfigured provider"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
-                error!(%name, error = %e, "Deleting provider health of an unconfigured provider")
+                error!(%name, error = %plain_message(&e), "Deleting provider health of an unconfigured provider")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kube-apiserver refuses a create whose body has no apiVersion/kind
+    /// (`Object 'Kind' is missing`): the body must carry them.
+    #[test]
+    fn the_created_object_carries_its_api_version_and_kind() {
+        let body = serde_json::to_value(new_object("gcp-eu")).unwrap();
+        assert_eq!(body["apiVersion"], "crawl.example.com/v1alpha1");
+        assert_eq!(body["kind"], "ProviderHealth");
+        assert_eq!(body["metadata"]["name"], "gcp-eu");
+        assert_eq!(
+            body["metadata"]["labels"][MANAGED_BY_LABEL], OPERATOR_NAME,
+            "{body}"
+        );
+        assert!(body.get("status").is_none(), "{body}");
+        // The group and version match the CRD's.
+        let crd = crate::api::crd::provider_health_crd();
+        assert_eq!(
+            body["apiVersion"],
+            format!("{}/{}", crd.spec.group, crd.spec.versions[0].name)
+        );
+        assert_eq!(body["kind"], crd.spec.names.kind);
+    }
+
+    /// A default-built object (no constructor) serializes its type too, and
+    /// reads back unchanged.
+    #[test]
+    fn any_provider_health_round_trips_with_its_type() {
+        let mut obj = ProviderHealth::default();
+        obj.metadata.name = Some("kvm-home".into());
+        obj.status = Some(crate::api::ProviderHealthStatus {
+            type_: Some("kvm".into()),
+            ..Default::default()
+        });
+        let body = serde_json::to_value(&obj).unwrap();
+        assert_eq!(body["apiVersion"], "crawl.example.com/v1alpha1");
+        assert_eq!(body["kind"], "ProviderHealth");
+        assert_eq!(body["status"]["type"], "kvm");
+        let back: ProviderHealth = serde_json::from_value(body).unwrap();
+        assert_eq!(back, obj);
     }
 }

@@ -27,6 +27,7 @@ use super::{
 };
 use crate::api::constants::{INSTALLATION_MARK, MANAGED_MARK, MANAGED_MARK_VALUE, UID_MARK};
 use crate::config::KubernetesConfig;
+use crate::provider::error::plain_message;
 
 /// Name of the Squid container.
 pub const CONTAINER: &str = "squid";
@@ -340,7 +341,7 @@ impl Checker for ApiServerCheck {
             Err(kube::Error::Api(s)) if s.code == 401 => (false, "Unauthorized", s.message),
             Err(kube::Error::Api(s)) if s.code == 403 => (false, "Forbidden", s.message),
             Err(kube::Error::Api(s)) => (false, "APIError", s.message),
-            Err(e) => (false, "Unreachable", e.to_string()),
+            Err(e) => (false, "Unreachable", plain_message(&e)),
         };
         vec![TargetStatus {
             name: "apiserver".into(),
