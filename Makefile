@@ -75,7 +75,7 @@ run: ## Run the operator against the current kubeconfig (PROVIDERS=hack/provider
 	$(BIN) --providers-config $(PROVIDERS) --health-probe-bind-address 127.0.0.1:8081 \
 		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 $(ARGS)
 
-run-local: ## Run the operator against a local test API server with a Squid kubelet: no cluster needed (kubeconfig in target/run-local/kubeconfig).
+run-local: test-cluster ## Run the operator against the local test cluster (real Kubernetes, Squid Pods as processes; needs root): no cluster of your own needed (kubeconfig in target/run-local/kubeconfig).
 	CARGO="$(CARGO)" PROVIDERS="$(PROVIDERS)" scripts/run-local.sh $(ARGS)
 
 test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date), and our launcher.

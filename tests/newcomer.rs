@@ -74,50 +74,57 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
 }
 
 /// A loopback HTTP server answering 200: the probe target (no internet here).
-fn probe_target() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
-                let _ = c.write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                );
-            });
+/// Once `cluster_json` names the Pods' gateway, answers 200 "ok" to every
+/// request on gateway:port (for at most two minutes).
+fn serve_on_gateway(cluster_json: &Path, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let gateway = loop {
+        let g = std::fs::read_to_string(cluster_json)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["gateway"].as_str().map(String::from));
+        if let Some(g) = g {
+            break g;
         }
-    });
-    addr
+        if Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let Ok(l) = std::net::TcpListener::bind((gateway.as_str(), port)) else {
+        return;
+    };
+    for mut c in l.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        });
+    }
 }
 
 #[test]
 fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     assert_eq!(readme_command("Run"), "make run-local");
-    if !support::squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is missing: install it (apt-get install squid); .ci/run does"
+    );
     let operator = env!("CARGO_BIN_EXE_egress-proxies-operator");
-    let apiserver = Path::new(operator).with_file_name("test-apiserver");
-    if !apiserver.exists() {
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-p", "test-apiserver"])
-            .current_dir(repo())
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
     let state = tempfile::tempdir().unwrap();
-    let api_port = free_port();
     let probes = format!("127.0.0.1:{}", free_port());
-    let target = probe_target();
+    // Squid runs in a Pod: the target listens on the Pods' gateway, which
+    // the script substitutes for @GATEWAY@ once the cluster is up.
+    let target_port = free_port();
+    let target_state = state.path().to_path_buf();
+    std::thread::spawn(move || {
+        serve_on_gateway(&target_state.join("cluster/cluster.json"), target_port)
+    });
     let mut child = Command::new("scripts/run-local.sh")
         .current_dir(repo())
         .env("OPERATOR_BIN", operator)
-        .env("APISERVER_BIN", &apiserver)
         .env("RUN_LOCAL_DIR", state.path())
-        .env("RUN_LOCAL_API_PORT", api_port.to_string())
         .env("RUN_LOCAL_PROBE_ADDR", &probes)
         .env(
             "RUN_LOCAL_DISCOVERY_ADDR",
@@ -127,7 +134,10 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
             "RUN_LOCAL_METRICS_ADDR",
             format!("127.0.0.1:{}", free_port()),
         )
-        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args([
+            "--default-probe-url",
+            &format!("http://@GATEWAY@:{target_port}/"),
+        ])
         .args(["--default-probe-expected-status", "200"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(state.path().join("run-local.log")).unwrap())
@@ -138,7 +148,7 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
             get(&probes, "/readyz").filter(|r| r.starts_with("HTTP/1.1 200"))
         });
         let kubectl = |args: &[&str]| {
-            Command::new("kubectl")
+            Command::new(test_cluster::bin("kubectl"))
                 .args(args)
                 .env("KUBECONFIG", state.path().join("kubeconfig"))
                 .current_dir(repo())
@@ -185,11 +195,17 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
         status.is_some(),
         "run-local did not stop on SIGTERM:\n{log}"
     );
+    let server = std::fs::read_to_string(state.path().join("cluster/cluster.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["server"].as_str().map(String::from))
+        .expect("the cluster wrote its server URL");
+    let port: u16 = server.rsplit(':').next().unwrap().parse().unwrap();
     wait_for(
         "the API server port to close",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || {
-            std::net::TcpStream::connect(("127.0.0.1", api_port))
+            std::net::TcpStream::connect(("127.0.0.1", port))
                 .is_err()
                 .then_some(())
         },
