@@ -1,4 +1,10 @@
 //! A real Kubernetes test cluster: the launcher's parts, and the handle the
 //! operator's tests use to start one per test binary.
 
+pub mod handle;
+pub mod launch;
 pub mod node;
+pub mod pki;
+pub mod process;
+
+pub use handle::{bin, bin_dir, Options, TestCluster};

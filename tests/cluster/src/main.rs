@@ -1,12 +1,148 @@
 //! `test-cluster`: starts etcd, kube-apiserver, kube-controller-manager and
-//! kube-scheduler on loopback, plus node agents, and stops them all on
-//! SIGTERM, SIGINT, or when its parent goes away.
+//! kube-scheduler on loopback, plus node agents that run Pods as real
+//! processes; prints `ready` once the API server is ready and the nodes are
+//! Ready; stops everything on SIGTERM, SIGINT, or when its parent goes away.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use test_cluster::launch::{Cluster, Options};
+use test_cluster::node::ImageMapping;
+
+#[derive(Parser)]
+#[command(version, about = "A real Kubernetes cluster on loopback, for tests")]
+struct Args {
+    /// State directory: certificates, kubeconfigs (DIR/admin.kubeconfig),
+    /// etcd data, logs, Pod volumes, cluster.json.
+    #[arg(long)]
+    dir: PathBuf,
+    /// How many nodes the node agent registers.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// `real`: run Pods as processes; `none`: no nodes, Pods stay Pending.
+    #[arg(long, default_value = "real", value_parser = ["real", "none"])]
+    pods: String,
+    /// An image the node agent can run: NAME (the reference without tag)
+    /// or NAME=PROGRAM, PROGRAM being the entrypoint when a container gives
+    /// no command. Repeatable.
+    #[arg(long = "image")]
+    images: Vec<String>,
+    /// Where the upstream programs are (default: this binary's directory).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Remove DIR after stopping.
+    #[arg(long)]
+    remove_dir: bool,
+}
+
+fn image(spec: &str) -> ImageMapping {
+    match spec.split_once('=') {
+        Some((name, program)) => ImageMapping {
+            image: name.to_string(),
+            entrypoint: vec![program.to_string()],
+        },
+        None => ImageMapping {
+            image: spec.to_string(),
+            entrypoint: Vec::new(),
+        },
+    }
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(code) = test_cluster::node::helper_main(&args[1..]) {
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(code) = test_cluster::node::helper_main(&argv[1..]) {
         std::process::exit(code);
     }
-    eprintln!("test-cluster: not built yet");
-    std::process::exit(2);
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube_client=off".into()),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("test-cluster: starting the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    std::process::exit(runtime.block_on(run(args)));
+}
+
+async fn run(args: Args) -> i32 {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("test-cluster"));
+    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
+        exe.parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+    });
+    if let Err(e) = std::fs::create_dir_all(&args.dir) {
+        eprintln!("test-cluster: creating {}: {e}", args.dir.display());
+        return 1;
+    }
+    let dir = std::fs::canonicalize(&args.dir).unwrap_or(args.dir.clone());
+    let parent = std::os::unix::process::parent_id();
+    let opts = Options {
+        dir,
+        nodes: args.nodes,
+        pods: args.pods == "real",
+        images: args.images.iter().map(|s| image(s)).collect(),
+        bin_dir,
+        exe,
+    };
+    let start = tokio::select! {
+        c = Cluster::start(opts) => c,
+        why = stop_requested(parent) => {
+            eprintln!("test-cluster: {why} while starting");
+            return 1;
+        }
+    };
+    let mut cluster = match start {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("test-cluster: {e:#}");
+            return 1;
+        }
+    };
+    println!("ready");
+    let why = stop_requested(parent).await;
+    tracing::info!("{why}: stopping the cluster");
+    cluster.stop().await;
+    if args.remove_dir {
+        let _ = std::fs::remove_dir_all(&args.dir);
+    }
+    0
+}
+
+/// Resolves on SIGTERM, SIGINT, or when the parent process is gone (this
+/// process is re-parented), whichever comes first.
+async fn stop_requested(parent: u32) -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return "cannot watch signals";
+    };
+    let orphaned = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if std::os::unix::process::parent_id() != parent {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+        _ = orphaned => "the parent process is gone",
+    }
 }

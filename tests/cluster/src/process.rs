@@ -1,0 +1,104 @@
+//! The upstream programs the launcher runs: each in its own process group
+//! (so a terminal's Ctrl-C reaches only the launcher, which stops them in
+//! order), killed by the kernel if the launcher dies, with its output in a
+//! log file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// One running program.
+pub struct Component {
+    pub name: String,
+    pub log: PathBuf,
+    child: tokio::process::Child,
+}
+
+impl Component {
+    /// Starts `program` with `args`, stdout and stderr appended to
+    /// `logs/<name>.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path) -> anyhow::Result<Self> {
+        let log = logs.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the
+        // parent; it runs in the child between fork and exec. The launcher
+        // spawns from tokio worker threads, which live as long as it does,
+        // so the parent-death signal fires only when the launcher is gone.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        Ok(Component {
+            name: name.to_string(),
+            log,
+            child,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Fails with the end of its log when the program has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!(
+                "{} exited ({status}); the end of {}:\n{}",
+                self.name,
+                self.log.display(),
+                tail(&self.log, 30)
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
+    pub async fn stop(mut self, grace: Duration) {
+        let Some(pid) = self.child.id() else {
+            return;
+        };
+        // A stopped (SIGSTOPped by a fault test) process must run to see SIGTERM.
+        let pid = Pid::from_raw(pid as i32);
+        let _ = kill(pid, Signal::SIGCONT);
+        let _ = kill(pid, Signal::SIGTERM);
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        }
+    }
+}
+
+/// The last `n` lines of a log file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
