@@ -489,14 +489,14 @@ struct Prepared {
 
 async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotStarted> {
     let image = c.image.clone().unwrap_or_default();
-    let mapping = image::find(&ctx.shared.images, &image);
-    let has_command = c.command.as_ref().is_some_and(|v| !v.is_empty());
-    if !has_command && mapping.is_none() {
+    // Every image must be mapped, even when the container gives a command:
+    // the mapping is what stands for having the image.
+    let Some(mapping) = image::find(&ctx.shared.images, &image) else {
         return Err(NotStarted {
             reason: "ErrImageNeverPull",
             message: image::not_mapped_message(&image),
         });
-    }
+    };
     let config_error = |message: String| NotStarted {
         reason: "CreateContainerConfigError",
         message,
@@ -522,7 +522,7 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
     let env = env::build(&sources, &fields, c, &service, &home)
         .await
         .map_err(config_error)?;
-    let argv = env::command_line(c, mapping.map(|m| m.entrypoint.as_slice()), &env)
+    let argv = env::command_line(c, Some(mapping.entrypoint.as_slice()), &env)
         .map_err(config_error)?;
     let mut mounts = Vec::new();
     for vm in c.volume_mounts.iter().flatten() {
@@ -611,10 +611,15 @@ async fn supervise(ctx: Arc<PodCtx>, which: Which, policy: String) -> Outcome {
         let prepared = match prepare(&ctx, &c, run).await {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(container = %c.name, "{}: {}", e.reason, e.message);
+                let state = State::waiting(e.reason, Some(e.message.clone()));
+                let mut changed = false;
                 ctx.container(which, |r| {
-                    r.state = State::waiting(e.reason, Some(e.message.clone()));
+                    changed = r.state != state;
+                    r.state = state;
                 });
+                if changed {
+                    tracing::warn!(container = %c.name, "{}: {}", e.reason, e.message);
+                }
                 if ctx.sleep_or_stop(Duration::from_secs(5)).await {
                     return Outcome::Stopped;
                 }
