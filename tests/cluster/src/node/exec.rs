@@ -295,8 +295,45 @@ fn mnt(
     })
 }
 
+/// `path` inside `root`, following symlinks as if `root` were `/`, so that
+/// a link like `/var/run -> /run` stays inside the container's root.
 fn in_root(root: &Path, path: &str) -> PathBuf {
-    root.join(path.trim_start_matches('/'))
+    use std::collections::VecDeque;
+    let split = |p: &str| -> Vec<String> {
+        p.split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::to_string)
+            .collect()
+    };
+    let mut parts: VecDeque<String> = split(path).into();
+    let mut cur = PathBuf::new();
+    let mut hops = 0;
+    while let Some(part) = parts.pop_front() {
+        if part == ".." {
+            cur.pop();
+            continue;
+        }
+        let candidate = cur.join(&part);
+        let full = root.join(&candidate);
+        let link = fs::symlink_metadata(&full)
+            .ok()
+            .filter(|md| md.file_type().is_symlink() && hops < 40)
+            .and_then(|_| fs::read_link(&full).ok());
+        match link {
+            Some(target) => {
+                hops += 1;
+                let target = target.to_string_lossy().into_owned();
+                if target.starts_with('/') {
+                    cur = PathBuf::new();
+                }
+                for c in split(&target).into_iter().rev() {
+                    parts.push_front(c);
+                }
+            }
+            None => cur = candidate,
+        }
+    }
+    root.join(cur)
 }
 
 /// The mount targets that get a fresh tmpfs unless a volume covers them.
@@ -459,6 +496,28 @@ fn build_root(spec: &ExecSpec) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolves_symlinks_inside_the_root() {
+        let root = std::env::temp_dir().join(format!("tc-root-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("run")).unwrap();
+        fs::create_dir_all(root.join("var")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("/run", root.join("var/run")).unwrap();
+        std::os::unix::fs::symlink("../../..", root.join("etc/up")).unwrap();
+        let cases = [
+            ("/var/run/secrets/x", "run/secrets/x"),
+            ("/etc/hosts", "etc/hosts"),
+            ("/etc/up/etc/up/run", "run"),
+            ("/../../tmp", "tmp"),
+            ("/", ""),
+        ];
+        for (path, want) in cases {
+            assert_eq!(in_root(&root, path), root.join(want), "{path}");
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn resolves_on_path() {
