@@ -123,9 +123,7 @@ pub fn field_value(ctx: &FieldContext<'_>, path: &str) -> Result<String, String>
         "spec.serviceAccountName" => spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        "status.podIP" | "status.podIPs" => {
-            ctx.pod_ip.map(|i| i.to_string()).unwrap_or_default()
-        }
+        "status.podIP" | "status.podIPs" => ctx.pod_ip.map(|i| i.to_string()).unwrap_or_default(),
         "status.hostIP" | "status.hostIPs" => ctx.host_ip.to_string(),
         _ => return Err(format!("unsupported fieldRef {path:?}")),
     })
@@ -229,7 +227,10 @@ pub fn service_env(s: &ServiceEnv) -> Env {
     env.set("KUBERNETES_SERVICE_PORT", p.to_string());
     env.set("KUBERNETES_SERVICE_PORT_HTTPS", p.to_string());
     env.set("KUBERNETES_PORT", format!("tcp://{h}:{p}"));
-    env.set(&format!("KUBERNETES_PORT_{p}_TCP"), format!("tcp://{h}:{p}"));
+    env.set(
+        &format!("KUBERNETES_PORT_{p}_TCP"),
+        format!("tcp://{h}:{p}"),
+    );
     env.set(&format!("KUBERNETES_PORT_{p}_TCP_PROTO"), "tcp".into());
     env.set(&format!("KUBERNETES_PORT_{p}_TCP_PORT"), p.to_string());
     env.set(&format!("KUBERNETES_PORT_{p}_TCP_ADDR"), h.to_string());
@@ -271,11 +272,7 @@ pub async fn build(
     let services = service_env(service);
     for var in container.env.iter().flatten() {
         let value = if let Some(v) = &var.value {
-            let lookup = |n: &str| {
-                env.get(n)
-                    .or_else(|| services.get(n))
-                    .map(str::to_string)
-            };
+            let lookup = |n: &str| env.get(n).or_else(|| services.get(n)).map(str::to_string);
             expand(v, &lookup)
         } else if let Some(from) = &var.value_from {
             if let Some(f) = &from.field_ref {
@@ -492,7 +489,10 @@ mod tests {
         let ep = vec!["/ep".to_string(), "-f".to_string()];
         let cases: Vec<(Container, Vec<&str>)> = vec![
             (c(Some(&["sh", "-c", "$(X)"]), None), vec!["sh", "-c", "1"]),
-            (c(Some(&["a"]), Some(&["$(X)", "$$(X)"])), vec!["a", "1", "$(X)"]),
+            (
+                c(Some(&["a"]), Some(&["$(X)", "$$(X)"])),
+                vec!["a", "1", "$(X)"],
+            ),
             (c(None, None), vec!["/ep", "-f"]),
             (c(None, Some(&["--x=$(X)"])), vec!["/ep", "-f", "--x=1"]),
         ];
@@ -504,7 +504,8 @@ mod tests {
 
     #[test]
     fn homes() {
-        let passwd = "root:x:0:0:root:/root:/bin/bash\nproxy:x:13:13:proxy:/bin:/usr/sbin/nologin\n";
+        let passwd =
+            "root:x:0:0:root:/root:/bin/bash\nproxy:x:13:13:proxy:/bin:/usr/sbin/nologin\n";
         assert_eq!(home_of(passwd, 0), "/root");
         assert_eq!(home_of(passwd, 13), "/bin");
         assert_eq!(home_of(passwd, 65532), "/");

@@ -87,7 +87,10 @@ fn die_with_parent(parent: i32) -> anyhow::Result<()> {
     // pointers.
     let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     if rc != 0 {
-        bail!("prctl(PR_SET_PDEATHSIG): {}", std::io::Error::last_os_error());
+        bail!(
+            "prctl(PR_SET_PDEATHSIG): {}",
+            std::io::Error::last_os_error()
+        );
     }
     if nix::unistd::getppid().as_raw() != parent {
         bail!("the agent is gone");
@@ -217,7 +220,10 @@ fn exec(spec: &ExecSpec) -> anyhow::Result<std::convert::Infallible> {
         // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes integers only.
         let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
         if rc != 0 {
-            bail!("prctl(PR_SET_NO_NEW_PRIVS): {}", std::io::Error::last_os_error());
+            bail!(
+                "prctl(PR_SET_NO_NEW_PRIVS): {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
     let program = resolve(&spec.argv, &spec.env)?;
@@ -418,7 +424,11 @@ fn build_root(spec: &ExecSpec) -> anyhow::Result<()> {
         None,
     )?;
     for path in FRESH_TMPFS {
-        if spec.mounts.iter().any(|m| m.path.trim_end_matches('/') == *path) {
+        if spec
+            .mounts
+            .iter()
+            .any(|m| m.path.trim_end_matches('/') == *path)
+        {
             continue;
         }
         let target = in_root(&root, path);

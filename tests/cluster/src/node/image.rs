@@ -12,8 +12,8 @@ pub fn repository(image: &str) -> String {
         None => no_digest,
     };
     let first = repo.split('/').next().unwrap_or(repo);
-    let has_registry = repo.contains('/')
-        && (first.contains('.') || first.contains(':') || first == "localhost");
+    let has_registry =
+        repo.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
     if has_registry {
         repo.to_string()
     } else if repo.contains('/') {

@@ -127,7 +127,12 @@ fn arch() -> &'static str {
 
 /// The Node status: capacity, addresses, info and a Ready condition with
 /// the given heartbeat.
-fn node_status(name: &str, ip: Ipv4Addr, ready_since: Timestamp, heartbeat: Timestamp) -> NodeStatus {
+fn node_status(
+    name: &str,
+    ip: Ipv4Addr,
+    ready_since: Timestamp,
+    heartbeat: Timestamp,
+) -> NodeStatus {
     let resources: std::collections::BTreeMap<String, Quantity> = [
         ("cpu", env::NODE_CPU),
         ("memory", env::NODE_MEMORY),
@@ -159,10 +164,30 @@ fn node_status(name: &str, ip: Ipv4Addr, ready_since: Timestamp, heartbeat: Time
             },
         ]),
         conditions: Some(vec![
-            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            cond("Ready", "True", "KubeletReady", "the test node agent is posting ready status"),
+            cond(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            cond(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+            ),
+            cond(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            cond(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "the test node agent is posting ready status",
+            ),
         ]),
         daemon_endpoints: Some(NodeDaemonEndpoints::default()),
         node_info: Some(NodeSystemInfo {
@@ -190,7 +215,10 @@ async fn register(client: &kube::Client, name: &str, ip: Ipv4Addr) -> anyhow::Re
     let api: Api<NodeObject> = Api::all(client.clone());
     let mut last_err = None;
     for _ in 0..30 {
-        match api.create(&PostParams::default(), &node_object(name, ip)).await {
+        match api
+            .create(&PostParams::default(), &node_object(name, ip))
+            .await
+        {
             Ok(n) => return Ok(n),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 return api.get(name).await.context("reading the existing Node");
@@ -208,7 +236,12 @@ async fn register(client: &kube::Client, name: &str, ip: Ipv4Addr) -> anyhow::Re
     ))
 }
 
-async fn post_status(client: &kube::Client, name: &str, ip: Ipv4Addr, since: Timestamp) -> anyhow::Result<()> {
+async fn post_status(
+    client: &kube::Client,
+    name: &str,
+    ip: Ipv4Addr,
+    since: Timestamp,
+) -> anyhow::Result<()> {
     let api: Api<NodeObject> = Api::all(client.clone());
     let status = node_status(name, ip, since, Timestamp::now());
     let patch = serde_json::json!({ "status": status });
@@ -229,7 +262,10 @@ async fn renew_lease(client: &kube::Client, node: &NodeObject) -> anyhow::Result
             "renewTime": now,
         }
     });
-    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => {
             let lease = Lease {
@@ -288,7 +324,11 @@ fn stop_request(pod: &Pod) -> Option<pod::Stop> {
     let grace = pod
         .metadata
         .deletion_grace_period_seconds
-        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
         .unwrap_or(30)
         .max(0);
     Some(pod::Stop {
@@ -491,7 +531,10 @@ mod tests {
         let mut pod = Pod::default();
         assert_eq!(stop_request(&pod), None);
         pod.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-        assert_eq!(stop_request(&pod).map(|s| s.grace), Some(Duration::from_secs(30)));
+        assert_eq!(
+            stop_request(&pod).map(|s| s.grace),
+            Some(Duration::from_secs(30))
+        );
         pod.metadata.deletion_grace_period_seconds = Some(5);
         let s = stop_request(&pod).unwrap();
         assert_eq!(s.grace, Duration::from_secs(5));
@@ -500,8 +543,18 @@ mod tests {
 
     #[test]
     fn node_status_is_ready() {
-        let s = node_status("n1", Ipv4Addr::new(10, 216, 0, 1), Timestamp::now(), Timestamp::now());
-        let ready = s.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        let s = node_status(
+            "n1",
+            Ipv4Addr::new(10, 216, 0, 1),
+            Timestamp::now(),
+            Timestamp::now(),
+        );
+        let ready = s
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.status, "True");
         assert_eq!(s.capacity.unwrap()["memory"].0, "8Gi");
         assert_eq!(s.node_info.unwrap().kubelet_version, "v1.37.2");

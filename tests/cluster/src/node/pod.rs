@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, PodSpec, Probe, SecurityContext};
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodSecurityContext, PodSpec, Probe, SecurityContext,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::Api;
@@ -193,7 +195,10 @@ pub fn identity(
         .into_iter()
         .filter_map(|g| u32::try_from(g).ok())
         .collect();
-    if let Some(fs) = pod.and_then(|p| p.fs_group).and_then(|g| u32::try_from(g).ok()) {
+    if let Some(fs) = pod
+        .and_then(|p| p.fs_group)
+        .and_then(|g| u32::try_from(g).ok())
+    {
         groups.push(fs);
     }
     groups.sort_unstable();
@@ -216,18 +221,33 @@ fn memory_limit(c: &Container) -> Result<Option<u64>, String> {
 
 /// The volume types kubelet always mounts read-only.
 fn always_read_only(v: &k8s_openapi::api::core::v1::Volume) -> bool {
-    v.config_map.is_some() || v.secret.is_some() || v.downward_api.is_some() || v.projected.is_some()
+    v.config_map.is_some()
+        || v.secret.is_some()
+        || v.downward_api.is_some()
+        || v.projected.is_some()
 }
 
-async fn run(shared: Arc<Shared>, pod: Pod, pod_rx: watch::Receiver<Pod>, stop_rx: watch::Receiver<Option<Stop>>) {
+async fn run(
+    shared: Arc<Shared>,
+    pod: Pod,
+    pod_rx: watch::Receiver<Pod>,
+    stop_rx: watch::Receiver<Option<Stop>>,
+) {
     let Some(spec) = pod.spec.clone() else {
         return;
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
     let pod_dir = shared.dir.join("pods").join(&uid);
-    let log_dir = shared.dir.join("pods").join(format!("{namespace}_{name}_{uid}"));
+    let log_dir = shared
+        .dir
+        .join("pods")
+        .join(format!("{namespace}_{name}_{uid}"));
     let all_containers = spec
         .init_containers
         .iter()
@@ -293,9 +313,8 @@ async fn run(shared: Arc<Shared>, pod: Pod, pod_rx: watch::Receiver<Pod>, stop_r
         log_dir,
     });
     let done = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(
-        status_loop(ctx.clone(), done.clone()).instrument(tracing::Span::current()),
-    );
+    let writer =
+        tokio::spawn(status_loop(ctx.clone(), done.clone()).instrument(tracing::Span::current()));
     let already_terminal = pod
         .status
         .as_ref()
@@ -347,8 +366,19 @@ async fn run(shared: Arc<Shared>, pod: Pod, pod_rx: watch::Receiver<Pod>, stop_r
 async fn run_pod(ctx: &Arc<PodCtx>) -> Option<Sandbox> {
     let host_network = ctx.spec.host_network == Some(true);
     let mut sandbox = loop {
-        let hostname = ctx.spec.hostname.clone().unwrap_or_else(|| ctx.name.clone());
-        match Sandbox::start(&ctx.shared.exe, &hostname, host_network, ctx.shared.network.clone()).await {
+        let hostname = ctx
+            .spec
+            .hostname
+            .clone()
+            .unwrap_or_else(|| ctx.name.clone());
+        match Sandbox::start(
+            &ctx.shared.exe,
+            &hostname,
+            host_network,
+            ctx.shared.network.clone(),
+        )
+        .await
+        {
             Ok(s) => break s,
             Err(e) => {
                 let msg = format!("creating the pod sandbox: {e:#}");
@@ -387,7 +417,11 @@ async fn run_pod(ctx: &Arc<PodCtx>) -> Option<Sandbox> {
         }
     }
     let _ = tokio::fs::create_dir_all(&ctx.log_dir).await;
-    let policy = ctx.spec.restart_policy.clone().unwrap_or_else(|| "Always".into());
+    let policy = ctx
+        .spec
+        .restart_policy
+        .clone()
+        .unwrap_or_else(|| "Always".into());
     let mut sidecars = Vec::new();
     for (i, c) in ctx.spec.init_containers.iter().flatten().enumerate() {
         if c.restart_policy.as_deref() == Some("Always") {
@@ -405,7 +439,11 @@ async fn run_pod(ctx: &Arc<PodCtx>) -> Option<Sandbox> {
             continue;
         }
         // Init containers restart on failure unless the Pod's policy is Never.
-        let init_policy = if policy == "Never" { "Never" } else { "OnFailure" };
+        let init_policy = if policy == "Never" {
+            "Never"
+        } else {
+            "OnFailure"
+        };
         match supervise(ctx.clone(), Which::Init(i), init_policy.into()).await {
             Outcome::Succeeded => {}
             Outcome::Failed => {
@@ -501,8 +539,13 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
         reason: "CreateContainerConfigError",
         message,
     };
-    let (uid, gid, groups) = identity(ctx.spec.security_context.as_ref(), c.security_context.as_ref());
-    let passwd = tokio::fs::read_to_string("/etc/passwd").await.unwrap_or_default();
+    let (uid, gid, groups) = identity(
+        ctx.spec.security_context.as_ref(),
+        c.security_context.as_ref(),
+    );
+    let passwd = tokio::fs::read_to_string("/etc/passwd")
+        .await
+        .unwrap_or_default();
     let home = env::home_of(&passwd, uid);
     let pod = ctx.pod.borrow().clone();
     let pod_ip = ctx.pod_ip();
@@ -522,8 +565,8 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
     let env = env::build(&sources, &fields, c, &service, &home)
         .await
         .map_err(config_error)?;
-    let argv = env::command_line(c, Some(mapping.entrypoint.as_slice()), &env)
-        .map_err(config_error)?;
+    let argv =
+        env::command_line(c, Some(mapping.entrypoint.as_slice()), &env).map_err(config_error)?;
     let mut mounts = Vec::new();
     for vm in c.volume_mounts.iter().flatten() {
         let volume = ctx
@@ -631,7 +674,9 @@ async fn supervise(ctx: Arc<PodCtx>, which: Which, policy: String) -> Outcome {
             Ok(g) => g,
             Err(e) => {
                 let msg = format!("{e:#}");
-                ctx.container(which, |r| r.state = State::waiting("CreateContainerError", Some(msg)));
+                ctx.container(which, |r| {
+                    r.state = State::waiting("CreateContainerError", Some(msg))
+                });
                 if ctx.sleep_or_stop(Duration::from_secs(5)).await {
                     return Outcome::Stopped;
                 }
@@ -640,20 +685,26 @@ async fn supervise(ctx: Arc<PodCtx>, which: Which, policy: String) -> Outcome {
         };
         let mut spec = prepared.spec;
         spec.cgroup = Some(cgroup.dir().to_path_buf());
-        let spec_path = ctx.pod_dir.join("containers").join(format!("{}.json", c.name));
+        let spec_path = ctx
+            .pod_dir
+            .join("containers")
+            .join(format!("{}.json", c.name));
         let log = ctx.log_dir.join(format!("{}.log", c.name));
-        let mut process = match runtime::spawn(&ctx.shared.exe, &spec, &spec_path, &log, cgroup.clone()).await {
-            Ok(p) => p,
-            Err(e) => {
-                cgroup.remove().await;
-                let msg = format!("{e:#}");
-                ctx.container(which, |r| r.state = State::waiting("CreateContainerError", Some(msg)));
-                if ctx.sleep_or_stop(Duration::from_secs(5)).await {
-                    return Outcome::Stopped;
+        let mut process =
+            match runtime::spawn(&ctx.shared.exe, &spec, &spec_path, &log, cgroup.clone()).await {
+                Ok(p) => p,
+                Err(e) => {
+                    cgroup.remove().await;
+                    let msg = format!("{e:#}");
+                    ctx.container(which, |r| {
+                        r.state = State::waiting("CreateContainerError", Some(msg))
+                    });
+                    if ctx.sleep_or_stop(Duration::from_secs(5)).await {
+                        return Outcome::Stopped;
+                    }
+                    continue;
                 }
-                continue;
-            }
-        };
+            };
         let started_at = Timestamp::now();
         let started = Instant::now();
         let has_startup = c.startup_probe.is_some() && probes;
@@ -781,7 +832,13 @@ async fn terminate(
 
 /// Runs the container's probes; returns only when a startup or liveness
 /// probe fails for good (with the reason).
-async fn run_probes(ctx: &PodCtx, which: Which, c: &Container, spec: &ExecSpec, pid: i32) -> String {
+async fn run_probes(
+    ctx: &PodCtx,
+    which: Which,
+    c: &Container,
+    spec: &ExecSpec,
+    pid: i32,
+) -> String {
     if let Some(p) = &c.startup_probe {
         if let Err(msg) = probe_until(ctx, c, spec, pid, p, "Startup", true).await {
             return msg;
@@ -851,10 +908,7 @@ async fn probe_until(
         match counter.record(last.is_none(), &t) {
             Verdict::Success if until_success => return Ok(()),
             Verdict::Failure => {
-                return Err(format!(
-                    "{kind} probe failed: {}",
-                    last.unwrap_or_default()
-                ))
+                return Err(format!("{kind} probe failed: {}", last.unwrap_or_default()))
             }
             _ => {}
         }
@@ -893,7 +947,12 @@ async fn probe_once(
 }
 
 /// Runs an exec probe's command in the container's namespaces.
-async fn exec_probe(ctx: &PodCtx, spec: &ExecSpec, pid: i32, cmd: Vec<String>) -> Result<(), String> {
+async fn exec_probe(
+    ctx: &PodCtx,
+    spec: &ExecSpec,
+    pid: i32,
+    cmd: Vec<String>,
+) -> Result<(), String> {
     let mut probe_spec = spec.clone();
     probe_spec.join_mount_of = Some(pid);
     probe_spec.argv = cmd;
@@ -907,7 +966,9 @@ async fn exec_probe(ctx: &PodCtx, spec: &ExecSpec, pid: i32, cmd: Vec<String>) -
     let spec_path = dir.join(format!("probe-{n}.json"));
     let result = async {
         let json = serde_json::to_vec(&probe_spec).map_err(|e| e.to_string())?;
-        tokio::fs::write(&spec_path, json).await.map_err(|e| e.to_string())?;
+        tokio::fs::write(&spec_path, json)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut child = tokio::process::Command::new(&ctx.shared.exe)
             .arg(super::exec::EXEC)
             .arg(&spec_path)
@@ -922,7 +983,9 @@ async fn exec_probe(ctx: &PodCtx, spec: &ExecSpec, pid: i32, cmd: Vec<String>) -
         if status.success() {
             Ok(())
         } else {
-            let err = tokio::fs::read_to_string(&probe_spec.error_file).await.unwrap_or_default();
+            let err = tokio::fs::read_to_string(&probe_spec.error_file)
+                .await
+                .unwrap_or_default();
             if err.is_empty() {
                 Err(format!("command exited with {status}"))
             } else {
@@ -939,7 +1002,11 @@ async fn exec_probe(ctx: &PodCtx, spec: &ExecSpec, pid: i32, cmd: Vec<String>) -
 /// Writes the Pod's status whenever it changes.
 async fn status_loop(ctx: Arc<PodCtx>, done: Arc<AtomicBool>) {
     let api: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), &ctx.namespace);
-    let policy = ctx.spec.restart_policy.clone().unwrap_or_else(|| "Always".into());
+    let policy = ctx
+        .spec
+        .restart_policy
+        .clone()
+        .unwrap_or_else(|| "Always".into());
     let mut transitions = Transitions::new();
     let mut last: Option<serde_json::Value> = None;
     loop {
@@ -959,9 +1026,15 @@ async fn status_loop(ctx: Arc<PodCtx>, done: Arc<AtomicBool>) {
         let json = serde_json::to_value(&st).unwrap_or_default();
         if last.as_ref() != Some(&json) {
             let patch = serde_json::json!({ "status": json });
-            match api.patch_status(&ctx.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match api
+                .patch_status(&ctx.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => {
-                    tracing::debug!(phase = st.phase.as_deref().unwrap_or_default(), "status written");
+                    tracing::debug!(
+                        phase = st.phase.as_deref().unwrap_or_default(),
+                        "status written"
+                    );
                     last = Some(json);
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => return,

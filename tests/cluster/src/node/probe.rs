@@ -23,7 +23,8 @@ pub struct Timing {
 /// The probe's timing with Kubernetes' defaults (period 10 s, timeout 1 s,
 /// thresholds 1 and 3).
 pub fn timing(p: &Probe) -> Timing {
-    let secs = |v: Option<i32>, d: i32, min: i32| Duration::from_secs(v.unwrap_or(d).max(min) as u64);
+    let secs =
+        |v: Option<i32>, d: i32, min: i32| Duration::from_secs(v.unwrap_or(d).max(min) as u64);
     let count = |v: Option<i32>, d: i32| v.unwrap_or(d).max(1) as u32;
     Timing {
         initial_delay: secs(p.initial_delay_seconds, 0, 0),
@@ -113,7 +114,9 @@ pub async fn http_get(
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
     while !buf.contains(&b'\n') && buf.len() < 4096 {
@@ -155,7 +158,10 @@ pub enum Action {
 /// The probe's action against `pod_ip`.
 pub fn action(p: &Probe, container: &Container, pod_ip: Ipv4Addr) -> Result<Action, String> {
     if let Some(h) = &p.http_get {
-        if h.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS")) {
+        if h.scheme
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"))
+        {
             return Err("HTTPS probes are not supported by the test node agent".into());
         }
         let port = port(container, &h.port)?;
@@ -238,7 +244,9 @@ mod tests {
         use Verdict::*;
         assert_eq!(
             got,
-            vec![Undecided, Success, Undecided, Undecided, Undecided, Undecided, Undecided, Failure]
+            vec![
+                Undecided, Success, Undecided, Undecided, Undecided, Undecided, Undecided, Failure
+            ]
         );
     }
 

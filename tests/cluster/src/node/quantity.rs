@@ -12,7 +12,9 @@ pub fn parse(q: &str) -> anyhow::Result<f64> {
     if num.is_empty() {
         bail!("invalid quantity {q:?}");
     }
-    let num: f64 = num.parse().with_context(|| format!("invalid quantity {q:?}"))?;
+    let num: f64 = num
+        .parse()
+        .with_context(|| format!("invalid quantity {q:?}"))?;
     let mult = match suffix {
         "" => 1.0,
         "Ki" => 1024.0,

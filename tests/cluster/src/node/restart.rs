@@ -33,9 +33,7 @@ impl Backoff {
         }
         let delay = match self.streak {
             0 => Duration::ZERO,
-            n => INITIAL
-                .saturating_mul(1u32 << (n - 1).min(16))
-                .min(CAP),
+            n => INITIAL.saturating_mul(1u32 << (n - 1).min(16)).min(CAP),
         };
         self.streak = self.streak.saturating_add(1);
         delay

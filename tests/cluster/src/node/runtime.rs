@@ -286,7 +286,10 @@ mod tests {
         assert_eq!(c(None, Some(9), false, None), (137, "Error"));
         assert_eq!(c(None, Some(9), true, None), (137, "OOMKilled"));
         assert_eq!(c(None, Some(15), true, None), (143, "Error"));
-        assert_eq!(c(Some(128), None, false, Some("exec: no")), (128, "StartError"));
+        assert_eq!(
+            c(Some(128), None, false, Some("exec: no")),
+            (128, "StartError")
+        );
         assert_eq!(c(Some(0), None, false, Some("")), (0, "Completed"));
     }
 }

@@ -150,10 +150,7 @@ pub fn phase(rec: &PodRecord, restart_policy: &str) -> &'static str {
     if rec.init_failed {
         return "Failed";
     }
-    let init_pending = rec
-        .init
-        .iter()
-        .any(|c| !c.sidecar && !c.succeeded());
+    let init_pending = rec.init.iter().any(|c| !c.sidecar && !c.succeeded());
     let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
     for c in &rec.containers {
         match &c.state {
@@ -236,7 +233,13 @@ pub fn build(
     let incomplete: Vec<&ContainerRecord> = rec
         .init
         .iter()
-        .filter(|c| if c.sidecar { !c.started } else { !c.succeeded() })
+        .filter(|c| {
+            if c.sidecar {
+                !c.started
+            } else {
+                !c.succeeded()
+            }
+        })
         .collect();
     let unready: Vec<&ContainerRecord> = rec
         .containers
@@ -249,25 +252,55 @@ pub fn build(
     } else {
         (
             Some("ContainersNotReady".to_string()),
-            Some(format!("containers with unready status: {}", names(&unready))),
+            Some(format!(
+                "containers with unready status: {}",
+                names(&unready)
+            )),
         )
     };
     let all_ready = unready.is_empty() && !terminal;
     let conditions = vec![
-        condition(transitions, now, "PodReadyToStartContainers", rec.sandbox_ready, None, None),
+        condition(
+            transitions,
+            now,
+            "PodReadyToStartContainers",
+            rec.sandbox_ready,
+            None,
+            None,
+        ),
         condition(
             transitions,
             now,
             "Initialized",
             incomplete.is_empty() || (terminal && !rec.init_failed),
-            Some(if terminal { "PodCompleted" } else { "ContainersNotInitialized" }.to_string()),
-            (!terminal).then(|| format!("containers with incomplete status: {}", names(&incomplete))),
+            Some(
+                if terminal {
+                    "PodCompleted"
+                } else {
+                    "ContainersNotInitialized"
+                }
+                .to_string(),
+            ),
+            (!terminal)
+                .then(|| format!("containers with incomplete status: {}", names(&incomplete))),
         ),
-        condition(transitions, now, "Ready", all_ready, reason.clone(), message.clone()),
-        condition(transitions, now, "ContainersReady", all_ready, reason, message),
-        scheduled.unwrap_or_else(|| {
-            condition(transitions, now, "PodScheduled", true, None, None)
-        }),
+        condition(
+            transitions,
+            now,
+            "Ready",
+            all_ready,
+            reason.clone(),
+            message.clone(),
+        ),
+        condition(
+            transitions,
+            now,
+            "ContainersReady",
+            all_ready,
+            reason,
+            message,
+        ),
+        scheduled.unwrap_or_else(|| condition(transitions, now, "PodScheduled", true, None, None)),
     ];
     PodStatus {
         phase: Some(phase.to_string()),
@@ -335,22 +368,81 @@ mod tests {
         let creating = State::waiting("ContainerCreating", None);
         let backoff = State::waiting("CrashLoopBackOff", None);
         let cases = [
-            (pod(vec![], vec![c(creating.clone(), None, false)]), "Always", "Pending"),
-            (pod(vec![c(running(), None, false)], vec![c(creating.clone(), None, false)]), "Always", "Pending"),
-            (pod(vec![c(exited(0), None, true)], vec![c(running(), None, true)]), "Always", "Running"),
-            (pod(vec![], vec![c(exited(0), None, false)]), "Never", "Succeeded"),
-            (pod(vec![], vec![c(exited(1), None, false)]), "Never", "Failed"),
-            (pod(vec![], vec![c(exited(0), None, false)]), "OnFailure", "Succeeded"),
-            (pod(vec![], vec![c(backoff.clone(), Some(exited(1)), false)]), "OnFailure", "Running"),
-            (pod(vec![], vec![c(backoff, Some(exited(1)), false)]), "Always", "Running"),
-            (pod(vec![], vec![c(exited(0), None, false)]), "Always", "Running"),
-            (pod(vec![], vec![c(exited(0), None, false), c(running(), None, true)]), "Never", "Running"),
-            (pod(vec![], vec![c(exited(0), None, false), c(exited(2), None, false)]), "Never", "Failed"),
+            (
+                pod(vec![], vec![c(creating.clone(), None, false)]),
+                "Always",
+                "Pending",
+            ),
+            (
+                pod(
+                    vec![c(running(), None, false)],
+                    vec![c(creating.clone(), None, false)],
+                ),
+                "Always",
+                "Pending",
+            ),
+            (
+                pod(
+                    vec![c(exited(0), None, true)],
+                    vec![c(running(), None, true)],
+                ),
+                "Always",
+                "Running",
+            ),
+            (
+                pod(vec![], vec![c(exited(0), None, false)]),
+                "Never",
+                "Succeeded",
+            ),
+            (
+                pod(vec![], vec![c(exited(1), None, false)]),
+                "Never",
+                "Failed",
+            ),
+            (
+                pod(vec![], vec![c(exited(0), None, false)]),
+                "OnFailure",
+                "Succeeded",
+            ),
+            (
+                pod(vec![], vec![c(backoff.clone(), Some(exited(1)), false)]),
+                "OnFailure",
+                "Running",
+            ),
+            (
+                pod(vec![], vec![c(backoff, Some(exited(1)), false)]),
+                "Always",
+                "Running",
+            ),
+            (
+                pod(vec![], vec![c(exited(0), None, false)]),
+                "Always",
+                "Running",
+            ),
+            (
+                pod(
+                    vec![],
+                    vec![c(exited(0), None, false), c(running(), None, true)],
+                ),
+                "Never",
+                "Running",
+            ),
+            (
+                pod(
+                    vec![],
+                    vec![c(exited(0), None, false), c(exited(2), None, false)],
+                ),
+                "Never",
+                "Failed",
+            ),
         ];
         for (i, (rec, policy, want)) in cases.iter().enumerate() {
             assert_eq!(phase(rec, policy), *want, "case {i}");
         }
-        let mut failed = pod(vec![c(exited(1), None, false)], vec![c(creating, None, false)]);
+        let mut failed = pod(
+            vec![c(exited(1), None, false)],
+            vec![c(creating, None, false)],
+        );
         failed.init_failed = true;
         assert_eq!(phase(&failed, "Never"), "Failed");
     }
@@ -383,8 +475,14 @@ mod tests {
         rec.containers[0].ready = true;
         let ready = build(&rec, "Always", None, &mut tr, ts(30));
         assert_eq!(cond(&ready, "Ready").status, "True");
-        assert_eq!(cond(&ready, "Ready").last_transition_time, Some(Time(ts(30))));
-        assert_eq!(cond(&ready, "Initialized").last_transition_time, Some(Time(ts(10))));
+        assert_eq!(
+            cond(&ready, "Ready").last_transition_time,
+            Some(Time(ts(30)))
+        );
+        assert_eq!(
+            cond(&ready, "Initialized").last_transition_time,
+            Some(Time(ts(10)))
+        );
         let cs = &ready.container_statuses.unwrap()[0];
         assert!(cs.ready);
         assert_eq!(cs.started, Some(true));
@@ -396,7 +494,12 @@ mod tests {
         let rec = pod(vec![], vec![c(exited(0), None, false)]);
         let s = build(&rec, "Never", None, &mut tr, ts(1));
         assert_eq!(s.phase.as_deref(), Some("Succeeded"));
-        let ready = s.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        let ready = s
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
     }
 }

@@ -69,7 +69,12 @@ impl PodVolumes {
         for volume in spec.and_then(|s| s.volumes.as_ref()).into_iter().flatten() {
             self.sync_one(client, pod, fields, volume)
                 .await
-                .map_err(|e| format!("MountVolume.SetUp failed for volume \"{}\": {e}", volume.name))?;
+                .map_err(|e| {
+                    format!(
+                        "MountVolume.SetUp failed for volume \"{}\": {e}",
+                        volume.name
+                    )
+                })?;
         }
         Ok(())
     }
@@ -129,13 +134,17 @@ impl PodVolumes {
             let mut out = Payload::new();
             for src in p.sources.iter().flatten() {
                 if let Some(t) = &src.service_account_token {
-                    let token = self.token(client, pod, t.audience.as_deref(), t.expiration_seconds).await?;
+                    let token = self
+                        .token(client, pod, t.audience.as_deref(), t.expiration_seconds)
+                        .await?;
                     out.insert(t.path.clone(), (token.into_bytes(), mode));
                 }
                 if let Some(c) = &src.config_map {
                     let name = c.name.clone();
                     match config_map(client, ns, &name).await? {
-                        Some(d) => out.extend(project(&d, c.items.as_deref(), mode, &name, "configmap")?),
+                        Some(d) => {
+                            out.extend(project(&d, c.items.as_deref(), mode, &name, "configmap")?)
+                        }
                         None if c.optional == Some(true) => {}
                         None => return Err(format!("configmap \"{name}\" not found")),
                     }
@@ -143,13 +152,20 @@ impl PodVolumes {
                 if let Some(s) = &src.secret {
                     let name = s.name.clone();
                     match secret(client, ns, &name).await? {
-                        Some(d) => out.extend(project(&d, s.items.as_deref(), mode, &name, "secret")?),
+                        Some(d) => {
+                            out.extend(project(&d, s.items.as_deref(), mode, &name, "secret")?)
+                        }
                         None if s.optional == Some(true) => {}
                         None => return Err(format!("secret \"{name}\" not found")),
                     }
                 }
                 if let Some(d) = &src.downward_api {
-                    out.extend(downward(pod, fields, d.items.as_deref().unwrap_or_default(), mode)?);
+                    out.extend(downward(
+                        pod,
+                        fields,
+                        d.items.as_deref().unwrap_or_default(),
+                        mode,
+                    )?);
                 }
                 if src.cluster_trust_bundle.is_some() {
                     return Err("clusterTrustBundle projections are not supported".into());
@@ -210,7 +226,9 @@ impl PodVolumes {
         Ok(token)
     }
 
-    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant, Duration)>> {
+    fn lock_tokens(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant, Duration)>> {
         self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -231,7 +249,12 @@ async fn config_map(
             .into_iter()
             .map(|(k, v)| (k, v.into_bytes()))
             .collect();
-        out.extend(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
+        out.extend(
+            cm.binary_data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0)),
+        );
         out
     }))
 }
@@ -280,7 +303,10 @@ pub fn project(
         Some(items) => {
             for item in items {
                 let v = data.get(&item.key).ok_or_else(|| {
-                    format!("configuration key \"{}\" not found in {kind} \"{name}\"", item.key)
+                    format!(
+                        "configuration key \"{}\" not found in {kind} \"{name}\"",
+                        item.key
+                    )
                 })?;
                 let m = item.mode.map_or(mode, |m| m as u32);
                 out.insert(item.path.clone(), (v.clone(), m));
@@ -308,7 +334,11 @@ fn downward(
                 .flat_map(|s| s.containers.iter())
                 .find(|c| c.name == wanted)
                 .ok_or_else(|| format!("no container \"{wanted}\" for resourceFieldRef"))?;
-            resource_value(container, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()))?
+            resource_value(
+                container,
+                &r.resource,
+                r.divisor.as_ref().map(|d| d.0.as_str()),
+            )?
         } else {
             String::new()
         };
@@ -320,9 +350,7 @@ fn downward(
 
 /// A path inside a volume must stay inside it.
 fn safe_relative(p: &str) -> bool {
-    !p.is_empty()
-        && !p.starts_with('/')
-        && !p.split('/').any(|c| c == ".." || c.starts_with(".."))
+    !p.is_empty() && !p.starts_with('/') && !p.split('/').any(|c| c == ".." || c.starts_with(".."))
 }
 
 /// The top-level names of a payload (`a/b` → `a`).
@@ -362,7 +390,12 @@ fn read_current(dir: &Path) -> Option<Payload> {
 }
 
 /// Writes `payload` into `dir` atomically; does nothing when unchanged.
-pub fn write_atomic(dir: &Path, payload: &Payload, uid: u32, gid: Option<u32>) -> std::io::Result<()> {
+pub fn write_atomic(
+    dir: &Path,
+    payload: &Payload,
+    uid: u32,
+    gid: Option<u32>,
+) -> std::io::Result<()> {
     let current = read_current(dir);
     if current.as_ref() == Some(payload) {
         return Ok(());
@@ -430,8 +463,11 @@ mod tests {
 
     #[test]
     fn projects_keys_and_items() {
-        let data: BTreeMap<String, Vec<u8>> =
-            [("a".to_string(), b"1".to_vec()), ("b".to_string(), b"2".to_vec())].into();
+        let data: BTreeMap<String, Vec<u8>> = [
+            ("a".to_string(), b"1".to_vec()),
+            ("b".to_string(), b"2".to_vec()),
+        ]
+        .into();
         assert_eq!(
             project(&data, None, 0o644, "cm", "configmap").unwrap(),
             payload(&[("a", "1", 0o644), ("b", "2", 0o644)])
@@ -458,7 +494,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tc-vol-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let uid = nix::unistd::getuid().as_raw();
-        write_atomic(&dir, &payload(&[("a", "1", 0o644), ("d/x", "x", 0o600)]), uid, None).unwrap();
+        write_atomic(
+            &dir,
+            &payload(&[("a", "1", 0o644), ("d/x", "x", 0o600)]),
+            uid,
+            None,
+        )
+        .unwrap();
         assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "1");
         assert_eq!(fs::read_to_string(dir.join("d/x")).unwrap(), "x");
         // A mount point made by a container next to the files survives.
