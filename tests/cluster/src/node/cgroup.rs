@@ -35,9 +35,9 @@ impl CgroupRoot {
     pub fn create(node: &str) -> anyhow::Result<CgroupRoot> {
         let own = fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
         let own = own_memory_cgroup(&own).context("no memory cgroup in /proc/self/cgroup")?;
-        let dir = Path::new(MEMORY_ROOT)
-            .join(own.trim_start_matches('/'))
-            .join(format!("testcluster-{node}-{}", std::process::id()));
+        let parent = Path::new(MEMORY_ROOT).join(own.trim_start_matches('/'));
+        remove_stale(&parent);
+        let dir = parent.join(format!("testcluster-{node}-{}", std::process::id()));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(CgroupRoot { dir })
     }
@@ -72,6 +72,41 @@ impl CgroupRoot {
         if let Err(e) = fs::remove_dir(&self.dir) {
             tracing::warn!("removing {}: {e}", self.dir.display());
         }
+    }
+}
+
+/// The pid of the agent that made a `testcluster-<node>-<pid>` directory.
+fn owner_pid(dir_name: &str) -> Option<u32> {
+    dir_name
+        .strip_prefix("testcluster-")?
+        .rsplit('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Removes the groups of agents that died without cleaning up (SIGKILL).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = owner_pid(&name) else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        tracing::info!("removing the stale cgroup {}", e.path().display());
+        if let Ok(children) = fs::read_dir(e.path()) {
+            for c in children.flatten() {
+                if c.path().is_dir() {
+                    Cgroup { dir: c.path() }.remove_now();
+                }
+            }
+        }
+        Cgroup { dir: e.path() }.remove_now();
     }
 }
 
@@ -171,6 +206,13 @@ mod tests {
         let f = "5:cpu,memory:/x\n";
         assert_eq!(own_memory_cgroup(f).as_deref(), Some("/x"));
         assert_eq!(own_memory_cgroup("0::/\n"), None);
+    }
+
+    #[test]
+    fn owner_pids() {
+        assert_eq!(owner_pid("testcluster-node-1-1105"), Some(1105));
+        assert_eq!(owner_pid("testcluster-n-x"), None);
+        assert_eq!(owner_pid("other-1"), None);
     }
 
     #[test]
