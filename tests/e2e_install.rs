@@ -1,0 +1,256 @@
+//! Installed as users install it: `kubectl apply --server-side -k
+//! config/default` on the real test cluster. The operator runs as its Pod
+//! (uid 65532, read-only root, 128Mi limit) under its ServiceAccount and
+//! the shipped RBAC; a kubernetes-provider Proxy and one whose cloud-init
+//! comes from a Secret become Ready through real Squid Pods; deleting a
+//! Proxy removes its Pod; deleting the namespace removes everything; the
+//! operator is never refused by the API server.
+
+mod support;
+
+use std::time::Duration;
+
+use egress_proxies_operator::api::{ProviderHealth, Proxy};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use support::*;
+
+const NS: &str = "egress-proxies-operator-system";
+const DEPLOYMENT: &str = "egress-proxies-operator-controller-manager";
+const SA: &str = "egress-proxies-operator-controller-manager";
+
+/// The host processes running the operator binary with `--leader-elect`
+/// (the Deployment's args): the node agent's containers.
+fn operator_pids() -> Vec<u32> {
+    let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().map(String::as_str) == Some(bin)
+            && args.iter().any(|a| a == "--leader-elect")
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn proc_file(pid: u32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/{name}")).unwrap_or_default()
+}
+
+/// The memory limit of the process's cgroup v1 memory group, in bytes.
+fn memory_limit(pid: u32) -> Option<u64> {
+    let cgroup = proc_file(pid, "cgroup");
+    let path = cgroup.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path.to_string())
+    })?;
+    std::fs::read_to_string(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether the process's root mount is read-only.
+fn root_read_only(pid: u32) -> bool {
+    proc_file(pid, "mountinfo").lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 5 && f[4] == "/" && f[5].split(',').any(|o| o == "ro")
+    })
+}
+
+fn uid(pid: u32) -> Option<u32> {
+    proc_file(pid, "status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
+    let c = cluster();
+    let client = c.client().await;
+    let target = http_target_on(c.host_ip()).await;
+
+    // 1. Install exactly as the README says.
+    c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "-k",
+        repo().join("config/default").to_str().unwrap(),
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        &format!("deployment/{DEPLOYMENT}"),
+        "--timeout=120s",
+    ]);
+
+    // 2. The node agent runs the Deployment's Pod as the manifest asks.
+    let pids = eventually("the operator process", Duration::from_secs(30), || async {
+        let p = operator_pids();
+        (p.len() == 1).then_some(p)
+    })
+    .await;
+    let pid = pids[0];
+    assert_eq!(uid(pid), Some(65532), "the operator must run as uid 65532");
+    assert!(
+        root_read_only(pid),
+        "the operator's root filesystem must be read-only"
+    );
+    assert_eq!(
+        memory_limit(pid),
+        Some(128 * 1024 * 1024),
+        "the 128Mi limit must be enforced"
+    );
+
+    // 3. Point the default probe at the test target (no internet here): a
+    // rollout, as a user changing the Deployment's args would make.
+    let patch = serde_json::json!([
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--default-probe-url=http://{target}/")},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--default-probe-expected-status=200"},
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "patch",
+        "deployment",
+        DEPLOYMENT,
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        &format!("deployment/{DEPLOYMENT}"),
+        "--timeout=120s",
+    ]);
+
+    // 4. A kubernetes-provider Proxy and a Proxy whose cloud-init is a
+    // Secret both become Ready through real Squid Pods.
+    let ns = c.namespace(&client, "install").await;
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "user-data", "labels": {"crawl.example.com/cloud-init": "true"}},
+        "stringData": {"user-data": "#cloud-config\nhostname: from-secret\n"},
+    });
+    let proxies = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        secret,
+        {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+         "metadata": {"name": "plain"},
+         "spec": {"provider": "kubernetes", "port": 3128}},
+        {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+         "metadata": {"name": "from-secret"},
+         "spec": {"provider": "kubernetes", "port": 3128,
+                  "cloudInit": {"secretRef": {"name": "user-data", "key": "user-data"}}}},
+    ]});
+    let file = std::env::temp_dir().join(format!("install-{}.json", std::process::id()));
+    std::fs::write(&file, proxies.to_string()).unwrap();
+    c.kubectl_ok(&["-n", &ns, "apply", "-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
+    let api: Api<Proxy> = Api::namespaced(client.clone(), &ns);
+    for name in ["plain", "from-secret"] {
+        let p = eventually(
+            &format!("Proxy {name} Ready"),
+            Duration::from_secs(180),
+            || async {
+                let p = api.get(name).await.ok()?;
+                (phase(&p) == Some("Ready")).then_some(p)
+            },
+        )
+        .await;
+        let status = p.status.unwrap();
+        let ip = status.ip.unwrap();
+        assert!(
+            ip.starts_with("10.216."),
+            "{name}: the Pod's own address, got {ip}"
+        );
+    }
+
+    // 5. kubectl get ph shows the provider the default install defines.
+    let ph: Api<ProviderHealth> = Api::all(client.clone());
+    eventually(
+        "ProviderHealth kubernetes",
+        Duration::from_secs(120),
+        || async { ph.get("kubernetes").await.ok() },
+    )
+    .await;
+    let table = c.kubectl_ok(&["get", "ph"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("kubernetes")),
+        "{table}"
+    );
+
+    // 6. Deleting a Proxy removes its Pod.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let managed = ListParams::default().labels("app.kubernetes.io/name=egress-proxy");
+    assert_eq!(pods.list(&managed).await.unwrap().items.len(), 2);
+    c.kubectl_ok(&["-n", &ns, "delete", "px", "plain", "--timeout=60s"]);
+    eventually(
+        "the plain Proxy's Pod gone",
+        Duration::from_secs(60),
+        || async { (pods.list(&managed).await.ok()?.items.len() == 1).then_some(()) },
+    )
+    .await;
+
+    // 7. Deleting the namespace removes everything in it.
+    c.kubectl_ok(&["delete", "namespace", &ns, "--timeout=120s"]);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually("the namespace gone", Duration::from_secs(120), || async {
+        namespaces.get_opt(&ns).await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    // 8. RBAC never refused the operator's ServiceAccount (the audit log
+    // records every authorization decision), and it made requests at all.
+    let user = format!("system:serviceaccount:{NS}:{SA}");
+    let refused: Vec<String> = c
+        .audit_events()
+        .iter()
+        .filter(|e| {
+            e["user"]["username"] == user.as_str()
+                && e["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        })
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e["verb"], e["requestURI"], e["annotations"]["authorization.k8s.io/reason"]
+            )
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the shipped RBAC refused the operator: {refused:?}"
+    );
+
+    c.kubectl_ok(&[
+        "delete",
+        "--ignore-not-found",
+        "--timeout=120s",
+        "-k",
+        repo().join("config/default").to_str().unwrap(),
+    ]);
+}
