@@ -205,9 +205,9 @@ pub fn repo() -> &'static Path {
 }
 
 /// `kubectl kustomize <dir>` (dir relative to the repository), one JSON
-/// value per rendered object. kubectl is required: CI installs it.
+/// value per rendered object, with the pinned kubectl (`make test-cluster`).
 pub fn kustomize(dir: &str) -> Vec<serde_json::Value> {
-    let out = Command::new("kubectl")
+    let out = Command::new(test_cluster::bin("kubectl"))
         .args(["kustomize", dir])
         .current_dir(repo())
         .output()
