@@ -179,14 +179,17 @@ impl TestCluster {
     }
 
     /// Where the host serves what Pods must reach (test HTTP targets):
-    /// the Pods' gateway on the bridge, else 127.0.0.1.
+    /// the Pods' gateway on the bridge; for an `E2E_KUBECONFIG` cluster,
+    /// `E2E_HOST_IP` (an address of this machine its Pods can reach);
+    /// else 127.0.0.1.
     pub fn host_ip(&self) -> IpAddr {
-        IpAddr::V4(
-            self.info
-                .as_ref()
-                .and_then(|i| i.gateway)
-                .unwrap_or(Ipv4Addr::LOCALHOST),
-        )
+        if let Some(g) = self.info.as_ref().and_then(|i| i.gateway) {
+            return IpAddr::V4(g);
+        }
+        std::env::var("E2E_HOST_IP")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
 
     /// A new namespace named `<prefix>-<n>`, unique in this cluster.
