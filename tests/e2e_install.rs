@@ -231,18 +231,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     })
     .await;
 
-    // 8. Uninstall as docs/operations.md says: every Proxy first, so the
-    // operator runs their finalizers, then the installation.
-    c.kubectl_ok(&["delete", "px", "--all", "-A", "--wait", "--timeout=120s"]);
-    c.kubectl_ok(&[
-        "delete",
-        "--ignore-not-found",
-        "--timeout=120s",
-        "-k",
-        repo().join("config/default").to_str().unwrap(),
-    ]);
-
-    // 9. RBAC never refused the operator's ServiceAccount (the audit log
+    // 8. RBAC never refused the operator's ServiceAccount (the audit log
     // records every authorization decision), and it made requests at all.
     let user = format!("system:serviceaccount:{NS}:{SA}");
     let refused: Vec<String> = c
@@ -263,4 +252,28 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         refused.is_empty(),
         "the shipped RBAC refused the operator: {refused:?}"
     );
+    let allowed = c
+        .audit_events()
+        .iter()
+        .filter(|e| {
+            e["user"]["username"] == user.as_str()
+                && e["annotations"]["authorization.k8s.io/decision"] == "allow"
+        })
+        .count();
+    assert!(
+        !c.is_local() || allowed > 10,
+        "the operator must run as its ServiceAccount: {allowed} allowed requests"
+    );
+
+    // 9. Uninstall as docs/operations.md says (the RBAC goes with it, so
+    // refusals are counted before): every Proxy first, so the
+    // operator runs their finalizers, then the installation.
+    c.kubectl_ok(&["delete", "px", "--all", "-A", "--wait", "--timeout=120s"]);
+    c.kubectl_ok(&[
+        "delete",
+        "--ignore-not-found",
+        "--timeout=120s",
+        "-k",
+        repo().join("config/default").to_str().unwrap(),
+    ]);
 }
