@@ -238,8 +238,8 @@ pub fn rules_of(
     ns: &str,
     sa: &str,
 ) -> (
-    Vec<test_apiserver::authz::PolicyRule>,
-    Vec<(String, Vec<test_apiserver::authz::PolicyRule>)>,
+    Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+    Vec<(String, Vec<k8s_openapi::api::rbac::v1::PolicyRule>)>,
 ) {
     let binds_sa = |b: &serde_json::Value| {
         b["subjects"]
@@ -248,8 +248,10 @@ pub fn rules_of(
             .flatten()
             .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns)
     };
-    let rules =
-        |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<test_apiserver::authz::PolicyRule> {
+    let rules = |kind: &str,
+                 name: &str,
+                 in_ns: Option<&str>|
+     -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
             let role = docs
                 .iter()
                 .find(|d| {
