@@ -16,7 +16,12 @@ use serde::{Deserialize, Serialize};
 use super::condition::Condition;
 
 /// Health of one configured provider's backend targets.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+///
+/// It always serializes with its `apiVersion` and `kind` (see the
+/// `Serialize` impl): kube-apiserver refuses a create without them
+/// (`Object 'Kind' is missing`), and the struct has no `TypeMeta` that could
+/// be left empty.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct ProviderHealth {
     /// Standard object metadata; the name is the provider's configured name.
     #[serde(default)]
@@ -36,6 +41,24 @@ impl ProviderHealth {
             },
             status: None,
         }
+    }
+}
+
+/// What goes on the wire: the object with its type, the way kube-derive
+/// serializes a `#[derive(CustomResource)]` type.
+impl Serialize for ProviderHealth {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use k8s_openapi::Resource;
+        use serde::ser::SerializeStruct;
+        let mut obj =
+            ser.serialize_struct("ProviderHealth", if self.status.is_some() { 4 } else { 3 })?;
+        obj.serialize_field("apiVersion", Self::API_VERSION)?;
+        obj.serialize_field("kind", Self::KIND)?;
+        obj.serialize_field("metadata", &self.metadata)?;
+        if let Some(status) = &self.status {
+            obj.serialize_field("status", status)?;
+        }
+        obj.end()
     }
 }
 

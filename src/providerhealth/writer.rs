@@ -92,9 +92,7 @@ impl Writer {
         {
             Some(o) => o,
             None => {
-                let mut obj = ProviderHealth::new(name);
-                obj.metadata.labels =
-                    Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+                let obj = new_object(name);
                 match api.create(&PostParams::default(), &obj).await {
                     Ok(o) => {
                         info!(provider = %name, "Created ProviderHealth");
@@ -143,6 +141,13 @@ impl Writer {
         }
         res
     }
+}
+
+/// The object `publish` creates for provider `name`: labelled, no status.
+pub fn new_object(name: &str) -> ProviderHealth {
+    let mut obj = ProviderHealth::new(name);
+    obj.metadata.labels = Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+    obj
 }
 
 async fn reconcile(obj: Arc<ProviderHealth>, w: Arc<Writer>) -> Result<Action, Error> {
@@ -225,5 +230,50 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
                 error!(%name, error = %e, "Deleting provider health of an unconfigured provider")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kube-apiserver refuses a create whose body has no apiVersion/kind
+    /// (`Object 'Kind' is missing`): the body must carry them.
+    #[test]
+    fn the_created_object_carries_its_api_version_and_kind() {
+        let body = serde_json::to_value(new_object("gcp-eu")).unwrap();
+        assert_eq!(body["apiVersion"], "crawl.example.com/v1alpha1");
+        assert_eq!(body["kind"], "ProviderHealth");
+        assert_eq!(body["metadata"]["name"], "gcp-eu");
+        assert_eq!(
+            body["metadata"]["labels"][MANAGED_BY_LABEL], OPERATOR_NAME,
+            "{body}"
+        );
+        assert!(body.get("status").is_none(), "{body}");
+        // The group and version match the CRD's.
+        let crd = crate::api::crd::provider_health_crd();
+        assert_eq!(
+            body["apiVersion"],
+            format!("{}/{}", crd.spec.group, crd.spec.versions[0].name)
+        );
+        assert_eq!(body["kind"], crd.spec.names.kind);
+    }
+
+    /// A default-built object (no constructor) serializes its type too, and
+    /// reads back unchanged.
+    #[test]
+    fn any_provider_health_round_trips_with_its_type() {
+        let mut obj = ProviderHealth::default();
+        obj.metadata.name = Some("kvm-home".into());
+        obj.status = Some(crate::api::ProviderHealthStatus {
+            type_: Some("kvm".into()),
+            ..Default::default()
+        });
+        let body = serde_json::to_value(&obj).unwrap();
+        assert_eq!(body["apiVersion"], "crawl.example.com/v1alpha1");
+        assert_eq!(body["kind"], "ProviderHealth");
+        assert_eq!(body["status"]["type"], "kvm");
+        let back: ProviderHealth = serde_json::from_value(body).unwrap();
+        assert_eq!(back, obj);
     }
 }

@@ -308,6 +308,49 @@ fn parse_body(body: &[u8], yaml: bool) -> Result<Value, ApiError> {
     }
 }
 
+/// A custom resource's create or update body is decoded as unstructured
+/// data, which needs its `kind` (and, when given, the right `apiVersion`),
+/// as kube-apiserver's decoder does: `Object 'Kind' is missing`. Built-in
+/// types decode into their Go type, which supplies both.
+fn check_type(def: &ResourceDef, obj: Value) -> Result<Value, ApiError> {
+    if def.schema.is_none() || !obj.is_object() {
+        return Ok(obj);
+    }
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind.is_empty() {
+        let mut summary = obj.to_string();
+        if summary.len() > 30 {
+            let mut end = 30;
+            while !summary.is_char_boundary(end) {
+                end -= 1;
+            }
+            summary.truncate(end);
+            summary.push_str(" ...");
+        }
+        return Err(ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {}): Object 'Kind' is missing in '{obj}' ({summary})",
+            def.kind
+        )));
+    }
+    let api_version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !api_version.is_empty() && api_version != def.api_version() {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({})",
+            def.api_version()
+        )));
+    }
+    if kind != def.kind {
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version {:?} cannot be handled as a {}: kind mismatch",
+            def.version, def.kind
+        )));
+    }
+    Ok(obj)
+}
+
 /// Strategic-merge directives (`$patch`, `$setElementOrder/...`, `$retainKeys`) are dropped.
 fn strip_directives(v: &mut Value) {
     match v {
@@ -357,15 +400,18 @@ impl Ctx<'_> {
                 .get(def, ns, n)
                 .map(|o| (200, self.maybe_table(def, o))),
             ("POST", None) => parse_body(self.body, false)
+                .and_then(|o| check_type(def, o))
                 .and_then(|o| self.admit(def, ns, o))
                 .and_then(|o| self.app.store.create(def, ns, o))
                 .map(|o| (201, o)),
-            ("PUT", Some(n)) => parse_body(self.body, false).and_then(|body| {
-                self.app
-                    .store
-                    .update(def, ns, n, sub.is_some(), |_| Ok(body))
-                    .map(|o| (200, o))
-            }),
+            ("PUT", Some(n)) => parse_body(self.body, false)
+                .and_then(|o| check_type(def, o))
+                .and_then(|body| {
+                    self.app
+                        .store
+                        .update(def, ns, n, sub.is_some(), |_| Ok(body))
+                        .map(|o| (200, o))
+                }),
             ("PATCH", Some(n)) => self.patch(def, ns, n, sub.is_some()),
             ("DELETE", Some(n)) => self.delete(def, ns, n),
             ("DELETE", None) => self.delete_collection(def, ns),

@@ -226,6 +226,54 @@ async fn status_subresource_is_split_from_spec() {
     assert_eq!(generation(&o), 1);
 }
 
+/// Like kube-apiserver, a custom resource without `kind` is refused (a
+/// lenient server hid that the operator created ProviderHealths untyped).
+#[tokio::test]
+async fn a_custom_resource_without_its_kind_is_refused() {
+    let srv = server().await;
+    let ph: Api<DynamicObject> = Api::all_with(srv.client(), &health_ar());
+    let mut obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProviderHealth",
+        "metadata": {"name": "untyped"}}))
+    .unwrap();
+    obj.types = None;
+    let (code, _, msg) = api_err(ph.create(&PostParams::default(), &obj).await);
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("Object 'Kind' is missing"), "{msg}");
+    assert!(msg.contains("must be of type ProviderHealth"), "{msg}");
+    let mut wrong = obj.clone();
+    wrong.types = Some(kube::core::TypeMeta {
+        api_version: "crawl.example.com/v1".into(),
+        kind: "ProviderHealth".into(),
+    });
+    let (code, _, msg) = api_err(ph.create(&PostParams::default(), &wrong).await);
+    assert_eq!(code, 400, "{msg}");
+    assert!(
+        msg.contains("does not match the expected API version"),
+        "{msg}"
+    );
+}
+
+/// Like kube-apiserver, a CRD that describes the top-level metadata is refused.
+#[test]
+fn a_crd_describing_metadata_is_refused() {
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "things.example.com"},
+        "spec": {"group": "example.com", "scope": "Cluster",
+            "names": {"kind": "Thing", "plural": "things"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "metadata": {"type": "object", "description": "meta"}}}}}]}
+    });
+    let err = test_apiserver::resources::crd_defs(&crd).unwrap_err();
+    assert!(err.contains("properties[metadata]: Forbidden"), "{err}");
+    let mut ok = crd.clone();
+    ok["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] =
+        json!({"type": "object"});
+    assert!(test_apiserver::resources::crd_defs(&ok).is_ok());
+}
+
 #[tokio::test]
 async fn finalizers_and_deletion_timestamp() {
     let srv = server().await;
