@@ -174,7 +174,6 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert_eq!(pod["terminationGracePeriodSeconds"], 10);
 }
 
-
 /// The manager's pod template as a Pod, in no namespace.
 fn manager_pod(name: &str) -> Value {
     let d = object(rendered(), "Deployment", DEPLOYMENT);
@@ -256,7 +255,12 @@ async fn the_pod_template_is_admitted_by_the_real_restricted_pod_security() {
         other => panic!("an escalating Pod must be refused by PodSecurity: {other:?}"),
     }
     // Dry runs store nothing.
-    assert!(pods.list(&Default::default()).await.unwrap().items.is_empty());
+    assert!(pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
 }
 
 #[test]
@@ -465,8 +469,7 @@ fn user_roles_never_write_status() {
             "ClusterRole",
             &format!("egress-proxies-operator-{role}"),
         );
-        let rules: Vec<PolicyRule> =
-            serde_json::from_value(r["rules"].clone()).unwrap();
+        let rules: Vec<PolicyRule> = serde_json::from_value(r["rules"].clone()).unwrap();
         let kind = if role.starts_with("proxy-") {
             "proxies"
         } else {

@@ -252,16 +252,16 @@ pub fn rules_of(
                  name: &str,
                  in_ns: Option<&str>|
      -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-            let role = docs
-                .iter()
-                .find(|d| {
-                    d["kind"] == kind
-                        && d["metadata"]["name"] == name
-                        && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
-                })
-                .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
-            serde_json::from_value(role["rules"].clone()).unwrap()
-        };
+        let role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
+            })
+            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
+        serde_json::from_value(role["rules"].clone()).unwrap()
+    };
     let mut cluster = Vec::new();
     let mut namespaced = Vec::new();
     for b in docs.iter().filter(|d| binds_sa(d)) {
