@@ -135,8 +135,7 @@ fn sigterm_stops_the_operator_cleanly() {
     // A cluster that refuses connections: the operator must keep running
     // (retrying its watches) and still stop promptly on SIGTERM.
     let kubeconfig = dir.path().join("kubeconfig");
-    let refused = "127.0.0.1:1".parse().unwrap();
-    std::fs::write(&kubeconfig, test_apiserver::kubeconfig_yaml(refused)).unwrap();
+    std::fs::write(&kubeconfig, refused_kubeconfig("127.0.0.1:1")).unwrap();
     let mut cmd = support::operator(
         dir.path(),
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
@@ -184,6 +183,31 @@ fn sigterm_stops_the_operator_cleanly() {
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("Loaded providers config"), "{err}");
     assert!(err.contains("Shutting down"), "{err}");
+}
+
+/// A kubeconfig whose only cluster is `addr`, where nothing listens.
+fn refused_kubeconfig(addr: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: refused
+  cluster:
+    server: http://{addr}
+contexts:
+- name: refused
+  context:
+    cluster: refused
+    user: refused
+    namespace: default
+current-context: refused
+users:
+- name: refused
+  user:
+    token: unused
+preferences: {{}}
+"
+    )
 }
 
 /// A minimal HTTP/1.0 GET: (status code, body).

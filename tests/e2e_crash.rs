@@ -2,6 +2,9 @@
 //! moments while 20 Proxies are created, replaced and deleted, and is
 //! restarted each time. In the end there is exactly one Pod per live Proxy,
 //! built from its current spec, and none for deleted ones.
+//!
+//! It runs on the real test cluster WITH the node agent (`support::ground`):
+//! the end state it checks is Running Pods, so it needs Pods that run.
 
 mod support;
 
@@ -44,11 +47,10 @@ async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
         println!("SKIP: /usr/sbin/squid is not installed");
         return;
     }
-    let server = support::api_server(true).await;
+    let ground = support::ground("crash").await;
     let dir = tempfile::tempdir().unwrap();
-    let client = server.client();
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = ground.proxies();
+    let pods: Api<Pod> = ground.api();
     let seed = std::env::var("CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -57,10 +59,9 @@ async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
     let mut rng = Lcg(seed);
     let start = || {
         Operator::spawn(
-            support::operator(
+            ground.operator(
                 dir.path(),
                 "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-                server.kubeconfig_path(),
             ),
             &dir.path().join("operator.log"),
         )

@@ -1,6 +1,7 @@
 //! System test: a Proxy on a gcp provider whose endpoint is the local
-//! Compute REST stand-in, reconciled by the real operator binary against the
-//! test API server, through the real google-cloud-compute-v1 client.
+//! Compute REST stand-in, reconciled by the real operator binary on the real
+//! test cluster (control plane only, the test's namespace), through the real
+//! google-cloud-compute-v1 client.
 #![cfg(feature = "gcp")]
 
 mod gcp_standin;
@@ -38,7 +39,7 @@ fn condition(p: &Proxy) -> Option<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
-    let server = support::api_server(false).await;
+    let ground = support::ground_without_pods("gcp").await;
     let standin = StandIn::start().await;
     standin.with(|st| st.running_after_gets = 1);
     let dir = tempfile::tempdir().unwrap();
@@ -47,10 +48,10 @@ async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
         standin.url
     );
     let _op = Operator::spawn(
-        support::operator(dir.path(), &providers, server.kubeconfig_path()),
+        ground.operator(dir.path(), &providers),
         &dir.path().join("operator.log"),
     );
-    let proxies: Api<Proxy> = Api::namespaced(server.client(), "default");
+    let proxies: Api<Proxy> = ground.proxies();
 
     // Created, then Running with the stand-in's external IP.
     proxies

@@ -1,6 +1,7 @@
 //! System test: a Proxy on a kvm provider whose host is a local sshd in
 //! front of a real libvirtd (tests/kvm_support), reconciled by the real
-//! operator binary against the test API server.
+//! operator binary on the real test cluster (control plane only, the test's
+//! namespace).
 #![cfg(feature = "kvm")]
 
 mod kvm_support;
@@ -21,23 +22,22 @@ async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
     let Some(env) = Env::start("e2e") else { return };
     let (url, _) = env.serve_qcow2("base.qcow2", "64M");
     let providers = env.providers_yaml("kvm-test", "h1", "test-image", &url);
-    let server = support::api_server(false).await;
+    let ground = support::ground_without_pods("kvm").await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = support::operator(dir.path(), &providers, server.kubeconfig_path());
+    let mut cmd = ground.operator(dir.path(), &providers);
+    // The flag wins over the ground's INSTALLATION_ID.
     cmd.args(["--installation-id", "inst-e2e"]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
 
-    let proxies: Api<Proxy> = Api::namespaced(server.client(), "default");
-    let proxy: Proxy = serde_json::from_value(json!({
-        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-        "metadata": {"name": "k1", "namespace": "default"},
-        "spec": {
+    let proxies: Api<Proxy> = ground.proxies();
+    let proxy = support::proxy(
+        "k1",
+        json!({
             "provider": "kvm-test", "port": 3128,
             "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
             "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
-        },
-    }))
-    .unwrap();
+        }),
+    );
     let created = proxies
         .create(&PostParams::default(), &proxy)
         .await

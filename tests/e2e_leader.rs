@@ -1,4 +1,6 @@
-//! Two replicas with --leader-elect against the test API server: only the
+//! Two replicas with --leader-elect on the real test cluster (control plane
+//! only: the kubernetes provider's Pods stay Pending, which is enough for a
+//! providerID), confined to the test's namespace, which holds the Lease: only the
 //! leader reconciles, and when it is killed the other takes over within the
 //! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
 
@@ -10,32 +12,29 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
-use support::{eventually, kube_proxy as proxy, Operator};
-use test_apiserver::TestApiServer;
+use support::{eventually, kube_proxy as proxy, Ground, Operator};
 
 const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
 
-fn replica(server: &TestApiServer, dir: &std::path::Path, name: &str) -> Operator {
-    replica_with(server, dir, name, ["4s", "3s"])
+fn replica(ground: &Ground, dir: &std::path::Path, name: &str) -> Operator {
+    replica_with(ground, dir, name, ["4s", "3s"])
 }
 
 /// A replica with the given lease duration and renew deadline.
 fn replica_with(
-    server: &TestApiServer,
+    ground: &Ground,
     dir: &std::path::Path,
     name: &str,
     [lease, renew]: [&str; 2],
 ) -> Operator {
-    let mut cmd = support::operator(
+    // The ground's operator keeps its Lease in the test's namespace.
+    let mut cmd = ground.operator(
         dir,
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-        server.kubeconfig_path(),
     );
     cmd.args([
         "--leader-elect",
-        "--operator-namespace",
-        "default",
         "--leader-election-lease-duration",
         lease,
         "--leader-election-renew-deadline",
@@ -70,18 +69,17 @@ async fn reconciled(proxies: &Api<Proxy>, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_reconciles_and_the_other_takes_over() {
-    let server = support::api_server(support::squid_present()).await;
+    let ground = support::ground_without_pods("leader").await;
     let dir = tempfile::tempdir().unwrap();
-    let client = server.client();
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = ground.api();
+    let proxies: Api<Proxy> = ground.proxies();
 
-    let a = replica(&server, dir.path(), "a");
+    let a = replica(&ground, dir.path(), "a");
     eventually("a to lead", Duration::from_secs(30), || async {
         holder(&leases).await.filter(|h| h.starts_with("a_"))
     })
     .await;
-    let b = replica(&server, dir.path(), "b");
+    let b = replica(&ground, dir.path(), "b");
     // b campaigns but follows while a renews.
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxies
@@ -133,16 +131,16 @@ async fn only_the_leader_reconciles_and_the_other_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_stopped_gracefully_releases_the_lease() {
-    let server = support::api_server(false).await;
+    let ground = support::ground_without_pods("leader-term").await;
     let dir = tempfile::tempdir().unwrap();
-    let leases: Api<Lease> = Api::namespaced(server.client(), "default");
+    let leases: Api<Lease> = ground.api();
     // A 60 s lease: b can only lead within the wait below if a releases it.
-    let a = replica_with(&server, dir.path(), "a", ["60s", "40s"]);
+    let a = replica_with(&ground, dir.path(), "a", ["60s", "40s"]);
     eventually("a to lead", Duration::from_secs(30), || async {
         holder(&leases).await.filter(|h| h.starts_with("a_"))
     })
     .await;
-    let b = replica_with(&server, dir.path(), "b", ["60s", "40s"]);
+    let b = replica_with(&ground, dir.path(), "b", ["60s", "40s"]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(holder(&leases).await.unwrap().starts_with("a_"));
 

@@ -1,5 +1,7 @@
 //! System test: `config/samples/proxy_kvm.yaml`, applied as written, reaches
-//! phase Running on the real operator binary against the test API server,
+//! phase Running on the real operator binary on the real test cluster
+//! (control plane only, applied with its pinned kubectl in the test's
+//! namespace),
 //! with a kvm provider whose host `beelink` is a local sshd in front of a
 //! real libvirtd (tests/kvm_support), and a guest that really takes an
 //! address.
@@ -27,51 +29,27 @@ mod kvm_support;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::{Proxy, ProxyPhase};
 use egress_proxies_operator::provider::naming::name_from_uid;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::api::DeleteParams;
 use kube::Api;
 use kvm_support::{guest_tools_missing, run, virsh, Env, GuestNet};
 use support::Operator;
 
 const NAME: &str = "proxy-kvm-sample";
-const KUBECTL: &str = "/usr/bin/kubectl";
 
 fn sample_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config/samples/proxy_kvm.yaml")
 }
 
-/// Applies the sample file as written: with kubectl when it is installed,
-/// else by posting the same document through the API.
-async fn apply_sample(kubeconfig: &Path, client: kube::Client) {
+/// Applies the sample file as written, with the cluster's kubectl, in the
+/// ground's namespace.
+fn apply_sample(ground: &support::Ground) {
     let file = sample_path();
-    if Path::new(KUBECTL).exists() {
-        let out = Command::new(KUBECTL)
-            .arg("apply")
-            .arg("-f")
-            .arg(&file)
-            .env("KUBECONFIG", kubeconfig)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        println!("$ kubectl apply -f {}\n{text}", file.display());
-        assert!(out.status.success(), "kubectl apply: {text}");
-    } else {
-        println!("kubectl is not installed: posting the sample through the API");
-        let doc: serde_json::Value =
-            serde_norway::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-        let obj: DynamicObject = serde_json::from_value(doc).unwrap();
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client, "default", &ApiResource::erase::<Proxy>(&()));
-        api.create(&PostParams::default(), &obj).await.unwrap();
-    }
+    let out = ground.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    println!("$ kubectl apply -f {}\n{out}", file.display());
 }
 
 /// The names the test's providers config defines must be the sample's, and
@@ -139,16 +117,17 @@ async fn the_kvm_sample_reaches_running_with_an_address_from_arp() {
     let net = env.guest_network();
     let url = env.serve_ipxe_disk("debian-13.qcow2");
     let providers = env.providers_yaml("kvm-home", "beelink", "debian-13", &url);
-    let server = support::api_server(false).await;
+    let ground = support::ground_without_pods("kvm-sample").await;
     let dir = tempfile::tempdir().unwrap();
     let op_log = dir.path().join("operator.log");
-    let mut cmd = support::operator(dir.path(), &providers, server.kubeconfig_path());
+    let mut cmd = ground.operator(dir.path(), &providers);
+    // The flag wins over the ground's INSTALLATION_ID.
     cmd.args(["--installation-id", "inst-sample"]);
     let _op = Operator::spawn(cmd, &op_log);
 
     let applied = Instant::now();
-    apply_sample(server.kubeconfig_path(), server.client()).await;
-    let proxies: Api<Proxy> = Api::namespaced(server.client(), "default");
+    apply_sample(&ground);
+    let proxies: Api<Proxy> = ground.proxies();
     let uid = proxies.get(NAME).await.unwrap().metadata.uid.unwrap();
     let domain = name_from_uid(&uid);
     env.track(&domain);

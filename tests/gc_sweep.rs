@@ -1,7 +1,9 @@
-//! GC sweeps against the test API server with scripted providers: a
-//! failing provider list skips that provider only, a failing Proxy list
-//! skips the whole sweep, the per-sweep budget holds across providers, and
-//! the `proxy_operator_gc_*` series count all of it.
+//! GC sweeps against the real test cluster (control plane only) with
+//! scripted providers: a failing provider list skips that provider only, a
+//! failing Proxy list skips the whole sweep, the per-sweep budget holds
+//! across providers, and the `proxy_operator_gc_*` series count all of it.
+
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +17,6 @@ use egress_proxies_operator::provider::registry::{ProviderType, Registry};
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider, ProviderError,
 };
-use test_apiserver::{Options, TestApiServer};
 
 struct Scripted {
     name: String,
@@ -89,19 +90,28 @@ fn orphan(id: &str) -> Instance {
 
 /// A GC over scripted providers named `providers`: a name containing
 /// `broken` fails its list, one containing `stuck` fails every delete;
-/// each lists three orphans.
+/// each lists three orphans. With `may_list_proxies` false its client is a
+/// ServiceAccount without RBAC (impersonated by the admin), so its Proxy
+/// list is refused (403).
 async fn setup(
-    with_crds: bool,
+    may_list_proxies: bool,
     max_deletes: u32,
     providers: &[&str],
-) -> (TestApiServer, Gc, Arc<Mutex<Vec<String>>>, Metrics) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: with_crds.then(test_apiserver::workspace_crds_dir),
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
+) -> (Gc, Arc<Mutex<Vec<String>>>, Metrics) {
+    let cluster = support::control_plane();
+    support::install_crds(cluster);
+    let client = if may_list_proxies {
+        cluster.client().await
+    } else {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        config.auth_info.impersonate =
+            Some("system:serviceaccount:kube-system:gc-sweep-without-rbac".into());
+        kube::Client::try_from(config).unwrap()
+    };
     let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
     let yaml: String = std::iter::once("providers:\n".to_string())
         .chain(
@@ -125,7 +135,7 @@ async fn setup(
     })
     .unwrap();
     let gc = Gc::new(
-        server.client(),
+        client,
         registry,
         Settings {
             interval: Duration::from_secs(3600),
@@ -135,7 +145,7 @@ async fn setup(
         },
         metrics.gc.clone(),
     );
-    (server, gc, deleted, metrics)
+    (gc, deleted, metrics)
 }
 
 /// The sample value of `series` (name and labels exactly as exported) in
@@ -156,7 +166,7 @@ fn now_seconds() -> f64 {
 
 #[tokio::test]
 async fn a_failing_provider_list_skips_only_that_provider_and_the_budget_holds() {
-    let (_server, mut gc, deleted, metrics) = setup(true, 2, &["a-broken", "b-fine"]).await;
+    let (mut gc, deleted, metrics) = setup(true, 2, &["a-broken", "b-fine"]).await;
     let before = now_seconds();
     let report = gc.sweep().await;
     assert!(report.ran);
@@ -195,7 +205,7 @@ async fn a_failing_provider_list_skips_only_that_provider_and_the_budget_holds()
 
 #[tokio::test]
 async fn failed_deletes_are_counted_and_the_sweep_still_ends_ok() {
-    let (_server, mut gc, deleted, metrics) = setup(true, 20, &["c-stuck"]).await;
+    let (mut gc, deleted, metrics) = setup(true, 20, &["c-stuck"]).await;
     let report = gc.sweep().await;
     assert!(report.ran);
     assert!(report.failed_providers.is_empty());
@@ -223,8 +233,8 @@ async fn failed_deletes_are_counted_and_the_sweep_still_ends_ok() {
 
 #[tokio::test]
 async fn a_failing_proxy_list_skips_the_sweep() {
-    // No CRDs: listing Proxies fails.
-    let (_server, mut gc, deleted, metrics) = setup(false, 20, &["a-broken", "b-fine"]).await;
+    // A client without RBAC for Proxies: listing them fails (403).
+    let (mut gc, deleted, metrics) = setup(false, 20, &["a-broken", "b-fine"]).await;
     let report = gc.sweep().await;
     assert!(!report.ran);
     assert_eq!(report.deleted, 0);

@@ -1,4 +1,5 @@
-//! The ProviderHealth writer against the test API server: the generated
+//! The ProviderHealth writer against the real test cluster (control plane
+//! only, the generated CRDs installed): the generated
 //! schema accepts what the monitor writes (cluster scope, status
 //! subresource, required fields, list-map keys, the 1024-character message
 //! limit), transition times move only on a flip, and cleanup deletes.
@@ -15,7 +16,12 @@ use egress_proxies_operator::provider::{Checker, TargetStatus};
 use egress_proxies_operator::providerhealth::writer::{cleanup, Writer};
 use egress_proxies_operator::providerhealth::Monitor;
 use kube::Api;
-use test_apiserver::{Options, TestApiServer};
+
+mod support;
+
+/// The provider's name, which names its (cluster-scoped) ProviderHealth:
+/// unique to this test binary.
+const PROVIDER: &str = "kvm-phwriter-home";
 
 /// Two hosts; nas2 is down until `up` is set.
 struct Hosts {
@@ -55,33 +61,28 @@ impl Checker for Hosts {
 
 #[tokio::test]
 async fn writes_pass_the_schema_and_keep_transition_times() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts");
-    let client = server.client();
+    let cluster = support::control_plane();
+    support::install_crds(cluster);
+    let client = cluster.client().await;
     let hosts = Arc::new(Hosts {
         up: AtomicBool::new(false),
     });
     let mut monitor = Monitor::new(
         vec![CheckerEntry {
-            name: "kvm-home".into(),
+            name: PROVIDER.into(),
             provider_type: ProviderType::Kvm,
             checker: Some(hosts.clone()),
         }],
         Duration::from_secs(3600),
         Duration::from_secs(5),
     );
-    let names: BTreeSet<String> = ["kvm-home".to_string()].into();
+    let names: BTreeSet<String> = [PROVIDER.to_string()].into();
     let writer = Writer::new(client.clone(), monitor.snapshot(), names, None);
     let api: Api<ProviderHealth> = Api::all(client.clone());
 
     monitor.round().await;
-    writer.publish("kvm-home").await.unwrap();
-    let s = api.get("kvm-home").await.unwrap().status.unwrap();
+    writer.publish(PROVIDER).await.unwrap();
+    let s = api.get(PROVIDER).await.unwrap().status.unwrap();
     assert_eq!(s.type_.as_deref(), Some("kvm"));
     assert_eq!(s.targets_ready.as_deref(), Some("1/2"));
     assert_eq!(s.conditions[0].reason, "TargetsNotReady");
@@ -99,8 +100,8 @@ async fn writes_pass_the_schema_and_keep_transition_times() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     hosts.up.store(true, Ordering::SeqCst);
     monitor.round().await;
-    writer.publish("kvm-home").await.unwrap();
-    let s = api.get("kvm-home").await.unwrap().status.unwrap();
+    writer.publish(PROVIDER).await.unwrap();
+    let s = api.get(PROVIDER).await.unwrap().status.unwrap();
     assert_eq!(s.conditions[0].reason, "AllTargetsReady");
     assert_eq!(s.targets_ready.as_deref(), Some("2/2"));
     assert_eq!(
@@ -111,5 +112,5 @@ async fn writes_pass_the_schema_and_keep_transition_times() {
     assert_eq!(s.targets[1].message, None);
 
     cleanup(&client, &BTreeSet::new()).await;
-    assert!(api.get_opt("kvm-home").await.unwrap().is_none());
+    assert!(api.get_opt(PROVIDER).await.unwrap().is_none());
 }

@@ -238,8 +238,8 @@ pub fn rules_of(
     ns: &str,
     sa: &str,
 ) -> (
-    Vec<test_apiserver::authz::PolicyRule>,
-    Vec<(String, Vec<test_apiserver::authz::PolicyRule>)>,
+    Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+    Vec<(String, Vec<k8s_openapi::api::rbac::v1::PolicyRule>)>,
 ) {
     let binds_sa = |b: &serde_json::Value| {
         b["subjects"]
@@ -248,18 +248,20 @@ pub fn rules_of(
             .flatten()
             .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns)
     };
-    let rules =
-        |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<test_apiserver::authz::PolicyRule> {
-            let role = docs
-                .iter()
-                .find(|d| {
-                    d["kind"] == kind
-                        && d["metadata"]["name"] == name
-                        && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
-                })
-                .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
-            serde_json::from_value(role["rules"].clone()).unwrap()
-        };
+    let rules = |kind: &str,
+                 name: &str,
+                 in_ns: Option<&str>|
+     -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        let role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
+            })
+            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
+        serde_json::from_value(role["rules"].clone()).unwrap()
+    };
     let mut cluster = Vec::new();
     let mut namespaced = Vec::new();
     for b in docs.iter().filter(|d| binds_sa(d)) {
