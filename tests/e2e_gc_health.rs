@@ -191,8 +191,7 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
         "ProviderHealth ph-kube repaired",
         Duration::from_secs(5),
         || async {
-            (ph_ready(&ph, KUBE).await? == ("True".to_string(), "1/1".to_string()))
-                .then_some(())
+            (ph_ready(&ph, KUBE).await? == ("True".to_string(), "1/1".to_string())).then_some(())
         },
     )
     .await;
@@ -404,7 +403,9 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): install it (Debian/Ubuntu: apt-get install prometheus)")
+            panic!(
+                "cannot run promtool ({e}): install it (Debian/Ubuntu: apt-get install prometheus)"
+            )
         });
     {
         use std::io::Write;
@@ -584,7 +585,8 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
         "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
     );
     let _shared = PH_LOCK.read().await;
-    let (_server, dir, _op, spans) = traced_proxy("j1", "json-kube", &["--log-format", "json"]).await;
+    let (_server, dir, _op, spans) =
+        traced_proxy("j1", "json-kube", &["--log-format", "json"]).await;
     let line: serde_json::Value = eventually(
         "a JSON Instance created line",
         Duration::from_secs(30),

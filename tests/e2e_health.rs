@@ -79,7 +79,10 @@ fn probing_operator(
     api: SocketAddr,
     extra: &[&str],
 ) -> Operator {
-    let mut cmd = ground.operator(dir, "providers:\n  - name: kubernetes\n    type: kubernetes\n");
+    let mut cmd = ground.operator(
+        dir,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+    );
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--default-probe-url", &format!("http://{target}/")])
         .args(["--default-probe-expected-status", "200"])
@@ -359,7 +362,12 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
     // The provider's own Squid config, once denying all egress and once as
     // it is (it allows the private ranges, the host's bridge address too).
     let conf = egress_proxies_operator::provider::kubernetes::squid_conf(3128);
-    let denying = squid_pod(&pods, "squid-deny", &format!("http_access deny all\n{conf}")).await;
+    let denying = squid_pod(
+        &pods,
+        "squid-deny",
+        &format!("http_access deny all\n{conf}"),
+    )
+    .await;
     let working = squid_pod(&pods, "squid-ok", &conf).await;
     let external = |host: &str, port: u16| json!({"mode": "External", "endpoint": {"host": host, "port": port}, "healthCheck": {"timeoutSeconds": 1}});
     proxies

@@ -207,7 +207,12 @@ fn apply_kinds(c: &test_cluster::TestCluster, docs: &[Value], kinds: &[&str]) {
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), list.to_string()).unwrap();
-    c.kubectl_ok(&["apply", "--server-side", "-f", file.path().to_str().unwrap()]);
+    c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        file.path().to_str().unwrap(),
+    ]);
 }
 
 /// The rendered namespace, then the ServiceAccount and its RBAC.
