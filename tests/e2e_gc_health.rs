@@ -1,10 +1,16 @@
 //! System tests of orphan GC, the ProviderHealth objects, the /metrics
 //! exposition and tracing export: the real operator binary against the
-//! Kubernetes test API server (kubelet on) on loopback.
+//! real test cluster (with its node agent), a namespace per test.
+//!
+//! ProviderHealth objects are cluster-scoped and named after providers, and
+//! an operator deletes, at start, the managed ones of providers it does not
+//! have: every test names its kubernetes provider after itself, and the
+//! tests that assert on ProviderHealth objects hold [`PH_LOCK`] exclusively
+//! (the others share it), so no other test's operator starts meanwhile.
 
 mod support;
 
-use support::{eventually, free_port, kube_proxy as proxy, squid_present, Operator};
+use support::{eventually, free_port, squid_present, Ground, Operator};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,19 +23,39 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use test_apiserver::TestApiServer;
 
-const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
+/// Held exclusively by the tests that assert on ProviderHealth objects,
+/// shared by every other test that starts an operator.
+/// The providers of the ProviderHealth test: before and after a rename.
+const KUBE: &str = "ph-kube";
+const K2: &str = "ph-k2";
+/// The kubernetes providers of the other tests, one each.
+const GC_KUBE: &str = "gc-kube";
+const METRICS_KUBE: &str = "metrics-kube";
+#[cfg(feature = "kvm")]
+const KVM_KUBE: &str = "kvm-kube";
+
+static PH_LOCK: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A providers file with one kubernetes provider named `name`.
+fn kube_only(name: &str) -> String {
+    format!("providers:\n  - name: {name}\n    type: kubernetes\n")
+}
+
+/// A Proxy on the kubernetes provider `provider`, port 3128.
+fn proxy(name: &str, provider: &str) -> Proxy {
+    support::proxy(name, json!({"provider": provider, "port": 3128}))
+}
 
 fn start(
-    server: &TestApiServer,
+    ground: &Ground,
     providers: &str,
     dir: &Path,
     log_name: &str,
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Operator {
-    let mut cmd: Command = support::operator(dir, providers, server.kubeconfig_path());
+    let mut cmd: Command = ground.operator(dir, providers);
     cmd.args(args).env("LOG_LEVEL", "info");
     for (k, _) in std::env::vars() {
         if k.starts_with("OTEL_") {
@@ -42,11 +68,18 @@ fn start(
     Operator::spawn(cmd, &dir.join(log_name))
 }
 
-async fn server() -> (TestApiServer, tempfile::TempDir, Client) {
-    let server = support::api_server(true).await;
+async fn server(prefix: &str) -> (Ground, tempfile::TempDir, Client) {
+    let ground = support::ground(prefix).await;
     let dir = tempfile::tempdir().unwrap();
-    let client = server.client();
-    (server, dir, client)
+    let client = ground.client.clone();
+    (ground, dir, client)
+}
+
+/// The API server URL of the admin kubeconfig, which the operator uses.
+fn api_server_url(ground: &Ground) -> String {
+    let kc = kube::config::Kubeconfig::read_from(ground.cluster.kubeconfig()).unwrap();
+    let server = kc.clusters[0].cluster.as_ref().unwrap().server.clone();
+    server.unwrap().trim_end_matches('/').to_string()
 }
 
 fn ready_of(ph: &ProviderHealth) -> Option<(String, String)> {
@@ -79,7 +112,8 @@ fn labelled_ph(name: &str, managed: bool) -> ProviderHealth {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_health_is_published_restored_and_cleaned_up() {
-    let (server, dir, client) = server().await;
+    let _exclusive = PH_LOCK.write().await;
+    let (server, dir, client) = server("ph").await;
     let ph: Api<ProviderHealth> = Api::all(client.clone());
     let pp = PostParams::default();
     ph.create(&pp, &labelled_ph("retired", true)).await.unwrap();
@@ -88,16 +122,16 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
         .unwrap();
 
     let t0 = Instant::now();
-    let op = start(&server, KUBE_ONLY, dir.path(), "op1.log", &[], &[]);
+    let op = start(&server, &kube_only(KUBE), dir.path(), "op1.log", &[], &[]);
     let got = eventually(
-        "ProviderHealth kubernetes Ready",
+        "ProviderHealth ph-kube Ready",
         Duration::from_secs(30),
-        || ph_ready(&ph, "kubernetes"),
+        || ph_ready(&ph, KUBE),
     )
     .await;
     assert_eq!(got, ("True".to_string(), "1/1".to_string()));
-    println!("ProviderHealth kubernetes Ready after {:?}", t0.elapsed());
-    let obj = ph.get("kubernetes").await.unwrap();
+    println!("ProviderHealth ph-kube Ready after {:?}", t0.elapsed());
+    let obj = ph.get(KUBE).await.unwrap();
     assert_eq!(
         obj.labels()
             .get("app.kubernetes.io/managed-by")
@@ -114,7 +148,7 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
             .address
             .as_deref()
             .map(|a| a.trim_end_matches('/')),
-        Some(server.url().as_str())
+        Some(api_server_url(&server).as_str())
     );
     assert!(
         ph.get_opt("retired").await.unwrap().is_none(),
@@ -125,37 +159,21 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
         "unlabelled: kept"
     );
 
-    if Path::new("/usr/bin/kubectl").exists() {
-        let out = Command::new("/usr/bin/kubectl")
-            .args(["get", "ph"])
-            .env("KUBECONFIG", server.kubeconfig_path())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        println!("{text}");
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("kubernetes"))
-            .unwrap_or_else(|| {
-                panic!(
-                    "no kubernetes row: {text} {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        assert!(line.contains("True") && line.contains("1/1"), "{line}");
-    } else {
-        println!("SKIP kubectl get ph: /usr/bin/kubectl is not installed");
-    }
+    let text = server.cluster.kubectl_ok(&["get", "ph"]);
+    println!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{KUBE} ")))
+        .unwrap_or_else(|| panic!("no {KUBE} row: {text}"));
+    assert!(line.contains("True") && line.contains("1/1"), "{line}");
 
     // Deleted: back within 5 s, long before the next 1m round.
-    ph.delete("kubernetes", &DeleteParams::default())
-        .await
-        .unwrap();
+    ph.delete(KUBE, &DeleteParams::default()).await.unwrap();
     let t = Instant::now();
     eventually(
-        "ProviderHealth kubernetes restored",
+        "ProviderHealth ph-kube restored",
         Duration::from_secs(5),
-        || ph_ready(&ph, "kubernetes"),
+        || ph_ready(&ph, KUBE),
     )
     .await;
     println!("restored after {:?}", t.elapsed());
@@ -163,32 +181,31 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
     // Edited: the operator's view wins again within 5 s.
     let edit = serde_json::json!({"status": {"targetsReady": "0/9", "conditions": []}});
     ph.patch_status(
-        "kubernetes",
+        KUBE,
         &kube::api::PatchParams::default(),
         &kube::api::Patch::Merge(&edit),
     )
     .await
     .unwrap();
     eventually(
-        "ProviderHealth kubernetes repaired",
+        "ProviderHealth ph-kube repaired",
         Duration::from_secs(5),
         || async {
-            (ph_ready(&ph, "kubernetes").await? == ("True".to_string(), "1/1".to_string()))
-                .then_some(())
+            (ph_ready(&ph, KUBE).await? == ("True".to_string(), "1/1".to_string())).then_some(())
         },
     )
     .await;
     drop(op);
 
     // The provider leaves the config: its object goes at the next start.
-    let renamed = "providers:\n  - name: k2\n    type: kubernetes\n";
-    let op = start(&server, renamed, dir.path(), "op2.log", &[], &[]);
+    let renamed = kube_only(K2);
+    let op = start(&server, &renamed, dir.path(), "op2.log", &[], &[]);
     eventually(
-        "kubernetes deleted, k2 written",
+        "ph-kube deleted, ph-k2 written",
         Duration::from_secs(30),
         || async {
-            let gone = ph.get_opt("kubernetes").await.ok()?.is_none();
-            (gone && ph_ready(&ph, "k2").await.is_some()).then_some(())
+            let gone = ph.get_opt(KUBE).await.ok()?.is_none();
+            (gone && ph_ready(&ph, K2).await.is_some()).then_some(())
         },
     )
     .await;
@@ -197,14 +214,14 @@ async fn provider_health_is_published_restored_and_cleaned_up() {
     // Checks off: every managed object goes, the foreign one stays.
     let op = start(
         &server,
-        renamed,
+        &renamed,
         dir.path(),
         "op3.log",
         &["--provider-check-interval", "0"],
         &[],
     );
-    eventually("k2 deleted", Duration::from_secs(30), || async {
-        ph.get_opt("k2").await.ok()?.is_none().then_some(())
+    eventually("ph-k2 deleted", Duration::from_secs(30), || async {
+        ph.get_opt(K2).await.ok()?.is_none().then_some(())
     })
     .await;
     assert!(ph.get_opt("foreign").await.unwrap().is_some());
@@ -223,34 +240,41 @@ fn marked_pod(name: &str, uid: Option<&str>, installation: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        // No SQUID_CONF: the test kubelet leaves it Pending.
-        "spec": {"containers": [{"name": "c", "image": "none"}]},
+        "metadata": {"name": name, "labels": labels},
+        // No node matches: the scheduler leaves it Pending (and, never
+        // bound, it goes at once when deleted).
+        "spec": {"nodeSelector": {"example.com/no-such-node": "true"},
+                 "containers": [{"name": "c", "image": "none"}]},
     }))
     .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_deletes_only_this_installations_orphans() {
-    let (server, dir, client) = server().await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let _shared = PH_LOCK.read().await;
+    let (server, dir, _client) = server("gc").await;
+    let pods: Api<Pod> = server.api();
+    let proxies: Api<Proxy> = server.proxies();
+    // GC lists marked Pods in every namespace: installation ids of this
+    // test's own (the operators of parallel tests have theirs).
+    let inst_a = format!("{}-a", server.ns);
+    let inst_b = format!("{}-b", server.ns);
     let pp = PostParams::default();
     // A live Proxy on a provider that is not configured: nothing else
     // creates its instance, so the Pod below is only protected by its UID.
     let live: Proxy = serde_json::from_value(json!({
         "apiVersion": "crawl.example.com/v1alpha1",
         "kind": "Proxy",
-        "metadata": {"name": "live", "namespace": "default"},
+        "metadata": {"name": "live"},
         "spec": {"provider": "elsewhere", "port": 3128},
     }))
     .unwrap();
     let live_uid = proxies.create(&pp, &live).await.unwrap().uid().unwrap();
     for pod in [
-        marked_pod("orphan", Some("gone-uid"), "inst-a"),
-        marked_pod("theirs", Some("gone-uid-2"), "inst-b"),
-        marked_pod("unowned", None, "inst-a"),
-        marked_pod("owned", Some(&live_uid), "inst-a"),
+        marked_pod("orphan", Some("gone-uid"), &inst_a),
+        marked_pod("theirs", Some("gone-uid-2"), &inst_b),
+        marked_pod("unowned", None, &inst_a),
+        marked_pod("owned", Some(&live_uid), &inst_a),
     ] {
         pods.create(&pp, &pod).await.unwrap();
     }
@@ -258,12 +282,12 @@ async fn gc_deletes_only_this_installations_orphans() {
     let metrics = format!("127.0.0.1:{}", free_port());
     let _op = start(
         &server,
-        KUBE_ONLY,
+        &kube_only(GC_KUBE),
         dir.path(),
         "op.log",
         &[
             "--installation-id",
-            "inst-a",
+            &inst_a,
             "--gc-interval",
             "2s",
             "--gc-min-age",
@@ -292,17 +316,17 @@ async fn gc_deletes_only_this_installations_orphans() {
     // The GC series count the same: one delete, ok sweeps, no errors.
     let body = scrape(&metrics).await.expect("a scrape");
     for want in [
-        "proxy_operator_gc_deleted_total{provider=\"kubernetes\"} 1\n",
-        "proxy_operator_gc_delete_failures_total{provider=\"kubernetes\"} 0\n",
-        "proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"error\"} 0\n",
-        "proxy_operator_gc_last_success_timestamp_seconds{provider=\"kubernetes\"} ",
+        "proxy_operator_gc_deleted_total{provider=\"gc-kube\"} 1\n",
+        "proxy_operator_gc_delete_failures_total{provider=\"gc-kube\"} 0\n",
+        "proxy_operator_gc_sweeps_total{provider=\"gc-kube\",result=\"error\"} 0\n",
+        "proxy_operator_gc_last_success_timestamp_seconds{provider=\"gc-kube\"} ",
     ] {
         assert!(body.contains(want), "missing {want:?} in\n{body}");
     }
     let ok_sweeps: u64 = body
         .lines()
         .find_map(|l| {
-            l.strip_prefix("proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"ok\"} ")
+            l.strip_prefix("proxy_operator_gc_sweeps_total{provider=\"gc-kube\",result=\"ok\"} ")
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no ok sweeps in\n{body}"));
@@ -324,27 +348,31 @@ async fn scrape(addr: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_metrics_pass_promtool_and_carry_every_series() {
-    let (server, dir, client) = server().await;
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let _shared = PH_LOCK.read().await;
+    let (server, dir, _client) = server("metrics").await;
     let addr = format!("127.0.0.1:{}", free_port());
     let _op = start(
         &server,
-        KUBE_ONLY,
+        &kube_only(METRICS_KUBE),
         dir.path(),
         "op.log",
         &["--metrics-bind-address", &addr],
         &[],
     );
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = server.proxies();
     proxies
-        .create(&PostParams::default(), &proxy("m1"))
+        .create(&PostParams::default(), &proxy("m1", METRICS_KUBE))
         .await
         .unwrap();
-    let want_running = squid_present();
     let body = eventually("a full scrape", Duration::from_secs(40), || async {
         let b = scrape(&addr).await?;
         let done = b.contains("proxy_operator_provider_target_up{")
             && b.contains("op=\"create\"")
-            && (!want_running || b.contains("proxy_operator_proxies{phase=\"Running\"} 1"));
+            && b.contains("proxy_operator_proxies{phase=\"Running\"} 1");
         done.then_some(b)
     })
     .await;
@@ -353,48 +381,48 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         "proxy_operator_proxies{phase=\"Provisioning\"}",
         "# TYPE proxy_operator_leases_active gauge",
         "proxy_operator_leases_active 0",
-        "proxy_operator_provider_requests_total{provider=\"kubernetes\",op=\"create\",result=\"ok\"} ",
+        "proxy_operator_provider_requests_total{provider=\"metrics-kube\",op=\"create\",result=\"ok\"} ",
         "proxy_operator_provider_request_duration_seconds_bucket{",
-        "proxy_operator_provider_target_up{provider=\"kubernetes\",target=\"apiserver\"} 1",
-        "proxy_operator_provider_check_duration_seconds{provider=\"kubernetes\",target=\"apiserver\"}",
-        "proxy_operator_provider_check_timestamp_seconds{provider=\"kubernetes\",target=\"apiserver\"}",
+        "proxy_operator_provider_target_up{provider=\"metrics-kube\",target=\"apiserver\"} 1",
+        "proxy_operator_provider_check_duration_seconds{provider=\"metrics-kube\",target=\"apiserver\"}",
+        "proxy_operator_provider_check_timestamp_seconds{provider=\"metrics-kube\",target=\"apiserver\"}",
         "# HELP proxy_operator_provider_target_up Whether the target passed its latest provider health check (1) or not (0).",
         "proxy_operator_reconcile_total{controller=\"proxy\",result=\"success\"}",
         "proxy_operator_reconcile_total{controller=\"providerhealth\",result=\"success\"}",
         "proxy_operator_reconcile_duration_seconds_count{controller=\"proxy\"}",
         // GC (default interval 10m) has not swept yet: its counters are 0.
-        "proxy_operator_gc_sweeps_total{provider=\"kubernetes\",result=\"ok\"} 0",
-        "proxy_operator_gc_deleted_total{provider=\"kubernetes\"} 0",
+        "proxy_operator_gc_sweeps_total{provider=\"metrics-kube\",result=\"ok\"} 0",
+        "proxy_operator_gc_deleted_total{provider=\"metrics-kube\"} 0",
     ] {
         assert!(body.contains(want), "missing {want} in\n{body}");
     }
-    match Command::new("promtool")
+    let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run promtool ({e}): install it (Debian/Ubuntu: apt-get install prometheus)"
+            )
+        });
     {
-        Err(_) => {
-            println!("SKIP promtool check: promtool is not installed (Debian package prometheus)")
-        }
-        Ok(mut child) => {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(body.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool check metrics failed:\n{}{}\n{body}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
     }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // No OTEL_* set: no exporter, no trace keys on any line.
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("tracing disabled"), "{log}");
@@ -460,21 +488,17 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Span>>>) {
 }
 
 /// The operator exporting to a loopback OTLP receiver every 200 ms, with
-/// `args`, and a kubernetes Proxy `name` created.
+/// `args`, and a Proxy `name` created on its kubernetes provider `provider`.
 async fn traced_proxy(
     name: &str,
+    provider: &str,
     args: &[&str],
-) -> (
-    TestApiServer,
-    tempfile::TempDir,
-    Operator,
-    Arc<Mutex<Vec<Span>>>,
-) {
+) -> (Ground, tempfile::TempDir, Operator, Arc<Mutex<Vec<Span>>>) {
     let (endpoint, spans) = otlp_receiver().await;
-    let (server, dir, client) = server().await;
+    let (server, dir, _client) = server(name).await;
     let op = start(
         &server,
-        KUBE_ONLY,
+        &kube_only(provider),
         dir.path(),
         "op.log",
         args,
@@ -483,9 +507,9 @@ async fn traced_proxy(
             ("OTEL_BSP_SCHEDULE_DELAY", "200"),
         ],
     );
-    let proxies: Api<Proxy> = Api::namespaced(client, "default");
+    let proxies: Api<Proxy> = server.proxies();
     proxies
-        .create(&PostParams::default(), &proxy(name))
+        .create(&PostParams::default(), &proxy(name, provider))
         .await
         .unwrap();
     (server, dir, op, spans)
@@ -493,11 +517,12 @@ async fn traced_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
-    if !squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
-    let (_server, dir, _op, spans) = traced_proxy("t1", &[]).await;
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let _shared = PH_LOCK.read().await;
+    let (_server, dir, _op, spans) = traced_proxy("t1", "trace-kube", &[]).await;
     let t0 = Instant::now();
     let (root, create) = eventually(
         "a Reconcile Proxy trace with provider.create",
@@ -555,11 +580,13 @@ async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_log_lines_carry_trace_ids_as_keys() {
-    if !squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
-    let (_server, dir, _op, spans) = traced_proxy("j1", &["--log-format", "json"]).await;
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let _shared = PH_LOCK.read().await;
+    let (_server, dir, _op, spans) =
+        traced_proxy("j1", "json-kube", &["--log-format", "json"]).await;
     let line: serde_json::Value = eventually(
         "a JSON Instance created line",
         Duration::from_secs(30),
@@ -585,11 +612,12 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_are_flushed_on_sigterm() {
+    let _shared = PH_LOCK.read().await;
     let (endpoint, spans) = otlp_receiver().await;
-    let (server, dir, _client) = server().await;
+    let (server, dir, _client) = server("sigterm").await;
     let mut op = start(
         &server,
-        KUBE_ONLY,
+        &kube_only("sigterm-kube"),
         dir.path(),
         "op.log",
         &[],
@@ -643,23 +671,24 @@ async fn spans_are_flushed_on_sigterm() {
 #[cfg(feature = "kvm")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_kvm_host_is_reported_in_the_object_and_the_gauges() {
-    let (server, dir, client) = server().await;
+    let _exclusive = PH_LOCK.write().await;
+    let (server, dir, client) = server("kvm").await;
     // Real key material, so the verdict is about the host, not the files.
     let key = dir.path().join("id_ed25519");
     let keygen = Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-f"])
         .arg(&key)
         .status();
-    if !keygen.is_ok_and(|s| s.success()) {
-        println!("SKIP: ssh-keygen is not installed");
-        return;
-    }
+    assert!(
+        keygen.is_ok_and(|s| s.success()),
+        "ssh-keygen must run (Debian: apt-get install openssh-client)"
+    );
     let known = dir.path().join("known_hosts");
     std::fs::write(&known, "").unwrap();
     // A port nothing listens on: connections are refused at once.
     let refused = free_port();
     let providers = format!(
-        "{KUBE_ONLY}  - name: kvm-home
+        "{}  - name: kvm-home
     type: kvm
     kvm:
       sshKeyFile: {}
@@ -670,6 +699,7 @@ async fn an_unreachable_kvm_host_is_reported_in_the_object_and_the_gauges() {
       hosts:
         - {{name: nas1, address: \"127.0.0.1:{refused}\", user: virt, bridge: br0}}
 ",
+        kube_only(KVM_KUBE),
         key.display(),
         known.display()
     );
@@ -699,7 +729,7 @@ async fn an_unreachable_kvm_host_is_reported_in_the_object_and_the_gauges() {
     assert_eq!(target.reason.as_deref(), Some("Unreachable"), "{target:?}");
     // The kubernetes provider next to it is unaffected.
     assert_eq!(
-        ph_ready(&phs, "kubernetes").await.map(|r| r.0),
+        ph_ready(&phs, KVM_KUBE).await.map(|r| r.0),
         Some("True".to_string())
     );
     let body = eventually("the gauges", Duration::from_secs(20), || async {
@@ -714,7 +744,7 @@ async fn an_unreachable_kvm_host_is_reported_in_the_object_and_the_gauges() {
     );
     assert!(
         body.contains(
-            "proxy_operator_provider_target_up{provider=\"kubernetes\",target=\"apiserver\"} 1"
+            "proxy_operator_provider_target_up{provider=\"kvm-kube\",target=\"apiserver\"} 1"
         ),
         "{body}"
     );

@@ -1,13 +1,13 @@
 //! System test of the health engine and the discovery/lease API: the real
-//! operator binary against the test API server, whose kubelet runs each Pod
-//! as a real Squid on 127.0.0.N; probes go through it to a local target.
+//! operator binary against the real test cluster, whose node agent runs
+//! each Pod as a real Squid in its own network namespace on the 10.216
+//! bridge; probes go through it to a target on the host's bridge address.
 
 mod support;
 
-use support::{condition, eventually, free_port, phase, proxy, Operator};
+use support::{condition, eventually, free_port, phase, proxy, Ground, Operator};
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -73,16 +73,15 @@ fn healthy(p: &Proxy) -> Option<(String, String)> {
 /// The operator with the kubernetes provider, probing `target`, serving the
 /// token-protected API on `api`, plus `extra` flags.
 fn probing_operator(
-    server: &test_apiserver::TestApiServer,
+    ground: &Ground,
     dir: &std::path::Path,
     target: SocketAddr,
     api: SocketAddr,
     extra: &[&str],
 ) -> Operator {
-    let mut cmd = support::operator(
+    let mut cmd = ground.operator(
         dir,
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-        server.kubeconfig_path(),
     );
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--default-probe-url", &format!("http://{target}/")])
@@ -95,25 +94,26 @@ fn probing_operator(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
-    if !support::squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
-    let server = support::api_server(true).await;
-    let target = support::http_target().await;
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground("health-leases").await;
+    let ns = ground.ns.clone();
+    // Squid in a Pod fetches the target: it listens on the bridge.
+    let target = support::http_target_on(ground.host_ip()).await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let _op = probing_operator(
-        &server,
+        &ground,
         dir.path(),
         target,
         api_addr,
         &["--metrics-bind-address", &metrics_addr.to_string()],
     );
-    let client = server.client();
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = ground.proxies();
     proxies
         .create(
             &PostParams::default(),
@@ -147,23 +147,16 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     )
     .await;
     println!("good Ready after {:?}", started.elapsed());
-    if std::path::Path::new("/usr/bin/kubectl").exists() {
-        let out = Command::new("kubectl")
-            .args(["get", "px", "good", "-n", "default"])
-            .env("KUBECONFIG", server.kubeconfig_path())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let row = text
-            .lines()
-            .find(|l| l.starts_with("good"))
-            .unwrap_or_default()
-            .to_string();
-        assert!(
-            row.contains("Ready") && row.contains("True"),
-            "kubectl get px: {text}"
-        );
-    }
+    let text = ground.kubectl(&["get", "px", "good"]);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("good"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        row.contains("Ready") && row.contains("True"),
+        "kubectl get px: {text}"
+    );
     let st = good.status.clone().unwrap();
     assert_eq!(healthy(&good).unwrap().1, "ProbeSucceeded");
     assert!(
@@ -285,11 +278,15 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     };
     let text = scrape().await;
     assert!(
-        text.contains("proxy_operator_healthcheck_duration_seconds_count{proxy=\"default/good\"}"),
+        text.contains(&format!(
+            "proxy_operator_healthcheck_duration_seconds_count{{proxy=\"{ns}/good\"}}"
+        )),
         "{text}"
     );
     assert!(
-        text.contains("proxy_operator_healthcheck_failures_total{proxy=\"default/sink\"}"),
+        text.contains(&format!(
+            "proxy_operator_healthcheck_failures_total{{proxy=\"{ns}/sink\"}}"
+        )),
         "{text}"
     );
     assert!(text.contains("proxy_operator_leases_active 1"), "{text}");
@@ -298,7 +295,7 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
         .await
         .unwrap();
     eventually("sink series removed", Duration::from_secs(15), || async {
-        (!scrape().await.contains("default/sink")).then_some(())
+        (!scrape().await.contains(&format!("{ns}/sink"))).then_some(())
     })
     .await;
     let (s, doc) = call(api_addr, "GET", "/openapi.json", None, vec![]).await;
@@ -306,15 +303,23 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     assert!(doc["paths"]["/v1/leases"].is_object());
 }
 
-/// A bare Pod whose container the test kubelet runs as a real Squid with
-/// `conf` on its own 127.0.0.N; returns that address.
+/// A bare Pod that the node agent runs as a real Squid with `conf` (the
+/// way the kubernetes provider's Pods run it: the conf from `SQUID_CONF`
+/// written to an emptyDir /tmp); returns the Pod's IP.
 async fn squid_pod(pods: &Api<Pod>, name: &str, conf: &str) -> String {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"containers": [{"name": "squid", "image": "squid",
-            "ports": [{"containerPort": 3128}],
-            "env": [{"name": "SQUID_CONF", "value": conf}]}]},
+        "metadata": {"name": name},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
+            "containers": [{"name": "squid",
+                "image": egress_proxies_operator::config::DEFAULT_SQUID_IMAGE,
+                "command": ["/bin/sh", "-c",
+                    "printf '%s' \"$SQUID_CONF\" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf"],
+                "ports": [{"containerPort": 3128}],
+                "env": [{"name": "SQUID_CONF", "value": conf}],
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
+            "volumes": [{"name": "tmp", "emptyDir": {}}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -335,33 +340,35 @@ async fn squid_pod(pods: &Api<Pod>, name: &str, conf: &str) -> String {
 /// proxy down, and a lease expires by its TTL, in real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
-    if !support::squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
-    let server = support::api_server(true).await;
-    let target = support::http_target().await;
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground("health-sick").await;
+    let target = support::http_target_on(ground.host_ip()).await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let _op = probing_operator(
-        &server,
+        &ground,
         dir.path(),
         target,
         api_addr,
         &["--lease-cooldown", "2s"],
     );
-    let client = server.client();
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = ground.proxies();
+    let pods: Api<Pod> = ground.api();
 
+    // The provider's own Squid config, once denying all egress and once as
+    // it is (it allows the private ranges, the host's bridge address too).
+    let conf = egress_proxies_operator::provider::kubernetes::squid_conf(3128);
     let denying = squid_pod(
         &pods,
         "squid-deny",
-        "http_port 3128\nhttp_access deny all\n",
+        &format!("http_access deny all\n{conf}"),
     )
     .await;
-    let working = squid_pod(&pods, "squid-ok", "http_port 3128\nhttp_access allow all\n").await;
+    let working = squid_pod(&pods, "squid-ok", &conf).await;
     let external = |host: &str, port: u16| json!({"mode": "External", "endpoint": {"host": host, "port": port}, "healthCheck": {"timeoutSeconds": 1}});
     proxies
         .create(

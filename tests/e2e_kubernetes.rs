@@ -1,35 +1,29 @@
-//! System tests: the real operator binary against the Kubernetes test API
-//! server on loopback, whose kubelet runs each Pod as a real Squid. A Proxy
-//! on the kubernetes provider lives its whole life here.
+//! System tests: the real operator binary against the real test cluster,
+//! whose node agent runs each Pod as a real Squid (Debian's
+//! /usr/sbin/squid) in its own network namespace. A Proxy on the
+//! kubernetes provider lives its whole life here.
 
 mod support;
 
-use support::{condition, eventually, phase, proxy, squid_present, Operator};
+use support::{condition, eventually, phase, proxy, squid_present, Ground, Operator};
 
-use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::Api;
 use serde_json::json;
-use test_apiserver::TestApiServer;
 
-fn start_operator(server: &TestApiServer, providers: &str, dir: &std::path::Path) -> Operator {
-    Operator::spawn(
-        support::operator(dir, providers, server.kubeconfig_path()),
-        &dir.join("operator.log"),
-    )
-}
-
-async fn setup(providers: &str) -> (TestApiServer, Operator, tempfile::TempDir, Client) {
-    // Both ring and aws-lc-rs are linked; pick one as the binary does.
-    let server = support::api_server(true).await;
+/// A namespace of the cluster with the operator confined to it.
+async fn setup(prefix: &str, providers: &str) -> (Ground, Operator, tempfile::TempDir) {
+    let ground = support::ground(prefix).await;
     let dir = tempfile::tempdir().unwrap();
-    let op = start_operator(&server, providers, dir.path());
-    let client = server.client();
-    (server, op, dir, client)
+    let op = Operator::spawn(
+        ground.operator(dir.path(), providers),
+        &dir.path().join("operator.log"),
+    );
+    (ground, op, dir)
 }
 
 fn provisioned(p: &Proxy) -> Option<(String, String)> {
@@ -40,13 +34,13 @@ const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
-    if !squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
-    let (_server, _op, dir, client) = setup(KUBE_ONLY).await;
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let (ground, _op, dir) = setup("kube-life", KUBE_ONLY).await;
+    let proxies: Api<Proxy> = ground.proxies();
+    let pods: Api<Pod> = ground.api();
     proxies
         .create(
             &PostParams::default(),
@@ -58,14 +52,15 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
         .await
         .unwrap();
 
-    // Running with the Pod's 127.0.0.N IP, the Pod carrying the marks.
+    // Running with the Pod's own IP on the cluster's bridge, the Pod
+    // carrying the marks.
     let running = eventually("Running with an IP", Duration::from_secs(60), || async {
         let p = proxies.get("p1").await.ok()?;
         (phase(&p) == Some("Running") && p.status.as_ref()?.ip.is_some()).then_some(p)
     })
     .await;
     let ip = running.status.as_ref().unwrap().ip.clone().unwrap();
-    assert!(ip.starts_with("127.0.0."), "{ip}");
+    assert!(ip.starts_with("10.216."), "{ip}");
     let pod_list = pods.list(&Default::default()).await.unwrap();
     assert_eq!(pod_list.items.len(), 1);
     let pod = &pod_list.items[0];
@@ -94,18 +89,11 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
     let pod_uid = pod.metadata.uid.clone().unwrap();
 
     // `kubectl get px` shows it.
-    if std::path::Path::new("/usr/bin/kubectl").exists() {
-        let out = Command::new("kubectl")
-            .args(["get", "px", "-n", "default"])
-            .env("KUBECONFIG", _server.kubeconfig_path())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("p1") && text.contains("Running") && text.contains(&ip),
-            "{text}"
-        );
-    }
+    let text = ground.kubectl(&["get", "px"]);
+    assert!(
+        text.contains("p1") && text.contains("Running") && text.contains(&ip),
+        "{text}"
+    );
 
     // Attributes change: no replacement.
     proxies
@@ -178,9 +166,9 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsatisfiable_proxies_say_why_and_recover() {
-    let (_server, _op, _dir, client) = setup(KUBE_ONLY).await;
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let (ground, _op, _dir) = setup("kube-unsat", KUBE_ONLY).await;
+    let proxies: Api<Proxy> = ground.proxies();
+    let secrets: Api<Secret> = ground.api();
 
     // An unconfigured provider: Failed, PermanentError naming it.
     proxies
@@ -202,7 +190,7 @@ async fn unsatisfiable_proxies_say_why_and_recover() {
     // Cloud-init from an unlabelled Secret: CloudInitError; labelling recovers.
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "ci", "namespace": "default"},
+        "metadata": {"name": "ci"},
         "stringData": {"user-data": "#cloud-config\n"}
     }))
     .unwrap();

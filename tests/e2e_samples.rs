@@ -1,12 +1,14 @@
-//! System test of what ships: the operator binary runs with the args of the
-//! rendered manager Deployment and under exactly the RBAC rules that
-//! `kubectl kustomize config/default` binds to its ServiceAccount (the test
-//! API server enforces them for the operator's token), with the samples'
-//! own providers file (gcp pointed at the local Compute stand-in). The
-//! samples, applied unchanged with kubectl, reach Ready (kubernetes) and
-//! Running (gcp); the External one is probed. Afterwards no request was
-//! refused, and every verb the manifests grant was used. The kvm sample has
-//! its own test (e2e_samples_kvm.rs) because it needs libvirt and a VM.
+//! System test of what ships: the operator binary runs on the host with the
+//! args of the rendered manager Deployment, as its real ServiceAccount (a
+//! token from `kubectl create token`) under the RBAC objects that `kubectl
+//! kustomize config/default` renders, applied to the real test cluster,
+//! with the samples' own providers file (gcp pointed at the local Compute
+//! stand-in). The samples, applied unchanged with kubectl, reach Ready
+//! (kubernetes, a real Squid Pod) and Running (gcp); the External one is
+//! probed. Afterwards the API server's audit log shows no request of the
+//! ServiceAccount refused, and every verb the manifests grant used. The
+//! kvm sample has its own test (e2e_samples_kvm.rs) because it needs
+//! libvirt and a VM.
 #![cfg(feature = "gcp")]
 
 mod gcp_standin;
@@ -14,8 +16,6 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
@@ -23,14 +23,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
-use support::{eventually, free_port, phase, Operator};
-use test_apiserver::authz::{Attributes, Authz, PolicyRule};
-use test_apiserver::{Options, TestApiServer};
+use support::{eventually, free_port, phase, Ground, Operator};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "egress-proxies-operator-system";
 const SA: &str = "egress-proxies-operator-controller-manager";
-const TOKEN: &str = "manager-serviceaccount-token";
 
 /// The samples' providers file, with the gcp entry aimed at the stand-in
 /// and the kvm entry left to e2e_samples_kvm.rs.
@@ -81,29 +78,173 @@ const SAMPLES: [&str; 3] = [
     "config/samples/proxy_external.yaml",
 ];
 
-/// `kubectl VERB -n default EXTRA -f SAMPLE...`
-fn samples_args<'a>(verb: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![verb, "-n", "default"];
-    args.extend_from_slice(extra);
+/// `kubectl VERB EXTRA -f SAMPLE...` (paths absolute: kubectl runs
+/// anywhere).
+fn samples_args(verb: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![verb.to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
     for s in SAMPLES {
-        args.extend(["-f", s]);
+        args.push("-f".into());
+        args.push(support::repo().join(s).to_str().unwrap().to_string());
     }
     args
 }
 
-fn kubectl(server: &TestApiServer, args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", server.kubeconfig_path())
-        .current_dir(support::repo())
-        .output()
-        .expect("kubectl runs (CI installs it)");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+/// kubectl (the cluster's own, admin) in the test's namespace.
+fn kubectl(ground: &Ground, args: &[String]) -> String {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ground.kubectl(&args)
+}
+
+/// One RBAC rule as rendered (resourceNames are not told apart).
+#[derive(serde::Deserialize, Debug, Clone)]
+#[serde(rename_all = "camelCase")]
+struct PolicyRule {
+    #[serde(default)]
+    api_groups: Vec<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+    verbs: Vec<String>,
+}
+
+/// The RBAC rules bound to ServiceAccount `ns/sa` in rendered manifests:
+/// (rules of bound ClusterRoles, rules of Roles bound per namespace).
+fn rules_of(
+    docs: &[Value],
+    ns: &str,
+    sa: &str,
+) -> (Vec<PolicyRule>, Vec<(String, Vec<PolicyRule>)>) {
+    let binds_sa = |b: &Value| {
+        b["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns)
+    };
+    let rules = |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<PolicyRule> {
+        let role = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
+            })
+            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
+        serde_json::from_value(role["rules"].clone()).unwrap()
+    };
+    let mut cluster = Vec::new();
+    let mut namespaced = Vec::new();
+    for b in docs.iter().filter(|d| binds_sa(d)) {
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
+        let role_name = b["roleRef"]["name"].as_str().unwrap();
+        match b["kind"].as_str() {
+            Some("ClusterRoleBinding") => cluster.extend(rules(role_kind, role_name, None)),
+            Some("RoleBinding") => {
+                let bns = b["metadata"]["namespace"].as_str().unwrap().to_string();
+                let r = if role_kind == "Role" {
+                    rules("Role", role_name, Some(&bns))
+                } else {
+                    rules("ClusterRole", role_name, None)
+                };
+                namespaced.push((bns, r));
+            }
+            _ => {}
+        }
+    }
+    (cluster, namespaced)
+}
+
+/// What one audited request asked for.
+#[derive(Debug)]
+struct Attributes {
+    verb: String,
+    group: String,
+    /// `resource` or `resource/subresource`, as RBAC names it.
+    resource: String,
+    namespace: Option<String>,
+}
+
+/// The API requests of `user` in the audit log: (allowed, refused), the
+/// refused ones described. Non-resource requests (discovery) count only
+/// when refused.
+fn audited(events: &[Value], user: &str) -> (Vec<Attributes>, Vec<String>) {
+    let mut allowed = Vec::new();
+    let mut refused = Vec::new();
+    for e in events.iter().filter(|e| e["user"]["username"] == user) {
+        let decision = e["annotations"]["authorization.k8s.io/decision"].as_str();
+        if decision == Some("forbid") {
+            refused.push(format!(
+                "{} {}: {}",
+                e["verb"], e["requestURI"], e["annotations"]["authorization.k8s.io/reason"]
+            ));
+            continue;
+        }
+        let r = &e["objectRef"];
+        let (Some(verb), Some(resource)) = (e["verb"].as_str(), r["resource"].as_str()) else {
+            continue;
+        };
+        let resource = match r["subresource"].as_str() {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_string(),
+        };
+        allowed.push(Attributes {
+            verb: verb.to_string(),
+            group: r["apiGroup"].as_str().unwrap_or_default().to_string(),
+            resource,
+            namespace: r["namespace"].as_str().map(String::from),
+        });
+    }
+    (allowed, refused)
+}
+
+/// The rendered objects of `kinds`, applied server-side as the admin.
+fn apply_kinds(c: &test_cluster::TestCluster, docs: &[Value], kinds: &[&str]) {
+    let items: Vec<&Value> = docs
+        .iter()
+        .filter(|d| kinds.contains(&d["kind"].as_str().unwrap_or_default()))
+        .collect();
+    assert!(!items.is_empty(), "nothing of {kinds:?} is rendered");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), list.to_string()).unwrap();
+    c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        file.path().to_str().unwrap(),
+    ]);
+}
+
+/// The rendered namespace, then the ServiceAccount and its RBAC.
+fn apply_rbac(c: &test_cluster::TestCluster, docs: &[Value]) {
+    apply_kinds(c, docs, &["Namespace"]);
+    apply_kinds(
+        c,
+        docs,
+        &[
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ],
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A kubeconfig for the admin kubeconfig's server and CA, authenticating
+/// with `token`.
+fn token_kubeconfig(c: &test_cluster::TestCluster, token: &str) -> String {
+    let admin: Value =
+        serde_norway::from_str(&std::fs::read_to_string(c.kubeconfig()).unwrap()).unwrap();
+    let cluster = admin["clusters"][0]["cluster"].clone();
+    let kc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "test-cluster", "cluster": cluster}],
+        "users": [{"name": "manager", "user": {"token": token}}],
+        "contexts": [{"name": "manager", "context": {"cluster": "test-cluster", "user": "manager"}}],
+        "current-context": "manager",
+    });
+    serde_norway::to_string(&kc).unwrap()
 }
 
 fn condition(p: &Proxy, type_: &str) -> Option<(String, String)> {
@@ -135,27 +276,20 @@ fn unused(rules: &[PolicyRule], ns: Option<&str>, seen: &[Attributes]) -> Vec<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
-    if !support::squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
     let docs = support::kustomize("config/default");
-    let (cluster, namespaced) = support::rules_of(&docs, NS, SA);
-    let authz = Arc::new(Authz::new(
-        TOKEN,
-        &format!("system:serviceaccount:{NS}:{SA}"),
-        cluster.clone(),
-        namespaced.clone(),
-    ));
-    let server = TestApiServer::start(Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet: true,
-        authz: Some(authz.clone()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let admin = server.client();
+    let (cluster, namespaced) = rules_of(&docs, NS, SA);
+    // The samples go to a namespace of their own; the operator runs
+    // cluster-wide, as the Deployment does (it is this binary's only one).
+    let ground = support::ground("samples").await;
+    let c = ground.cluster;
+    let admin = ground.client.clone();
+    apply_rbac(c, &docs);
+    let token = c.kubectl_ok(&["create", "token", SA, "-n", NS, "--duration=2h"]);
+    let user = format!("system:serviceaccount:{NS}:{SA}");
 
     // A ProviderHealth of a provider since removed from the config: the
     // operator must delete it.
@@ -172,12 +306,13 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
 
     let standin = gcp_standin::StandIn::start().await;
     standin.with(|st| st.running_after_gets = 1);
-    let target = support::http_target().await;
+    // Squid in the sample's Pod fetches the probe target: on the bridge.
+    let target = support::http_target_on(ground.host_ip()).await;
     let dir = tempfile::tempdir().unwrap();
     let providers_file = dir.path().join("providers.yaml");
     std::fs::write(&providers_file, providers(&standin.url)).unwrap();
     let kubeconfig = dir.path().join("manager.kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig_for(TOKEN)).unwrap();
+    std::fs::write(&kubeconfig, token_kubeconfig(c, token.trim())).unwrap();
     let (args, probes) = deployment_args(&docs, &providers_file);
     println!("operator args: {args:?}");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
@@ -195,29 +330,29 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
 
     // The samples' namespace enforces the restricted Pod Security Standard,
     // as a careful cluster would: the kubernetes provider's Pod must pass.
-    kubectl(
-        &server,
-        &[
-            "label",
-            "namespace",
-            "default",
-            "pod-security.kubernetes.io/enforce=restricted",
-        ],
-    );
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    c.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ground.ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    let pods: Api<Pod> = ground.api();
     let rogue: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "rogue"},
-        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true}}]}
+        // A privileged container is refused by the API server itself
+        // (privileged containers are off): this one only breaks the
+        // restricted standard, which only PodSecurity admission enforces.
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"allowPrivilegeEscalation": true}}]}
     }))
     .unwrap();
     match pods.create(&PostParams::default(), &rogue).await {
         Err(kube::Error::Api(e)) => {
             assert!(e.code == 403 && e.message.contains("PodSecurity"), "{e:?}")
         }
-        other => panic!("a privileged Pod must be refused in a restricted namespace: {other:?}"),
+        other => panic!("a Pod allowing privilege escalation must be refused in a restricted namespace: {other:?}"),
     }
-    kubectl(&server, &samples_args("apply", &[]));
-    let proxies: Api<Proxy> = Api::namespaced(admin.clone(), "default");
+    kubectl(&ground, &samples_args("apply", &[]));
+    let proxies: Api<Proxy> = ground.proxies();
     let started = std::time::Instant::now();
     let k8s = eventually(
         "the kubernetes sample Ready and Healthy",
@@ -229,7 +364,8 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     )
     .await;
     println!("kubernetes sample Ready after {:?}", started.elapsed());
-    assert!(k8s.status.unwrap().ip.unwrap().starts_with("127.0.0."));
+    let ip = k8s.status.unwrap().ip.unwrap();
+    assert!(ip.starts_with("10.216."), "the Pod's own address: {ip}");
     let gcp = eventually(
         "the gcp sample Running",
         Duration::from_secs(60),
@@ -241,6 +377,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     .await;
     println!("gcp sample Running after {:?}", started.elapsed());
     let gs = gcp.status.unwrap();
+    // The stand-in's NAT IPs.
     assert!(gs.ip.unwrap().starts_with("127.0.0."));
     assert!(gs
         .provider_id
@@ -249,8 +386,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     // Cloud-init from a labelled Secret works under the shipped RBAC
     // (secrets: list, watch): the operator reads it from its watch, so no
     // `get` is refused (checked with the other requests below).
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(admin.clone(), "default");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = ground.api();
     let ci: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "ci", "labels": {"crawl.example.com/cloud-init": "true"}},
@@ -335,7 +471,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     }
 
     // Deleting the samples removes the Pod and the VM, and the finalizers.
-    kubectl(&server, &samples_args("delete", &["--wait=false"]));
+    kubectl(&ground, &samples_args("delete", &["--wait=false"]));
     eventually(
         "samples and their Pod gone",
         Duration::from_secs(60),
@@ -347,13 +483,13 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     )
     .await;
 
-    let denied = authz.denied();
+    let (seen, denied) = audited(&c.audit_events(), &user);
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         denied.is_empty(),
         "the shipped RBAC refused: {denied:#?}\noperator log:\n{log_text}"
     );
-    let seen = authz.seen();
+    assert!(!seen.is_empty(), "no request of {user} in the audit log");
     let mut missing = unused(&cluster, None, &seen);
     for (ns, rules) in &namespaced {
         missing.extend(unused(rules, Some(ns), &seen));
