@@ -22,7 +22,7 @@ K8S_VERSION_VARS := gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeStat
 K8S_LDFLAGS := -s -w $(foreach v,$(K8S_VERSION_VARS),-X k8s.io/component-base/version.$(v) -X k8s.io/client-go/pkg/version.$(v))
 K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
-.PHONY: all build test lint fmt crds manifests check-crds test-apiserver test-e2e run run-local \
+.PHONY: all build test lint fmt crds manifests check-crds test-e2e run run-local \
 	check-config test-cluster install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
 	bench-lease fuzz-api
 
@@ -33,7 +33,7 @@ help: ## List the targets.
 
 ##@ Development
 
-build: ## Build the operator, crdgen and the test API server.
+build: ## Build the operator, crdgen and the test cluster's launcher.
 	$(CARGO) build --bins --workspace
 
 test: lint check-crds test-cluster fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, the API fuzz run, then every workspace test.
@@ -54,7 +54,7 @@ manifests: crds ## Alias of crds (RBAC is hand-written; tests/e2e_samples.rs che
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- config/crd/bases/ || { echo "config/crd/bases/ is stale: run 'make crds' and commit"; exit 1; }
 
-test-e2e: ## System tests only: the real binary against the test API server (real Squid, sshd, libvirtd; see docs/testing.md).
+test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test 'e2e_*'
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
@@ -62,9 +62,6 @@ bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a 
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
 	CARGO="$(CARGO)" scripts/fuzz-api.sh
-
-test-apiserver: ## Build the Kubernetes test API server (test support, never shipped).
-	$(CARGO) build -p test-apiserver
 
 check-config: ## Validate a providers file: make check-config PROVIDERS=path.yaml
 	$(CARGO) build --quiet --bin egress-proxies-operator

@@ -178,18 +178,6 @@ pub fn repo_yaml(rel: &str) -> serde_norway::Value {
     serde_norway::from_str(&repo_file(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"))
 }
 
-/// The test API server on loopback with the generated CRDs, optionally with
-/// its Squid-running kubelet. (It installs the process's TLS provider.)
-pub async fn api_server(kubelet: bool) -> test_apiserver::TestApiServer {
-    test_apiserver::TestApiServer::start(test_apiserver::Options {
-        crds_dir: Some(test_apiserver::workspace_crds_dir()),
-        kubelet,
-        ..Default::default()
-    })
-    .await
-    .expect("test API server starts")
-}
-
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
