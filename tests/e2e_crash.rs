@@ -43,10 +43,10 @@ fn proxy(i: usize) -> Proxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
-    if !support::squid_present() {
-        println!("SKIP: /usr/sbin/squid is not installed");
-        return;
-    }
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is missing: install it (apt-get install squid); .ci/run does"
+    );
     let ground = support::ground("crash").await;
     let dir = tempfile::tempdir().unwrap();
     let proxies: Api<Proxy> = ground.proxies();

@@ -21,8 +21,8 @@
 //! out neither a router nor a DNS server, with DNS off; it is killed, and
 //! the bridge deleted, when the test ends.
 //!
-//! Skipped (SKIPPING) without libvirt, QEMU, OVMF, dnsmasq, iPXE or mtools;
-//! `.ci/run` installs them.
+//! Without libvirt, QEMU, OVMF, dnsmasq, iPXE or mtools it fails under
+//! `CI=true` and is skipped elsewhere; `.ci/run` installs them.
 #![cfg(feature = "kvm")]
 
 mod kvm_support;
@@ -109,7 +109,7 @@ fn first_mac(domain: &str) -> String {
 async fn the_kvm_sample_reaches_running_with_an_address_from_arp() {
     check_sample();
     if let Some(why) = guest_tools_missing() {
-        eprintln!("SKIPPING kvm sample test: {why} (run .ci/run to install it)");
+        kvm_support::unavailable(&why);
         return;
     }
     let Some(env) = Env::start("smp") else { return };

@@ -183,12 +183,13 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
     }
 }
 
+/// Squid is required: a missing one fails the test with the reason.
 fn squid_absent() -> bool {
-    if std::path::Path::new(SQUID).exists() {
-        return false;
-    }
-    println!("SKIP: {SQUID} is not installed");
-    true
+    assert!(
+        std::path::Path::new(SQUID).exists(),
+        "{SQUID} is missing: install it (apt-get install squid); .ci/run does"
+    );
+    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
