@@ -79,7 +79,7 @@ test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm
 	$(CARGO) build -p test-cluster
 	@ln -sf ../../debug/test-cluster $(CLUSTER_BIN)/test-cluster
 
-$(CLUSTER_BIN)/.kubernetes: tests/cluster/go/kubernetes/go.mod tests/cluster/go/kubernetes/go.sum Makefile
+$(CLUSTER_BIN)/.kubernetes: tests/cluster/go/kubernetes/go.mod tests/cluster/go/kubernetes/go.sum
 	@mkdir -p $(CLUSTER_BIN)
 	cd tests/cluster/go/kubernetes && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(CLUSTER_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,$(K8S_TOOLS))
 	@touch $@

@@ -84,6 +84,12 @@ fn uid(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Waits until the operator's Deployment has rolled out.
+fn rolled_out(c: &test_cluster::TestCluster) {
+    let deployment = format!("deployment/{DEPLOYMENT}");
+    c.kubectl_ok(&["-n", NS, "rollout", "status", &deployment, "--timeout=120s"]);
+}
+
 async fn check_operator_process() {
     let pids = eventually("the operator process", Duration::from_secs(30), || async {
         let p = operator_pids();
@@ -116,17 +122,10 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "-k",
         repo().join("config/default").to_str().unwrap(),
     ]);
-    c.kubectl_ok(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        &format!("deployment/{DEPLOYMENT}"),
-        "--timeout=120s",
-    ]);
+    rolled_out(c);
 
     // 2. The node agent runs the Deployment's Pod as the manifest asks
-    // (Only on the launcher's cluster: its node agent runs the Pod here.)
+    // (only on the launcher's cluster: its node agent runs the Pod here).
     if c.is_local() {
         check_operator_process().await;
     }
@@ -147,14 +146,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "-p",
         &patch.to_string(),
     ]);
-    c.kubectl_ok(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        &format!("deployment/{DEPLOYMENT}"),
-        "--timeout=120s",
-    ]);
+    rolled_out(c);
 
     // 4. A kubernetes-provider Proxy and a Proxy whose cloud-init is a
     // Secret both become Ready through real Squid Pods.

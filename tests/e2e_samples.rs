@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::Value;
@@ -97,63 +98,6 @@ fn kubectl(ground: &Ground, args: &[String]) -> String {
 }
 
 /// One RBAC rule as rendered (resourceNames are not told apart).
-#[derive(serde::Deserialize, Debug, Clone)]
-#[serde(rename_all = "camelCase")]
-struct PolicyRule {
-    #[serde(default)]
-    api_groups: Vec<String>,
-    #[serde(default)]
-    resources: Vec<String>,
-    verbs: Vec<String>,
-}
-
-/// The RBAC rules bound to ServiceAccount `ns/sa` in rendered manifests:
-/// (rules of bound ClusterRoles, rules of Roles bound per namespace).
-fn rules_of(
-    docs: &[Value],
-    ns: &str,
-    sa: &str,
-) -> (Vec<PolicyRule>, Vec<(String, Vec<PolicyRule>)>) {
-    let binds_sa = |b: &Value| {
-        b["subjects"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns)
-    };
-    let rules = |kind: &str, name: &str, in_ns: Option<&str>| -> Vec<PolicyRule> {
-        let role = docs
-            .iter()
-            .find(|d| {
-                d["kind"] == kind
-                    && d["metadata"]["name"] == name
-                    && in_ns.is_none_or(|n| d["metadata"]["namespace"] == n)
-            })
-            .unwrap_or_else(|| panic!("a binding names {kind} {name}, which is not rendered"));
-        serde_json::from_value(role["rules"].clone()).unwrap()
-    };
-    let mut cluster = Vec::new();
-    let mut namespaced = Vec::new();
-    for b in docs.iter().filter(|d| binds_sa(d)) {
-        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
-        let role_name = b["roleRef"]["name"].as_str().unwrap();
-        match b["kind"].as_str() {
-            Some("ClusterRoleBinding") => cluster.extend(rules(role_kind, role_name, None)),
-            Some("RoleBinding") => {
-                let bns = b["metadata"]["namespace"].as_str().unwrap().to_string();
-                let r = if role_kind == "Role" {
-                    rules("Role", role_name, Some(&bns))
-                } else {
-                    rules("ClusterRole", role_name, None)
-                };
-                namespaced.push((bns, r));
-            }
-            _ => {}
-        }
-    }
-    (cluster, namespaced)
-}
-
 /// What one audited request asked for.
 #[derive(Debug)]
 struct Attributes {
@@ -256,8 +200,8 @@ fn unused(rules: &[PolicyRule], ns: Option<&str>, seen: &[Attributes]) -> Vec<St
     let mut out = Vec::new();
     for r in rules {
         for verb in &r.verbs {
-            for group in &r.api_groups {
-                for res in &r.resources {
+            for group in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
                     let used = seen.iter().any(|a| {
                         &a.verb == verb
                             && &a.group == group
@@ -281,7 +225,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
     );
     let docs = support::kustomize("config/default");
-    let (cluster, namespaced) = rules_of(&docs, NS, SA);
+    let (cluster, namespaced) = support::rules_of(&docs, NS, SA);
     // The samples go to a namespace of their own; the operator runs
     // cluster-wide, as the Deployment does (it is this binary's only one).
     let ground = support::ground("samples").await;
