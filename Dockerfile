@@ -2,7 +2,7 @@
 #
 # Build stage: a release build linked against libvirt's client library
 # (the kvm provider), then every shared library the binary loads is copied
-# out by scripts/runtime-libs.sh.
+# out by `make runtime-libs`.
 FROM docker.io/library/rust:1.95-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libvirt-dev pkg-config \
@@ -10,7 +10,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bin egress-proxies-operator \
- && scripts/runtime-libs.sh target/release/egress-proxies-operator /runtime
+ && make runtime-libs BIN=target/release/egress-proxies-operator DEST=/runtime
 
 # Runtime: distroless (no shell, no package manager) of the same Debian
 # release, plus exactly the libraries above. Runs as 65532 (distroless's

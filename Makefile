@@ -8,11 +8,18 @@ IMG ?= example.com/egress-proxies-operator:v0.0.1
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 BIN := $(TARGET_DIR)/debug/egress-proxies-operator
 BENCH_PROFILE ?= --release
-# make run: the providers file; make kvm-ssh-secret: where the Secret goes.
-PROVIDERS ?= hack/providers-dev.yaml
+# make run and run-local: the providers file; make kvm-ssh-secret: where the Secret goes.
+PROVIDERS ?= config/samples/providers-dev.yaml
 KVM_SSH_NAMESPACE ?= egress-proxies-operator-system
 KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
 KVM_KNOWN_HOSTS ?= $(HOME)/.ssh/kvm_known_hosts
+# make run-local: the cluster's state and the operator's addresses;
+# OPERATOR_BIN= a prebuilt operator (else it is built).
+RUN_LOCAL_DIR ?= $(TARGET_DIR)/run-local
+RUN_LOCAL_PROBE_ADDR ?= 127.0.0.1:8081
+RUN_LOCAL_DISCOVERY_ADDR ?= 127.0.0.1:8090
+RUN_LOCAL_METRICS_ADDR ?= 127.0.0.1:8443
+OPERATOR_BIN ?=
 # The test cluster: upstream programs built from the Go modules pinned under
 # tests/cluster/go, plus our launcher and node agent.
 GO ?= go
@@ -23,7 +30,7 @@ K8S_LDFLAGS := -s -w $(foreach v,$(K8S_VERSION_VARS),-X k8s.io/component-base/ve
 K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds test-e2e run run-local \
-	check-config test-cluster install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
+	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
 	bench-lease fuzz-api
 
 all: build
@@ -46,13 +53,13 @@ lint: ## Formatting and clippy, warnings are errors.
 fmt: ## Format the code.
 	$(CARGO) fmt --all
 
-crds: ## Regenerate config/crd/bases/*.yaml from the Rust types.
-	$(CARGO) run --quiet --bin crdgen -- config/crd/bases
+crds: ## Regenerate crds/*.yaml from the Rust types.
+	$(CARGO) run --quiet --bin crdgen -- crds
 
 manifests: crds ## Alias of crds (RBAC is hand-written; tests/e2e_samples.rs checks it against the code).
 
 check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
-	@git diff --exit-code -- config/crd/bases/ || { echo "config/crd/bases/ is stale: run 'make crds' and commit"; exit 1; }
+	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test 'e2e_*'
@@ -61,19 +68,23 @@ bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a 
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
-	CARGO="$(CARGO)" scripts/fuzz-api.sh
+	CARGO="$(CARGO)" tests/fuzz-api.sh
 
 check-config: ## Validate a providers file: make check-config PROVIDERS=path.yaml
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --check-config
 
-run: ## Run the operator against the current kubeconfig (PROVIDERS=hack/providers-dev.yaml; ARGS=extra flags).
+run: ## Run the operator against the current kubeconfig (PROVIDERS=config/samples/providers-dev.yaml; ARGS=extra flags).
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --health-probe-bind-address 127.0.0.1:8081 \
 		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 $(ARGS)
 
-run-local: test-cluster ## Run the operator against the local test cluster (real Kubernetes, Squid Pods as processes; needs root): no cluster of your own needed (kubeconfig in target/run-local/kubeconfig).
-	CARGO="$(CARGO)" PROVIDERS="$(PROVIDERS)" scripts/run-local.sh $(ARGS)
+run-local: test-cluster ## Run the operator against the local test cluster (real Kubernetes, Squid Pods as processes; needs root): no cluster of your own needed (KUBECONFIG=target/run-local/admin.kubeconfig; ARGS=extra flags, @GATEWAY@ in them is the Pods' gateway).
+	$(if $(OPERATOR_BIN),,$(CARGO) build --quiet --bin egress-proxies-operator)
+	$(CLUSTER_BIN)/test-cluster --dir $(RUN_LOCAL_DIR) --image ubuntu/squid --apply crds -- \
+		$(or $(OPERATOR_BIN),$(BIN)) --providers-config $(PROVIDERS) --installation-id run-local \
+		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
+		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) $(ARGS)
 
 test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date), and our launcher.
 	$(CARGO) build -p test-cluster
@@ -95,19 +106,39 @@ $(CLUSTER_BIN)/helm: tests/cluster/go/helm/go.mod tests/cluster/go/helm/go.sum
 ##@ Deployment
 
 install: ## Install the CRDs into the current cluster.
-	$(KUBECTL) apply --server-side -k config/crd
+	$(KUBECTL) apply --server-side -k crds
 
 uninstall: ## Remove the CRDs (and with them every Proxy and ProviderHealth); none installed is fine.
-	$(KUBECTL) delete --ignore-not-found -k config/crd
+	$(KUBECTL) delete --ignore-not-found -k crds
+
+# config/default with the manager image set to IMG, through a throwaway
+# overlay (kubectl's kustomize cannot edit a kustomization). The tag is
+# split off after the last "/", so registry ports (host:5000/x) stay; an
+# image without a tag is :latest, as docker reads it.
+RENDER = ( set -eu; img='$(IMG)'; last=$${img\#\#*/}; name=$$img; tag=; digest=; \
+	case $$last in *@*) name=$${img%@*}; digest=$${img\#\#*@};; *:*) name=$${img%:*}; tag=$${img\#\#*:};; *) tag=latest;; esac; \
+	mkdir -p $(TARGET_DIR); dir=$$(mktemp -d "$(abspath $(TARGET_DIR))/render.XXXXXX"); trap 'rm -rf "$$dir"' EXIT; \
+	{ echo "apiVersion: kustomize.config.k8s.io/v1beta1"; echo "kind: Kustomization"; \
+	  echo "resources:"; echo "- $$(realpath --relative-to="$$dir" config/default)"; \
+	  echo "images:"; echo "- name: example.com/egress-proxies-operator"; echo "  newName: $$name"; \
+	  if [ -n "$$digest" ]; then echo "  digest: $$digest"; elif [ -n "$$tag" ]; then echo "  newTag: \"$$tag\""; fi; \
+	} > "$$dir/kustomization.yaml"; $(KUBECTL) kustomize "$$dir" )
 
 render: ## Print config/default with the image set to IMG.
-	@scripts/render.sh "$(IMG)"
+	@$(RENDER)
 
 deploy: ## Install the operator (config/default) with image IMG into the current cluster.
-	scripts/render.sh "$(IMG)" | $(KUBECTL) apply --server-side -f -
+	@$(RENDER) | $(KUBECTL) apply --server-side -f -
 
 undeploy: ## Remove what deploy installed, CRDs included; missing objects are fine.
-	scripts/render.sh "$(IMG)" | $(KUBECTL) delete --ignore-not-found -f -
+	@$(RENDER) | $(KUBECTL) delete --ignore-not-found -f -
+
+runtime-libs: ## Copy every shared library BIN loads (as ldd resolves it, with the loader) into DEST under the same paths: the image's runtime set (make runtime-libs BIN=... DEST=...).
+	@set -eu; out=$$(ldd "$(BIN)") || { echo "ldd $(BIN) failed" >&2; exit 1; }; \
+	if echo "$$out" | grep -q "not found"; then echo "unresolved libraries:" >&2; echo "$$out" | grep "not found" >&2; exit 1; fi; \
+	paths=$$(echo "$$out" | awk '$$2 == "=>" && $$3 ~ /^\// {print $$3} $$1 ~ /^\// {print $$1}' | sort -u); \
+	for p in $$paths; do mkdir -p "$(DEST)$$(dirname "$$p")"; cp -L "$$p" "$(DEST)$$p"; done; \
+	echo "$$paths" | wc -l | xargs echo "copied libraries:" >&2
 
 docker-build: ## Build the image IMG (needs a Docker engine).
 	docker build -t $(IMG) .

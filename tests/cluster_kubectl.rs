@@ -99,14 +99,8 @@ async fn the_crds_apply_client_and_server_side() {
     // was not).
     let _ = namespace("crds").await;
     for mode in [
-        &["apply", "-f", "config/crd/bases"][..],
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "config/crd/bases",
-        ],
+        &["apply", "-k", "crds"][..],
+        &["apply", "--server-side", "--force-conflicts", "-k", "crds"],
     ] {
         let out = ok(None, mode);
         assert!(out.contains("proxies.crawl.example.com"), "{out}");

@@ -7,13 +7,13 @@ use serde_json::Value;
 
 #[test]
 fn committed_crds_match_the_types() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/crd/bases");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     for (file, def) in crd::all() {
         let want = crd::to_yaml(&def).unwrap();
         let have = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
         assert!(
             have == want,
-            "config/crd/bases/{file} differs from the types in src/api: run `make crds` and commit the result"
+            "crds/{file} differs from the types in src/api: run `make crds` and commit the result"
         );
     }
 }
@@ -330,7 +330,7 @@ fn schemas_pass_the_api_servers_rules_and_are_documented() {
 /// sends: check them too.
 #[test]
 fn committed_crds_pass_the_api_servers_rules() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/crd/bases");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     for (file, _) in crd::all() {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let def: Value = serde_norway::from_str(&text).unwrap();

@@ -1,4 +1,4 @@
-//! Not a test: `scripts/fuzz-api.sh` runs this ignored test to serve the
+//! Not a test: `tests/fuzz-api.sh` runs this ignored test to serve the
 //! discovery API (fixed healthy Proxies, bearer token) on FUZZ_ADDR
 //! (127.0.0.1 only) for at most FUZZ_SECS seconds while schemathesis fuzzes
 //! it from /openapi.json. It stops by itself.
@@ -13,7 +13,7 @@ use egress_proxies_operator::metrics::Metrics;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "serves the API for scripts/fuzz-api.sh"]
+#[ignore = "serves the API for tests/fuzz-api.sh"]
 async fn serve_for_fuzzing() {
     let addr: std::net::SocketAddr = std::env::var("FUZZ_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:18090".into())

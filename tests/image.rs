@@ -1,7 +1,7 @@
 //! The image (Dockerfile) cannot be built here: no Docker engine runs on
 //! these machines. What can be checked is checked: the runtime stage is a
 //! shell-less base running as 65532 with the release binary as entrypoint,
-//! and the library set scripts/runtime-libs.sh copies into it is complete:
+//! and the library set `make runtime-libs` copies into it is complete:
 //! the binary runs with nothing else on its library path.
 
 mod support;
@@ -17,7 +17,8 @@ fn the_runtime_stage_is_minimal_and_non_root() {
     assert!(last.starts_with("gcr.io/distroless/cc-debian12"), "{last}");
     let build = stages[stages.len() - 2];
     assert!(build.contains("cargo build --release --locked --bin egress-proxies-operator"));
-    assert!(build.contains("scripts/runtime-libs.sh"));
+    assert!(build
+        .contains("make runtime-libs BIN=target/release/egress-proxies-operator DEST=/runtime"));
     // Same Debian release in both stages, so the copied glibc matches.
     assert!(build.contains("bookworm") && last.contains("debian12"));
     assert!(last.contains("USER 65532:65532"));
@@ -50,9 +51,12 @@ fn the_copied_libraries_are_all_the_binary_needs() {
     let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("rootfs");
-    let out = Command::new(repo().join("scripts/runtime-libs.sh"))
-        .arg(bin)
-        .arg(&root)
+    let out = Command::new("make")
+        .arg("-s")
+        .arg("runtime-libs")
+        .arg(format!("BIN={bin}"))
+        .arg(format!("DEST={}", root.display()))
+        .current_dir(repo())
         .output()
         .unwrap();
     assert!(

@@ -115,30 +115,25 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     let state = tempfile::tempdir().unwrap();
     let probes = format!("127.0.0.1:{}", free_port());
     // Squid runs in a Pod: the target listens on the Pods' gateway, which
-    // the script substitutes for @GATEWAY@ once the cluster is up.
+    // the launcher substitutes for @GATEWAY@ once the cluster is up.
     let target_port = free_port();
     let target_state = state.path().to_path_buf();
     std::thread::spawn(move || {
         serve_on_gateway(&target_state.join("cluster/cluster.json"), target_port)
     });
-    let mut child = Command::new("scripts/run-local.sh")
+    // As a user runs it, with a prebuilt operator, the state in the test's
+    // directory and free ports; `-o test-cluster`: `make test` built it.
+    let mut child = Command::new("make")
         .current_dir(repo())
-        .env("OPERATOR_BIN", operator)
-        .env("RUN_LOCAL_DIR", state.path())
-        .env("RUN_LOCAL_PROBE_ADDR", &probes)
-        .env(
-            "RUN_LOCAL_DISCOVERY_ADDR",
-            format!("127.0.0.1:{}", free_port()),
-        )
-        .env(
-            "RUN_LOCAL_METRICS_ADDR",
-            format!("127.0.0.1:{}", free_port()),
-        )
-        .args([
-            "--default-probe-url",
-            &format!("http://@GATEWAY@:{target_port}/"),
-        ])
-        .args(["--default-probe-expected-status", "200"])
+        .args(["-s", "-o", "test-cluster", "run-local"])
+        .arg(format!("OPERATOR_BIN={operator}"))
+        .arg(format!("RUN_LOCAL_DIR={}", state.path().join("cluster").display()))
+        .arg(format!("RUN_LOCAL_PROBE_ADDR={probes}"))
+        .arg(format!("RUN_LOCAL_DISCOVERY_ADDR=127.0.0.1:{}", free_port()))
+        .arg(format!("RUN_LOCAL_METRICS_ADDR=127.0.0.1:{}", free_port()))
+        .arg(format!(
+            "ARGS=--default-probe-url http://@GATEWAY@:{target_port}/ --default-probe-expected-status 200"
+        ))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(state.path().join("run-local.log")).unwrap())
         .spawn()
@@ -150,7 +145,7 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
         let kubectl = |args: &[&str]| {
             Command::new(test_cluster::bin("kubectl"))
                 .args(args)
-                .env("KUBECONFIG", state.path().join("kubeconfig"))
+                .env("KUBECONFIG", state.path().join("cluster/admin.kubeconfig"))
                 .current_dir(repo())
                 .output()
                 .expect("kubectl runs (CI installs it)")
@@ -275,6 +270,10 @@ fn the_promised_make_targets_exist() {
     // deploy installs the image it is given.
     let out = Command::new("make")
         .args(["-s", "render", "IMG=registry.example:5000/team/epo:1.2.3"])
+        .arg(format!(
+            "KUBECTL={}",
+            test_cluster::bin("kubectl").display()
+        ))
         .current_dir(repo())
         .output()
         .unwrap();
@@ -315,4 +314,39 @@ fn relative_links_in_readme_and_docs_resolve() {
         }
     }
     assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
+
+/// The top level is the project card's: nothing else but dot files.
+#[test]
+fn the_top_level_is_the_cards() {
+    let out = Command::new("git")
+        .args(["ls-files"])
+        .current_dir(repo())
+        .output()
+        .expect("git runs");
+    assert!(out.status.success());
+    let mut top: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split('/').next())
+        .filter(|e| !e.starts_with('.'))
+        .map(String::from)
+        .collect();
+    top.sort();
+    top.dedup();
+    assert_eq!(
+        top,
+        [
+            "CHANGELOG.md",
+            "Cargo.lock",
+            "Cargo.toml",
+            "Dockerfile",
+            "Makefile",
+            "README.md",
+            "config",
+            "crds",
+            "docs",
+            "src",
+            "tests",
+        ]
+    );
 }

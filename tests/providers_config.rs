@@ -415,5 +415,8 @@ fn the_shipped_providers_files_are_valid() {
         ["kubernetes", "gcp-eu", "kvm-home"]
     );
     // `make run` needs no cloud or hypervisor.
-    assert_eq!(load("hack/providers-dev.yaml").names(), ["kubernetes"]);
+    assert_eq!(
+        load("config/samples/providers-dev.yaml").names(),
+        ["kubernetes"]
+    );
 }

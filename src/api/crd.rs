@@ -1,5 +1,5 @@
 //! The CustomResourceDefinitions, generated from the Rust types. `crdgen`
-//! writes them to `config/crd/bases/`; a test fails when the committed files drift.
+//! writes them to `crds/`; a test fails when the committed files drift.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
@@ -112,7 +112,7 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
     crd
 }
 
-/// Every CRD with the file name it is committed under in `config/crd/bases/`.
+/// Every CRD with the file name it is committed under in `crds/`.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("proxies.crawl.example.com.yaml", proxy_crd()),
@@ -123,7 +123,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     ]
 }
 
-/// Renders one CRD as the YAML committed in `config/crd/bases/`.
+/// Renders one CRD as the YAML committed in `crds/`.
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_norway::Error> {
     let body = serde_norway::to_string(crd)?;
     Ok(format!(

@@ -402,9 +402,9 @@ fn start_cluster(no_pods: bool) -> test_cluster::TestCluster {
 pub fn install_crds(c: &test_cluster::TestCluster) {
     static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
-        let dir = repo().join("config/crd/bases");
+        let dir = repo().join("crds");
         let dir = dir.to_str().unwrap();
-        c.kubectl_ok(&["apply", "--server-side", "-f", dir]);
+        c.kubectl_ok(&["apply", "--server-side", "-k", dir]);
         c.kubectl_ok(&[
             "wait",
             "--for=condition=Established",

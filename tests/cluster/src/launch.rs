@@ -61,6 +61,8 @@ pub struct Cluster {
     network: Option<Arc<node::net::PodNetwork>>,
     forwarder: Option<tokio::task::JoinHandle<()>>,
     pub info: Info,
+    /// Where the upstream programs are.
+    pub bin_dir: PathBuf,
 }
 
 fn program(opts: &Options, name: &str) -> anyhow::Result<PathBuf> {
@@ -87,6 +89,7 @@ impl Cluster {
             nodes: Vec::new(),
             network: None,
             forwarder: None,
+            bin_dir: opts.bin_dir.clone(),
             info: Info {
                 server: String::new(),
                 kubeconfig: opts.dir.join("admin.kubeconfig"),

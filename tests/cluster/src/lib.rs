@@ -1,6 +1,7 @@
 //! A real Kubernetes test cluster: the launcher's parts, and the handle the
 //! operator's tests use to start one per test binary.
 
+pub mod after_ready;
 pub mod handle;
 pub mod launch;
 pub mod node;

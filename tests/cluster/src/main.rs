@@ -34,6 +34,15 @@ struct Args {
     /// Remove DIR after stopping.
     #[arg(long)]
     remove_dir: bool,
+    /// Once ready, `kubectl apply --server-side` this path (a kustomization
+    /// directory or a manifest); repeatable. CRDs are waited for.
+    #[arg(long = "apply", value_name = "PATH")]
+    apply: Vec<PathBuf>,
+    /// Once ready (and applied), run this command with KUBECONFIG set to the
+    /// admin kubeconfig ("@GATEWAY@" in it becomes the Pods' gateway), and
+    /// stop the cluster when it exits, with its exit code.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
 }
 
 fn image(spec: &str) -> ImageMapping {
@@ -123,13 +132,47 @@ async fn run(args: Args) -> i32 {
         }
     };
     println!("ready");
-    let why = stop_requested(parent).await;
-    tracing::info!("{why}: stopping the cluster");
+    let code = match after_ready(&args, &cluster, parent).await {
+        Ok(Some(code)) => code,
+        Ok(None) => {
+            let why = stop_requested(parent).await;
+            tracing::info!("{why}: stopping the cluster");
+            0
+        }
+        Err(e) => {
+            eprintln!("test-cluster: {e:#}");
+            1
+        }
+    };
     cluster.stop().await;
     if args.remove_dir {
         let _ = std::fs::remove_dir_all(&args.dir);
     }
-    0
+    code
+}
+
+/// `--apply`, then the command if one was given (Some(its exit code)).
+async fn after_ready(args: &Args, cluster: &Cluster, parent: u32) -> anyhow::Result<Option<i32>> {
+    let kubectl = cluster.bin_dir.join("kubectl");
+    test_cluster::after_ready::apply(&kubectl, &cluster.info.kubeconfig, &args.apply).await?;
+    if args.command.is_empty() {
+        return Ok(None);
+    }
+    let cmd = test_cluster::after_ready::substitute(&args.command, cluster.info.gateway);
+    eprintln!(
+        "test-cluster: Kubernetes {} on {}; export KUBECONFIG={}; Pods' gateway {}",
+        cluster.info.version,
+        cluster.info.server,
+        cluster.info.kubeconfig.display(),
+        cluster
+            .info
+            .gateway
+            .map_or_else(|| "none".to_string(), |g| g.to_string())
+    );
+    let code =
+        test_cluster::after_ready::command(&cmd, &cluster.info.kubeconfig, stop_requested(parent))
+            .await?;
+    Ok(Some(code))
 }
 
 /// Resolves on SIGTERM, SIGINT, or when the parent process is gone (this
