@@ -3,6 +3,7 @@
 //! discovery API (bearer auth on, 64 healthy proxies) and, in the same run,
 //! a bare axum handler doing nothing but answering the same two routes.
 //! Each phase runs BENCH_SECS seconds (default 5). Ignored by `cargo test`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::net::SocketAddr;
 use std::sync::Arc;

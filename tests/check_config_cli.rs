@@ -1,6 +1,7 @@
 //! `--check-config` as a new user meets it: the real binary, a file on disk,
 //! an exit code and a message naming the offending key or value, fast, and
 //! with no cluster anywhere.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! samples applied client- and server-side, explain, printer columns,
 //! watch, delete, RBAC questions, and the real server's validation. No
 //! Pods run here, so the cluster has no node agent.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

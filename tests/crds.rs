@@ -1,6 +1,7 @@
 //! The committed CRDs are exactly what the Rust types generate, and they
 //! are structural as kube-apiserver requires, with a description on every
 //! field so `kubectl explain` helps.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use egress_proxies_operator::api::crd;
 use serde_json::Value;

@@ -5,6 +5,7 @@
 //!
 //! It runs on the real test cluster WITH the node agent (`support::ground`):
 //! the end state it checks is Running Pods, so it needs Pods that run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -7,6 +7,7 @@
 //! have: every test names its kubernetes provider after itself, and the
 //! tests that assert on ProviderHealth objects hold [`PH_LOCK`] exclusively
 //! (the others share it), so no other test's operator starts meanwhile.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

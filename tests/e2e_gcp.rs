@@ -3,6 +3,7 @@
 //! test cluster (control plane only, the test's namespace), through the real
 //! google-cloud-compute-v1 client.
 #![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod gcp_standin;
 mod support;

@@ -2,6 +2,7 @@
 //! operator binary against the real test cluster, whose node agent runs
 //! each Pod as a real Squid in its own network namespace on the 10.216
 //! bridge; probes go through it to a target on the host's bridge address.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

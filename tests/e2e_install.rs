@@ -5,6 +5,7 @@
 //! comes from a Secret become Ready through real Squid Pods; deleting a
 //! Proxy removes its Pod; deleting the namespace removes everything; the
 //! operator is never refused by the API server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! whose node agent runs each Pod as a real Squid (Debian's
 //! /usr/sbin/squid) in its own network namespace. A Proxy on the
 //! kubernetes provider lives its whole life here.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

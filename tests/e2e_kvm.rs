@@ -3,6 +3,7 @@
 //! operator binary on the real test cluster (control plane only, the test's
 //! namespace).
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 mod support;

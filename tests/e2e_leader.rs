@@ -3,6 +3,7 @@
 //! providerID), confined to the test's namespace, which holds the Lease: only the
 //! leader reconciles, and when it is killed the other takes over within the
 //! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

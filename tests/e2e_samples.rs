@@ -10,6 +10,7 @@
 //! kvm sample has its own test (e2e_samples_kvm.rs) because it needs
 //! libvirt and a VM.
 #![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod gcp_standin;
 mod support;

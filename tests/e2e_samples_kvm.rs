@@ -24,6 +24,7 @@
 //! Without libvirt, QEMU, OVMF, dnsmasq, iPXE or mtools it fails under
 //! `CI=true` and is skipped elsewhere; `.ci/run` installs them.
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 mod support;

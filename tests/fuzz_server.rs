@@ -2,6 +2,7 @@
 //! discovery API (fixed healthy Proxies, bearer token) on FUZZ_ADDR
 //! (127.0.0.1 only) for at most FUZZ_SECS seconds while schemathesis fuzzes
 //! it from /openapi.json. It stops by itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::sync::Arc;
 use std::time::Duration;

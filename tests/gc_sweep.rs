@@ -2,6 +2,7 @@
 //! scripted providers: a failing provider list skips that provider only, a
 //! failing Proxy list skips the whole sweep, the per-sweep budget holds
 //! across providers, and the `proxy_operator_gc_*` series count all of it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

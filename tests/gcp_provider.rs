@@ -1,6 +1,7 @@
 //! The gcp provider's contract tests (providers.md §14), with the real
 //! Compute client pointed at a local stand-in (tests/gcp_standin).
 #![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod gcp_standin;
 

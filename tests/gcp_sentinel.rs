@@ -3,6 +3,7 @@
 //! against the stand-in, and the sentinel must not appear. Its own test
 //! binary, so the global subscriber sees every thread and callsite.
 #![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod gcp_standin;
 

@@ -3,6 +3,7 @@
 //! whose queries are valid PromQL (`promtool check rules` on them as
 //! recording rules) over documented series only, and which shows every
 //! documented series somewhere.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! /usr/sbin/squid is absent): an http target by forward request, an
 //! https target through CONNECT + TLS with a test CA, and the ways a probe
 //! must fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! shell-less base running as 65532 with the release binary as entrypoint,
 //! and the library set `make runtime-libs` copies into it is complete:
 //! the binary runs with nothing else on its library path.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

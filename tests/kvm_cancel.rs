@@ -4,6 +4,7 @@
 //! next create of the same image recovers from the partial download. A
 //! background create that fails is reported by the next get, once.
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 

@@ -2,6 +2,7 @@
 //! a real sshd and libvirtd: SSH refused, wrong host key, missing pool,
 //! stopped pool, missing libvirt socket, missing (then appearing) SSH key.
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 

@@ -2,6 +2,7 @@
 //! and pool (also across provider instances and concurrent creates),
 //! checksums enforced, HTTP errors classified.
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 

@@ -1,6 +1,7 @@
 //! The kvm provider's lifecycle against a real sshd and libvirtd
 //! (tests/kvm_support): create, create again, get, list, delete twice.
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 

@@ -1,6 +1,7 @@
 //! Peak memory of a 256 MiB base-image upload (its own test binary, so
 //! the process's VmHWM is not inflated by other tests).
 #![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod kvm_support;
 

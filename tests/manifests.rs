@@ -3,6 +3,7 @@
 //! args and providers file are ones the binary accepts, and RBAC grants no
 //! more than the rules checked here. (tests/e2e_samples.rs runs the
 //! operator under these RBAC rules and checks each one is needed.)
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

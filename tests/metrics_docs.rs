@@ -2,6 +2,7 @@
 //! docs/metrics.md with its type, and every series the table names is
 //! exported: the registry is the one main builds (`Metrics::new`), with a
 //! sample in every family so that every family prints.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! operator and a sample becomes Ready), every flag of `--help` is in
 //! docs/configuration.md, every Makefile target the docs promise exists,
 //! and no relative link in README.md or docs/ is broken.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! incident and stays quiet on a near miss), equal the bare rules.yaml,
 //! query only documented series; the ServiceMonitor matches the metrics
 //! Service. promtool must be installed: the test fails, never skips.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! The decorators every provider is wrapped in: counted by result class,
 //! timed, traced as client spans, results passed through unchanged, and
 //! the health checker never forwarded. The registry builds all or nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

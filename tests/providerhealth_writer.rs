@@ -3,6 +3,7 @@
 //! schema accepts what the monitor writes (cluster scope, status
 //! subresource, required fields, list-map keys, the 1024-character message
 //! limit), transition times move only on a flip, and cleanup deletes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,6 @@
 //! Every load-time rule of the providers file, as a user meets it: the
 //! message must name the entry, the key and the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use egress_proxies_operator::config::{ProviderSettings, ProvidersConfig};
 use egress_proxies_operator::provider::registry::ProviderType;
