@@ -351,3 +351,119 @@ fn the_top_level_is_the_cards() {
         ]
     );
 }
+
+// The shape of `src/`: the `crate::` imports between its top-level
+// modules form no cycle, so each module can be read (and tested) on top of
+// the ones it names.
+
+/// Every `.rs` file below `dir`.
+fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Top-level module → the top-level modules it names as `crate::X`.
+fn import_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = support::repo().join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        std::collections::BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        // The crate roots and binaries wire modules together; they are not
+        // modules others import.
+        if matches!(top.as_str(), "lib" | "main" | "bin") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let entry = graph.entry(top.clone()).or_default();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != top {
+                entry.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle through `start`, if any, as the path of modules.
+fn cycle_from(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    start: &str,
+) -> Option<Vec<String>> {
+    let mut stack = vec![(start.to_string(), vec![start.to_string()])];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some((node, path)) = stack.pop() {
+        for next in graph.get(&node).into_iter().flatten() {
+            if next == start {
+                let mut p = path.clone();
+                p.push(start.to_string());
+                return Some(p);
+            }
+            if seen.insert(next.clone()) {
+                let mut p = path.clone();
+                p.push(next.clone());
+                stack.push((next.clone(), p));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn the_module_imports_have_no_cycle() {
+    let graph = import_graph();
+    assert!(graph.len() > 5, "the source tree was read: {graph:?}");
+    let cycles: Vec<String> = graph
+        .keys()
+        .filter_map(|m| cycle_from(&graph, m))
+        .map(|p| p.join(" -> "))
+        .collect();
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+#[test]
+fn the_cycle_finder_finds_one() {
+    let graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = [
+        (
+            "a".to_string(),
+            std::collections::BTreeSet::from(["b".to_string()]),
+        ),
+        (
+            "b".to_string(),
+            std::collections::BTreeSet::from(["c".to_string()]),
+        ),
+        (
+            "c".to_string(),
+            std::collections::BTreeSet::from(["a".to_string()]),
+        ),
+        (
+            "d".to_string(),
+            std::collections::BTreeSet::from(["a".to_string()]),
+        ),
+    ]
+    .into();
+    assert_eq!(cycle_from(&graph, "a").unwrap(), ["a", "b", "c", "a"]);
+    assert!(cycle_from(&graph, "d").is_none());
+}

@@ -5,6 +5,7 @@
 
 mod gcp;
 mod kvm;
+mod provider_type;
 mod validate;
 
 use std::fmt;
@@ -14,9 +15,8 @@ use serde::Deserialize;
 
 pub use gcp::GcpConfig;
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+pub use provider_type::ProviderType;
 pub use validate::http_url;
-
-use crate::provider::registry::ProviderType;
 
 /// The whole providers file.
 #[derive(Clone, Debug, PartialEq)]

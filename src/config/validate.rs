@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_norway::Value;
 
+use super::ProviderType;
 use super::{ConfigError, KubernetesConfig, ProviderConfig, ProviderSettings, ProvidersConfig};
-use crate::provider::registry::ProviderType;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

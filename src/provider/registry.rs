@@ -3,7 +3,6 @@
 //! undecorated providers, and hands out decorated providers by name.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
 use super::decorators::{MetricsProvider, TracingProvider};
@@ -11,47 +10,7 @@ use super::{Checker, Provider};
 use crate::config::{ProviderConfig, ProvidersConfig};
 use crate::metrics::ProviderMetrics;
 
-/// Every provider type the operator knows. Config validation, the
-/// registry's constructor dispatch and the docs all derive from this enum,
-/// so a type cannot be accepted by one and unknown to another.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProviderType {
-    /// Squid Pods in the cluster.
-    Kubernetes,
-    /// Compute Engine VMs.
-    Gcp,
-    /// libvirt VMs on hypervisors reached over SSH.
-    Kvm,
-}
-
-impl ProviderType {
-    /// All types, in documentation order.
-    pub const ALL: [ProviderType; 3] = [
-        ProviderType::Kubernetes,
-        ProviderType::Gcp,
-        ProviderType::Kvm,
-    ];
-
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderType::Kubernetes => "kubernetes",
-            ProviderType::Gcp => "gcp",
-            ProviderType::Kvm => "kvm",
-        }
-    }
-
-    /// Parses the config spelling (exact, lowercase).
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-}
-
-impl fmt::Display for ProviderType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::config::ProviderType;
 
 /// A constructor failed; the message names the provider.
 #[derive(Debug, thiserror::Error)]
