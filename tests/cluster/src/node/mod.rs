@@ -410,12 +410,12 @@ fn apply(shared: &Arc<pod::Shared>, workers: &Workers, pod: Pod) {
     match w.get(&uid) {
         Some(worker) => {
             if let Some(stop) = stop {
-                worker.stop.send_if_modified(|s| {
-                    if s.is_none() {
+                // A second delete may shorten the grace period.
+                worker.stop.send_if_modified(|s| match s {
+                    Some(old) if old.grace <= stop.grace => false,
+                    _ => {
                         *s = Some(stop);
                         true
-                    } else {
-                        false
                     }
                 });
             }

@@ -748,11 +748,11 @@ async fn supervise(ctx: Arc<PodCtx>, which: Which, policy: String) -> Outcome {
                     tracing::info!(container = %c.name, "{msg}: restarting");
                     probe_failure = Some(msg);
                     let grace = termination_grace(&ctx.spec);
-                    terminate(&signal, &mut wait, grace).await
+                    terminate(&ctx, &signal, &mut wait, grace).await
                 }
                 stop = ctx.stopped() => {
                     stopped = Some(stop);
-                    terminate(&signal, &mut wait, stop.grace).await
+                    terminate(&ctx, &signal, &mut wait, stop.grace).await
                 }
             }
         };
@@ -814,16 +814,34 @@ fn termination_grace(spec: &PodSpec) -> Duration {
     Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64)
 }
 
-/// SIGTERM, up to `grace` for the process to end, then SIGKILL.
+/// SIGTERM, up to `grace` for the process to end, then SIGKILL. A later
+/// stop with a shorter grace period (a second delete, the agent shutting
+/// down) shortens the wait.
 async fn terminate(
+    ctx: &PodCtx,
     signal: &(dyn Fn(nix::sys::signal::Signal) + Sync),
     wait: &mut std::pin::Pin<&mut impl std::future::Future<Output = Exit>>,
     grace: Duration,
 ) -> Exit {
     if !grace.is_zero() {
         signal(nix::sys::signal::Signal::SIGTERM);
-        if let Ok(exit) = tokio::time::timeout(grace, wait.as_mut()).await {
-            return exit;
+        let mut deadline = tokio::time::Instant::now() + grace;
+        let mut rx = ctx.stop.clone();
+        rx.mark_unchanged();
+        loop {
+            tokio::select! {
+                exit = wait.as_mut() => return exit,
+                _ = tokio::time::sleep_until(deadline) => break,
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let later = *rx.borrow_and_update();
+                    if let Some(stop) = later {
+                        deadline = deadline.min(tokio::time::Instant::now() + stop.grace);
+                    }
+                }
+            }
         }
     }
     signal(nix::sys::signal::Signal::SIGKILL);
