@@ -20,7 +20,8 @@ use tracing::{debug, warn};
 use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
-pub use reconcile::{Context, HealthReport, HealthSource};
+pub use crate::api::health::{HealthReport, HealthSource};
+pub use reconcile::Context;
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched

@@ -22,7 +22,7 @@ use super::probe::{self, ProbeResult, ProbeTarget};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
-use crate::controller::{HealthReport, HealthSource};
+use crate::api::health::{HealthReport, HealthSource};
 use crate::metrics::HealthMetrics;
 
 /// Operator-wide probe defaults (flags).
