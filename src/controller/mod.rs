@@ -18,9 +18,9 @@ use kube::ResourceExt;
 use tracing::{debug, warn};
 
 use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
+pub use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
-pub use crate::api::health::{HealthReport, HealthSource};
 pub use reconcile::Context;
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`

@@ -18,11 +18,11 @@ use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
 use url::Url;
 
-use super::probe::{self, ProbeResult, ProbeTarget};
+use super::probe::{self, ProbeError, ProbeResult, ProbeTarget};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
-use crate::api::{Proxy, ProxyMode, ProxyPhase};
 use crate::api::health::{HealthReport, HealthSource};
+use crate::api::{Proxy, ProxyMode, ProxyPhase};
 use crate::metrics::HealthMetrics;
 
 /// Operator-wide probe defaults (flags).
@@ -280,7 +280,7 @@ impl Engine {
                         span.record("probe.latency_ms", r.latency.as_millis() as u64);
                         if let Some(e) = &r.error {
                             span.record("otel.status_code", "ERROR");
-                            span.record("otel.status_message", e.as_str());
+                            span.record("otel.status_message", e.to_string());
                         }
                         r
                     } else {
@@ -367,7 +367,7 @@ impl Engine {
             states.remove(&key);
             sched.remove(&key);
             self.publish(&key, "", None);
-            self.metrics.forget_proxy(&key);
+            self.metrics.forget_proxy(&key, &ProbeError::REASONS);
         }
     }
 
@@ -386,7 +386,11 @@ impl Engine {
             return;
         }
         let r = &done.result;
-        self.metrics.observe(&done.key, r.ok, r.latency);
+        self.metrics.observe(
+            &done.key,
+            r.error.as_ref().map(ProbeError::reason),
+            r.latency,
+        );
         let latency_ms = u64::try_from(r.latency.as_millis()).unwrap_or(u64::MAX);
         let state = states.entry(done.key.clone()).or_default();
         let (next, change) = threshold::fold(*state, r.ok, latency_ms, current.thresholds);
@@ -396,7 +400,7 @@ impl Engine {
         };
         let healthy = next.healthy == Some(true);
         if change != Change::Latency {
-            info!(proxy = %done.key, healthy, latencyMillis = latency_ms, error = r.error.as_deref().unwrap_or(""), "Proxy health changed");
+            info!(proxy = %done.key, healthy, latencyMillis = latency_ms, error = r.error.as_ref().map(ToString::to_string).unwrap_or_default(), "Proxy health changed");
         }
         let message = if healthy {
             format!(
@@ -404,7 +408,9 @@ impl Engine {
                 redact(&current.target.url)
             )
         } else {
-            r.error.clone().unwrap_or_else(|| "probe failed".into())
+            r.error
+                .as_ref()
+                .map_or_else(|| "probe failed".into(), ToString::to_string)
         };
         self.publish(
             &done.key,

@@ -3,16 +3,19 @@
 //! changes.
 //!
 //! - [`probe`]: one probe (CONNECT + TLS, or a forward request).
+//! - [`error`]: [`ProbeError`], why a probe failed, with a bounded reason.
 //! - [`threshold`]: pure verdict folding and the status-affecting rule.
 //! - [`schedule`]: pure min-heap schedule of next-due times.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
 pub mod engine;
+pub mod error;
 pub mod probe;
 pub mod schedule;
 pub mod threshold;
 
 pub use engine::{trigger_stream, Defaults, Engine, Notifier};
+pub use error::ProbeError;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, reflector, Store};
