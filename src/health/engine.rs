@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use rustls::ClientConfig;
 use tokio::sync::{mpsc, Semaphore};
@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
 use url::Url;
 
+use super::notify::Notifier;
 use super::probe::{self, ProbeError, ProbeResult, ProbeTarget};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
@@ -40,10 +41,6 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the schedule is brought in step with the Proxy cache.
 pub const SYNC_EVERY: Duration = Duration::from_secs(1);
-/// How many status notifications may wait for the controller; beyond it
-/// they are kept in a set and retried.
-pub const NOTIFY_CAPACITY: usize = 1024;
-
 /// What the engine probes for one Proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSpec {
@@ -116,56 +113,6 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
 /// The key of a Proxy in the engine: `namespace/name`.
 pub fn key_of(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
-}
-
-/// Delivers "reconcile this Proxy" to the controller without losing any:
-/// when the channel is full the Proxy is remembered and retried.
-pub struct Notifier {
-    tx: mpsc::Sender<ObjectRef<Proxy>>,
-    pending: HashSet<(String, String)>,
-}
-
-impl Notifier {
-    /// A notifier and the receiving end for the controller.
-    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<ObjectRef<Proxy>>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        (
-            Notifier {
-                tx,
-                pending: HashSet::new(),
-            },
-            rx,
-        )
-    }
-
-    /// Asks for a reconcile of `namespace/name`.
-    pub fn notify(&mut self, namespace: &str, name: &str) {
-        let r = ObjectRef::new(name).within(namespace);
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(r) {
-            self.pending
-                .insert((namespace.to_string(), name.to_string()));
-        }
-    }
-
-    /// Retries what could not be delivered; returns how many still wait.
-    pub fn flush(&mut self) -> usize {
-        let mut keep = HashSet::new();
-        for (ns, name) in self.pending.drain() {
-            let r = ObjectRef::new(&name).within(&ns);
-            if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(r) {
-                keep.insert((ns, name));
-            }
-        }
-        self.pending = keep;
-        self.pending.len()
-    }
-}
-
-/// The controller's end of the notifications as a stream.
-pub fn trigger_stream(
-    rx: mpsc::Receiver<ObjectRef<Proxy>>,
-) -> impl futures::Stream<Item = ObjectRef<Proxy>> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
 }
 
 /// The health engine: the snapshot readers see, and the settings the loop
@@ -540,18 +487,6 @@ mod tests {
                 want.map(|(h, p, u, e, i, s, f)| (h.to_string(), p, u.to_string(), e, i, s, f));
             assert_eq!(got, want, "{name}");
         }
-    }
-
-    #[tokio::test]
-    async fn a_full_channel_loses_no_notification() {
-        let (mut n, mut rx) = Notifier::channel(1);
-        n.notify("ns", "a");
-        n.notify("ns", "b");
-        n.notify("ns", "b");
-        assert_eq!(n.flush(), 1);
-        assert_eq!(rx.recv().await.unwrap().name, "a");
-        assert_eq!(n.flush(), 0);
-        assert_eq!(rx.recv().await.unwrap().name, "b");
     }
 
     fn external(name: &str, uid: &str, port: u16) -> Proxy {

@@ -6,16 +6,19 @@
 //! - [`error`]: [`ProbeError`], why a probe failed, with a bounded reason.
 //! - [`threshold`]: pure verdict folding and the status-affecting rule.
 //! - [`schedule`]: pure min-heap schedule of next-due times.
+//! - [`notify`]: the reconcile trigger channel to the Proxy controller.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
 pub mod engine;
 pub mod error;
+pub mod notify;
 pub mod probe;
 pub mod schedule;
 pub mod threshold;
 
-pub use engine::{trigger_stream, Defaults, Engine, Notifier};
+pub use engine::{Defaults, Engine};
 pub use error::ProbeError;
+pub use notify::{trigger_stream, Notifier, NOTIFY_CAPACITY};
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, reflector, Store};
