@@ -505,7 +505,8 @@ pub(crate) mod tests {
             "spec": {"provider": "k", "port": 3128}, "status": {"phase": "Provisioning"}}),
         );
         // (step, proxies, now, dropped)
-        let steps: Vec<(&str, Vec<&Proxy>, u64, Vec<(&str, bool)>)> = vec![
+        type Step<'a> = (&'a str, Vec<&'a Proxy>, u64, Vec<(&'a str, bool)>);
+        let steps: Vec<Step> = vec![
             (
                 "seed; nothing to probe for c",
                 vec![&a, &b, &pending],
