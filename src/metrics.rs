@@ -190,6 +190,15 @@ pub struct ProxyLabel {
     pub proxy: String,
 }
 
+/// Labels of the probe failure counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProxyFailureLabels {
+    /// `<namespace>/<name>`.
+    pub proxy: String,
+    /// The failure's class (`ProbeError::reason`: `refused`, `timeout`, ...).
+    pub reason: String,
+}
+
 /// Labels of a lease event counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
@@ -223,7 +232,7 @@ fn request_histogram() -> Histogram {
 #[derive(Clone)]
 pub struct HealthMetrics {
     duration: HistogramFamily<ProxyLabel>,
-    failures: Family<ProxyLabel, Counter>,
+    failures: Family<ProxyFailureLabels, Counter>,
 }
 
 impl HealthMetrics {
@@ -247,24 +256,35 @@ impl HealthMetrics {
         );
     }
 
-    /// Records one probe of `proxy` (`<namespace>/<name>`).
-    pub fn observe(&self, proxy: &str, ok: bool, took: Duration) {
+    /// Records one probe of `proxy` (`<namespace>/<name>`); `failure` is
+    /// the reason of a failed one.
+    pub fn observe(&self, proxy: &str, failure: Option<&str>, took: Duration) {
         let l = ProxyLabel {
             proxy: proxy.to_string(),
         };
         self.duration.get_or_create(&l).observe(took.as_secs_f64());
-        if !ok {
-            self.failures.get_or_create(&l).inc();
+        if let Some(reason) = failure {
+            self.failures
+                .get_or_create(&ProxyFailureLabels {
+                    proxy: l.proxy,
+                    reason: reason.to_string(),
+                })
+                .inc();
         }
     }
 
-    /// Removes every series of `proxy` (the Proxy went away).
-    pub fn forget_proxy(&self, proxy: &str) {
-        let l = ProxyLabel {
+    /// Removes every series of `proxy` (the Proxy went away); `reasons`
+    /// are the failure reasons it may have been counted under.
+    pub fn forget_proxy(&self, proxy: &str, reasons: &[&str]) {
+        self.duration.remove(&ProxyLabel {
             proxy: proxy.to_string(),
-        };
-        self.duration.remove(&l);
-        self.failures.remove(&l);
+        });
+        for reason in reasons {
+            self.failures.remove(&ProxyFailureLabels {
+                proxy: proxy.to_string(),
+                reason: reason.to_string(),
+            });
+        }
     }
 }
 

@@ -105,7 +105,7 @@ pub fn spawn_health_engine(
         flags.trace_health_probes,
         metrics.health.clone(),
     ));
-    let (notifier, events) = health::Notifier::channel(health::engine::NOTIFY_CAPACITY);
+    let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();
     tasks.spawn(async move { runner.run(cache, notifier, stop).await });
     Ok((engine, events))

@@ -286,7 +286,7 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     );
     assert!(
         text.contains(&format!(
-            "proxy_operator_healthcheck_failures_total{{proxy=\"{ns}/sink\"}}"
+            "proxy_operator_healthcheck_failures_total{{proxy=\"{ns}/sink\",reason=\"timeout\"}}"
         )),
         "{text}"
     );

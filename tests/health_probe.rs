@@ -207,31 +207,48 @@ async fn probes_pass_through_squid_to_http_and_https_targets() {
     let tls = tls_config(Some(&ca)).unwrap();
     let plain_tls = tls_config(None).unwrap();
 
-    // (what, url, expected, tls config, ok)
+    // (what, url, expected, tls config, failure reason)
     let http_url = format!("http://{http}/generate_204?x=1");
     let https_url = format!("https://{https}/generate_204");
     let cases = [
-        ("http through squid", http_url.clone(), 204, &tls, true),
-        ("http wrong status", http_url.clone(), 200, &tls, false),
+        ("http through squid", http_url.clone(), 204, &tls, None),
+        (
+            "http wrong status",
+            http_url.clone(),
+            200,
+            &tls,
+            Some("status"),
+        ),
         (
             "https through CONNECT with the test CA",
             https_url.clone(),
             204,
             &tls,
-            true,
+            None,
         ),
-        ("https wrong status", https_url.clone(), 200, &tls, false),
+        (
+            "https wrong status",
+            https_url.clone(),
+            200,
+            &tls,
+            Some("status"),
+        ),
         (
             "https without the test CA",
             https_url.clone(),
             204,
             &plain_tls,
-            false,
+            Some("tls"),
         ),
     ];
-    for (what, url, expected, cfg, ok) in cases {
+    for (what, url, expected, cfg, failure) in cases {
         let r = probe(&target(squid.port, &url, expected), cfg).await;
-        assert_eq!(r.ok, ok, "{what}: {r:?}");
+        assert_eq!(r.ok, failure.is_none(), "{what}: {r:?}");
+        assert_eq!(
+            r.error.as_ref().map(|e| e.reason()),
+            failure,
+            "{what}: {r:?}"
+        );
         assert!(r.latency < Duration::from_secs(3), "{what}: {r:?}");
     }
     let heads = seen.lock().unwrap().clone();
@@ -263,16 +280,17 @@ async fn a_squid_that_denies_everything_is_unhealthy() {
     let tls = tls_config(Some(&ca)).unwrap();
     let r = probe(&target(squid.port, &format!("http://{http}/"), 204), &tls).await;
     assert!(!r.ok, "{r:?}");
-    assert!(r.error.as_deref().unwrap().contains("403"), "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("403"), "{r:?}");
+    assert_eq!(e.reason(), "status", "{r:?}");
     let r = probe(&target(squid.port, &format!("https://{https}/"), 204), &tls).await;
     assert!(!r.ok, "{r:?}");
+    let e = r.error.as_ref().unwrap();
     assert!(
-        r.error
-            .as_deref()
-            .unwrap()
-            .contains("refused CONNECT with status 403"),
+        e.to_string().contains("refused CONNECT with status 403"),
         "{r:?}"
     );
+    assert_eq!(e.reason(), "proxy_refused", "{r:?}");
 }
 
 #[tokio::test]
@@ -291,18 +309,16 @@ async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
     t.timeout = Duration::from_millis(500);
     let r = probe(&t, &tls).await;
     assert!(!r.ok);
-    assert!(r.error.as_deref().unwrap().contains("timed out"), "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("timed out"), "{r:?}");
+    assert_eq!(e.reason(), "timeout", "{r:?}");
     assert!(r.latency < Duration::from_secs(2));
     let mut t = target(port, "https://127.0.0.1:9/", 204);
     t.timeout = Duration::from_millis(500);
     assert!(!probe(&t, &tls).await.ok);
     // Nothing listening at all.
     let r = probe(&target(free_port(), "http://127.0.0.1:9/", 204), &tls).await;
-    assert!(
-        r.error
-            .as_deref()
-            .unwrap()
-            .contains("connecting to the proxy"),
-        "{r:?}"
-    );
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("connecting to the proxy"), "{r:?}");
+    assert_eq!(e.reason(), "refused", "{r:?}");
 }

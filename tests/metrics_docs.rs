@@ -17,7 +17,7 @@ fn populated() -> Metrics {
     let took = Duration::from_millis(12);
     m.provider.observe("gcp-eu", "create", "ok", took);
     m.reconcile.observe("proxy", false, took);
-    m.health.observe("crawl/px-1", false, took);
+    m.health.observe("crawl/px-1", Some("timeout"), took);
     m.discovery.observe_request("POST /v1/leases", 201, took);
     m.discovery.lease_event("granted", 1);
     m.gc.start(&["gcp-eu"]);

@@ -4,6 +4,7 @@
 pub mod condition;
 pub mod constants;
 pub mod crd;
+pub mod health;
 pub mod provider_health;
 pub mod proxy;
 

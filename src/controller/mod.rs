@@ -18,9 +18,10 @@ use kube::ResourceExt;
 use tracing::{debug, warn};
 
 use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
+pub use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
-pub use reconcile::{Context, HealthReport, HealthSource};
+pub use reconcile::Context;
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched

@@ -478,7 +478,7 @@ pub const REASON_AWAITING_PROBE: &str = "AwaitingProbe";
 /// it is, so a restart does not flap every Proxy.
 pub fn apply_health(
     status: &mut ProxyStatus,
-    report: Option<&crate::controller::HealthReport>,
+    report: Option<&crate::api::health::HealthReport>,
     now: DateTime<Utc>,
 ) {
     let Some(r) = report else {

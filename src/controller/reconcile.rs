@@ -17,6 +17,7 @@ use super::{cloud_init, status_patch};
 use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
+use crate::api::health::{HealthReport, HealthSource};
 use crate::api::{Proxy, ProxyMode, ProxyPhase, ProxyStatus};
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
@@ -26,33 +27,6 @@ use crate::provider::{CreateRequest, ErrorClass, Provider, ProviderError, UserDa
 /// How long a Running instance waits before the next `get` (catches
 /// instances that stop behind the operator's back).
 pub const RUNNING_RESYNC: Duration = Duration::from_secs(60);
-
-/// A health verdict source (the health engine, once it runs).
-pub trait HealthSource: Send + Sync {
-    /// The current verdict for a Proxy: `Some(true)` healthy, `Some(false)`
-    /// unhealthy, `None` before the first verdict.
-    fn verdict(&self, namespace: &str, name: &str, uid: &str) -> Option<bool>;
-
-    /// The last status-affecting result, folded into the Proxy's status.
-    /// Sources that only know verdicts return `None`.
-    fn report(&self, namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
-        let _ = (namespace, name, uid);
-        None
-    }
-}
-
-/// The health engine's last status-affecting result for one Proxy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthReport {
-    /// The verdict.
-    pub healthy: bool,
-    /// Latency of that result.
-    pub latency_ms: u64,
-    /// When it was taken.
-    pub probed_at: chrono::DateTime<Utc>,
-    /// Why (the probe error when unhealthy).
-    pub message: String,
-}
 
 /// What every reconcile shares.
 pub struct Context {

@@ -1,172 +1,26 @@
-//! The engine: keeps the probe schedule in step with the Proxy cache, runs
-//! due probes on a bounded pool of workers, folds results through the
-//! thresholds, and publishes status-affecting ones (snapshot + reconcile
-//! trigger).
+//! The engine: the I/O shell around [`Probes`]. It feeds it the Proxy
+//! cache, runs the probes it says are due on a bounded pool of workers, and
+//! publishes what it folds: the snapshot the reconciler reads, the
+//! reconcile trigger, the metrics.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::ResourceExt;
+use kube::runtime::reflector::Store;
 use rustls::ClientConfig;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
-use url::Url;
 
-use super::probe::{self, ProbeResult, ProbeTarget};
-use super::schedule::Schedule;
-use super::threshold::{self, Change, Thresholds};
-use crate::api::{Proxy, ProxyMode, ProxyPhase};
-use crate::controller::{HealthReport, HealthSource};
+use super::notify::Notifier;
+use super::probe::{self, ProbeError, ProbeResult};
+use super::probes::{key_of, Defaults, Folded, ProbeSpec, Probes};
+use super::threshold::Change;
+use crate::api::health::{HealthReport, HealthSource};
+use crate::api::Proxy;
 use crate::metrics::HealthMetrics;
-
-/// Operator-wide probe defaults (flags).
-#[derive(Debug, Clone)]
-pub struct Defaults {
-    /// `--default-probe-url`.
-    pub url: Url,
-    /// `--default-probe-expected-status`.
-    pub expected_status: u16,
-}
-
-/// Default seconds between probes.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// Default probe timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the schedule is brought in step with the Proxy cache.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
-/// How many status notifications may wait for the controller; beyond it
-/// they are kept in a set and retried.
-pub const NOTIFY_CAPACITY: usize = 1024;
-
-/// What the engine probes for one Proxy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeSpec {
-    /// The Proxy's UID when the spec was taken.
-    pub uid: String,
-    /// Where and what.
-    pub target: ProbeTarget,
-    /// Time between probes.
-    pub interval: Duration,
-    /// Flip thresholds.
-    pub thresholds: Thresholds,
-}
-
-fn positive(v: Option<i32>, default: u64) -> u64 {
-    v.and_then(|v| u64::try_from(v).ok())
-        .filter(|v| *v > 0)
-        .unwrap_or(default)
-}
-
-/// What to probe for a Proxy, or `None` when it has nothing to probe yet:
-/// being deleted, a Managed Proxy without a running instance (phase Running
-/// or Ready with an IP), or an invalid endpoint or URL.
-pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
-    if p.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let (host, port) = match p.spec.mode {
-        ProxyMode::External => {
-            let ep = p.spec.endpoint.as_ref()?;
-            (ep.host.clone(), ep.port)
-        }
-        ProxyMode::Managed => {
-            let st = p.status.as_ref()?;
-            if !matches!(st.phase, Some(ProxyPhase::Running | ProxyPhase::Ready)) {
-                return None;
-            }
-            (st.ip.clone().filter(|ip| !ip.is_empty())?, p.spec.port?)
-        }
-    };
-    let port = u16::try_from(port).ok().filter(|p| *p > 0)?;
-    let hc = p.spec.health_check.clone().unwrap_or_default();
-    let url = match &hc.url {
-        Some(u) => Url::parse(u).ok()?,
-        None => d.url.clone(),
-    };
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return None;
-    }
-    let expected_status = hc
-        .expected_status
-        .and_then(|s| u16::try_from(s).ok())
-        .unwrap_or(d.expected_status);
-    Some(ProbeSpec {
-        uid: p.uid().unwrap_or_default(),
-        target: ProbeTarget {
-            proxy_host: host,
-            proxy_port: port,
-            url,
-            expected_status,
-            timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),
-        },
-        interval: Duration::from_secs(positive(hc.interval_seconds, DEFAULT_INTERVAL.as_secs())),
-        thresholds: Thresholds {
-            success: positive(hc.success_threshold, 2).min(1000) as u32,
-            failure: positive(hc.failure_threshold, 3).min(1000) as u32,
-        },
-    })
-}
-
-/// The key of a Proxy in the engine: `namespace/name`.
-pub fn key_of(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
-
-/// Delivers "reconcile this Proxy" to the controller without losing any:
-/// when the channel is full the Proxy is remembered and retried.
-pub struct Notifier {
-    tx: mpsc::Sender<ObjectRef<Proxy>>,
-    pending: HashSet<(String, String)>,
-}
-
-impl Notifier {
-    /// A notifier and the receiving end for the controller.
-    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<ObjectRef<Proxy>>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        (
-            Notifier {
-                tx,
-                pending: HashSet::new(),
-            },
-            rx,
-        )
-    }
-
-    /// Asks for a reconcile of `namespace/name`.
-    pub fn notify(&mut self, namespace: &str, name: &str) {
-        let r = ObjectRef::new(name).within(namespace);
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(r) {
-            self.pending
-                .insert((namespace.to_string(), name.to_string()));
-        }
-    }
-
-    /// Retries what could not be delivered; returns how many still wait.
-    pub fn flush(&mut self) -> usize {
-        let mut keep = HashSet::new();
-        for (ns, name) in self.pending.drain() {
-            let r = ObjectRef::new(&name).within(&ns);
-            if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(r) {
-                keep.insert((ns, name));
-            }
-        }
-        self.pending = keep;
-        self.pending.len()
-    }
-}
-
-/// The controller's end of the notifications as a stream.
-pub fn trigger_stream(
-    rx: mpsc::Receiver<ObjectRef<Proxy>>,
-) -> impl futures::Stream<Item = ObjectRef<Proxy>> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
-}
 
 /// The health engine: the snapshot readers see, and the settings the loop
 /// runs with.
@@ -237,325 +91,135 @@ impl Engine {
         let now_ms = || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         let pool = Arc::new(Semaphore::new(self.workers));
         let (done_tx, mut done_rx) = mpsc::channel::<Done>(self.workers * 2);
-        let mut sched: Schedule<String> = Schedule::default();
-        let mut targets: HashMap<String, ProbeSpec> = HashMap::new();
-        let mut states: HashMap<String, threshold::State> = HashMap::new();
-        let mut last_sync: Option<u64> = None;
+        let mut probes = Probes::new(self.defaults.clone());
         tokio::pin!(shutdown);
         info!(workers = self.workers, "Health engine started");
         loop {
             let now = now_ms();
-            if last_sync.is_none_or(|t| now >= t + SYNC_EVERY.as_millis() as u64) {
-                last_sync = Some(now);
-                self.sync(&cache, &mut sched, &mut targets, &mut states, now);
+            if probes.sync_due(now) {
+                self.sync(&mut probes, &cache, now);
                 notifier.flush();
             }
-            for key in sched.pop_due(now, pool.available_permits()) {
-                let Some(spec) = targets.get(&key).cloned() else {
-                    continue;
-                };
+            for (key, spec) in probes.due(now, pool.available_permits()) {
                 let Ok(permit) = pool.clone().try_acquire_owned() else {
-                    // Cannot happen (we popped at most the free permits);
+                    // Cannot happen (at most the free permits are due);
                     // reschedule rather than lose the proxy.
-                    sched.complete(&key, now, now);
+                    probes.requeue(&key, now);
                     continue;
                 };
-                let (tx, tls, trace) = (done_tx.clone(), self.tls.clone(), self.trace_probes);
-                tokio::spawn(async move {
-                    let result = if trace {
-                        let span = tracing::info_span!(
-                            parent: None,
-                            "health.probe",
-                            otel.kind = "client",
-                            proxy = %key,
-                            probe.ok = tracing::field::Empty,
-                            probe.latency_ms = tracing::field::Empty,
-                            otel.status_code = tracing::field::Empty,
-                            otel.status_message = tracing::field::Empty,
-                        );
-                        let r = probe::probe(&spec.target, &tls)
-                            .instrument(span.clone())
-                            .await;
-                        span.record("probe.ok", r.ok);
-                        span.record("probe.latency_ms", r.latency.as_millis() as u64);
-                        if let Some(e) = &r.error {
-                            span.record("otel.status_code", "ERROR");
-                            span.record("otel.status_message", e.as_str());
-                        }
-                        r
-                    } else {
-                        probe::probe(&spec.target, &tls).await
-                    };
-                    drop(permit);
-                    let _ = tx
-                        .send(Done {
-                            key,
-                            spec,
-                            started_ms: now,
-                            at: Utc::now(),
-                            result,
-                        })
-                        .await;
-                });
+                self.spawn_probe(key, spec, now, permit, done_tx.clone());
             }
-            let wait_ms = if pool.available_permits() == 0 {
-                SYNC_EVERY.as_millis() as u64
-            } else {
-                sched
-                    .next_due()
-                    .map_or(SYNC_EVERY.as_millis() as u64, |d| d.saturating_sub(now))
-                    .min(SYNC_EVERY.as_millis() as u64)
-            };
+            let wait = probes.wait(now, pool.available_permits());
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(done) = done_rx.recv() => {
-                    let now = now_ms();
-                    sched.complete(&done.key, done.started_ms, now);
-                    self.fold(done, &targets, &mut states, &mut notifier);
+                    self.fold(&mut probes, done, now_ms(), &mut notifier);
                 }
-                _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
         info!("Health engine stopped");
     }
 
-    /// Brings the schedule in step with the cache: new Proxies are seeded,
-    /// changed ones (UID or target) start over, gone ones are pruned and
-    /// their metric series forgotten.
-    fn sync(
+    /// Runs one probe on a worker (`permit`) and sends its result back.
+    fn spawn_probe(
         &self,
-        cache: &Store<Proxy>,
-        sched: &mut Schedule<String>,
-        targets: &mut HashMap<String, ProbeSpec>,
-        states: &mut HashMap<String, threshold::State>,
+        key: String,
+        spec: ProbeSpec,
         now: u64,
+        permit: OwnedSemaphorePermit,
+        tx: mpsc::Sender<Done>,
     ) {
-        let mut seen = HashSet::new();
-        for p in cache.state() {
-            let Some(spec) = probe_spec(&p, &self.defaults) else {
-                continue;
+        let (tls, trace) = (self.tls.clone(), self.trace_probes);
+        tokio::spawn(async move {
+            let result = if trace {
+                let span = tracing::info_span!(
+                    parent: None,
+                    "health.probe",
+                    otel.kind = "client",
+                    proxy = %key,
+                    probe.ok = tracing::field::Empty,
+                    probe.latency_ms = tracing::field::Empty,
+                    otel.status_code = tracing::field::Empty,
+                    otel.status_message = tracing::field::Empty,
+                );
+                let r = probe::probe(&spec.target, &tls)
+                    .instrument(span.clone())
+                    .await;
+                span.record("probe.ok", r.ok);
+                span.record("probe.latency_ms", r.latency.as_millis() as u64);
+                if let Some(e) = &r.error {
+                    span.record("otel.status_code", "ERROR");
+                    span.record("otel.status_message", e.to_string());
+                }
+                r
+            } else {
+                probe::probe(&spec.target, &tls).await
             };
-            let key = key_of(&p.namespace().unwrap_or_default(), &p.name_any());
-            seen.insert(key.clone());
-            let interval = spec.interval.as_millis() as u64;
-            match targets.get(&key) {
-                Some(old) if old.uid == spec.uid && old.target == spec.target => {
-                    if old != &spec {
-                        sched.upsert(&key, interval, now, 0);
-                        targets.insert(key, spec);
-                    }
-                }
-                old => {
-                    if old.is_some() {
-                        debug!(proxy = %key, "Probe target changed; starting over");
-                        states.remove(&key);
-                        self.publish(&key, "", None);
-                        sched.remove(&key);
-                    }
-                    sched.upsert(&key, interval, now, spread(&key, interval));
-                    targets.insert(key, spec);
-                }
+            drop(permit);
+            let _ = tx
+                .send(Done {
+                    key,
+                    spec,
+                    started_ms: now,
+                    at: Utc::now(),
+                    result,
+                })
+                .await;
+        });
+    }
+
+    /// Syncs `probes` with the cache and withdraws the verdicts it drops
+    /// (and the series of Proxies that are gone).
+    fn sync(&self, probes: &mut Probes, cache: &Store<Proxy>, now: u64) {
+        let proxies = cache.state();
+        for d in probes.sync(proxies.iter().map(|p| &**p), now) {
+            if d.gone {
+                self.metrics.forget_proxy(&d.key, &ProbeError::REASONS);
+            } else {
+                debug!(proxy = %d.key, "Probe target changed; starting over");
             }
-        }
-        let gone: Vec<String> = targets
-            .keys()
-            .filter(|k| !seen.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            targets.remove(&key);
-            states.remove(&key);
-            sched.remove(&key);
-            self.publish(&key, "", None);
-            self.metrics.forget_proxy(&key);
+            self.publish(&d.key, "", None);
         }
     }
 
-    fn fold(
-        &self,
-        done: Done,
-        targets: &HashMap<String, ProbeSpec>,
-        states: &mut HashMap<String, threshold::State>,
-        notifier: &mut Notifier,
-    ) {
-        let Some(current) = targets.get(&done.key) else {
-            return; // pruned while in flight
-        };
-        if current.uid != done.spec.uid || current.target != done.spec.target {
-            debug!(proxy = %done.key, "Discarding a stale probe result");
-            return;
-        }
+    /// Folds a finished probe and publishes what `probes` says to.
+    fn fold(&self, probes: &mut Probes, done: Done, now: u64, notifier: &mut Notifier) {
         let r = &done.result;
-        self.metrics.observe(&done.key, r.ok, r.latency);
-        let latency_ms = u64::try_from(r.latency.as_millis()).unwrap_or(u64::MAX);
-        let state = states.entry(done.key.clone()).or_default();
-        let (next, change) = threshold::fold(*state, r.ok, latency_ms, current.thresholds);
-        *state = next;
-        let Some(change) = change else {
+        let folded = probes.complete(&done.key, &done.spec, done.started_ms, now, done.at, r);
+        match folded {
+            Folded::Gone => return,
+            Folded::Stale => {
+                debug!(proxy = %done.key, "Discarding a stale probe result");
+                return;
+            }
+            Folded::Quiet | Folded::Publish(_) => {}
+        }
+        let reason = r.error.as_ref().map(ProbeError::reason);
+        self.metrics.observe(&done.key, reason, r.latency);
+        let Folded::Publish(v) = folded else {
             return;
         };
-        let healthy = next.healthy == Some(true);
-        if change != Change::Latency {
-            info!(proxy = %done.key, healthy, latencyMillis = latency_ms, error = r.error.as_deref().unwrap_or(""), "Proxy health changed");
+        if v.change != Change::Latency {
+            let error = r
+                .error
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            info!(proxy = %done.key, healthy = v.report.healthy, latencyMillis = v.report.latency_ms, error, "Proxy health changed");
         }
-        let message = if healthy {
-            format!(
-                "probe of {} through the proxy passed",
-                redact(&current.target.url)
-            )
-        } else {
-            r.error.clone().unwrap_or_else(|| "probe failed".into())
-        };
-        self.publish(
-            &done.key,
-            &current.uid,
-            Some(HealthReport {
-                healthy,
-                latency_ms,
-                probed_at: done.at,
-                message,
-            }),
-        );
+        self.publish(&done.key, &v.uid, Some(v.report));
         if let Some((ns, name)) = done.key.split_once('/') {
             notifier.notify(ns, name);
         }
     }
 }
 
-/// The URL without credentials, query or fragment (for messages).
-fn redact(u: &Url) -> String {
-    let mut u = u.clone();
-    let _ = u.set_username("");
-    let _ = u.set_password(None);
-    u.set_query(None);
-    u.set_fragment(None);
-    u.to_string()
-}
-
-/// A stable offset in `0..interval` so a fleet seeded at once is spread
-/// over the first interval instead of probed in one burst.
-fn spread(key: &str, interval_ms: u64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish() % interval_ms.max(1)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::probes::tests::{defaults, external};
     use super::*;
-    use serde_json::json;
-
-    fn defaults() -> Defaults {
-        Defaults {
-            url: Url::parse("https://www.gstatic.com/generate_204").unwrap(),
-            expected_status: 204,
-        }
-    }
-
-    fn proxy(v: serde_json::Value) -> Proxy {
-        serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn probe_spec_table() {
-        let base = |spec: serde_json::Value, status: serde_json::Value| {
-            proxy(
-                json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
-                "spec": spec, "status": status}),
-            )
-        };
-        type Want<'a> = Option<(&'a str, u16, &'a str, u16, u64, u32, u32)>;
-        let cases: Vec<(&str, Proxy, Want)> = vec![
-            (
-                "managed running",
-                base(
-                    json!({"provider": "k", "port": 3128}),
-                    json!({"phase": "Running", "ip": "10.0.0.1"}),
-                ),
-                Some((
-                    "10.0.0.1",
-                    3128,
-                    "https://www.gstatic.com/generate_204",
-                    204,
-                    1,
-                    2,
-                    3,
-                )),
-            ),
-            (
-                "managed provisioning",
-                base(
-                    json!({"provider": "k", "port": 3128}),
-                    json!({"phase": "Provisioning", "ip": "10.0.0.1"}),
-                ),
-                None,
-            ),
-            (
-                "managed without ip",
-                base(
-                    json!({"provider": "k", "port": 3128}),
-                    json!({"phase": "Running"}),
-                ),
-                None,
-            ),
-            (
-                "external with overrides",
-                base(
-                    json!({"mode": "External", "endpoint": {"host": "px.example", "port": 8080},
-                        "healthCheck": {"url": "http://t.example/x", "expectedStatus": 200, "intervalSeconds": 7,
-                            "timeoutSeconds": 2, "successThreshold": 1, "failureThreshold": 5}}),
-                    json!({}),
-                ),
-                Some(("px.example", 8080, "http://t.example/x", 200, 7, 1, 5)),
-            ),
-            (
-                "bad url",
-                base(
-                    json!({"mode": "External", "endpoint": {"host": "h", "port": 1}, "healthCheck": {"url": "ftp://x"}}),
-                    json!({}),
-                ),
-                None,
-            ),
-        ];
-        for (name, p, want) in cases {
-            let got = probe_spec(&p, &defaults()).map(|s| {
-                (
-                    s.target.proxy_host.clone(),
-                    s.target.proxy_port,
-                    s.target.url.to_string(),
-                    s.target.expected_status,
-                    s.interval.as_secs(),
-                    s.thresholds.success,
-                    s.thresholds.failure,
-                )
-            });
-            let want =
-                want.map(|(h, p, u, e, i, s, f)| (h.to_string(), p, u.to_string(), e, i, s, f));
-            assert_eq!(got, want, "{name}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_full_channel_loses_no_notification() {
-        let (mut n, mut rx) = Notifier::channel(1);
-        n.notify("ns", "a");
-        n.notify("ns", "b");
-        n.notify("ns", "b");
-        assert_eq!(n.flush(), 1);
-        assert_eq!(rx.recv().await.unwrap().name, "a");
-        assert_eq!(n.flush(), 0);
-        assert_eq!(rx.recv().await.unwrap().name, "b");
-    }
-
-    fn external(name: &str, uid: &str, port: u16) -> Proxy {
-        proxy(
-            json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-            "metadata": {"name": name, "namespace": "ns", "uid": uid},
-            "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port},
-                "healthCheck": {"url": "http://127.0.0.1:9/", "expectedStatus": 200, "timeoutSeconds": 1}}}),
-        )
-    }
+    use std::time::Duration;
 
     /// A "proxy" that answers 200 to every request.
     async fn answering_proxy() -> u16 {
@@ -648,10 +312,9 @@ mod tests {
             false,
             metrics.health.clone(),
         );
-        let old = probe_spec(&external("a", "u1", 1), &defaults()).unwrap();
-        let new = probe_spec(&external("a", "u2", 1), &defaults()).unwrap();
-        let targets = HashMap::from([("ns/a".to_string(), new)]);
-        let mut states = HashMap::new();
+        let old = super::super::probes::probe_spec(&external("a", "u1", 1), &defaults()).unwrap();
+        let mut probes = Probes::new(defaults());
+        probes.sync([&external("a", "u2", 1)], 0);
         let (mut n, mut rx) = Notifier::channel(4);
         let done = Done {
             key: "ns/a".into(),
@@ -664,19 +327,11 @@ mod tests {
                 error: None,
             },
         };
-        engine.fold(done, &targets, &mut states, &mut n);
-        assert!(states.is_empty());
+        engine.fold(&mut probes, done, 0, &mut n);
+        assert_eq!(probes.state("ns/a"), None);
         assert!(rx.try_recv().is_err());
         assert_eq!(engine.verdict("ns", "a", "u1"), None);
         assert_eq!(engine.verdict("ns", "a", "u2"), None);
         assert!(!metrics.encode().unwrap().contains("ns/a"));
-    }
-
-    #[test]
-    fn redaction_and_spread() {
-        let u = Url::parse("https://user:pw@h.example/p?token=x#f").unwrap();
-        assert_eq!(redact(&u), "https://h.example/p");
-        assert!(spread("ns/a", 1000) < 1000);
-        assert_eq!(spread("ns/a", 1000), spread("ns/a", 1000));
     }
 }

@@ -3,16 +3,26 @@
 //! changes.
 //!
 //! - [`probe`]: one probe (CONNECT + TLS, or a forward request).
+//! - [`error`]: [`ProbeError`], why a probe failed, with a bounded reason.
+//! - [`probes`]: [`Probes`], the pure state machine: targets from the
+//!   Proxy set, what is due at `now`, results folded into verdicts.
 //! - [`threshold`]: pure verdict folding and the status-affecting rule.
 //! - [`schedule`]: pure min-heap schedule of next-due times.
+//! - [`notify`]: the reconcile trigger channel to the Proxy controller.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
 pub mod engine;
+pub mod error;
+pub mod notify;
 pub mod probe;
+pub mod probes;
 pub mod schedule;
 pub mod threshold;
 
-pub use engine::{trigger_stream, Defaults, Engine, Notifier};
+pub use engine::Engine;
+pub use error::ProbeError;
+pub use notify::{trigger_stream, Notifier, NOTIFY_CAPACITY};
+pub use probes::{Defaults, Probes};
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, reflector, Store};

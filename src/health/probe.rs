@@ -16,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use url::Url;
 
+pub use super::error::ProbeError;
+
 /// Longest response head (status line and headers) read.
 const MAX_HEAD: usize = 16 * 1024;
 /// The probe's User-Agent.
@@ -44,7 +46,7 @@ pub struct ProbeResult {
     /// How long it took (up to the timeout).
     pub latency: Duration,
     /// Why it failed.
-    pub error: Option<String>,
+    pub error: Option<ProbeError>,
 }
 
 /// Builds the probe TLS configuration: the webpki roots plus every
@@ -85,7 +87,7 @@ pub async fn probe(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> ProbeResult
     let error = match res {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
-        Err(_) => Some(format!("timed out after {:?}", target.timeout)),
+        Err(_) => Some(ProbeError::Timeout(target.timeout)),
     };
     ProbeResult {
         ok: error.is_none(),
@@ -94,13 +96,13 @@ pub async fn probe(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> ProbeResult
     }
 }
 
-fn host_port(url: &Url) -> Result<(String, u16), String> {
+fn host_port(url: &Url) -> Result<(String, u16), ProbeError> {
     let host = url
         .host_str()
-        .ok_or_else(|| "probe URL has no host".to_string())?;
+        .ok_or_else(|| ProbeError::Url("probe URL has no host".into()))?;
     let port = url
         .port_or_known_default()
-        .ok_or_else(|| "probe URL has no port".to_string())?;
+        .ok_or_else(|| ProbeError::Url("probe URL has no port".into()))?;
     Ok((host.to_string(), port))
 }
 
@@ -111,7 +113,7 @@ fn path_and_query(url: &Url) -> String {
     }
 }
 
-fn host_header(url: &Url) -> Result<String, String> {
+fn host_header(url: &Url) -> Result<String, ProbeError> {
     let (host, port) = host_port(url)?;
     Ok(match url.port() {
         Some(_) => format!("{host}:{port}"),
@@ -119,10 +121,10 @@ fn host_header(url: &Url) -> Result<String, String> {
     })
 }
 
-async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), String> {
+async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), ProbeError> {
     let mut conn = TcpStream::connect((target.proxy_host.as_str(), target.proxy_port))
         .await
-        .map_err(|e| format!("connecting to the proxy: {e}"))?;
+        .map_err(|e| ProbeError::connect(&e))?;
     let _ = conn.set_nodelay(true);
     let host = host_header(&target.url)?;
     match target.url.scheme() {
@@ -147,24 +149,26 @@ async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), String
             );
             conn.write_all(connect.as_bytes())
                 .await
-                .map_err(|e| format!("sending CONNECT: {e}"))?;
+                .map_err(|e| ProbeError::io("sending CONNECT", &e))?;
             let status = read_status(&mut conn, "proxy").await?;
             if !(200..300).contains(&status) {
-                return Err(format!("proxy refused CONNECT with status {status}"));
+                return Err(ProbeError::ProxyRefused(status));
             }
             let name = ServerName::try_from(h.trim_matches(['[', ']']).to_string())
-                .map_err(|e| format!("invalid TLS server name {h:?}: {e}"))?;
+                .map_err(|e| ProbeError::Tls(format!("invalid TLS server name {h:?}: {e}")))?;
             let mut stream = tokio_rustls::TlsConnector::from(tls.clone())
                 .connect(name, conn)
                 .await
-                .map_err(|e| format!("TLS through the tunnel: {e}"))?;
+                .map_err(|e| ProbeError::Tls(format!("TLS through the tunnel: {e}")))?;
             let req = format!(
                 "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
                 path_and_query(&target.url)
             );
             exchange(&mut stream, &req, target.expected_status, "target").await
         }
-        other => Err(format!("unsupported probe URL scheme {other:?}")),
+        other => Err(ProbeError::Url(format!(
+            "unsupported probe URL scheme {other:?}"
+        ))),
     }
 }
 
@@ -172,40 +176,46 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     req: &str,
     expected: u16,
-    who: &str,
-) -> Result<(), String> {
+    who: &'static str,
+) -> Result<(), ProbeError> {
     s.write_all(req.as_bytes())
         .await
-        .map_err(|e| format!("sending the request: {e}"))?;
+        .map_err(|e| ProbeError::io("sending the request", &e))?;
     let status = read_status(s, who).await?;
     if status == expected {
         Ok(())
     } else {
-        Err(format!(
-            "{who} answered status {status}, expected {expected}"
-        ))
+        Err(ProbeError::Status {
+            who,
+            status,
+            expected,
+        })
     }
 }
 
 /// Reads a response head (up to the blank line, byte by byte so nothing
 /// past it is consumed: a CONNECT tunnel follows) and returns its status.
-async fn read_status<S: AsyncRead + Unpin>(s: &mut S, who: &str) -> Result<u16, String> {
+async fn read_status<S: AsyncRead + Unpin>(
+    s: &mut S,
+    who: &'static str,
+) -> Result<u16, ProbeError> {
     let mut head = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() >= MAX_HEAD {
-            return Err(format!("{who} response head exceeds {MAX_HEAD} bytes"));
+            return Err(ProbeError::Protocol(format!(
+                "{who} response head exceeds {MAX_HEAD} bytes"
+            )));
         }
         match s.read(&mut byte).await {
-            Ok(0) if head.is_empty() => {
-                return Err(format!("{who} closed the connection without answering"))
-            }
+            Ok(0) if head.is_empty() => return Err(ProbeError::Closed(who)),
             Ok(0) => break,
             Ok(_) => head.push(byte[0]),
-            Err(e) => return Err(format!("reading the {who} response: {e}")),
+            Err(e) => return Err(ProbeError::io(&format!("reading the {who} response"), &e)),
         }
     }
-    parse_status(&head).ok_or_else(|| format!("{who} sent no valid HTTP status line"))
+    parse_status(&head)
+        .ok_or_else(|| ProbeError::Protocol(format!("{who} sent no valid HTTP status line")))
 }
 
 /// The status of `HTTP/1.x NNN ...`.
