@@ -27,6 +27,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::storage_vol::StorageVol;
+use virt::sys;
 
 use self::classify::{code, code_of, domain_of};
 use self::conn::{rpc, HostLink, LinkError, OpConn};
@@ -115,9 +116,11 @@ struct Observed {
 
 /// libvirt domain states (virDomainState).
 mod dstate {
-    pub const NOSTATE: u32 = 0;
-    pub const RUNNING: u32 = 1;
-    pub const BLOCKED: u32 = 2;
+    use virt::sys;
+
+    pub const NOSTATE: u32 = sys::VIR_DOMAIN_NOSTATE;
+    pub const RUNNING: u32 = sys::VIR_DOMAIN_RUNNING;
+    pub const BLOCKED: u32 = sys::VIR_DOMAIN_BLOCKED;
 }
 
 /// Maps a libvirt state and address to the provider state (kvm.md §6).
@@ -134,7 +137,7 @@ pub fn map_state(state: u32, ip: &str) -> InstanceState {
 pub fn pick_ipv4(ifaces: &[(String, Vec<(i64, String)>)]) -> Option<String> {
     for (_, addrs) in ifaces {
         for (kind, addr) in addrs {
-            if *kind != 0 {
+            if *kind != sys::VIR_IP_ADDR_TYPE_IPV4 as i64 {
                 continue;
             }
             let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else {
@@ -155,7 +158,11 @@ type MarkRead = Option<Result<Mark, String>>;
 
 fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
     match rpc("virDomainGetMetadata", || {
-        d.metadata(2, Some(METADATA_URI), 0)
+        d.metadata(
+            sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+            Some(METADATA_URI),
+            0,
+        )
     }) {
         Ok(x) => Ok(Some(parse_mark(&x))),
         Err(e) if code_of(&e) == code::NO_DOMAIN_METADATA => Ok(None),
@@ -172,9 +179,18 @@ fn address_of(d: &Domain) -> String {
     // Lease (libvirt networks), ARP, then the guest agent; errors mean "no
     // address yet", never a failure.
     for (source, name) in [
-        (0u32, "virDomainInterfaceAddresses(lease)"),
-        (2, "virDomainInterfaceAddresses(arp)"),
-        (1, "virDomainInterfaceAddresses(agent)"),
+        (
+            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+            "virDomainInterfaceAddresses(lease)",
+        ),
+        (
+            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+            "virDomainInterfaceAddresses(arp)",
+        ),
+        (
+            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+            "virDomainInterfaceAddresses(agent)",
+        ),
     ] {
         if let Ok(ifaces) = rpc(name, || d.interface_addresses(source, 0)) {
             let view: Vec<(String, Vec<(i64, String)>)> = ifaces
@@ -255,11 +271,11 @@ enum Existing {
 
 fn pool_state_word(s: u32) -> String {
     match s {
-        0 => "inactive".into(),
-        1 => "building".into(),
-        2 => "running".into(),
-        3 => "degraded".into(),
-        4 => "inaccessible".into(),
+        sys::VIR_STORAGE_POOL_INACTIVE => "inactive".into(),
+        sys::VIR_STORAGE_POOL_BUILDING => "building".into(),
+        sys::VIR_STORAGE_POOL_RUNNING => "running".into(),
+        sys::VIR_STORAGE_POOL_DEGRADED => "degraded".into(),
+        sys::VIR_STORAGE_POOL_INACCESSIBLE => "inaccessible".into(),
         n => format!("state {n}"),
     }
 }
@@ -562,7 +578,7 @@ impl KvmProvider {
                     c.lookup_storage_pool_by_name(&pool)
                 })?;
                 let info = rpc("virStoragePoolGetInfo", || p.info())?;
-                if info.state != 2 {
+                if info.state != sys::VIR_STORAGE_POOL_RUNNING {
                     return Ok(Existing::PoolInactive(info.state));
                 }
                 Ok(Existing::Build)
@@ -722,7 +738,13 @@ impl KvmProvider {
                     Err(e) if code_of(&e) == code::NO_DOMAIN => {}
                     Err(e) => return Err(e),
                 }
-                match rpc("virDomainUndefineFlags", || d.undefine_flags(7)) {
+                match rpc("virDomainUndefineFlags", || {
+                    d.undefine_flags(
+                        sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                            | sys::VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                            | sys::VIR_DOMAIN_UNDEFINE_NVRAM,
+                    )
+                }) {
                     Ok(()) => {}
                     Err(e) if code_of(&e) == code::NO_DOMAIN => {}
                     Err(e) => return Err(e),
@@ -848,7 +870,7 @@ impl KvmProvider {
                     details.insert("poolState".into(), pool_state_word(info.state));
                     details.insert("poolCapacity".into(), gib(info.capacity));
                     details.insert("poolAvailable".into(), gib(info.available));
-                    if info.state == 2 {
+                    if info.state == sys::VIR_STORAGE_POOL_RUNNING {
                         (true, "Reachable", String::new())
                     } else {
                         (
