@@ -5,56 +5,59 @@ use std::error::Error as StdError;
 use super::ssh::DialError;
 use crate::provider::ErrorClass;
 
-/// libvirt error codes the provider branches on (virterror.h).
+/// libvirt error codes the provider branches on (virterror.h), by their
+/// `virt::sys` names.
 pub mod code {
+    use virt::sys;
+
     /// VIR_ERR_INTERNAL_ERROR
-    pub const INTERNAL_ERROR: i64 = 1;
+    pub const INTERNAL_ERROR: i64 = sys::VIR_ERR_INTERNAL_ERROR as i64;
     /// VIR_ERR_NO_SUPPORT
-    pub const NO_SUPPORT: i64 = 3;
+    pub const NO_SUPPORT: i64 = sys::VIR_ERR_NO_SUPPORT as i64;
     /// VIR_ERR_INVALID_ARG
-    pub const INVALID_ARG: i64 = 8;
+    pub const INVALID_ARG: i64 = sys::VIR_ERR_INVALID_ARG as i64;
     /// VIR_ERR_OPERATION_FAILED
-    pub const OPERATION_FAILED: i64 = 9;
+    pub const OPERATION_FAILED: i64 = sys::VIR_ERR_OPERATION_FAILED as i64;
     /// VIR_ERR_XML_ERROR
-    pub const XML_ERROR: i64 = 27;
+    pub const XML_ERROR: i64 = sys::VIR_ERR_XML_ERROR as i64;
     /// VIR_ERR_OPERATION_DENIED
-    pub const OPERATION_DENIED: i64 = 29;
+    pub const OPERATION_DENIED: i64 = sys::VIR_ERR_OPERATION_DENIED as i64;
     /// VIR_ERR_XML_DETAIL
-    pub const XML_DETAIL: i64 = 35;
+    pub const XML_DETAIL: i64 = sys::VIR_ERR_XML_DETAIL as i64;
     /// VIR_ERR_SYSTEM_ERROR
-    pub const SYSTEM_ERROR: i64 = 38;
+    pub const SYSTEM_ERROR: i64 = sys::VIR_ERR_SYSTEM_ERROR as i64;
     /// VIR_ERR_RPC
-    pub const RPC: i64 = 39;
+    pub const RPC: i64 = sys::VIR_ERR_RPC as i64;
     /// VIR_ERR_NO_DOMAIN
-    pub const NO_DOMAIN: i64 = 42;
+    pub const NO_DOMAIN: i64 = sys::VIR_ERR_NO_DOMAIN as i64;
     /// VIR_ERR_AUTH_FAILED
-    pub const AUTH_FAILED: i64 = 45;
+    pub const AUTH_FAILED: i64 = sys::VIR_ERR_AUTH_FAILED as i64;
     /// VIR_ERR_NO_STORAGE_POOL
-    pub const NO_STORAGE_POOL: i64 = 49;
+    pub const NO_STORAGE_POOL: i64 = sys::VIR_ERR_NO_STORAGE_POOL as i64;
     /// VIR_ERR_NO_STORAGE_VOL
-    pub const NO_STORAGE_VOL: i64 = 50;
+    pub const NO_STORAGE_VOL: i64 = sys::VIR_ERR_NO_STORAGE_VOL as i64;
     /// VIR_ERR_OPERATION_INVALID
-    pub const OPERATION_INVALID: i64 = 55;
+    pub const OPERATION_INVALID: i64 = sys::VIR_ERR_OPERATION_INVALID as i64;
     /// VIR_ERR_CONFIG_UNSUPPORTED
-    pub const CONFIG_UNSUPPORTED: i64 = 67;
+    pub const CONFIG_UNSUPPORTED: i64 = sys::VIR_ERR_CONFIG_UNSUPPORTED as i64;
     /// VIR_ERR_ARGUMENT_UNSUPPORTED
-    pub const ARGUMENT_UNSUPPORTED: i64 = 74;
+    pub const ARGUMENT_UNSUPPORTED: i64 = sys::VIR_ERR_ARGUMENT_UNSUPPORTED as i64;
     /// VIR_ERR_NO_DOMAIN_METADATA
-    pub const NO_DOMAIN_METADATA: i64 = 80;
+    pub const NO_DOMAIN_METADATA: i64 = sys::VIR_ERR_NO_DOMAIN_METADATA as i64;
     /// VIR_ERR_OPERATION_UNSUPPORTED
-    pub const OPERATION_UNSUPPORTED: i64 = 84;
+    pub const OPERATION_UNSUPPORTED: i64 = sys::VIR_ERR_OPERATION_UNSUPPORTED as i64;
     /// VIR_ERR_AGENT_UNRESPONSIVE
-    pub const AGENT_UNRESPONSIVE: i64 = 86;
+    pub const AGENT_UNRESPONSIVE: i64 = sys::VIR_ERR_AGENT_UNRESPONSIVE as i64;
     /// VIR_ERR_RESOURCE_BUSY
-    pub const RESOURCE_BUSY: i64 = 87;
+    pub const RESOURCE_BUSY: i64 = sys::VIR_ERR_RESOURCE_BUSY as i64;
     /// VIR_ERR_ACCESS_DENIED
-    pub const ACCESS_DENIED: i64 = 88;
+    pub const ACCESS_DENIED: i64 = sys::VIR_ERR_ACCESS_DENIED as i64;
     /// VIR_ERR_STORAGE_VOL_EXIST
-    pub const STORAGE_VOL_EXIST: i64 = 90;
+    pub const STORAGE_VOL_EXIST: i64 = sys::VIR_ERR_STORAGE_VOL_EXIST as i64;
     /// VIR_ERR_XML_INVALID_SCHEMA
-    pub const XML_INVALID_SCHEMA: i64 = 92;
+    pub const XML_INVALID_SCHEMA: i64 = sys::VIR_ERR_XML_INVALID_SCHEMA as i64;
     /// VIR_FROM_RPC (error domain)
-    pub const FROM_RPC: i64 = 7;
+    pub const FROM_RPC: i64 = sys::VIR_FROM_RPC as i64;
 }
 
 /// The raw code of a libvirt error.

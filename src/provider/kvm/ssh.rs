@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
-use sha1::{Digest, Sha1};
+use hmac::{Hmac, KeyInit, Mac};
+use sha1::Sha1;
+use ssh_key::known_hosts::{self, HostPatterns};
 
 use crate::provider::ErrorClass;
 
@@ -70,7 +72,7 @@ impl DialError {
 #[derive(Clone, Debug)]
 struct Entry {
     revoked: bool,
-    patterns: Vec<String>,
+    hosts: HostPatterns,
     key: Vec<u8>,
 }
 
@@ -93,23 +95,12 @@ pub enum HostKeyVerdict {
     Revoked,
 }
 
-fn hmac_sha1(key: &[u8], msg: &[u8]) -> [u8; 20] {
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..20].copy_from_slice(&Sha1::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha1::new();
-    inner.update(k.map(|b| b ^ 0x36));
-    inner.update(msg);
-    let ih = inner.finalize();
-    let mut outer = Sha1::new();
-    outer.update(k.map(|b| b ^ 0x5c));
-    outer.update(ih);
-    let mut out = [0u8; 20];
-    out.copy_from_slice(&outer.finalize());
-    out
+/// HMAC-SHA1 of `msg`, as OpenSSH hashes known_hosts names.
+fn hmac_sha1(key: &[u8], msg: &[u8]) -> Option<[u8; 20]> {
+    // HMAC takes a key of any length, so this never fails in practice.
+    let mut mac = <Hmac<Sha1> as KeyInit>::new_from_slice(key).ok()?;
+    mac.update(msg);
+    Some(mac.finalize().into_bytes().into())
 }
 
 fn glob(pat: &str, s: &str) -> bool {
@@ -125,25 +116,44 @@ fn glob(pat: &str, s: &str) -> bool {
     go(&p, &t)
 }
 
-fn pattern_matches(pat: &str, host: &str) -> Result<bool, String> {
-    if let Some(rest) = pat.strip_prefix("|1|") {
-        let (salt, hash) = rest
-            .split_once('|')
-            .ok_or_else(|| "hashed host entry without a hash".to_string())?;
-        let salt = data_encoding::BASE64
-            .decode(salt.as_bytes())
-            .map_err(|e| format!("hashed host salt: {e}"))?;
-        let hash = data_encoding::BASE64
-            .decode(hash.as_bytes())
-            .map_err(|e| format!("hashed host hash: {e}"))?;
-        return Ok(hmac_sha1(&salt, host.as_bytes()).as_slice() == hash.as_slice());
+/// Whether one pattern of a comma list names `host`; a hashed pattern
+/// here (negated, `!|1|salt|hash`) is checked as one.
+fn pattern_matches(pat: &str, host: &str) -> bool {
+    match pat.parse::<HostPatterns>() {
+        Ok(HostPatterns::HashedName { salt, hash }) => hashed_matches(&salt, &hash, host),
+        _ if pat.starts_with("|1|") => false,
+        _ => glob(pat, host),
     }
-    Ok(glob(pat, host))
+}
+
+fn hashed_matches(salt: &[u8], hash: &[u8], host: &str) -> bool {
+    hmac_sha1(salt, host.as_bytes()).is_some_and(|h| h.as_slice() == hash)
+}
+
+/// Whether `host` is named by `hosts`, and not negated.
+fn names(hosts: &HostPatterns, host: &str) -> bool {
+    match hosts {
+        HostPatterns::HashedName { salt, hash } => hashed_matches(salt, hash, host),
+        HostPatterns::Patterns(patterns) => {
+            let mut hit = false;
+            for p in patterns {
+                if let Some(neg) = p.strip_prefix('!') {
+                    if pattern_matches(neg, host) {
+                        return false;
+                    }
+                } else if pattern_matches(p, host) {
+                    hit = true;
+                }
+            }
+            hit
+        }
+    }
 }
 
 impl KnownHosts {
-    /// Parses the text of a known_hosts file. Lines with an unknown marker
-    /// are refused; `@cert-authority` lines are ignored (no certificates).
+    /// Parses the text of a known_hosts file (each line with ssh-key's
+    /// parser). Lines with an unknown marker are refused; `@cert-authority`
+    /// lines are ignored (no certificates).
     pub fn parse(text: &str) -> Result<KnownHosts, String> {
         let mut entries = Vec::new();
         for (i, raw) in text.lines().enumerate() {
@@ -151,26 +161,28 @@ impl KnownHosts {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let mut fields = line.split_whitespace();
-            let mut first = fields.next().unwrap_or("");
-            let mut revoked = false;
-            if let Some(marker) = first.strip_prefix('@') {
-                match marker {
-                    "revoked" => revoked = true,
-                    "cert-authority" => continue,
-                    other => return Err(format!("line {}: unknown marker @{other}", i + 1)),
-                }
-                first = fields.next().unwrap_or("");
-            }
-            let (Some(_kind), Some(blob)) = (fields.next(), fields.next()) else {
-                return Err(format!("line {}: want hosts, key type and key", i + 1));
+            // ssh-key splits fields on single spaces; OpenSSH on any run.
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let rest = match fields[0].strip_prefix('@') {
+                Some("revoked") => &fields[1..],
+                Some("cert-authority") => continue,
+                Some(other) => return Err(format!("line {}: unknown marker @{other}", i + 1)),
+                None => &fields[..],
             };
-            let key = data_encoding::BASE64
-                .decode(blob.as_bytes())
-                .map_err(|e| format!("line {}: key is not base64: {e}", i + 1))?;
+            if rest.len() < 3 {
+                return Err(format!("line {}: want hosts, key type and key", i + 1));
+            }
+            let entry: known_hosts::Entry = fields
+                .join(" ")
+                .parse()
+                .map_err(|e| format!("line {}: key does not parse: {e}", i + 1))?;
+            let key = entry
+                .public_key()
+                .to_bytes()
+                .map_err(|e| format!("line {}: key does not encode: {e}", i + 1))?;
             entries.push(Entry {
-                revoked,
-                patterns: first.split(',').map(str::to_string).collect(),
+                revoked: entry.marker() == Some(&known_hosts::Marker::Revoked),
+                hosts: entry.host_patterns().clone(),
                 key,
             });
         }
@@ -183,18 +195,7 @@ impl KnownHosts {
         let mut seen = false;
         let mut known = false;
         for e in &self.entries {
-            let mut hit = false;
-            let mut negated = false;
-            for p in &e.patterns {
-                if let Some(neg) = p.strip_prefix('!') {
-                    if pattern_matches(neg, host).unwrap_or(false) {
-                        negated = true;
-                    }
-                } else if pattern_matches(p, host).unwrap_or(false) {
-                    hit = true;
-                }
-            }
-            if !hit || negated {
+            if !names(&e.hosts, host) {
                 continue;
             }
             if e.revoked {
@@ -446,21 +447,22 @@ mod tests {
 
     #[test]
     fn hmac_sha1_rfc2202() {
-        let got = hmac_sha1(b"key", b"The quick brown fox jumps over the lazy dog");
+        let got = hmac_sha1(b"key", b"The quick brown fox jumps over the lazy dog").unwrap();
         let hex: String = got.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, "de7c9b85b8b78aa6bc8a7a36f70a90701c9db4d9");
     }
 
     #[test]
     fn known_hosts_matching() {
-        let key = b"\x00\x00\x00\x0bssh-ed25519KEY".to_vec();
+        let mut key = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20".to_vec();
+        key.extend_from_slice(&[7u8; 32]);
         let other = b"other".to_vec();
         let b64 = data_encoding::BASE64.encode(&key);
         let salt = b"0123456789abcdefghij";
         let hashed = format!(
             "|1|{}|{}",
             data_encoding::BASE64.encode(salt),
-            data_encoding::BASE64.encode(&hmac_sha1(salt, b"[127.0.0.1]:2222"))
+            data_encoding::BASE64.encode(&hmac_sha1(salt, b"[127.0.0.1]:2222").unwrap())
         );
         let text = format!(
             "# comment\nnas1,10.0.0.1 ssh-ed25519 {b64}\n{hashed} ssh-ed25519 {b64} c\n@cert-authority * ssh-ed25519 {b64}\n"

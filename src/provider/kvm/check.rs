@@ -1,0 +1,205 @@
+//! The health check of one host (docs/kvm-provider.md "Health check"): a
+//! probe over its own libvirt connection, and a pure mapping from what the
+//! probe observed to the check's reason.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virt::sys;
+
+use super::classify::{code, code_of, domain_of};
+use super::conn::{rpc, HostLink, LinkError};
+use super::ssh::Stage;
+use crate::provider::TargetStatus;
+
+/// What a host check observed, as far as its reason depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// The check deadline passed.
+    Deadline,
+    /// The dial failed at this stage.
+    Dial(Stage),
+    /// A libvirt call failed with this error code and error domain.
+    Libvirt { code: i64, domain: i64 },
+    /// A libvirt call exceeded the call timeout.
+    CallTimedOut,
+    /// The blocking task died.
+    Aborted,
+    /// Every call answered; the pool is in this state.
+    Pool(u32),
+}
+
+impl Observation {
+    /// What a failed probe observed.
+    pub fn of(e: &LinkError) -> Self {
+        match e {
+            LinkError::Dial { source, .. } => Observation::Dial(source.stage),
+            LinkError::Libvirt { source, .. } => Observation::Libvirt {
+                code: code_of(source),
+                domain: domain_of(source),
+            },
+            LinkError::TimedOut(_) => Observation::CallTimedOut,
+            LinkError::Aborted(_) => Observation::Aborted,
+        }
+    }
+}
+
+/// The check reason for an observation.
+pub fn reason(o: Observation) -> &'static str {
+    match o {
+        Observation::Deadline | Observation::CallTimedOut => "Timeout",
+        Observation::Dial(Stage::Material) => "SSHMaterialUnavailable",
+        Observation::Dial(Stage::Tcp) => "Unreachable",
+        Observation::Dial(Stage::Handshake) => "SSHHandshakeFailed",
+        Observation::Dial(Stage::LibvirtConnect) => "LibvirtConnectFailed",
+        Observation::Libvirt { code, .. } if code == code::NO_STORAGE_POOL => "PoolNotFound",
+        Observation::Libvirt { domain, .. } if domain == code::FROM_RPC => "Unreachable",
+        Observation::Libvirt { .. } => "LibvirtError",
+        Observation::Aborted => "Unreachable",
+        Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING) => "Reachable",
+        Observation::Pool(_) => "PoolNotActive",
+    }
+}
+
+/// A pool state as a word.
+pub fn pool_state_word(s: u32) -> String {
+    match s {
+        sys::VIR_STORAGE_POOL_INACTIVE => "inactive".into(),
+        sys::VIR_STORAGE_POOL_BUILDING => "building".into(),
+        sys::VIR_STORAGE_POOL_RUNNING => "running".into(),
+        sys::VIR_STORAGE_POOL_DEGRADED => "degraded".into(),
+        sys::VIR_STORAGE_POOL_INACCESSIBLE => "inaccessible".into(),
+        n => format!("state {n}"),
+    }
+}
+
+/// Bytes in GiB, one decimal.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.1}GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// libvirt's packed version number as `major.minor.micro`.
+fn version_string(version: u64) -> String {
+    format!(
+        "{}.{}.{}",
+        version / 1_000_000,
+        version / 1000 % 1000,
+        version % 1000
+    )
+}
+
+/// Checks one host within `deadline`.
+pub async fn check_host(link: Arc<HostLink>, deadline: Duration) -> TargetStatus {
+    let started = Instant::now();
+    let host = &link.host;
+    let mut details = BTreeMap::new();
+    details.insert("user".to_string(), host.user.clone());
+    details.insert("pool".to_string(), host.pool.clone());
+    let probe = async {
+        let op = link.open().await?;
+        let pool = host.pool.clone();
+        op.call("checking host", move |c| {
+            let version = rpc("virConnectGetLibVersion", || c.lib_version())?;
+            let hostname = rpc("virConnectGetHostname", || c.hostname())?;
+            let p = rpc("virStoragePoolLookupByName", || {
+                c.lookup_storage_pool_by_name(&pool)
+            })?;
+            let info = rpc("virStoragePoolGetInfo", || p.info())?;
+            Ok((version, hostname, info))
+        })
+        .await
+    };
+    let (observed, message) = match tokio::time::timeout(deadline, probe).await {
+        Err(_) => (
+            Observation::Deadline,
+            format!("no answer within {deadline:?}"),
+        ),
+        Ok(Err(e)) => {
+            let message = match &e {
+                LinkError::Libvirt { source, .. } => source.message().to_string(),
+                other => other.to_string(),
+            };
+            (Observation::of(&e), message)
+        }
+        Ok(Ok((version, hostname, info))) => {
+            details.insert("hostname".into(), hostname);
+            details.insert("libvirtVersion".into(), version_string(version.into()));
+            details.insert("poolState".into(), pool_state_word(info.state));
+            details.insert("poolCapacity".into(), gib(info.capacity));
+            details.insert("poolAvailable".into(), gib(info.available));
+            let message = if info.state == sys::VIR_STORAGE_POOL_RUNNING {
+                String::new()
+            } else {
+                format!(
+                    "storage pool {:?} is {}",
+                    host.pool,
+                    pool_state_word(info.state)
+                )
+            };
+            (Observation::Pool(info.state), message)
+        }
+    };
+    let reason = reason(observed);
+    TargetStatus {
+        name: host.name.clone(),
+        address: host.address.clone(),
+        ready: reason == "Reachable",
+        reason: reason.to_string(),
+        message,
+        latency: started.elapsed(),
+        details,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_table() {
+        let lv = |code, domain| Observation::Libvirt { code, domain };
+        for (o, want) in [
+            (Observation::Deadline, "Timeout"),
+            (Observation::CallTimedOut, "Timeout"),
+            (Observation::Dial(Stage::Material), "SSHMaterialUnavailable"),
+            (Observation::Dial(Stage::Tcp), "Unreachable"),
+            (Observation::Dial(Stage::Handshake), "SSHHandshakeFailed"),
+            (
+                Observation::Dial(Stage::LibvirtConnect),
+                "LibvirtConnectFailed",
+            ),
+            (lv(code::NO_STORAGE_POOL, 0), "PoolNotFound"),
+            (lv(code::NO_STORAGE_POOL, code::FROM_RPC), "PoolNotFound"),
+            (lv(code::RPC, code::FROM_RPC), "Unreachable"),
+            (lv(code::INTERNAL_ERROR, code::FROM_RPC), "Unreachable"),
+            (lv(code::INTERNAL_ERROR, 0), "LibvirtError"),
+            (lv(code::ACCESS_DENIED, 0), "LibvirtError"),
+            (Observation::Aborted, "Unreachable"),
+            (
+                Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING),
+                "Reachable",
+            ),
+            (
+                Observation::Pool(sys::VIR_STORAGE_POOL_INACTIVE),
+                "PoolNotActive",
+            ),
+            (
+                Observation::Pool(sys::VIR_STORAGE_POOL_DEGRADED),
+                "PoolNotActive",
+            ),
+            (Observation::Pool(42), "PoolNotActive"),
+        ] {
+            assert_eq!(reason(o), want, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn words() {
+        assert_eq!(pool_state_word(2), "running");
+        assert_eq!(pool_state_word(7), "state 7");
+        assert_eq!(gib(6 << 30), "6.0GiB");
+        assert_eq!(version_string(9_000_000), "9.0.0");
+        assert_eq!(version_string(10_010_003), "10.10.3");
+    }
+}
