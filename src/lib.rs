@@ -12,7 +12,7 @@ pub mod http;
 pub mod leader;
 pub mod lease;
 pub mod metrics;
+pub mod operator;
 pub mod provider;
 pub mod providerhealth;
-pub mod runnables;
 pub mod telemetry;

@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use hmac::{Hmac, KeyInit, Mac};
 use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
-use hmac::{Hmac, KeyInit, Mac};
 use sha1::Sha1;
 use ssh_key::known_hosts::{self, HostPatterns};
 

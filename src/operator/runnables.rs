@@ -1,6 +1,6 @@
-//! Starting the runnables the composition root wires: each function takes
-//! what it needs, spawns its tasks into the shared set, and returns the
-//! handles other runnables consume.
+//! Starting the runnables the [`Operator`](super::Operator) wires: each
+//! function takes what it needs, spawns its tasks into the shared set, and
+//! returns the handles other runnables consume.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -10,13 +10,14 @@ use std::sync::Arc;
 use kube::runtime::reflector::Store;
 use kube::Client;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::{Proxy, ProxyPhase};
-use crate::cli::{self, Flags};
 use crate::discovery;
 use crate::health;
-use crate::lease::{LeaseConfig, LeaseStore};
+use crate::lease::LeaseStore;
 use crate::metrics::{Metrics, TargetSample};
 use crate::provider::registry::Registry;
 use crate::providerhealth::{self, writer::Writer, Monitor};
@@ -56,19 +57,18 @@ pub fn phase_counts(proxies: &[Arc<Proxy>]) -> Vec<(String, i64)> {
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
-    flags: &Flags,
+    settings: &Settings,
     cache: Store<Proxy>,
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: flags.max_leases_per_proxy,
-        default_ttl: flags.default_lease_ttl,
-        max_ttl: flags.max_lease_ttl,
-        cooldown: flags.lease_cooldown,
-    }));
-    let token = std::env::var("DISCOVERY_TOKEN").ok();
-    let state = discovery::ApiState::new(Arc::new(cache), leases, token.as_deref(), metrics);
+    let leases = Arc::new(LeaseStore::new(settings.leases));
+    let state = discovery::ApiState::new(
+        Arc::new(cache),
+        leases,
+        settings.discovery_token.as_deref(),
+        metrics,
+    );
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
             error!(%addr, error = %e, "Discovery API failed");
@@ -80,64 +80,49 @@ pub fn spawn_discovery(
 /// names the Proxies whose status changed on the returned channel.
 pub fn spawn_health_engine(
     tasks: &mut JoinSet<()>,
-    flags: &Flags,
+    settings: &HealthSettings,
     cache: Store<Proxy>,
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> Result<
-    (
-        Arc<health::Engine>,
-        tokio::sync::mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
-    ),
-    String,
-> {
-    let probe_tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
-        .map_err(|e| format!("invalid --probe-ca-file: {e}"))?;
-    let url = url::Url::parse(&flags.default_probe_url)
-        .map_err(|e| format!("invalid --default-probe-url: {e}"))?;
+) -> (
+    Arc<health::Engine>,
+    tokio::sync::mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
+) {
     let engine = Arc::new(health::Engine::new(
-        health::Defaults {
-            url,
-            expected_status: flags.default_probe_expected_status,
-        },
-        usize::from(flags.health_workers),
-        probe_tls,
-        flags.trace_health_probes,
+        settings.defaults.clone(),
+        settings.workers,
+        settings.tls.clone(),
+        settings.trace_probes,
         metrics.health.clone(),
     ));
     let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();
     tasks.spawn(async move { runner.run(cache, notifier, stop).await });
-    Ok((engine, events))
+    (engine, events)
 }
 
 /// The provider health monitor and the ProviderHealth writer (leader-only),
 /// after removing objects of unconfigured providers (all of them when
 /// checks are off).
-pub async fn spawn_provider_health<F, Fut>(
+pub async fn spawn_provider_health(
     tasks: &mut JoinSet<()>,
-    flags: &Flags,
+    checks: Option<ProviderChecks>,
     client: &Client,
     providers: &Registry,
     metrics: &Metrics,
-    stopped: &F,
-) where
-    F: Fn() -> Fut,
-    Fut: Future<Output = ()> + Send + Sync + 'static,
-{
+    stop: &CancellationToken,
+) {
     let names: BTreeSet<String> = providers
         .checkers()
         .iter()
         .map(|c| c.name.clone())
         .collect();
-    let interval = flags.provider_check_interval;
-    if interval.is_zero() {
+    let Some(ProviderChecks { interval, timeout }) = checks else {
         providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
         info!("Provider checks are off (--provider-check-interval=0)");
         return;
-    }
+    };
     providerhealth::writer::cleanup(client, &names).await;
-    let timeout = cli::effective_check_timeout(interval, flags.provider_check_timeout);
     let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
     let snapshot = monitor.snapshot();
     let snap = snapshot.clone();
@@ -163,10 +148,10 @@ pub async fn spawn_provider_health<F, Fut>(
         Some(metrics.reconcile.clone()),
     );
     let rounds = monitor.subscribe();
-    let stop = stopped();
-    tasks.spawn(async move { monitor.run(stop).await });
-    let stop = stopped();
-    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, stop).await });
+    let monitor_stop = stop.clone().cancelled_owned();
+    tasks.spawn(async move { monitor.run(monitor_stop).await });
+    let writer_stop = stop.clone().cancelled_owned();
+    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, writer_stop).await });
 }
 
 #[cfg(test)]

@@ -1,0 +1,294 @@
+//! The operator's settings: the flags turned into typed values, with every
+//! file they name read, before anything starts. A problem is found here, at
+//! startup, not later on the leader (a bad `--probe-ca-file` used to stop
+//! the health engine only after GC had started).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cli::{self, Flags};
+use crate::config::ProvidersConfig;
+use crate::health;
+use crate::leader;
+use crate::lease::LeaseConfig;
+
+/// What the operator runs with. Not `Debug`: it carries the discovery
+/// token.
+pub struct Settings {
+    /// The providers file, loaded and validated.
+    pub providers: ProvidersConfig,
+    /// `--health-probe-bind-address` (`None`: off).
+    pub probe_bind: Option<SocketAddr>,
+    /// `--metrics-bind-address` (`None`: off).
+    pub metrics_bind: Option<SocketAddr>,
+    /// `--discovery-bind-address` (`None`: off).
+    pub discovery_bind: Option<SocketAddr>,
+    /// Leader election timing with `--leader-elect`, `None` without.
+    pub leader: Option<leader::Timing>,
+    /// Where the leader Lease lives, and part of the installation id.
+    pub operator_namespace: String,
+    /// `--proxy-namespace`: watch one namespace instead of all.
+    pub proxy_namespace: Option<String>,
+    /// `--installation-id`; derived from the cluster when `None`.
+    pub installation_id: Option<String>,
+    /// `--max-concurrent-reconciles`.
+    pub max_concurrent_reconciles: u16,
+    /// The health engine's settings.
+    pub health: HealthSettings,
+    /// The lease store's limits.
+    pub leases: LeaseConfig,
+    /// `DISCOVERY_TOKEN`: the bearer token of the discovery API.
+    pub discovery_token: Option<String>,
+    /// Orphan GC: interval, minimum age, deletes per sweep.
+    pub gc: GcSettings,
+    /// Provider checks (`--provider-check-interval`, effective timeout);
+    /// `None` when off.
+    pub provider_checks: Option<ProviderChecks>,
+    /// `--gcp-wire-log-full-payloads`.
+    pub gcp_wire_log_full_payloads: bool,
+}
+
+/// The health engine's settings.
+pub struct HealthSettings {
+    /// Probe URL and expected status for Proxies that name none.
+    pub defaults: health::Defaults,
+    /// `--health-workers`.
+    pub workers: usize,
+    /// The probes' TLS roots (webpki plus `--probe-ca-file`).
+    pub tls: Arc<rustls::ClientConfig>,
+    /// `--trace-health-probes`.
+    pub trace_probes: bool,
+}
+
+/// Orphan GC's settings (the installation id comes later, from the cluster).
+#[derive(Clone, Copy, Debug)]
+pub struct GcSettings {
+    pub interval: Duration,
+    pub min_age: Duration,
+    pub max_deletes: u32,
+}
+
+/// Provider checks: how often, and how long one round may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderChecks {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Settings {
+    /// Reads the flags (and `DISCOVERY_TOKEN`): every problem is listed,
+    /// each naming its flag, so one start shows them all.
+    pub fn from_flags(flags: &Flags) -> Result<Settings, Vec<String>> {
+        Settings::from_flags_and_env(flags, std::env::var("DISCOVERY_TOKEN").ok())
+    }
+
+    fn from_flags_and_env(
+        flags: &Flags,
+        discovery_token: Option<String>,
+    ) -> Result<Settings, Vec<String>> {
+        let mut problems = Vec::new();
+        if let Err(mut p) = flags.validate() {
+            problems.append(&mut p);
+        }
+        if let Err(e) =
+            cli::validate_check_flags(flags.provider_check_interval, flags.provider_check_timeout)
+        {
+            problems.push(e);
+        }
+        let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
+            .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
+            .ok();
+        let url = url::Url::parse(&flags.default_probe_url).ok();
+        let providers = match &flags.providers_config {
+            None => {
+                problems.push("--providers-config is required".to_string());
+                None
+            }
+            Some(path) => ProvidersConfig::load(path)
+                .map_err(|e| problems.push(format!("--providers-config: {e}")))
+                .ok(),
+        };
+        // validate() has already named a bad bind address or probe URL.
+        let bind = |s: &str| cli::parse_bind(s).ok().flatten();
+        let (Some(providers), Some(tls), Some(url), true) =
+            (providers, tls, url, problems.is_empty())
+        else {
+            return Err(problems);
+        };
+        let interval = flags.provider_check_interval;
+        Ok(Settings {
+            providers,
+            probe_bind: bind(&flags.health_probe_bind_address),
+            metrics_bind: bind(&flags.metrics_bind_address),
+            discovery_bind: bind(&flags.discovery_bind_address),
+            leader: flags.leader_elect.then_some(leader::Timing {
+                lease_duration: flags.leader_election_lease_duration,
+                renew_deadline: flags.leader_election_renew_deadline,
+                retry_period: flags.leader_election_retry_period,
+            }),
+            operator_namespace: flags.operator_namespace.clone(),
+            proxy_namespace: flags.proxy_namespace.clone(),
+            installation_id: flags.installation_id.clone(),
+            max_concurrent_reconciles: flags.max_concurrent_reconciles,
+            health: HealthSettings {
+                defaults: health::Defaults {
+                    url,
+                    expected_status: flags.default_probe_expected_status,
+                },
+                workers: usize::from(flags.health_workers),
+                tls,
+                trace_probes: flags.trace_health_probes,
+            },
+            leases: LeaseConfig {
+                max_leases_per_proxy: flags.max_leases_per_proxy,
+                default_ttl: flags.default_lease_ttl,
+                max_ttl: flags.max_lease_ttl,
+                cooldown: flags.lease_cooldown,
+            },
+            discovery_token,
+            gc: GcSettings {
+                interval: flags.gc_interval,
+                min_age: flags.gc_min_age,
+                max_deletes: flags.gc_max_deletes_per_sweep,
+            },
+            provider_checks: (!interval.is_zero()).then(|| ProviderChecks {
+                interval,
+                timeout: cli::effective_check_timeout(interval, flags.provider_check_timeout),
+            }),
+            gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
+        })
+    }
+}
+
+/// `--check-config`: the one-line verdict on the providers file, for a
+/// human at a terminal (stdout on success, stderr on failure).
+pub fn check_config(path: Option<&PathBuf>) -> Result<String, String> {
+    let path = path.ok_or_else(|| "--check-config needs --providers-config FILE".to_string())?;
+    let cfg = ProvidersConfig::load(path).map_err(|e| e.to_string())?;
+    let list: Vec<String> = cfg
+        .providers
+        .iter()
+        .map(|p| format!("{} ({})", p.name, p.provider_type))
+        .collect();
+    Ok(format!(
+        "{}: valid, {} provider(s){}{}",
+        path.display(),
+        list.len(),
+        if list.is_empty() { "" } else { ": " },
+        list.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn flags(extra: &[&str], providers: &std::path::Path) -> Flags {
+        let mut args = vec![
+            "egress-proxies-operator".to_string(),
+            "--providers-config".to_string(),
+            providers.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Flags::parse_from(args)
+    }
+
+    fn providers_file(dir: &tempfile::TempDir) -> PathBuf {
+        let path = dir.path().join("providers.yaml");
+        std::fs::write(&path, "providers:\n  - name: k\n    type: kubernetes\n").unwrap();
+        path
+    }
+
+    struct Case {
+        name: &'static str,
+        args: &'static [&'static str],
+        /// Substrings of the problems, one per expected problem; empty: valid.
+        problems: &'static [&'static str],
+    }
+
+    #[test]
+    fn flags_become_settings_or_every_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let providers = providers_file(&dir);
+        let cases = [
+            Case {
+                name: "defaults",
+                args: &[],
+                problems: &[],
+            },
+            Case {
+                name: "a missing CA file is found at startup",
+                args: &["--probe-ca-file", "/nonexistent/ca.pem"],
+                problems: &["--probe-ca-file"],
+            },
+            Case {
+                name: "every problem at once",
+                args: &[
+                    "--probe-ca-file",
+                    "/nonexistent/ca.pem",
+                    "--metrics-bind-address",
+                    "nope",
+                    "--provider-check-interval",
+                    "5s",
+                ],
+                problems: &[
+                    "--metrics-bind-address",
+                    "--provider-check-interval",
+                    "--probe-ca-file",
+                ],
+            },
+        ];
+        for c in cases {
+            match Settings::from_flags_and_env(&flags(c.args, &providers), None) {
+                Ok(_) => assert!(c.problems.is_empty(), "{}: accepted", c.name),
+                Err(got) => {
+                    assert_eq!(got.len(), c.problems.len(), "{}: {got:?}", c.name);
+                    for want in c.problems {
+                        assert!(
+                            got.iter().any(|p| p.contains(want)),
+                            "{}: no problem names {want}: {got:?}",
+                            c.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn typed_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = flags(
+            &[
+                "--metrics-bind-address",
+                "0",
+                "--discovery-bind-address",
+                "127.0.0.1:9000",
+                "--provider-check-interval",
+                "0",
+                "--leader-elect",
+            ],
+            &providers_file(&dir),
+        );
+        let s = Settings::from_flags_and_env(&f, Some("t".into())).unwrap();
+        assert_eq!(s.metrics_bind, None);
+        assert_eq!(s.discovery_bind, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(s.provider_checks, None, "0 turns checks off");
+        assert!(s.leader.is_some());
+        assert_eq!(s.discovery_token.as_deref(), Some("t"));
+        assert_eq!(s.providers.names(), vec!["k"]);
+    }
+
+    #[test]
+    fn a_missing_providers_file_is_named() {
+        let f = Flags::parse_from(["egress-proxies-operator"]);
+        let got = Settings::from_flags_and_env(&f, None).err().unwrap();
+        assert!(
+            got.iter().any(|p| p == "--providers-config is required"),
+            "{got:?}"
+        );
+    }
+}
