@@ -1,0 +1,186 @@
+//! The kubernetes provider's backend: the real API server of the test
+//! cluster, whose node agent runs each Pod as a real Squid, in a namespace
+//! of its own.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use egress_proxies_operator::config::{KubernetesConfig, DEFAULT_SQUID_IMAGE};
+use egress_proxies_operator::provider::kubernetes::{build_pod, KubernetesProvider};
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Op, Provider};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use crate::support::{self, Ground};
+use crate::{closed_port, plain_request, Backend, ErrorCase};
+
+const NAME: &str = "kubernetes";
+
+pub struct Kube {
+    ground: Ground,
+    provider: KubernetesProvider,
+}
+
+fn provider(client: Client) -> KubernetesProvider {
+    let cfg = KubernetesConfig {
+        image: DEFAULT_SQUID_IMAGE.to_string(),
+    };
+    KubernetesProvider::new(NAME, &cfg, client, "test-cluster")
+}
+
+impl Kube {
+    pub async fn start() -> Kube {
+        assert!(
+            support::squid_present(),
+            "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+        );
+        let ground = support::ground("conformance").await;
+        let provider = provider(ground.client.clone());
+        Kube { ground, provider }
+    }
+
+    /// The admin kubeconfig as a client config, to derive clients from.
+    async fn admin_config(&self) -> kube::Config {
+        let kc = kube::config::Kubeconfig::read_from(self.ground.cluster.kubeconfig()).unwrap();
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap()
+    }
+
+    /// A provider whose requests the API server's priority and fairness
+    /// rejects with 429, as it does under overload: the requests of one user
+    /// go to a priority level with no seats that rejects instead of queueing.
+    async fn throttled(&self) -> (KubernetesProvider, String) {
+        let name = format!("{}-throttled", self.ground.ns);
+        let yaml = format!(
+            "apiVersion: flowcontrol.apiserver.k8s.io/v1\nkind: PriorityLevelConfiguration\nmetadata: {{name: {name}}}\nspec:\n  type: Limited\n  limited:\n    nominalConcurrencyShares: 0\n    lendablePercent: 0\n    borrowingLimitPercent: 0\n    limitResponse: {{type: Reject}}\n---\napiVersion: flowcontrol.apiserver.k8s.io/v1\nkind: FlowSchema\nmetadata: {{name: {name}}}\nspec:\n  priorityLevelConfiguration: {{name: {name}}}\n  matchingPrecedence: 50\n  rules:\n  - subjects: [{{kind: User, user: {{name: {name}}}}}]\n    resourceRules: [{{verbs: [\"*\"], apiGroups: [\"*\"], resources: [\"*\"], namespaces: [\"*\"], clusterScope: true}}]\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("apf.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        self.ground
+            .cluster
+            .kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
+        let mut cfg = self.admin_config().await;
+        cfg.auth_info.impersonate = Some(name.clone());
+        (provider(Client::try_from(cfg).unwrap()), name)
+    }
+}
+
+#[async_trait]
+impl Backend for Kube {
+    fn provider(&self) -> &dyn Provider {
+        &self.provider
+    }
+
+    async fn request(&self, tag: &str) -> CreateRequest {
+        // A real Proxy owns the Pod; without one the garbage collector
+        // would delete the Pod as an orphan of its owner reference.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let proxy_name = format!("{tag}-{n}");
+        let created = self
+            .ground
+            .proxies()
+            .create(&PostParams::default(), &support::kube_proxy(&proxy_name))
+            .await
+            .unwrap();
+        let uid = created.metadata.uid.clone().unwrap();
+        CreateRequest {
+            name: egress_proxies_operator::provider::naming::name_from_uid(&uid),
+            uid,
+            proxy_name,
+            ..plain_request(tag, &self.ground.ns)
+        }
+    }
+
+    fn id_of(&self, name: &str) -> String {
+        format!("{}/{name}", self.ground.ns)
+    }
+
+    async fn plant(&self, req: &CreateRequest, marked: bool) -> String {
+        let mut pod = build_pod(req, DEFAULT_SQUID_IMAGE);
+        if !marked {
+            // A Pod made by hand: no marks and no owner.
+            pod.metadata.labels = None;
+            pod.metadata.owner_references = None;
+        }
+        let pods: Api<Pod> = self.ground.api();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        self.id_of(&req.name)
+    }
+
+    async fn errors(&self) -> Vec<ErrorCase> {
+        let p = &self.provider;
+        let mut cases = vec![
+            ErrorCase::new(
+                "get of a Pod that does not exist",
+                ErrorClass::NotFound,
+                Op::Get,
+                p.get(&self.id_of("proxy-unknown")).await,
+            ),
+            ErrorCase::new(
+                "get of a malformed ID",
+                ErrorClass::Permanent,
+                Op::Get,
+                p.get("zones/a/instances/b").await,
+            ),
+        ];
+        let mut bad = plain_request("bad-name", &self.ground.ns);
+        bad.name = "Not_A_Pod_Name".into();
+        cases.push(ErrorCase::new(
+            "create of a Pod the API server refuses (422)",
+            ErrorClass::Permanent,
+            Op::Create,
+            p.create(&bad).await,
+        ));
+
+        let mut cfg = self.admin_config().await;
+        cfg.cluster_url = format!("https://127.0.0.1:{}", closed_port())
+            .parse()
+            .unwrap();
+        let dead = provider(Client::try_from(cfg).unwrap());
+        cases.push(ErrorCase::new(
+            "get from an API server that does not answer",
+            ErrorClass::Transient,
+            Op::Get,
+            dead.get(&self.id_of("proxy-unknown")).await,
+        ));
+
+        // The flow control configuration takes a moment to reach the
+        // request filter: poll until the 429 comes.
+        let (throttled, apf) = self.throttled().await;
+        let t = Instant::now();
+        let result = loop {
+            let r = throttled.get(&self.id_of("proxy-unknown")).await;
+            let quota = matches!(&r, Err(e) if e.is(ErrorClass::QuotaExceeded));
+            if quota || t.elapsed() > Duration::from_secs(30) {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        cases.push(ErrorCase::new(
+            "get rejected by priority and fairness (429)",
+            ErrorClass::QuotaExceeded,
+            Op::Get,
+            result,
+        ));
+        self.ground.cluster.kubectl_ok(&[
+            "delete",
+            "flowschema,prioritylevelconfiguration",
+            &apf,
+            "--ignore-not-found",
+        ]);
+        cases
+    }
+
+    fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
+        Vec::new()
+    }
+
+    fn settle(&self) -> Duration {
+        // The node agent stops the Squid process, then the Pod goes.
+        Duration::from_secs(90)
+    }
+}
