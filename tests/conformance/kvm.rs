@@ -19,6 +19,8 @@ const NAME: &str = "kvm";
 const IMAGE: &str = "img";
 
 pub struct Kvm {
+    /// The pool too small for the image, made once.
+    tiny: std::sync::OnceLock<String>,
     env: Env,
     cfg: KvmConfig,
     provider: KvmProvider,
@@ -42,7 +44,21 @@ impl Kvm {
         let mut cfg = env.config();
         cfg.images.insert(IMAGE.into(), bios(url));
         let provider = KvmProvider::new(NAME, &cfg).unwrap();
-        Some(Kvm { env, cfg, provider })
+        Some(Kvm {
+            tiny: std::sync::OnceLock::new(),
+            env,
+            cfg,
+            provider,
+        })
+    }
+
+    /// From now on a provider whose creates all go on in the background at
+    /// once, as when the first download of an image on a host outlasts
+    /// create's wait.
+    pub fn background_creates(&mut self) {
+        self.provider = KvmProvider::new(NAME, &self.cfg)
+            .unwrap()
+            .with_create_wait(Duration::ZERO);
     }
 }
 
@@ -128,17 +144,18 @@ impl Backend for Kvm {
         ));
 
         // A pool too small for the base image: the host's own "no room".
-        let tiny = self
-            .env
-            .tiny_pool(&format!("{}-tiny", self.env.pool), "8m")
-            .unwrap_or_else(|| {
-                kvm_support::unavailable("a tmpfs for a tiny pool cannot be mounted");
-                String::new()
-            });
+        let tiny = self.tiny.get_or_init(|| {
+            self.env
+                .tiny_pool(&format!("{}-tiny", self.env.pool), "8m")
+                .unwrap_or_else(|| {
+                    kvm_support::unavailable("a tmpfs for a tiny pool cannot be mounted");
+                    String::new()
+                })
+        });
         let big = self.env.dir.path().join("big16.raw");
         std::fs::write(&big, vec![1u8; 16 << 20]).unwrap();
         let mut small = self.cfg.clone();
-        small.hosts[0].pool = tiny;
+        small.hosts[0].pool = tiny.clone();
         let mut image = bios(self.env.http.add("/big16.raw", &big));
         image.format = Some("raw".into());
         small.images.insert(IMAGE.into(), image);

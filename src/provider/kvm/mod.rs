@@ -224,6 +224,17 @@ impl Provider for KvmProvider {
             .map_err(|m| self.err(Op::Create, "", Tagged::permanent(m)))?;
         let link = &self.inner.links[r.host];
         let id = provider_id(&link.host.name, &req.name);
+        // A background create of this name for another Proxy would be
+        // joined below, adopting its domain without the UID check.
+        if let Some(p) = self.inner.pending.provisioning(&req.name) {
+            if p.uid != req.uid {
+                let why = format!(
+                    "domain {} on host {} is being created for UID {:?}, not this Proxy's {:?}",
+                    req.name, link.host.name, p.uid, req.uid
+                );
+                return Err(self.err(Op::Create, &id, Tagged::permanent(why)));
+            }
+        }
         let mut state = self.start_create(link, r.machine_type, &r.image, req, &id);
         let finished = tokio::time::timeout(
             self.inner.create_wait,
