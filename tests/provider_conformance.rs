@@ -636,6 +636,8 @@ impl Backend for Fake {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
+        // None: a store has no outage or quota of its own, so the fake's
+        // injected faults are its real ones.
         Vec::new()
     }
 

@@ -140,6 +140,8 @@ impl Backend for Gcp {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
+        // None: the stand-in answers as Compute Engine does (404, 403, 503,
+        // 429, a failed insert operation), and a closed port refuses.
         Vec::new()
     }
 

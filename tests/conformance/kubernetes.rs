@@ -217,6 +217,8 @@ impl Backend for Kube {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
+        // None: 404, a 422 and a malformed ID, a refused connection, and a
+        // 429 from priority and fairness are all real answers.
         Vec::new()
     }
 

@@ -170,6 +170,8 @@ impl Backend for Kvm {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
+        // None: libvirt's own "no domain", refused SSH and a full pool are
+        // real; malformed IDs and placements are refused before any call.
         Vec::new()
     }
 
