@@ -67,8 +67,10 @@ pub trait Backend: Send + Sync {
     /// `marked`, with none otherwise. Returns its providerID.
     async fn plant(&self, req: &CreateRequest, marked: bool) -> String;
 
-    /// Calls that fail for real, one per way this backend fails, each with
-    /// the class and operation it must be reported with.
+    /// Calls that fail for real, one per way this backend fails beyond the
+    /// two every backend has (a get of an unknown instance, NotFound; of a
+    /// malformed ID, Permanent), each with the class and operation it must
+    /// be reported with.
     async fn errors(&self) -> Vec<ErrorCase>;
 
     /// The classes this backend cannot produce for real, each with why.
@@ -483,8 +485,24 @@ async fn list_returns_this_installations_instances(b: &dyn Backend) {
 }
 
 async fn errors_are_classified(b: &dyn Backend) {
-    let name = b.provider().name().to_string();
-    let cases = b.errors().await;
+    let p = b.provider();
+    let name = p.name().to_string();
+    let unknown = b.id_of(&name_from_uid(&fresh_uid("unknown")));
+    let mut cases = vec![
+        ErrorCase::new(
+            "get of an instance that does not exist",
+            ErrorClass::NotFound,
+            Op::Get,
+            p.get(&unknown).await,
+        ),
+        ErrorCase::new(
+            "get of a malformed ID",
+            ErrorClass::Permanent,
+            Op::Get,
+            p.get("not-a-provider-id").await,
+        ),
+    ];
+    cases.extend(b.errors().await);
     let mut produced = BTreeSet::new();
     for c in &cases {
         let e = c
@@ -602,20 +620,7 @@ impl Backend for Fake {
     async fn errors(&self) -> Vec<ErrorCase> {
         let p = &self.provider;
         let unknown = self.id_of("proxy-unknown");
-        let mut cases = vec![
-            ErrorCase::new(
-                "get of an unknown ID",
-                ErrorClass::NotFound,
-                Op::Get,
-                p.get(&unknown).await,
-            ),
-            ErrorCase::new(
-                "get of a malformed ID",
-                ErrorClass::Permanent,
-                Op::Get,
-                p.get("zones/a/instances/b").await,
-            ),
-        ];
+        let mut cases = Vec::new();
         // The fake's failures of the backend itself are its injected ones.
         p.fail_next(Op::Get, 1, ErrorClass::Transient);
         cases.push(ErrorCase::new(
