@@ -5,7 +5,7 @@
 //! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -82,7 +82,7 @@ async fn only_the_leader_reconciles_and_the_other_takes_over() {
     .await;
     let b = replica(&ground, dir.path(), "b");
     // b campaigns but follows while a renews.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    campaigning(&dir.path().join("b.log")).await;
     proxies
         .create(&PostParams::default(), &proxy("p1"))
         .await
@@ -142,7 +142,7 @@ async fn a_leader_stopped_gracefully_releases_the_lease() {
     })
     .await;
     let b = replica_with(&ground, dir.path(), "b", ["60s", "40s"]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    campaigning(&dir.path().join("b.log")).await;
     assert!(holder(&leases).await.unwrap().starts_with("a_"));
 
     let stopped = Instant::now();
@@ -171,4 +171,19 @@ async fn a_leader_stopped_gracefully_releases_the_lease() {
     );
     assert_eq!(spec.lease_transitions, Some(1));
     drop(b);
+}
+
+/// Waits until the replica logging to `log` has started to campaign.
+async fn campaigning(log: &std::path::Path) {
+    eventually(
+        "the replica to campaign",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(log)
+                .ok()?
+                .contains("Waiting to become the leader")
+                .then_some(())
+        },
+    )
+    .await;
 }

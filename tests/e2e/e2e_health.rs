@@ -4,7 +4,7 @@
 //! bridge; probes go through it to a target on the host's bridge address.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use support::{condition, eventually, free_port, phase, proxy, Ground, Operator};
 

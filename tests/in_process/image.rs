@@ -5,7 +5,7 @@
 //! the binary runs with nothing else on its library path.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use support::repo;

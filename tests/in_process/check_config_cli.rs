@@ -3,7 +3,7 @@
 //! with no cluster anywhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use support::free_port;
 
@@ -154,14 +154,15 @@ fn sigterm_stops_the_operator_cleanly() {
     let log = dir.path().join("operator.log");
     // Killed on drop, so a failed assertion leaves nothing running.
     let mut op = support::Operator::spawn(cmd, &log);
-    // Give it time to install the signal handler and start its servers.
-    std::thread::sleep(Duration::from_millis(1500));
     // Every replica serves plain-ping probes and the metrics registry, even
-    // with the API server unreachable.
+    // with the API server unreachable. The signal handler is installed
+    // before the servers start, so once they answer SIGTERM is graceful.
+    wait_until_listening(probe_port, &log);
     for path in ["/healthz", "/readyz"] {
         let (status, body) = http_get(probe_port, path);
         assert_eq!((status.as_str(), body.trim()), ("200", "ok"), "{path}");
     }
+    wait_until_listening(metrics_port, &log);
     let (status, body) = http_get(metrics_port, "/metrics");
     assert_eq!(status, "200");
     assert!(body.contains("# TYPE proxy_operator_"), "{body}");
@@ -212,6 +213,19 @@ preferences: {{}}
 }
 
 /// A minimal HTTP/1.0 GET: (status code, body).
+/// Waits (at most 20 s) until something accepts on `port`.
+fn wait_until_listening(port: u16, log: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {port} after 20 s: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn http_get(port: u16, path: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -5,8 +5,8 @@
 #![cfg(feature = "gcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod gcp_standin;
-mod support;
+use crate::gcp_standin;
+use crate::support;
 
 use support::{eventually, Operator};
 

@@ -3,7 +3,7 @@
 #![cfg(feature = "gcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod gcp_standin;
+use crate::gcp_standin;
 
 use std::time::Duration;
 

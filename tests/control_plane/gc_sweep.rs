@@ -4,7 +4,8 @@
 //! across providers, and the `proxy_operator_gc_*` series count all of it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
+use support::sample;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -147,15 +148,6 @@ async fn setup(
         metrics.gc.clone(),
     );
     (gc, deleted, metrics)
-}
-
-/// The sample value of `series` (name and labels exactly as exported) in
-/// the Prometheus text exposition, if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let value = l.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
 }
 
 fn now_seconds() -> f64 {

@@ -7,7 +7,7 @@
 //! the end state it checks is Running Pods, so it needs Pods that run.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! must fail.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

@@ -5,7 +5,7 @@
 //! Service. promtool must be installed: the test fails, never skips.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use serde_norway::Value;
 

@@ -4,7 +4,7 @@
 //! kubernetes provider lives its whole life here.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use support::{condition, eventually, phase, proxy, squid_present, Ground, Operator};
 
@@ -96,8 +96,9 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
         "{text}"
     );
 
-    // Attributes change: no replacement.
-    proxies
+    // Attributes change: no replacement, once a reconcile has seen it (its
+    // conditions carry the new generation).
+    let patched = proxies
         .patch(
             "p1",
             &PatchParams::default(),
@@ -105,7 +106,20 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let generation = patched.metadata.generation;
+    eventually(
+        "the attribute change reconciled",
+        Duration::from_secs(30),
+        || async {
+            let p = proxies.get("p1").await.ok()?;
+            let conditions = &p.status.as_ref()?.conditions;
+            conditions
+                .iter()
+                .any(|c| c.observed_generation == generation)
+                .then_some(())
+        },
+    )
+    .await;
     let same = pods.get(&pod_name).await.unwrap();
     assert_eq!(
         same.metadata.uid.as_deref(),
@@ -167,7 +181,7 @@ async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsatisfiable_proxies_say_why_and_recover() {
-    let (ground, _op, _dir) = setup("kube-unsat", KUBE_ONLY).await;
+    let (ground, _op, dir) = setup("kube-unsat", KUBE_ONLY).await;
     let proxies: Api<Proxy> = ground.proxies();
     let secrets: Api<Secret> = ground.api();
 
@@ -262,7 +276,18 @@ async fn unsatisfiable_proxies_say_why_and_recover() {
         .delete("nocfg", &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once the deletion has been reconciled (the operator says why it
+    // cannot clean up), the finalizer still holds the Proxy.
+    eventually(
+        "the deletion refused for the missing provider",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(dir.path().join("operator.log")).ok()?;
+            log.contains("cannot clean up instance zones/z/instances/x")
+                .then_some(())
+        },
+    )
+    .await;
     assert!(
         proxies.get_opt("nocfg").await.unwrap().is_some(),
         "held by the finalizer while the provider is missing"

@@ -5,7 +5,7 @@
 //! documented series somewhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

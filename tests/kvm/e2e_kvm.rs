@@ -5,8 +5,8 @@
 #![cfg(feature = "kvm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod kvm_support;
-mod support;
+use crate::kvm_support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 #![cfg(feature = "kvm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod kvm_support;
+use crate::kvm_support;
 
 use std::time::{Duration, Instant};
 

@@ -18,7 +18,7 @@ use egress_proxies_operator::providerhealth::writer::{cleanup, Writer};
 use egress_proxies_operator::providerhealth::Monitor;
 use kube::Api;
 
-mod support;
+use crate::support;
 
 /// The provider's name, which names its (cluster-scoped) ProviderHealth:
 /// unique to this test binary.
@@ -98,6 +98,8 @@ async fn writes_pass_the_schema_and_keep_transition_times() {
         s.targets[1].last_transition_time,
     );
 
+    // Not a wait for something: Kubernetes times have one-second
+    // resolution, so a flip is seen only when it is a second later.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     hosts.up.store(true, Ordering::SeqCst);
     monitor.round().await;

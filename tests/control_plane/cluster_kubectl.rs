@@ -5,7 +5,7 @@
 //! Pods run here, so the cluster has no node agent.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
