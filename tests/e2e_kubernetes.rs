@@ -6,6 +6,11 @@
 
 mod support;
 
+/// In-process scenarios of the reconciler on the fake provider, on this
+/// binary's cluster.
+#[path = "scenarios/reconcile.rs"]
+mod reconcile_scenarios;
+
 use support::{condition, eventually, phase, proxy, squid_present, Ground, Operator};
 
 use std::time::Duration;
