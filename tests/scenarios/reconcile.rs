@@ -116,6 +116,18 @@ impl Scenario {
         self.proxies.get(name).await.unwrap()
     }
 
+    /// Merges `spec` into the Proxy's spec (a new generation).
+    async fn edit_spec(&self, name: &str, spec: serde_json::Value) {
+        self.proxies
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+
     /// One reconcile of the Proxy as the API server has it now.
     async fn pass(&self, name: &str) -> Result<Action, Error> {
         reconcile(Arc::new(self.get(name).await), self.ctx.clone()).await
@@ -248,14 +260,7 @@ async fn scenario_a_spec_change_replaces_the_instance() {
     let p = s.running("p").await;
     let old_hash = p.annotations()["crawl.example.com/spec-hash"].clone();
 
-    s.proxies
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 3129}})),
-        )
-        .await
-        .unwrap();
+    s.edit_spec("p", json!({"port": 3129})).await;
     // The old instance is deleted first.
     assert_eq!(s.ok("p").await, Action::requeue(plan::DELETION_POLL));
     let p = s.get("p").await;
@@ -302,14 +307,7 @@ async fn scenario_a_permanent_error_fails_and_latches() {
     assert_eq!(s.fake.calls(Op::Create), 1);
 
     // An edit lifts the latch.
-    s.proxies
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 3129}})),
-        )
-        .await
-        .unwrap();
+    s.edit_spec("p", json!({"port": 3129})).await;
     s.until("p", 4, |p| phase(p) == Some("Running")).await;
     assert_eq!(s.fake.calls(Op::Create), 2);
 }
