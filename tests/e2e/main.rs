@@ -12,3 +12,6 @@ mod e2e_gc_health;
 mod e2e_health;
 mod e2e_kubernetes;
 mod e2e_samples;
+/// In-process scenarios of the reconciler on the fake provider, on this
+/// binary's cluster.
+mod reconcile_scenarios;
