@@ -27,6 +27,8 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// Reconcile count, error and duration series, when exported.
     pub metrics: Option<crate::metrics::ReconcileMetrics>,
+    /// Where the jitter of every requeue comes from.
+    pub random: Arc<dyn plan::Random>,
 }
 
 impl Context {
@@ -45,7 +47,14 @@ impl Context {
             secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
             metrics: None,
+            random: Arc::new(plan::SystemRandom),
         }
+    }
+
+    /// Takes requeue jitter from `random` (a fixed one makes tests exact).
+    pub fn with_random(mut self, random: Arc<dyn plan::Random>) -> Self {
+        self.random = random;
+        self
     }
 
     /// Records reconciles into `metrics`.

@@ -15,8 +15,8 @@ use tracing::{info, instrument, warn};
 use super::context::Context;
 use super::error::Error;
 use super::plan::{
-    self, Backoff, DeleteInput, DeleteStep, End, Ending, GetOutcome, Health, ManagedInput, Path,
-    ReleaseReason, Step,
+    self, Backoff, DeleteInput, DeleteStep, End, Ending, Failure, GetOutcome, Health, ManagedInput,
+    Path, ReleaseReason, Step,
 };
 use super::{cloud_init, status_patch};
 use crate::api::constants::{
@@ -81,7 +81,7 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
 
 /// Requeue policy for a failed reconcile.
 pub fn error_policy(proxy: Arc<Proxy>, err: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff(&key(&proxy));
+    let delay = plan::jitter(ctx.backoff(&key(&proxy)), ctx.random.unit());
     warn!(proxy = %key(&proxy), error = %plain_message(err), retry_in = ?delay, "Reconcile failed");
     Action::requeue(delay)
 }
@@ -128,8 +128,9 @@ fn health_of(ctx: &Context, proxy: &Proxy) -> Health {
     Health::of(h.report(&ns, &name, &uid), h.verdict(&ns, &name, &uid))
 }
 
-fn action(end: End) -> Action {
-    match end {
+/// The controller's action for `end`, its delay jittered.
+fn action(ctx: &Context, end: End) -> Action {
+    match plan::jittered(end, ctx.random.unit()) {
         End::AwaitChange => Action::await_change(),
         End::RequeueAfter(d) => Action::requeue(d),
     }
@@ -137,30 +138,39 @@ fn action(end: End) -> Action {
 
 /// Ends a pass the way the plan says `ending` ends.
 fn finish(
+    ctx: &Context,
     ending: Ending<'_>,
     status: &mut ProxyStatus,
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) -> Result<Action, Error> {
-    Ok(action(plan::end(ending, status, now, generation)))
+    Ok(action(ctx, plan::end(ending, status, now, generation)))
 }
 
 /// Ends a managed pass after `err`, or hands it to the controller's backoff.
 fn fail(
+    ctx: &Context,
+    proxy: &Proxy,
     err: ProviderError,
     status: &mut ProxyStatus,
     now: DateTime<Utc>,
-    generation: Option<i64>,
 ) -> Result<Action, Error> {
-    plan::managed_failure(err.class(), &plain_message(&err), status, now, generation)
-        .map(action)
+    let message = plain_message(&err);
+    let failure = Failure {
+        op: err.op(),
+        class: err.class(),
+        message: &message,
+    };
+    let health = health_of(ctx, proxy);
+    plan::managed_failure(&failure, &health, status, now, proxy.metadata.generation)
+        .map(|end| action(ctx, end))
         .map_err(|Backoff| err.into())
 }
 
 /// Ends a deletion pass after `err`, or hands it to the controller's backoff.
-fn fail_delete(err: ProviderError) -> Result<Action, Error> {
+fn fail_delete(ctx: &Context, err: ProviderError) -> Result<Action, Error> {
     plan::delete_failure(err.class())
-        .map(action)
+        .map(|end| action(ctx, end))
         .map_err(|Backoff| err.into())
 }
 
@@ -169,12 +179,10 @@ fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Acti
         host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
         health: health_of(ctx, proxy),
     };
-    action(plan::end(
-        ending,
-        status,
-        Utc::now(),
-        proxy.metadata.generation,
-    ))
+    action(
+        ctx,
+        plan::end(ending, status, Utc::now(), proxy.metadata.generation),
+    )
 }
 
 /// Updates metadata with the object's resourceVersion as a precondition,
@@ -316,7 +324,7 @@ async fn managed_path(
             Step::Create => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 let Some(port) = plan::create_port(proxy.spec.port) else {
-                    return finish(Ending::NoPort, status, now, generation);
+                    return finish(ctx, Ending::NoPort, status, now, generation);
                 };
                 let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
                 match p()?.create(&req).await {
@@ -324,7 +332,7 @@ async fn managed_path(
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
                         Ending::Created { id }
                     }
-                    Err(e) => return fail(e, status, now, generation),
+                    Err(e) => return fail(ctx, proxy, e, status, now),
                 }
             }
             Step::Get => {
@@ -339,7 +347,7 @@ async fn managed_path(
                         requested: true,
                     }
                 }
-                Err(e) => return fail(e, status, now, generation),
+                Err(e) => return fail(ctx, proxy, e, status, now),
             },
             Step::WaitForDeletion { why } => Ending::Replacing {
                 why,
@@ -358,12 +366,12 @@ async fn managed_path(
             },
             Step::Failed { class, message } => {
                 let err = get_error(class, &provider_name, &id, message);
-                return fail(err, status, now, generation);
+                return fail(ctx, proxy, err, status, now);
             }
         };
-        return finish(ending, status, now, generation);
+        return finish(ctx, ending, status, now, generation);
     }
-    finish(Ending::StepLimit, status, Utc::now(), generation)
+    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
 }
 
 #[instrument(name = "reconcile.delete", skip_all)]
@@ -420,7 +428,7 @@ async fn delete_path(
             }
             DeleteStep::Delete => match p()?.delete(&id).await {
                 Ok(()) => Ending::CleanupRequested,
-                Err(e) => return fail_delete(e),
+                Err(e) => return fail_delete(ctx, e),
             },
             DeleteStep::DeleteAfterPermanentGet { get_error } => match p()?.delete(&id).await {
                 Ok(()) => {
@@ -437,10 +445,10 @@ async fn delete_path(
             },
             DeleteStep::Wait => Ending::CleanupPending,
             DeleteStep::Failed { class, message } => {
-                return fail_delete(get_error(class, &provider_name, &id, message))
+                return fail_delete(ctx, get_error(class, &provider_name, &id, message))
             }
         };
-        return finish(ending, status, now, generation);
+        return finish(ctx, ending, status, now, generation);
     }
-    finish(Ending::StepLimit, status, Utc::now(), generation)
+    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
 }

@@ -278,10 +278,10 @@ async fn error_statuses_are_classified_through_the_real_client() {
         (403, "quotaExceeded", ErrorClass::QuotaExceeded),
         (403, "rateLimitExceeded", ErrorClass::QuotaExceeded),
         (403, "userRateLimitExceeded", ErrorClass::QuotaExceeded),
-        (403, "forbidden", ErrorClass::Permanent),
-        (403, "accessNotConfigured", ErrorClass::Permanent),
+        (403, "forbidden", ErrorClass::Unavailable),
+        (403, "accessNotConfigured", ErrorClass::Unavailable),
         (400, "invalid", ErrorClass::Permanent),
-        (401, "authError", ErrorClass::Permanent),
+        (401, "authError", ErrorClass::Unavailable),
         (500, "backendError", ErrorClass::Transient),
         (502, "badGateway", ErrorClass::Transient),
     ];

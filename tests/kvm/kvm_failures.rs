@@ -146,7 +146,7 @@ async fn check_reasons_and_create_classes() {
 
     for (zone, class) in [
         ("refused", ErrorClass::Transient),
-        ("wrongkey", ErrorClass::Permanent),
+        ("wrongkey", ErrorClass::Unavailable),
         ("nopool", ErrorClass::Permanent),
         ("stoppedpool", ErrorClass::Transient),
         ("nosocket", ErrorClass::Transient),
@@ -206,7 +206,7 @@ async fn check_reasons_and_create_classes() {
     assert!(e.is(ErrorClass::Transient), "{e}");
     std::fs::write(&late_key, "not a key").unwrap();
     let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
-    assert!(e.is(ErrorClass::Permanent), "unparseable key: {e}");
+    assert!(e.is(ErrorClass::Unavailable), "unparseable key: {e}");
     std::fs::copy(&env.key_file, &late_key).unwrap();
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "Reachable", "{v:?}");
@@ -228,7 +228,7 @@ async fn check_reasons_and_create_classes() {
     )
     .unwrap();
     let e = p2.get("hosts/h1/domains/proxy-x").await.unwrap_err();
-    assert!(e.is(ErrorClass::Permanent), "changed host key: {e}");
+    assert!(e.is(ErrorClass::Unavailable), "changed host key: {e}");
     let v = p2.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "SSHHandshakeFailed", "{v:?}");
     std::fs::write(&kh_copy, good_kh).unwrap();

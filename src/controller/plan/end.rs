@@ -10,9 +10,10 @@ use chrono::{DateTime, Utc};
 use super::managed::ReplaceCause;
 use super::status::{self, Health};
 use crate::api::condition::{self, ConditionStatus};
+use crate::api::proxy::conditions::REASON_PROVIDER_UNAVAILABLE;
 use crate::api::proxy::conditions::{PROVISIONED, REASON_PERMANENT_ERROR};
 use crate::api::ProxyStatus;
-use crate::provider::ErrorClass;
+use crate::provider::{ErrorClass, Op};
 
 /// Re-poll while an instance is Provisioning.
 pub const PROVISIONING_POLL: Duration = Duration::from_secs(10);
@@ -25,6 +26,12 @@ pub const RUNNING_RESYNC: Duration = Duration::from_secs(60);
 pub const REQUEUE_NOW: Duration = Duration::from_secs(1);
 /// Retry after a quota or rate-limit error.
 pub const QUOTA_RETRY: Duration = Duration::from_secs(300);
+/// The first retry after the provider refused the operator's credentials;
+/// later ones wait as long as the refusal has lasted, up to
+/// [`UNAVAILABLE_RETRY_MAX`].
+pub const UNAVAILABLE_RETRY_MIN: Duration = Duration::from_secs(60);
+/// The longest wait between retries while the provider stays unavailable.
+pub const UNAVAILABLE_RETRY_MAX: Duration = Duration::from_secs(600);
 /// Retry while the cloud-init Secret cannot be read (its watch usually
 /// triggers sooner).
 pub const CLOUD_INIT_RETRY: Duration = Duration::from_secs(30);
@@ -175,36 +182,74 @@ pub fn end(
     }
 }
 
-/// What a failed provider call on the managed path comes to: Permanent
-/// latches (`Provisioned=False/PermanentError` at this generation, no
-/// requeue), a quota or rate limit is retried after [`QUOTA_RETRY`], and
-/// the rest go to backoff.
+/// A failed provider call on the managed path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure<'a> {
+    /// The call that failed.
+    pub op: Op,
+    /// Its class.
+    pub class: ErrorClass,
+    /// What went wrong, in plain words.
+    pub message: &'a str,
+}
+
+/// What a failed provider call on the managed path comes to. Only a
+/// Permanent create latches (`Provisioned=False/PermanentError` at this
+/// generation, no requeue): that is a spec or placement the provider
+/// refuses, and only an edit fixes it. A `get` or `delete` of an instance
+/// that exists never latches: a Permanent one, like every Unavailable
+/// call, is `ProviderUnavailable`, retried slowly ([`unavailable_retry`]),
+/// and a serving Proxy keeps serving by its health. A quota or rate limit
+/// is retried after [`QUOTA_RETRY`]; the rest go to backoff.
 pub fn managed_failure(
-    class: ErrorClass,
-    message: &str,
+    failure: &Failure<'_>,
+    health: &Health,
     status: &mut ProxyStatus,
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) -> Result<End, Backoff> {
-    match class {
-        ErrorClass::Permanent => {
-            status::mark_permanent(status, message, now, generation);
+    match failure.class {
+        ErrorClass::Permanent if failure.op == Op::Create => {
+            status::mark_permanent(status, failure.message, now, generation);
             Ok(End::AwaitChange)
         }
+        ErrorClass::Permanent | ErrorClass::Unavailable => {
+            let retry = unavailable_retry(status, now);
+            status::mark_unavailable(status, failure.message, health, now, generation);
+            Ok(End::RequeueAfter(retry))
+        }
         ErrorClass::QuotaExceeded => {
-            status::mark_quota(status, message, now, generation);
+            status::mark_quota(status, failure.message, now, generation);
             Ok(End::RequeueAfter(QUOTA_RETRY))
         }
         ErrorClass::NotFound | ErrorClass::Transient => Err(Backoff),
     }
 }
 
+/// How long to wait before asking an unavailable provider again: as long
+/// as it has been unavailable (by the `ProviderUnavailable` condition's
+/// transition time in `status`), between [`UNAVAILABLE_RETRY_MIN`] and
+/// [`UNAVAILABLE_RETRY_MAX`]; so a blip is retried within a minute and a
+/// long outage costs a call per Proxy every few minutes.
+pub fn unavailable_retry(status: &ProxyStatus, now: DateTime<Utc>) -> Duration {
+    let since = condition::find(&status.conditions, PROVISIONED)
+        .filter(|c| c.reason == REASON_PROVIDER_UNAVAILABLE)
+        .and_then(|c| {
+            now.signed_duration_since(c.last_transition_time)
+                .to_std()
+                .ok()
+        })
+        .unwrap_or(Duration::ZERO);
+    since.clamp(UNAVAILABLE_RETRY_MIN, UNAVAILABLE_RETRY_MAX)
+}
+
 /// What a failed provider call on the deletion path comes to: a quota or
-/// rate limit is retried after [`QUOTA_RETRY`]; the rest go to backoff
-/// (the status is left alone: the Proxy is going).
+/// rate limit, or a provider that refuses the operator's credentials, is
+/// retried after [`QUOTA_RETRY`]; the rest go to backoff (the status is
+/// left alone: the Proxy is going).
 pub fn delete_failure(class: ErrorClass) -> Result<End, Backoff> {
     match class {
-        ErrorClass::QuotaExceeded => Ok(End::RequeueAfter(QUOTA_RETRY)),
+        ErrorClass::QuotaExceeded | ErrorClass::Unavailable => Ok(End::RequeueAfter(QUOTA_RETRY)),
         ErrorClass::NotFound | ErrorClass::Transient | ErrorClass::Permanent => Err(Backoff),
     }
 }

@@ -5,7 +5,7 @@ use super::*;
 use crate::api::health::HealthReport;
 use crate::api::proxy::conditions::*;
 use crate::api::ProxyPhase;
-use crate::provider::InstanceState;
+use crate::provider::{InstanceState, Op};
 
 #[test]
 fn latch_is_per_generation_and_only_for_permanent_errors() {
@@ -360,58 +360,251 @@ fn endings_record_what_they_found() {
 fn managed_failure_table() {
     struct Case {
         name: &'static str,
+        op: Op,
         class: ErrorClass,
+        /// The status before the failure.
+        before: ProxyStatus,
+        health: Health,
         want: Result<End, Backoff>,
         phase: Option<ProxyPhase>,
         reason: Option<&'static str>,
+        provisioned: Option<ConditionStatus>,
         latches: bool,
     }
+    let healthy_report = HealthReport {
+        healthy: true,
+        latency_ms: 9,
+        probed_at: t(-1),
+        message: "probe passed".into(),
+    };
+    let failing_report = HealthReport {
+        healthy: false,
+        latency_ms: 9,
+        probed_at: t(-1),
+        message: "connecting to the proxy: refused".into(),
+    };
+    let unavailable = Ok(End::RequeueAfter(UNAVAILABLE_RETRY_MIN));
+    let ready = Some(ProxyPhase::Ready);
+    use ConditionStatus::{False, Unknown};
     let cases = [
         Case {
-            name: "permanent latches at this generation",
+            name: "a permanent create latches at this generation",
+            op: Op::Create,
             class: ErrorClass::Permanent,
+            before: ProxyStatus::default(),
+            health: Health::Unknown,
             want: Ok(End::AwaitChange),
             phase: Some(ProxyPhase::Failed),
             reason: Some(REASON_PERMANENT_ERROR),
+            provisioned: Some(False),
             latches: true,
         },
         Case {
+            name: "a permanent get of a Ready Proxy does not latch: unavailable, Ready kept",
+            op: Op::Get,
+            class: ErrorClass::Permanent,
+            before: healthy_running(),
+            health: Health::Unknown,
+            want: unavailable,
+            phase: ready,
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
+            name: "a permanent delete does not latch",
+            op: Op::Delete,
+            class: ErrorClass::Permanent,
+            before: healthy_running(),
+            health: Health::Report(healthy_report.clone()),
+            want: unavailable,
+            phase: ready,
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
+            name: "a permanent list does not latch",
+            op: Op::List,
+            class: ErrorClass::Permanent,
+            before: status_with_id(),
+            health: Health::Unknown,
+            want: unavailable,
+            phase: None,
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
+            name: "auth on get of a Ready Proxy with passing probes: stays Ready, slow retry",
+            op: Op::Get,
+            class: ErrorClass::Unavailable,
+            before: healthy_running(),
+            health: Health::Report(healthy_report.clone()),
+            want: unavailable,
+            phase: ready,
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
+            name: "auth on get of a Ready Proxy whose probes fail: leaves the pool, not Failed",
+            op: Op::Get,
+            class: ErrorClass::Unavailable,
+            before: healthy_running(),
+            health: Health::Report(failing_report),
+            want: unavailable,
+            phase: Some(ProxyPhase::Running),
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
+            name: "auth on create: unavailable, never latched",
+            op: Op::Create,
+            class: ErrorClass::Unavailable,
+            before: ProxyStatus::default(),
+            health: Health::Unknown,
+            want: unavailable,
+            phase: None,
+            reason: Some(REASON_PROVIDER_UNAVAILABLE),
+            provisioned: Some(Unknown),
+            latches: false,
+        },
+        Case {
             name: "quota is retried after minutes, the phase kept",
+            op: Op::Create,
             class: ErrorClass::QuotaExceeded,
+            before: ProxyStatus::default(),
+            health: Health::Unknown,
             want: Ok(End::RequeueAfter(QUOTA_RETRY)),
             phase: None,
             reason: Some(REASON_QUOTA_EXCEEDED),
+            provisioned: Some(False),
+            latches: false,
+        },
+        Case {
+            name: "quota on get of a Ready Proxy keeps it Ready",
+            op: Op::Get,
+            class: ErrorClass::QuotaExceeded,
+            before: healthy_running(),
+            health: Health::Unknown,
+            want: Ok(End::RequeueAfter(QUOTA_RETRY)),
+            phase: ready,
+            reason: Some(REASON_QUOTA_EXCEEDED),
+            provisioned: Some(False),
             latches: false,
         },
         Case {
             name: "transient goes to backoff, the status untouched",
+            op: Op::Get,
             class: ErrorClass::Transient,
+            before: ProxyStatus::default(),
+            health: Health::Unknown,
             want: Err(Backoff),
             phase: None,
             reason: None,
+            provisioned: None,
             latches: false,
         },
         Case {
             name: "not found outside get goes to backoff",
+            op: Op::Delete,
             class: ErrorClass::NotFound,
+            before: ProxyStatus::default(),
+            health: Health::Unknown,
             want: Err(Backoff),
             phase: None,
             reason: None,
+            provisioned: None,
             latches: false,
         },
     ];
     for c in cases {
-        let mut s = ProxyStatus::default();
-        let got = managed_failure(c.class, "zone \"x\" is unknown", &mut s, t(0), Some(3));
+        let mut s = c.before.clone();
+        let failure = Failure {
+            op: c.op,
+            class: c.class,
+            message: "zone \"x\" is unknown",
+        };
+        let got = managed_failure(&failure, &c.health, &mut s, t(0), Some(3));
         assert_eq!(got, c.want, "{}", c.name);
         assert_eq!(s.phase, c.phase, "{}: phase", c.name);
         let cond = condition::find(&s.conditions, PROVISIONED);
         assert_eq!(cond.map(|c| c.reason.as_str()), c.reason, "{}", c.name);
+        assert_eq!(cond.map(|c| c.status), c.provisioned, "{}", c.name);
         if let Some(cond) = cond {
-            assert_eq!(cond.message, "zone \"x\" is unknown", "{}", c.name);
+            assert!(
+                cond.message.contains("zone \"x\" is unknown"),
+                "{}: {}",
+                c.name,
+                cond.message
+            );
         }
         assert_eq!(is_latched(&s, Some(3)), c.latches, "{}: latch", c.name);
     }
+}
+
+#[test]
+fn unavailable_retry_grows_with_the_outage_and_is_capped() {
+    struct Case {
+        name: &'static str,
+        /// Seconds since the Proxy turned unavailable, if it is.
+        since: Option<i64>,
+        want: Duration,
+    }
+    let cases = [
+        Case {
+            name: "first refusal: the minimum",
+            since: None,
+            want: UNAVAILABLE_RETRY_MIN,
+        },
+        Case {
+            name: "just turned unavailable",
+            since: Some(0),
+            want: UNAVAILABLE_RETRY_MIN,
+        },
+        Case {
+            name: "unavailable for four minutes: wait four more",
+            since: Some(240),
+            want: Duration::from_secs(240),
+        },
+        Case {
+            name: "an hour: capped",
+            since: Some(3600),
+            want: UNAVAILABLE_RETRY_MAX,
+        },
+        Case {
+            name: "a transition time in the future: the minimum",
+            since: Some(-500),
+            want: UNAVAILABLE_RETRY_MIN,
+        },
+    ];
+    for c in cases {
+        let mut s = healthy_running();
+        if let Some(since) = c.since {
+            status::mark_unavailable(&mut s, "401", &Health::Unknown, t(-since), Some(3));
+        }
+        assert_eq!(unavailable_retry(&s, t(0)), c.want, "{}", c.name);
+    }
+    // The transition time holds while the refusal lasts, so the wait grows.
+    let mut s = healthy_running();
+    let f = Failure {
+        op: Op::Get,
+        class: ErrorClass::Unavailable,
+        message: "401",
+    };
+    let mut waits = Vec::new();
+    let mut now = 0;
+    for _ in 0..8 {
+        let got = managed_failure(&f, &Health::Unknown, &mut s, t(now), Some(3));
+        let Ok(End::RequeueAfter(d)) = got else {
+            panic!("{got:?}")
+        };
+        waits.push(d.as_secs());
+        now += i64::try_from(d.as_secs()).unwrap();
+    }
+    assert_eq!(waits, [60, 60, 120, 240, 480, 600, 600, 600]);
 }
 
 #[test]
@@ -431,6 +624,11 @@ fn delete_failure_table() {
             name: "transient: backoff",
             class: ErrorClass::Transient,
             want: Err(Backoff),
+        },
+        Case {
+            name: "unavailable: retried after minutes",
+            class: ErrorClass::Unavailable,
+            want: Ok(End::RequeueAfter(QUOTA_RETRY)),
         },
         Case {
             name: "permanent: backoff (the finalizer holds)",

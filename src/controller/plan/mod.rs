@@ -10,9 +10,11 @@
 //! - [`phase`]: the one function that derives a Proxy's phase, and the
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
+//! - [`jitter`]: the spread taken off every requeue delay.
 
 pub mod delete;
 pub mod end;
+pub mod jitter;
 pub mod managed;
 pub mod phase;
 pub mod status;
@@ -25,10 +27,11 @@ use crate::provider::{ErrorClass, Instance, ProviderError};
 
 pub use delete::{next_delete_step, DeleteInput, DeleteStep, ReleaseReason};
 pub use end::{
-    backoff, delete_failure, end, is_latched, managed_failure, Backoff, End, Ending,
-    CLOUD_INIT_RETRY, DELETE_RESUBMIT_AFTER, DELETION_POLL, PROVISIONING_POLL, QUOTA_RETRY,
-    REQUEUE_NOW, RUNNING_RESYNC,
+    backoff, delete_failure, end, is_latched, managed_failure, unavailable_retry, Backoff, End,
+    Ending, Failure, CLOUD_INIT_RETRY, DELETE_RESUBMIT_AFTER, DELETION_POLL, PROVISIONING_POLL,
+    QUOTA_RETRY, REQUEUE_NOW, RUNNING_RESYNC, UNAVAILABLE_RETRY_MAX, UNAVAILABLE_RETRY_MIN,
 };
+pub use jitter::{jitter, jittered, Fixed, Random, SystemRandom};
 pub use managed::{create_port, next_managed_step, ManagedInput, ReplaceCause, Step};
 pub use phase::{phase, ready, Stage};
 pub use status::{Health, REASON_AWAITING_PROBE, REASON_PROBE_FAILED, REASON_PROBE_SUCCEEDED};

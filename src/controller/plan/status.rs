@@ -8,7 +8,7 @@ use super::phase::{phase, ready, Stage};
 use crate::api::condition::{self, Condition, ConditionStatus};
 use crate::api::health::HealthReport;
 use crate::api::proxy::conditions::*;
-use crate::api::ProxyStatus;
+use crate::api::{ProxyPhase, ProxyStatus};
 
 /// Healthy=True: probes pass through the proxy.
 pub const REASON_PROBE_SUCCEEDED: &str = "ProbeSucceeded";
@@ -16,6 +16,25 @@ pub const REASON_PROBE_SUCCEEDED: &str = "ProbeSucceeded";
 pub const REASON_PROBE_FAILED: &str = "ProbeFailed";
 /// Healthy=Unknown: no instance to probe (being created or replaced).
 pub const REASON_AWAITING_PROBE: &str = "AwaitingProbe";
+
+/// The longest condition message the CRD accepts, in characters (the
+/// `maxLength` of metav1.Condition's message): a longer one would make the
+/// whole status write fail.
+pub const MESSAGE_MAX_CHARS: usize = 32768;
+/// What ends a message cut to [`MESSAGE_MAX_CHARS`].
+const CUT_MARK: &str = " [truncated]";
+
+/// `message`, cut to [`MESSAGE_MAX_CHARS`] characters (marked as cut) when
+/// longer.
+pub fn truncate_message(message: &str) -> String {
+    if message.chars().count() <= MESSAGE_MAX_CHARS {
+        return message.to_string();
+    }
+    let keep = MESSAGE_MAX_CHARS - CUT_MARK.chars().count();
+    let mut out: String = message.chars().take(keep).collect();
+    out.push_str(CUT_MARK);
+    out
+}
 
 /// What the health engine says about a Proxy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +69,8 @@ fn provisioned(
 ) {
     condition::set(
         &mut status.conditions,
-        Condition::new(PROVISIONED, s, reason, msg, now).at_generation(generation),
+        Condition::new(PROVISIONED, s, reason, truncate_message(msg), now)
+            .at_generation(generation),
     );
 }
 
@@ -126,6 +146,34 @@ pub fn mark_quota(
         now,
         generation,
     );
+}
+
+/// The provider refused a call for the operator's credentials or
+/// permissions (or cannot say what the instance is): not a latch, and
+/// nothing is known about the instance, so `Provisioned=Unknown`. A Proxy
+/// that was serving keeps serving by its health (it stays in the pool while
+/// its probes pass); any other keeps its phase.
+pub fn mark_unavailable(
+    status: &mut ProxyStatus,
+    message: &str,
+    health: &Health,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    provisioned(
+        status,
+        ConditionStatus::Unknown,
+        REASON_PROVIDER_UNAVAILABLE,
+        &format!("the provider cannot be observed: {message}"),
+        now,
+        generation,
+    );
+    let serving = matches!(status.phase, Some(ProxyPhase::Ready | ProxyPhase::Running));
+    if serving && status.ip.is_some() {
+        apply_health(status, health, now);
+    } else {
+        set_phase(status, Stage::Retrying);
+    }
 }
 
 /// The named provider is not configured: reported as a PermanentError, but
