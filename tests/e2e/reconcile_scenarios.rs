@@ -78,6 +78,12 @@ impl Scenario {
     }
 
     async fn with(prefix: &str, fake: FakeProvider) -> Scenario {
+        // No jitter: each pass's requeue is exactly the plan's.
+        Scenario::jittered(prefix, fake, 0.0).await
+    }
+
+    /// A scenario whose requeue jitter is always `unit`.
+    async fn jittered(prefix: &str, fake: FakeProvider, unit: f64) -> Scenario {
         let ground = support::ground(prefix).await;
         let cfg =
             ProvidersConfig::from_slice(b"providers:\n  - name: fake\n    type: kubernetes\n")
@@ -91,12 +97,15 @@ impl Scenario {
         .unwrap();
         let health = Arc::new(Verdicts::default());
         let source: Arc<dyn HealthSource> = health.clone();
-        let ctx = Arc::new(Context::new(
-            ground.client.clone(),
-            registry,
-            ground.ns.clone(),
-            Some(source),
-        ));
+        let ctx = Arc::new(
+            Context::new(
+                ground.client.clone(),
+                registry,
+                ground.ns.clone(),
+                Some(source),
+            )
+            .with_random(Arc::new(plan::Fixed(unit))),
+        );
         Scenario {
             fake,
             health,
@@ -362,4 +371,93 @@ async fn scenario_deletion_deletes_the_instance_then_releases() {
     assert_eq!(s.ok("p").await, Action::await_change());
     assert!(s.proxies.get_opt("p").await.unwrap().is_none());
     assert_eq!(s.fake.calls(Op::Delete), 1, "no second delete");
+}
+
+/// What the Kubernetes API server says when RBAC refuses the operator.
+const FORBIDDEN: &str = "pods \"proxy-x\" is forbidden: User \"system:serviceaccount:ops:controller\" cannot get resource \"pods\" in the namespace \"default\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_an_unavailable_provider_keeps_a_ready_proxy_serving() {
+    let s = Scenario::new("sc-unavail").await;
+    let p = s.running("p").await;
+    s.health.set(&p, true, "probe passed");
+    s.ok("p").await;
+    assert_eq!(phase(&s.get("p").await), Some("Ready"));
+
+    // The credentials are revoked: every get is refused.
+    s.fake
+        .fail_next_with(Op::Get, 2, ErrorClass::Unavailable, FORBIDDEN);
+    assert_eq!(
+        s.ok("p").await,
+        Action::requeue(plan::UNAVAILABLE_RETRY_MIN),
+        "not an error, not a latch: a slow retry"
+    );
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Ready"), "still serving while probes pass");
+    assert_eq!(reason(&p, "Healthy"), pair("True", "ProbeSucceeded"));
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+    let message = condition(&p, "Provisioned").unwrap().message.clone();
+    assert!(
+        message.contains("cannot be observed") && message.contains(FORBIDDEN),
+        "{message}"
+    );
+    assert!(!message.contains("Status {"), "{message}");
+
+    // Still refused, and now the probes fail too: out of the pool, but
+    // not Failed.
+    s.health.set(&p, false, "connecting to the proxy: refused");
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"));
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+
+    // Credentials restored: the next pass recovers with no edit.
+    s.health.set(&p, true, "probe passed");
+    assert_eq!(s.ok("p").await, Action::requeue(plan::RUNNING_RESYNC));
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Ready"));
+    assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+    assert_eq!(s.fake.calls(Op::Create), 1, "the instance was kept");
+    assert_eq!(s.fake.calls(Op::Delete), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_permanent_get_never_latches() {
+    let s = Scenario::new("sc-permget").await;
+    s.running("p").await;
+    s.fake.fail_next_with(
+        Op::Get,
+        1,
+        ErrorClass::Permanent,
+        "malformed providerID \"x\"",
+    );
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"), "not Failed");
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+    // The next pass asks again and finds it running.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::RUNNING_RESYNC));
+    let p = s.get("p").await;
+    assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_requeues_are_jittered() {
+    let s = Scenario::jittered("sc-jitter", FakeProvider::new("fake"), 1.0).await;
+    s.create("p", json!({"provider": "fake", "port": 3128}))
+        .await;
+    assert_eq!(
+        s.ok("p").await,
+        Action::requeue(plan::jitter(plan::REQUEUE_NOW, 1.0))
+    );
+    assert!(plan::jitter(plan::REQUEUE_NOW, 1.0) < plan::REQUEUE_NOW);
 }
