@@ -20,7 +20,7 @@ pub struct CallLabels {
     pub provider: String,
     /// create, get, delete or list.
     pub op: String,
-    /// ok, not_found, quota_exceeded, permanent or transient.
+    /// ok, not_found, quota_exceeded, permanent, transient or unavailable.
     pub result: String,
 }
 

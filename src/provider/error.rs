@@ -29,6 +29,15 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class, for documentation checks.
+    pub const ALL: [ErrorClass; 5] = [
+        ErrorClass::NotFound,
+        ErrorClass::QuotaExceeded,
+        ErrorClass::Transient,
+        ErrorClass::Unavailable,
+        ErrorClass::Permanent,
+    ];
+
     /// The `result` label of provider metrics and the `provider.result` span
     /// attribute for a call that failed with this class.
     pub fn metric_label(self) -> &'static str {

@@ -135,3 +135,23 @@ fn promql_names_resolve_to_documented_series() {
         Some("proxy_operator_reconcile_total")
     );
 }
+
+/// The `result` label of the provider call counter lists every value a call
+/// can end with: `ok` and each error class's label.
+#[test]
+fn provider_result_labels_are_documented() {
+    use egress_proxies_operator::provider::ErrorClass;
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| `proxy_operator_provider_requests_total`"))
+        .expect("the provider requests row");
+    let labels = std::iter::once("ok").chain(ErrorClass::ALL.iter().map(|c| c.metric_label()));
+    for label in labels {
+        assert!(
+            row.contains(&format!("`{label}`")),
+            "docs/metrics.md does not list result `{label}`: {row}"
+        );
+    }
+}

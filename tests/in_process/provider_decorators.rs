@@ -199,6 +199,7 @@ async fn error_classes_reach_labels_and_span_status_unchanged() {
         (ErrorClass::NotFound, "not_found", "ok"),
         (ErrorClass::QuotaExceeded, "quota_exceeded", "error"),
         (ErrorClass::Transient, "transient", "error"),
+        (ErrorClass::Unavailable, "unavailable", "error"),
         (ErrorClass::Permanent, "permanent", "error"),
     ] {
         let recorded = Recorded::default();

@@ -9,6 +9,7 @@ fn deletion_path_table() {
     let found = GetOutcome::Found(inst(InstanceState::Running, "1.2.3.4"));
     let perm = GetOutcome::Failed(ErrorClass::Permanent, "host retired".into());
     let quota = GetOutcome::Failed(ErrorClass::QuotaExceeded, "rate".into());
+    let refused = GetOutcome::Failed(ErrorClass::Unavailable, "HTTP 401".into());
     struct Case<'a> {
         name: &'static str,
         has_finalizer: bool,
@@ -163,6 +164,19 @@ fn deletion_path_table() {
             want: DeleteStep::Failed {
                 class: ErrorClass::QuotaExceeded,
                 message: "rate".into(),
+            },
+        },
+        Case {
+            name: "unavailable get: no blind delete, retried by class",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&refused),
+            delete_requested_at: None,
+            want: DeleteStep::Failed {
+                class: ErrorClass::Unavailable,
+                message: "HTTP 401".into(),
             },
         },
     ];

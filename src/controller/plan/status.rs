@@ -152,7 +152,8 @@ pub fn mark_quota(
 /// permissions (or cannot say what the instance is): not a latch, and
 /// nothing is known about the instance, so `Provisioned=Unknown`. A Proxy
 /// that was serving keeps serving by its health (it stays in the pool while
-/// its probes pass); any other keeps its phase.
+/// its probes pass); a Failed one waits as Provisioning; any other keeps
+/// its phase.
 pub fn mark_unavailable(
     status: &mut ProxyStatus,
     message: &str,
@@ -168,11 +169,14 @@ pub fn mark_unavailable(
         now,
         generation,
     );
-    let serving = matches!(status.phase, Some(ProxyPhase::Ready | ProxyPhase::Running));
-    if serving && status.ip.is_some() {
-        apply_health(status, health, now);
-    } else {
-        set_phase(status, Stage::Retrying);
+    match status.phase {
+        Some(ProxyPhase::Ready | ProxyPhase::Running) if status.ip.is_some() => {
+            apply_health(status, health, now);
+        }
+        // Failed before (the provider was not configured): nothing has
+        // failed for good now, it waits for the provider.
+        Some(ProxyPhase::Failed) => set_phase(status, Stage::Provisioning),
+        _ => set_phase(status, Stage::Retrying),
     }
 }
 

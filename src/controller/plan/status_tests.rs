@@ -172,3 +172,140 @@ fn a_new_instance_is_never_advertised_on_the_old_verdict() {
         (ConditionStatus::Unknown, REASON_AWAITING_PROBE)
     );
 }
+
+#[test]
+fn condition_messages_are_cut_to_the_crd_limit() {
+    struct Case {
+        name: &'static str,
+        message: String,
+        /// The length in characters after the cut.
+        chars: usize,
+        cut: bool,
+    }
+    let cases = [
+        Case {
+            name: "short: as is",
+            message: "zone \"x\" is unknown".into(),
+            chars: 19,
+            cut: false,
+        },
+        Case {
+            name: "exactly the limit: as is",
+            message: "a".repeat(MESSAGE_MAX_CHARS),
+            chars: MESSAGE_MAX_CHARS,
+            cut: false,
+        },
+        Case {
+            name: "one over: cut and marked",
+            message: "a".repeat(MESSAGE_MAX_CHARS + 1),
+            chars: MESSAGE_MAX_CHARS,
+            cut: true,
+        },
+        Case {
+            name: "multi-byte characters are counted, never split",
+            message: "é".repeat(MESSAGE_MAX_CHARS * 2),
+            chars: MESSAGE_MAX_CHARS,
+            cut: true,
+        },
+    ];
+    for c in cases {
+        let got = truncate_message(&c.message);
+        assert_eq!(got.chars().count(), c.chars, "{}", c.name);
+        assert_eq!(got.ends_with(" [truncated]"), c.cut, "{}", c.name);
+        // What reaches the Provisioned condition is cut the same way.
+        let mut s = ProxyStatus::default();
+        mark_quota(&mut s, &c.message, t(0), Some(1));
+        let cond = condition::find(&s.conditions, PROVISIONED).unwrap();
+        assert_eq!(cond.message, got, "{}: condition", c.name);
+    }
+    // The prefix of an unavailable provider is counted in the limit.
+    let mut s = ProxyStatus::default();
+    let long = "x".repeat(MESSAGE_MAX_CHARS);
+    mark_unavailable(&mut s, &long, &Health::Unknown, t(0), Some(1));
+    let cond = condition::find(&s.conditions, PROVISIONED).unwrap();
+    assert_eq!(cond.message.chars().count(), MESSAGE_MAX_CHARS);
+}
+
+#[test]
+fn an_unavailable_provider_keeps_a_serving_proxy_serving_by_its_health() {
+    struct Case {
+        name: &'static str,
+        phase: Option<ProxyPhase>,
+        ip: Option<&'static str>,
+        health: Health,
+        want: Option<ProxyPhase>,
+    }
+    let report = |healthy| {
+        Health::Report(HealthReport {
+            healthy,
+            latency_ms: 3,
+            probed_at: t(0),
+            message: String::new(),
+        })
+    };
+    let cases = [
+        Case {
+            name: "Ready, probes pass: Ready",
+            phase: Some(ProxyPhase::Ready),
+            ip: Some("10.0.0.1"),
+            health: report(true),
+            want: Some(ProxyPhase::Ready),
+        },
+        Case {
+            name: "Ready, probes fail: Running (out of the pool), not Failed",
+            phase: Some(ProxyPhase::Ready),
+            ip: Some("10.0.0.1"),
+            health: report(false),
+            want: Some(ProxyPhase::Running),
+        },
+        Case {
+            name: "Running, probes pass: Ready",
+            phase: Some(ProxyPhase::Running),
+            ip: Some("10.0.0.1"),
+            health: report(true),
+            want: Some(ProxyPhase::Ready),
+        },
+        Case {
+            name: "Provisioning: kept",
+            phase: Some(ProxyPhase::Provisioning),
+            ip: None,
+            health: report(true),
+            want: Some(ProxyPhase::Provisioning),
+        },
+        Case {
+            name: "new: no phase yet",
+            phase: None,
+            ip: None,
+            health: Health::Unknown,
+            want: None,
+        },
+        Case {
+            name: "Failed before (provider not configured): waits as Provisioning",
+            phase: Some(ProxyPhase::Failed),
+            ip: None,
+            health: Health::Unknown,
+            want: Some(ProxyPhase::Provisioning),
+        },
+    ];
+    for c in cases {
+        let mut s = ProxyStatus {
+            phase: c.phase,
+            ip: c.ip.map(str::to_string),
+            ..Default::default()
+        };
+        mark_unavailable(&mut s, "HTTP 401", &c.health, t(0), Some(2));
+        assert_eq!(s.phase, c.want, "{}", c.name);
+        let cond = condition::find(&s.conditions, PROVISIONED).unwrap();
+        assert_eq!(
+            (cond.status, cond.reason.as_str()),
+            (ConditionStatus::Unknown, REASON_PROVIDER_UNAVAILABLE),
+            "{}",
+            c.name
+        );
+        assert_eq!(
+            cond.message, "the provider cannot be observed: HTTP 401",
+            "{}",
+            c.name
+        );
+    }
+}
