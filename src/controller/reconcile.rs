@@ -368,6 +368,10 @@ async fn managed_path(
                 let err = get_error(class, &provider_name, &id, message);
                 return fail(ctx, proxy, err, status, now);
             }
+            Step::CreateFailed { class, message } => {
+                let err = ProviderError::new(class, Op::Create, &provider_name, &id, message);
+                return fail(ctx, proxy, err, status, now);
+            }
         };
         return finish(ctx, ending, status, now, generation);
     }

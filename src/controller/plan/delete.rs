@@ -92,15 +92,18 @@ pub fn next_delete_step(input: &DeleteInput<'_>) -> DeleteStep {
         Some(GetOutcome::NotFound) => DeleteStep::Release {
             why: ReleaseReason::InstanceGone,
         },
-        Some(GetOutcome::Failed(ErrorClass::Permanent, msg)) => {
-            DeleteStep::DeleteAfterPermanentGet {
-                get_error: msg.clone(),
+        Some(
+            GetOutcome::Failed(ErrorClass::Permanent, msg)
+            | GetOutcome::CreateFailed(ErrorClass::Permanent, msg),
+        ) => DeleteStep::DeleteAfterPermanentGet {
+            get_error: msg.clone(),
+        },
+        Some(GetOutcome::Failed(class, message) | GetOutcome::CreateFailed(class, message)) => {
+            DeleteStep::Failed {
+                class: *class,
+                message: message.clone(),
             }
         }
-        Some(GetOutcome::Failed(class, message)) => DeleteStep::Failed {
-            class: *class,
-            message: message.clone(),
-        },
         Some(GetOutcome::Found(_)) if recently_requested(input.delete_requested_at, input.now) => {
             DeleteStep::Wait
         }

@@ -10,6 +10,7 @@ fn deletion_path_table() {
     let perm = GetOutcome::Failed(ErrorClass::Permanent, "host retired".into());
     let quota = GetOutcome::Failed(ErrorClass::QuotaExceeded, "rate".into());
     let refused = GetOutcome::Failed(ErrorClass::Unavailable, "HTTP 401".into());
+    let create_failed = GetOutcome::CreateFailed(ErrorClass::Permanent, "no such image".into());
     struct Case<'a> {
         name: &'static str,
         has_finalizer: bool,
@@ -177,6 +178,18 @@ fn deletion_path_table() {
             want: DeleteStep::Failed {
                 class: ErrorClass::Unavailable,
                 message: "HTTP 401".into(),
+            },
+        },
+        Case {
+            name: "a failed asynchronous create: delete anyway, as a permanent get",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&create_failed),
+            delete_requested_at: None,
+            want: DeleteStep::DeleteAfterPermanentGet {
+                get_error: "no such image".into(),
             },
         },
     ];

@@ -67,6 +67,13 @@ pub enum Step {
         /// The address.
         ip: String,
     },
+    /// The get reported the instance's asynchronous create failed.
+    CreateFailed {
+        /// The class.
+        class: ErrorClass,
+        /// The message (names the field and value for Permanent).
+        message: String,
+    },
     /// The last call failed with this class.
     Failed {
         /// The class.
@@ -112,6 +119,10 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
     };
     match get {
         GetOutcome::Failed(class, message) => Step::Failed {
+            class: *class,
+            message: message.clone(),
+        },
+        GetOutcome::CreateFailed(class, message) => Step::CreateFailed {
             class: *class,
             message: message.clone(),
         },

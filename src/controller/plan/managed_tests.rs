@@ -203,6 +203,19 @@ fn managed_path_table() {
                 },
             )
         },
+        Case {
+            get: Some(GetOutcome::CreateFailed(
+                ErrorClass::Permanent,
+                "image family ubuntu-9999 not found".into(),
+            )),
+            ..base(
+                "the get reports the create failed: the create's failure",
+                Step::CreateFailed {
+                    class: ErrorClass::Permanent,
+                    message: "image family ubuntu-9999 not found".into(),
+                },
+            )
+        },
     ];
     for c in cases {
         let status = ProxyStatus {

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 use crate::api::ProxyMode;
 use crate::provider::error::plain_message;
-use crate::provider::{ErrorClass, Instance, ProviderError};
+use crate::provider::{ErrorClass, Instance, Op, ProviderError};
 
 pub use delete::{next_delete_step, DeleteInput, DeleteStep, ReleaseReason};
 pub use end::{
@@ -45,6 +45,11 @@ pub enum GetOutcome {
     NotFound,
     /// The call failed with this class and message.
     Failed(ErrorClass, String),
+    /// The get reported that the instance's asynchronous create failed
+    /// (a provider whose create returns once submitted), with this class
+    /// and message: a create's failure, which may latch, where a failing
+    /// get never does.
+    CreateFailed(ErrorClass, String),
 }
 
 impl GetOutcome {
@@ -53,6 +58,9 @@ impl GetOutcome {
         match res {
             Ok(i) => GetOutcome::Found(i),
             Err(e) if e.class() == ErrorClass::NotFound => GetOutcome::NotFound,
+            Err(e) if e.op() == Op::Create => {
+                GetOutcome::CreateFailed(e.class(), plain_message(&e))
+            }
             Err(e) => GetOutcome::Failed(e.class(), plain_message(&e)),
         }
     }

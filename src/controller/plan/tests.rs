@@ -105,11 +105,23 @@ fn get_outcome_table() {
             res: err(ErrorClass::Permanent),
             want: GetOutcome::Failed(ErrorClass::Permanent, "it broke".into()),
         },
+        Case {
+            name: "an asynchronous create's failure, reported by get, is the create's",
+            res: Err(ProviderError::new(
+                ErrorClass::Permanent,
+                Op::Create,
+                "p",
+                "id",
+                "it broke",
+            )),
+            want: GetOutcome::CreateFailed(ErrorClass::Permanent, "it broke".into()),
+        },
     ];
     for c in cases {
         let got = GetOutcome::of(c.res);
         match (&got, &c.want) {
-            (GetOutcome::Failed(gc, gm), GetOutcome::Failed(wc, wm)) => {
+            (GetOutcome::Failed(gc, gm), GetOutcome::Failed(wc, wm))
+            | (GetOutcome::CreateFailed(gc, gm), GetOutcome::CreateFailed(wc, wm)) => {
                 assert_eq!(gc, wc, "{}", c.name);
                 assert!(gm.contains(wm.as_str()), "{}: {gm}", c.name);
             }
