@@ -9,7 +9,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use egress_proxies_operator::metrics::{Metrics, SweepResult, TargetSample};
+use egress_proxies_operator::gc::SweepResult;
+use egress_proxies_operator::operator::Metrics;
+use egress_proxies_operator::providerhealth::metrics::TargetSample;
 
 /// The operator's registry with at least one sample in every family.
 fn populated() -> Metrics {
@@ -24,9 +26,9 @@ fn populated() -> Metrics {
     m.gc.sweep("gcp-eu", SweepResult::Ok);
     m.gc.deleted("gcp-eu");
     m.gc.delete_failed("gcp-eu");
-    m.sources.set_phases(|| vec![("Ready".into(), 1)]);
-    m.sources.set_leases(|| 1);
-    m.sources.set_targets(|| {
+    m.phases.set_phases(|| vec![("Ready".into(), 1)]);
+    m.discovery.set_leases(|| 1);
+    m.provider_health.set_targets(|| {
         vec![TargetSample {
             provider: "kvm-home".into(),
             target: "nas1".into(),

@@ -2,6 +2,7 @@
 //! [`reconcile`], and the kube-runtime controller that drives them.
 
 pub mod cloud_init;
+pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 pub mod status_patch;

@@ -8,6 +8,7 @@
 
 mod error;
 mod handlers;
+pub mod metrics;
 mod middleware;
 pub mod model;
 mod openapi;

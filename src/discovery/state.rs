@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 use sha2::{Digest, Sha256};
 
+use super::metrics::DiscoveryMetrics;
 use super::model::{item_of, matches, Filters, ProxyItem};
 use crate::api::Proxy;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
-use crate::metrics::{DiscoveryMetrics, Metrics};
 
 /// How long the eligible-proxy listing is reused before it is rebuilt from
 /// the cache (the cache itself lags the API server by about as much).
@@ -57,16 +57,14 @@ impl ApiState {
         source: Arc<dyn ProxySource>,
         leases: Arc<LeaseStore>,
         token: Option<&str>,
-        metrics: &Metrics,
+        metrics: &DiscoveryMetrics,
     ) -> Self {
         let token_digest = token
             .filter(|t| !t.is_empty())
             .map(|t| Sha256::digest(t.as_bytes()).into());
         let l = leases.clone();
-        metrics
-            .sources
-            .set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
-        let metrics = metrics.discovery.clone();
+        metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
+        let metrics = metrics.clone();
         ApiState {
             source,
             leases,

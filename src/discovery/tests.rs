@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::api::Proxy;
 use crate::lease::{LeaseConfig, LeaseStore};
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Registrar};
 
 fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
     Arc::new(
@@ -28,7 +28,7 @@ struct Api {
     addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-    metrics: Metrics,
+    metrics: Exposition,
 }
 
 impl Api {
@@ -44,8 +44,10 @@ impl Api {
             max_ttl: Duration::from_secs(3600),
             cooldown: Duration::from_secs(300),
         }));
-        let metrics = Metrics::new();
-        let state = ApiState::new(Arc::new(source), leases, token, &metrics);
+        let mut registry = Registrar::new();
+        let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+        let metrics = registry.finish();
+        let state = ApiState::new(Arc::new(source), leases, token, &discovery);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
