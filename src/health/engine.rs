@@ -18,7 +18,6 @@ use super::metrics::HealthMetrics;
 use super::notify::Notifier;
 use super::probe::{self, ProbeError, ProbeResult};
 use super::probes::{key_of, Defaults, Folded, ProbeSpec, Probes};
-use super::threshold::Change;
 use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 
@@ -200,7 +199,7 @@ impl Engine {
         let Folded::Publish(v) = folded else {
             return;
         };
-        if v.change != Change::Latency {
+        if v.is_news() {
             let error = r
                 .error
                 .as_ref()

@@ -320,21 +320,28 @@ fn leader_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// Cancels `stop` on SIGTERM or Ctrl-C.
-pub async fn stop_on_signal(stop: CancellationToken) {
+/// Cancels `stop` on SIGTERM or Ctrl-C. The handlers are installed when
+/// this is called, not when the future is first polled, so a signal that
+/// arrives as soon as the servers answer already stops the operator
+/// gracefully.
+pub fn stop_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(e) => {
-            error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        info!("Shutting down");
+        stop.cancel();
     }
-    info!("Shutting down");
-    stop.cancel();
 }

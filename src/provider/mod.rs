@@ -4,6 +4,7 @@
 
 pub mod decorators;
 pub mod error;
+pub mod fake;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 pub mod kubernetes;
