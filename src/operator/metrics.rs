@@ -132,5 +132,25 @@ impl Collector for PhaseGauge {
 }
 
 #[cfg(test)]
-#[path = "metrics_tests.rs"]
-mod tests;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scrape_time_gauges_follow_their_sources() {
+        let m = Metrics::new();
+        let empty = m.encode().unwrap();
+        assert!(empty.contains("proxy_operator_leases_active 0"), "{empty}");
+        assert!(!empty.contains("proxy_operator_proxies"), "{empty}");
+        m.phases
+            .set_phases(|| vec![("Ready".into(), 2), ("Pending".into(), 1)]);
+        m.discovery.set_leases(|| 3);
+        let text = m.encode().unwrap();
+        for want in [
+            "proxy_operator_proxies{phase=\"Ready\"} 2",
+            "proxy_operator_proxies{phase=\"Pending\"} 1",
+            "proxy_operator_leases_active 3",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+    }
+}
