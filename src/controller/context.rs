@@ -26,7 +26,7 @@ pub struct Context {
     pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
     /// Reconcile count, error and duration series, when exported.
-    pub metrics: Option<crate::metrics::ReconcileMetrics>,
+    pub metrics: Option<super::metrics::ReconcileMetrics>,
     /// Where the jitter of every requeue comes from.
     pub random: Arc<dyn plan::Random>,
 }
@@ -58,7 +58,7 @@ impl Context {
     }
 
     /// Records reconciles into `metrics`.
-    pub fn with_metrics(mut self, metrics: crate::metrics::ReconcileMetrics) -> Self {
+    pub fn with_metrics(mut self, metrics: super::metrics::ReconcileMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }

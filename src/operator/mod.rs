@@ -5,6 +5,7 @@
 //! GC, the provider health monitor and writer, the health engine and the
 //! Proxy controller.
 
+pub mod metrics;
 pub mod runnables;
 pub mod settings;
 
@@ -17,12 +18,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+pub use self::metrics::Metrics;
 pub use self::settings::Settings;
 use crate::api::constants::LEADER_ELECTION_ID;
 use crate::config::ProviderType;
 use crate::controller::{self, Context, HealthSource};
 use crate::gc::{self, Gc};
-use crate::metrics::Metrics;
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
 use crate::provider::registry::{self, Registry};
@@ -149,7 +150,10 @@ impl Operator {
             });
         }
         if let Some(addr) = self.settings.metrics_bind {
-            let (m, stop) = (self.metrics.clone(), stop.clone().cancelled_owned());
+            let (m, stop) = (
+                self.metrics.exposition().clone(),
+                stop.clone().cancelled_owned(),
+            );
             tasks.spawn(async move {
                 if let Err(e) = http::serve_metrics(addr, m, stop).await {
                     error!(%addr, error = %e, "Metrics server failed");

@@ -13,20 +13,21 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+use super::metrics::Metrics;
 use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::{Proxy, ProxyPhase};
 use crate::discovery;
 use crate::health;
 use crate::lease::LeaseStore;
-use crate::metrics::{Metrics, TargetSample};
 use crate::provider::registry::Registry;
+use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
 /// `proxy_operator_proxies{phase}`, counted from the shared Proxy cache at
 /// every scrape.
 pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>) {
     metrics
-        .sources
+        .phases
         .set_phases(move || phase_counts(&cache.state()));
 }
 
@@ -67,7 +68,7 @@ pub fn spawn_discovery(
         Arc::new(cache),
         leases,
         settings.discovery_token.as_deref(),
-        metrics,
+        &metrics.discovery,
     );
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
@@ -126,7 +127,7 @@ pub async fn spawn_provider_health(
     let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
     let snapshot = monitor.snapshot();
     let snap = snapshot.clone();
-    metrics.sources.set_targets(move || {
+    metrics.provider_health.set_targets(move || {
         snap.get()
             .iter()
             .flat_map(|r| {

@@ -1,32 +1,24 @@
 //! An in-memory provider for in-process tests of everything above the
-//! provider seam (reconciler, GC, health monitor), and the fourth backend of
-//! the conformance suite (`tests/provider_conformance.rs`), so it keeps the
-//! contract of docs/providers.md exactly as the real providers do:
+//! provider seam, and the fourth backend of the conformance suite
+//! (`tests/provider_conformance.rs`), so it keeps the contract of
+//! docs/providers.md as the real providers do: instances keyed by name carry
+//! the managed, UID and installation marks of the request that made them;
+//! `create` is idempotent by name and refuses another Proxy's instance with
+//! Permanent; `get` is NotFound only once the instance is gone and never
+//! Running without an IP; `delete` is idempotent; `list_by_tag` returns every
+//! instance with the managed mark, whatever its installation, like the real
+//! providers (a provider is never told its installation: keeping to it is
+//! orphan GC's decision, `gc::select`).
 //!
-//! - instances are keyed by name and carry the managed, UID and installation
-//!   marks of the request that created them, read back by `get` and
-//!   `list_by_tag`;
-//! - `create` is idempotent by name and refuses an instance whose UID mark is
-//!   another Proxy's with Permanent, as the kubernetes, gcp and kvm providers
-//!   do;
-//! - `get` is NotFound only once the instance is gone, and never Running
-//!   without an IP;
-//! - `delete` is idempotent;
-//! - `list_by_tag` returns every instance carrying the managed mark, whatever
-//!   its installation, like the real providers: a provider is never told its
-//!   installation, so keeping to it is orphan GC's decision (`gc::select`).
+//! Configurable: how many gets an instance answers Provisioning before it is
+//! Running, how many gets a deleted one stays visible (as a terminating Pod
+//! does), faults per operation ("the next N creates fail Transient"), and
+//! [`FakeProvider::plant`], which puts instances into the store the way a
+//! person or another installation would.
 //!
-//! What a backend does over time is configurable: how many gets an instance
-//! answers Provisioning before it is Running with an IP, and how many gets a
-//! deleted instance stays visible (as a Pod in termination does). Faults are
-//! injected per operation ("the next N creates fail Transient"), and
-//! [`FakeProvider::plant`] puts instances straight into the store the way a
-//! person or another installation would, bypassing `create`.
-//!
-//! The fake is a `Clone` handle over shared state behind one `std` mutex, so
-//! a test keeps a handle while the registry owns another. Every call is
-//! synchronous under that lock, so dropping a call's future can never leave
-//! the store half-updated.
+//! A `Clone` handle over one `std` mutex, so a test keeps a handle while the
+//! registry owns another. Every call runs synchronously under the lock, so
+//! dropping a call's future never leaves the store half-updated.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -87,8 +79,6 @@ impl Seed {
     pub fn unmarked(name: &str) -> Self {
         Seed {
             managed: false,
-            uid: String::new(),
-            installation_id: String::new(),
             ..Seed::managed(name, "", "")
         }
     }
@@ -110,12 +100,9 @@ struct Entry {
     deleting: Option<u32>,
 }
 
-/// An injected failure of one call.
+/// An injected failure of one call: its class and message.
 #[derive(Clone, Debug)]
-struct Fault {
-    class: ErrorClass,
-    message: String,
-}
+struct Fault(ErrorClass, String);
 
 /// Everything behind the lock.
 #[derive(Debug)]
@@ -209,13 +196,7 @@ impl FakeProvider {
     pub fn fail_next_with(&self, op: Op, n: usize, class: ErrorClass, message: &str) {
         let mut s = self.lock();
         let queue = s.faults.entry(op).or_default();
-        queue.extend(std::iter::repeat_n(
-            Fault {
-                class,
-                message: message.to_string(),
-            },
-            n,
-        ));
+        queue.extend(std::iter::repeat_n(Fault(class, message.to_string()), n));
     }
 
     /// How many calls of `op` were made, failed ones included.
@@ -292,9 +273,9 @@ impl FakeProvider {
     fn begin(&self, s: &mut State, op: Op, id: &str) -> Result<(), ProviderError> {
         *s.calls.entry(op).or_default() += 1;
         match s.faults.get_mut(&op).and_then(VecDeque::pop_front) {
-            Some(f) => {
-                debug!(provider = %self.name, op = op.as_str(), id, class = %f.class, "injected fault");
-                Err(self.error(f.class, op, id, f.message))
+            Some(Fault(class, message)) => {
+                debug!(provider = %self.name, op = op.as_str(), id, %class, "injected fault");
+                Err(self.error(class, op, id, message))
             }
             None => Ok(()),
         }
@@ -426,40 +407,20 @@ impl Provider for FakeProvider {
         self.begin(&mut s, Op::Get, id)?;
         let name = self.name_of(Op::Get, id)?;
         let provisioning_gets = s.provisioning_gets;
-        let gone = match s.instances.get_mut(name) {
-            None => true,
-            Some(e) => match e.deleting {
-                Some(0) => true,
-                Some(left) => {
-                    e.deleting = Some(left - 1);
-                    false
+        let found = match s.instances.get_mut(name) {
+            Some(e) if e.deleting != Some(0) => {
+                match e.deleting.as_mut() {
+                    Some(left) => *left -= 1,
+                    None => e.gets = e.gets.saturating_add(1),
                 }
-                None => {
-                    e.gets = e.gets.saturating_add(1);
-                    false
-                }
-            },
+                Some(view(name, e, provisioning_gets))
+            }
+            _ => None,
         };
-        if gone {
-            s.instances.remove(name);
-            return Err(self.error(
-                ErrorClass::NotFound,
-                Op::Get,
-                id,
-                format!("instance {name} does not exist"),
-            ));
-        }
-        let found = s
-            .instances
-            .get(name)
-            .map(|e| view(name, e, provisioning_gets));
         found.ok_or_else(|| {
-            self.error(
-                ErrorClass::NotFound,
-                Op::Get,
-                id,
-                format!("instance {name} does not exist"),
-            )
+            s.instances.remove(name);
+            let message = format!("instance {name} does not exist");
+            self.error(ErrorClass::NotFound, Op::Get, id, message)
         })
     }
 
@@ -501,16 +462,15 @@ impl Provider for FakeProvider {
 impl Checker for FakeProvider {
     async fn check(&self) -> Vec<TargetStatus> {
         let unreachable = self.lock().unreachable.clone();
+        let reason = match unreachable {
+            Some(_) => "Unreachable",
+            None => "Reachable",
+        };
         vec![TargetStatus {
             name: self.name.to_string(),
             address: CHECK_ADDRESS.to_string(),
             ready: unreachable.is_none(),
-            reason: if unreachable.is_some() {
-                "Unreachable"
-            } else {
-                "Reachable"
-            }
-            .to_string(),
+            reason: reason.to_string(),
             message: unreachable.unwrap_or_default(),
             latency: Duration::ZERO,
             details: BTreeMap::new(),

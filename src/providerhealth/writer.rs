@@ -24,8 +24,8 @@ use super::status::build_status;
 use super::Snapshot;
 use crate::api::constants::{MANAGED_BY_LABEL, OPERATOR_NAME};
 use crate::api::ProviderHealth;
+use crate::controller::metrics::ReconcileMetrics;
 use crate::controller::status_patch::merge_diff;
-use crate::metrics::ReconcileMetrics;
 use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.

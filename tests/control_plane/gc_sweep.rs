@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::gc::{Gc, Settings};
-use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::operator::Metrics;
 use egress_proxies_operator::provider::registry::{ProviderType, Registry};
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider, ProviderError,

@@ -14,7 +14,7 @@ use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::plan;
 use egress_proxies_operator::controller::reconcile::{error_policy, reconcile};
 use egress_proxies_operator::controller::{Context, Error};
-use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::operator::Metrics;
 use egress_proxies_operator::provider::fake::FakeProvider;
 use egress_proxies_operator::provider::registry::Registry;
 use egress_proxies_operator::provider::{ErrorClass, Op, Provider};

@@ -9,7 +9,9 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use egress_proxies_operator::metrics::{Metrics, SweepResult, TargetSample};
+use egress_proxies_operator::gc::SweepResult;
+use egress_proxies_operator::operator::Metrics;
+use egress_proxies_operator::providerhealth::metrics::TargetSample;
 
 /// The operator's registry with at least one sample in every family.
 fn populated() -> Metrics {
@@ -24,9 +26,9 @@ fn populated() -> Metrics {
     m.gc.sweep("gcp-eu", SweepResult::Ok);
     m.gc.deleted("gcp-eu");
     m.gc.delete_failed("gcp-eu");
-    m.sources.set_phases(|| vec![("Ready".into(), 1)]);
-    m.sources.set_leases(|| 1);
-    m.sources.set_targets(|| {
+    m.phases.set_phases(|| vec![("Ready".into(), 1)]);
+    m.discovery.set_leases(|| 1);
+    m.provider_health.set_targets(|| {
         vec![TargetSample {
             provider: "kvm-home".into(),
             target: "nas1".into(),
@@ -68,6 +70,43 @@ fn exported() -> BTreeMap<String, String> {
         m.family_names()
     );
     types(&m.encode_prometheus_text().unwrap())
+}
+
+/// The families print in the order they always have (dashboards and
+/// diffs of scrapes read them so): registered families by subsystem, then
+/// the scrape-time gauges.
+#[test]
+fn the_exposition_keeps_its_family_order() {
+    let text = populated().encode().unwrap();
+    let order: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "proxy_operator_provider_requests",
+            "proxy_operator_provider_request_duration_seconds",
+            "proxy_operator_reconcile",
+            "proxy_operator_reconcile_errors",
+            "proxy_operator_reconcile_duration_seconds",
+            "proxy_operator_healthcheck_duration_seconds",
+            "proxy_operator_healthcheck_failures",
+            "proxy_operator_discovery_requests",
+            "proxy_operator_discovery_request_duration_seconds",
+            "proxy_operator_lease_events",
+            "proxy_operator_gc_sweeps",
+            "proxy_operator_gc_deleted",
+            "proxy_operator_gc_delete_failures",
+            "proxy_operator_gc_last_success_timestamp_seconds",
+            "proxy_operator_proxies",
+            "proxy_operator_leases_active",
+            "proxy_operator_provider_target_up",
+            "proxy_operator_provider_check_duration_seconds",
+            "proxy_operator_provider_check_timestamp_seconds",
+        ]
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use egress_proxies_operator::config::ProvidersConfig;
-use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::operator::Metrics;
 use egress_proxies_operator::provider::registry::{ProviderType, Registry};
 use egress_proxies_operator::provider::{
     Checker, CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider,

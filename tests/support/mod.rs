@@ -29,6 +29,9 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
             "0",
         ])
         .env("KUBECONFIG", kubeconfig)
+        // Its scratch files (the kvm provider's socket directories) go
+        // with the test's directory, even when the test SIGKILLs it.
+        .env("TMPDIR", dir)
         .env_remove("KUBERNETES_SERVICE_HOST");
     cmd
 }
