@@ -11,7 +11,7 @@ use support::{condition, eventually, phase, proxy, squid_present, Ground, Operat
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
@@ -308,4 +308,43 @@ async fn unsatisfiable_proxies_say_why_and_recover() {
         || async { proxies.get_opt("nocfg").await.ok()?.is_none().then_some(()) },
     )
     .await;
+}
+
+/// A ResourceQuota that admits no Pod: the real API server's 403 is
+/// QuotaExceeded, retried, never Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_quota_refusal_is_quota_exceeded_not_failed() {
+    let (ground, _op, _dir) = setup("kube-quota", KUBE_ONLY).await;
+    let quotas: Api<ResourceQuota> = ground.api();
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}}
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // Admission counts against the quota once its controller has.
+    eventually("the quota counted", Duration::from_secs(30), || async {
+        let q = quotas.get("no-pods").await.ok()?;
+        q.status?.hard?.contains_key("pods").then_some(())
+    })
+    .await;
+
+    let proxies: Api<Proxy> = ground.proxies();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("q", json!({"provider": "kubernetes", "port": 3128})),
+        )
+        .await
+        .unwrap();
+    let p = eventually("QuotaExceeded", Duration::from_secs(30), || async {
+        let p = proxies.get("q").await.ok()?;
+        (provisioned(&p)?.0 == "QuotaExceeded").then_some(p)
+    })
+    .await;
+    let (_, message) = provisioned(&p).unwrap();
+    assert!(message.contains("exceeded quota"), "{message}");
+    assert!(!message.contains("Status {"), "{message}");
+    assert_ne!(phase(&p), Some("Failed"));
 }

@@ -5,9 +5,16 @@ use kube::core::Status;
 
 use crate::provider::ErrorClass;
 
-/// What the API server says when a ResourceQuota refuses a create
-/// (`pods "x" is forbidden: exceeded quota: q, requested: ...`).
-const QUOTA_TEXT: &str = "exceeded quota";
+/// What the API server's ResourceQuota admission says when it refuses a
+/// create: over the quota (`pods "x" is forbidden: exceeded quota: q,
+/// requested: ...`), a quota whose usage the controller has not counted
+/// yet, or one the Pod does not fit.
+const QUOTA_TEXTS: [&str; 4] = [
+    "exceeded quota",
+    "status unknown for quota",
+    "failed quota",
+    "insufficient quota",
+];
 /// The cause reason of a create in a namespace being deleted.
 const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
 /// The message of the same refusal, for servers that give no causes.
@@ -42,7 +49,7 @@ pub fn classify(err: &(dyn std::error::Error + 'static)) -> ErrorClass {
 }
 
 fn is_quota(s: &Status) -> bool {
-    s.message.contains(QUOTA_TEXT)
+    QUOTA_TEXTS.iter().any(|t| s.message.contains(t))
 }
 
 fn is_namespace_terminating(s: &Status) -> bool {
@@ -124,6 +131,16 @@ mod tests {
                 err: api(
                     403,
                     "pods \"proxy-a\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2",
+                    "Forbidden",
+                    &[],
+                ),
+                want: ErrorClass::QuotaExceeded,
+            },
+            Case {
+                name: "403 from a quota not counted yet",
+                err: api(
+                    403,
+                    "pods \"proxy-a\" is forbidden: status unknown for quota: pods, resources: pods",
                     "Forbidden",
                     &[],
                 ),
