@@ -246,6 +246,7 @@ impl Operator {
             &self.client,
             &self.providers,
             &self.metrics,
+            &installation_id,
             stop,
         )
         .await;

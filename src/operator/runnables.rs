@@ -111,6 +111,7 @@ pub async fn spawn_provider_health(
     client: &Client,
     providers: &Registry,
     metrics: &Metrics,
+    installation: &str,
     stop: &CancellationToken,
 ) {
     let names: BTreeSet<String> = providers
@@ -119,11 +120,11 @@ pub async fn spawn_provider_health(
         .map(|c| c.name.clone())
         .collect();
     let Some(ProviderChecks { interval, timeout }) = checks else {
-        providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
+        providerhealth::writer::cleanup(client, installation, &BTreeSet::new()).await;
         info!("Provider checks are off (--provider-check-interval=0)");
         return;
     };
-    providerhealth::writer::cleanup(client, &names).await;
+    providerhealth::writer::cleanup(client, installation, &names).await;
     let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
     let snapshot = monitor.snapshot();
     let snap = snapshot.clone();
@@ -146,6 +147,7 @@ pub async fn spawn_provider_health(
         client.clone(),
         snapshot,
         names,
+        installation,
         Some(metrics.reconcile.clone()),
     );
     let rounds = monitor.subscribe();

@@ -60,6 +60,9 @@ impl Checker for Hosts {
     }
 }
 
+/// The installation this test writes as.
+const INSTALLATION: &str = "inst-writer";
+
 #[tokio::test]
 async fn writes_pass_the_schema_and_keep_transition_times() {
     let cluster = support::control_plane();
@@ -78,7 +81,13 @@ async fn writes_pass_the_schema_and_keep_transition_times() {
         Duration::from_secs(5),
     );
     let names: BTreeSet<String> = [PROVIDER.to_string()].into();
-    let writer = Writer::new(client.clone(), monitor.snapshot(), names, None);
+    let writer = Writer::new(
+        client.clone(),
+        monitor.snapshot(),
+        names,
+        INSTALLATION,
+        None,
+    );
     let api: Api<ProviderHealth> = Api::all(client.clone());
 
     monitor.round().await;
@@ -114,6 +123,12 @@ async fn writes_pass_the_schema_and_keep_transition_times() {
     assert!(s.targets[1].last_transition_time > t1_nas2, "nas2 flipped");
     assert_eq!(s.targets[1].message, None);
 
-    cleanup(&client, &BTreeSet::new()).await;
+    // Another installation's cleanup leaves the object alone; its own
+    // deletes it.
+    let labels = api.get(PROVIDER).await.unwrap().metadata.labels.unwrap();
+    assert_eq!(labels["proxy-operator-installation"], INSTALLATION);
+    cleanup(&client, "another-installation", &BTreeSet::new()).await;
+    assert!(api.get_opt(PROVIDER).await.unwrap().is_some());
+    cleanup(&client, INSTALLATION, &BTreeSet::new()).await;
     assert!(api.get_opt(PROVIDER).await.unwrap().is_none());
 }

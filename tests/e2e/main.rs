@@ -2,8 +2,6 @@
 //! related files share a binary, and a cluster when they need one).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-#[path = "../gcp_standin/mod.rs"]
-mod gcp_standin;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -11,7 +9,6 @@ mod e2e_crash;
 mod e2e_gc_health;
 mod e2e_health;
 mod e2e_kubernetes;
-mod e2e_samples;
 /// In-process scenarios of the reconciler on the fake provider, on this
 /// binary's cluster.
 mod reconcile_scenarios;

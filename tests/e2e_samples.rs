@@ -12,8 +12,8 @@
 #![cfg(feature = "gcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-use crate::gcp_standin;
-use crate::support;
+mod gcp_standin;
+mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
