@@ -62,7 +62,7 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
-	$(CARGO) test --test 'e2e_*'
+	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples -- e2e_
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture

@@ -286,24 +286,86 @@ mod tests {
 
     #[test]
     fn check_flag_rules() {
+        struct Case {
+            name: &'static str,
+            interval: Duration,
+            timeout: Duration,
+            ok: bool,
+        }
         let cases = [
-            (d(0), d(0), true),
-            (d(0), d(999), true), // off: the timeout is not checked
-            (d(9), d(0), false),
-            (d(10), d(0), true),
-            (d(60), d(60), true),
-            (d(60), d(61), false),
-            (d(60), d(15), true),
-            (d(10), d(10), true),
-            (d(5), d(1), false),
-            (d(12), d(0), true),
-            (d(60), d(120), false),
+            Case {
+                name: "off",
+                interval: d(0),
+                timeout: d(0),
+                ok: true,
+            },
+            Case {
+                name: "off: the timeout is not checked",
+                interval: d(0),
+                timeout: d(999),
+                ok: true,
+            },
+            Case {
+                name: "interval under the minimum",
+                interval: d(9),
+                timeout: d(0),
+                ok: false,
+            },
+            Case {
+                name: "the minimum interval, default timeout",
+                interval: d(10),
+                timeout: d(0),
+                ok: true,
+            },
+            Case {
+                name: "timeout equal to the interval",
+                interval: d(60),
+                timeout: d(60),
+                ok: true,
+            },
+            Case {
+                name: "timeout over the interval",
+                interval: d(60),
+                timeout: d(61),
+                ok: false,
+            },
+            Case {
+                name: "timeout under the interval",
+                interval: d(60),
+                timeout: d(15),
+                ok: true,
+            },
+            Case {
+                name: "minimum interval and equal timeout",
+                interval: d(10),
+                timeout: d(10),
+                ok: true,
+            },
+            Case {
+                name: "short interval with a timeout",
+                interval: d(5),
+                timeout: d(1),
+                ok: false,
+            },
+            Case {
+                name: "interval over the minimum",
+                interval: d(12),
+                timeout: d(0),
+                ok: true,
+            },
+            Case {
+                name: "timeout twice the interval",
+                interval: d(60),
+                timeout: d(120),
+                ok: false,
+            },
         ];
-        for (interval, timeout, ok) in cases {
+        for c in cases {
             assert_eq!(
-                validate_check_flags(interval, timeout).is_ok(),
-                ok,
-                "{interval:?} {timeout:?}"
+                validate_check_flags(c.interval, c.timeout).is_ok(),
+                c.ok,
+                "{}",
+                c.name
             );
         }
         let msg = validate_check_flags(d(5), d(0)).unwrap_err();

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::Metrics;
+use crate::metrics::Exposition;
 
 /// Serves `/healthz` and `/readyz` until `shutdown` resolves.
 pub async fn serve_probes(
@@ -29,7 +29,7 @@ pub async fn serve_probes(
 /// Serves `/metrics` until `shutdown` resolves.
 pub async fn serve_metrics(
     addr: SocketAddr,
-    metrics: Metrics,
+    metrics: Exposition,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new().route(

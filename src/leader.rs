@@ -260,53 +260,66 @@ mod tests {
             renewed: Some(t(renewed)),
             duration: dur.map(Duration::from_secs),
         };
+        struct Case {
+            name: &'static str,
+            observed: Observed,
+            want: Decision,
+        }
         let cases = [
-            ("no lease holder", Observed::default(), Decision::Acquire),
-            (
-                "empty holder",
-                Observed {
+            Case {
+                name: "no lease holder",
+                observed: Observed::default(),
+                want: Decision::Acquire,
+            },
+            Case {
+                name: "empty holder",
+                observed: Observed {
                     holder: Some(String::new()),
                     ..Default::default()
                 },
-                Decision::Acquire,
-            ),
-            ("ours", held("me", -100, Some(15)), Decision::Renew),
-            (
-                "another, fresh",
-                held("b", -5, Some(15)),
-                Decision::Follow { leader: "b".into() },
-            ),
-            (
-                "another, expired",
-                held("b", -15, Some(15)),
-                Decision::Acquire,
-            ),
-            (
-                "another, their longer duration counts",
-                held("b", -20, Some(30)),
-                Decision::Follow { leader: "b".into() },
-            ),
-            (
-                "another, no duration: ours counts",
-                held("b", -16, None),
-                Decision::Acquire,
-            ),
-            (
-                "another, never renewed",
-                Observed {
+                want: Decision::Acquire,
+            },
+            Case {
+                name: "ours",
+                observed: held("me", -100, Some(15)),
+                want: Decision::Renew,
+            },
+            Case {
+                name: "another, fresh",
+                observed: held("b", -5, Some(15)),
+                want: Decision::Follow { leader: "b".into() },
+            },
+            Case {
+                name: "another, expired",
+                observed: held("b", -15, Some(15)),
+                want: Decision::Acquire,
+            },
+            Case {
+                name: "another, their longer duration counts",
+                observed: held("b", -20, Some(30)),
+                want: Decision::Follow { leader: "b".into() },
+            },
+            Case {
+                name: "another, no duration: ours counts",
+                observed: held("b", -16, None),
+                want: Decision::Acquire,
+            },
+            Case {
+                name: "another, never renewed",
+                observed: Observed {
                     holder: Some("b".into()),
                     ..Default::default()
                 },
-                Decision::Acquire,
-            ),
-            (
-                "another, renewed in the future (skew)",
-                held("b", 30, Some(15)),
-                Decision::Follow { leader: "b".into() },
-            ),
+                want: Decision::Acquire,
+            },
+            Case {
+                name: "another, renewed in the future (skew)",
+                observed: held("b", 30, Some(15)),
+                want: Decision::Follow { leader: "b".into() },
+            },
         ];
-        for (name, observed, want) in cases {
-            assert_eq!(decide(&observed, "me", t(0), d15), want, "{name}");
+        for c in cases {
+            assert_eq!(decide(&c.observed, "me", t(0), d15), c.want, "{}", c.name);
         }
     }
 }

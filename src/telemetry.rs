@@ -372,71 +372,92 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    type Case<'a> = (&'a [(&'a str, &'a str)], Result<Exporter, ()>);
-
     #[test]
     fn exporter_decision_table() {
-        let cases: &[Case] = &[
-            (
-                &[],
-                Ok(Exporter::Off(
+        struct Case {
+            name: &'static str,
+            env: &'static [(&'static str, &'static str)],
+            want: Result<Exporter, ()>,
+        }
+        let cases = [
+            Case {
+                name: "nothing configured",
+                env: &[],
+                want: Ok(Exporter::Off(
                     "no OTEL_TRACES_EXPORTER or OTLP endpoint configured",
                 )),
-            ),
-            (
-                &[
+            },
+            Case {
+                name: "sdk disabled, trimmed and in any letter case, wins over an exporter",
+                env: &[
                     ("OTEL_SDK_DISABLED", " TRUE "),
                     ("OTEL_TRACES_EXPORTER", "console"),
                 ],
-                Ok(Exporter::Off("OTEL_SDK_DISABLED=true")),
-            ),
-            (
-                &[("OTEL_TRACES_EXPORTER", "None")],
-                Ok(Exporter::Off("OTEL_TRACES_EXPORTER=none")),
-            ),
-            (
-                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")],
-                Ok(Exporter::OtlpHttp),
-            ),
-            (
-                &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://x/v1/traces")],
-                Ok(Exporter::OtlpHttp),
-            ),
-            (&[("OTEL_TRACES_EXPORTER", "otlp")], Ok(Exporter::OtlpHttp)),
-            (
-                &[
+                want: Ok(Exporter::Off("OTEL_SDK_DISABLED=true")),
+            },
+            Case {
+                name: "exporter none, in any letter case",
+                env: &[("OTEL_TRACES_EXPORTER", "None")],
+                want: Ok(Exporter::Off("OTEL_TRACES_EXPORTER=none")),
+            },
+            Case {
+                name: "an otlp endpoint turns otlp on",
+                env: &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")],
+                want: Ok(Exporter::OtlpHttp),
+            },
+            Case {
+                name: "a traces endpoint turns otlp on",
+                env: &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://x/v1/traces")],
+                want: Ok(Exporter::OtlpHttp),
+            },
+            Case {
+                name: "otlp exporter",
+                env: &[("OTEL_TRACES_EXPORTER", "otlp")],
+                want: Ok(Exporter::OtlpHttp),
+            },
+            Case {
+                name: "otlp over http/protobuf",
+                env: &[
                     ("OTEL_TRACES_EXPORTER", "otlp"),
                     ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
                 ],
-                Ok(Exporter::OtlpHttp),
-            ),
-            (
-                &[
+                want: Ok(Exporter::OtlpHttp),
+            },
+            Case {
+                name: "grpc is not supported",
+                env: &[
                     ("OTEL_TRACES_EXPORTER", "otlp"),
                     ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
                 ],
-                Err(()),
-            ),
-            (
-                &[
+                want: Err(()),
+            },
+            Case {
+                name: "http/json is not supported",
+                env: &[
                     ("OTEL_TRACES_EXPORTER", "otlp"),
                     ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
                 ],
-                Err(()),
-            ),
-            (
-                &[("OTEL_TRACES_EXPORTER", "console")],
-                Ok(Exporter::Console),
-            ),
-            (&[("OTEL_TRACES_EXPORTER", "zipkin")], Err(())),
+                want: Err(()),
+            },
+            Case {
+                name: "console exporter",
+                env: &[("OTEL_TRACES_EXPORTER", "console")],
+                want: Ok(Exporter::Console),
+            },
+            Case {
+                name: "unknown exporter",
+                env: &[("OTEL_TRACES_EXPORTER", "zipkin")],
+                want: Err(()),
+            },
         ];
-        for (env, want) in cases {
-            let env: HashMap<String, String> = env
+        for c in cases {
+            let env: HashMap<String, String> = c
+                .env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             let got = decide(|k| env.get(k).cloned()).map_err(|_| ());
-            assert_eq!(&got, want, "{env:?}");
+            assert_eq!(got, c.want, "{}: {env:?}", c.name);
         }
     }
 }

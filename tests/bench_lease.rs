@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::discovery::{serve_on, ApiState};
 use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
-use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::operator::Metrics;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{json, Value};
@@ -166,7 +166,7 @@ async fn bench_lease_acquire_release() {
         Arc::new(proxies(fleet)),
         leases,
         Some(TOKEN),
-        &Metrics::new(),
+        &Metrics::new().discovery,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = listener.local_addr().unwrap();

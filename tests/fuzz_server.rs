@@ -10,7 +10,7 @@ use std::time::Duration;
 use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::discovery::{serve_on, ApiState};
 use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
-use egress_proxies_operator::metrics::Metrics;
+use egress_proxies_operator::operator::Metrics;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,7 +47,12 @@ async fn serve_for_fuzzing() {
         max_ttl: Duration::from_secs(3600),
         cooldown: Duration::from_secs(300),
     }));
-    let state = ApiState::new(Arc::new(proxies), leases, Some(&token), &Metrics::new());
+    let state = ApiState::new(
+        Arc::new(proxies),
+        leases,
+        Some(&token),
+        &Metrics::new().discovery,
+    );
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     println!("serving on {addr} for at most {secs}s");
     serve_on(

@@ -2,7 +2,9 @@
 //! test command is the one CI runs; the local run command starts the
 //! operator and a sample becomes Ready), every flag of `--help` is in
 //! docs/configuration.md, every Makefile target the docs promise exists,
-//! and no relative link in README.md or docs/ is broken.
+//! and no relative link in README.md or docs/ is broken. And the shape of
+//! `src/` a newcomer can read: no import cycle, no file over 500 lines of
+//! non-test code, no bare libvirt numbers.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod support;
@@ -466,4 +468,161 @@ fn the_cycle_finder_finds_one() {
     .into();
     assert_eq!(cycle_from(&graph, "a").unwrap(), ["a", "b", "c", "a"]);
     assert!(cycle_from(&graph, "d").is_none());
+}
+
+// Files small enough to read in one sitting: no file under `src/` holds
+// more than 500 lines of non-test code. Test code lives in `tests.rs` /
+// `*_tests.rs` files or after the file's `#[cfg(test)]` module.
+
+const MAX_LINES: usize = 500;
+
+/// Files still over the limit, with the ceiling they may not grow past.
+/// The list only shrinks: an entry whose file is back under the limit
+/// fails the test until it is removed.
+const OVER_THE_LIMIT: &[(&str, usize)] = &[];
+
+/// Whether a file is test code as a whole (a test module of its parent).
+fn is_test_file(p: &Path) -> bool {
+    let name = p.file_name().unwrap().to_string_lossy();
+    name == "tests.rs" || name.ends_with("_tests.rs")
+}
+
+/// Lines before the first top-level `#[cfg(test)]`.
+fn non_test_lines(text: &str) -> usize {
+    text.lines()
+        .take_while(|l| !l.starts_with("#[cfg(test)]"))
+        .count()
+}
+
+#[test]
+fn no_source_file_is_over_500_lines_of_non_test_code() {
+    let src = repo().join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut problems = Vec::new();
+    for f in files.iter().filter(|f| !is_test_file(f)) {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        let n = non_test_lines(&std::fs::read_to_string(f).unwrap());
+        match OVER_THE_LIMIT.iter().find(|(p, _)| *p == rel) {
+            Some((_, ceiling)) if n <= MAX_LINES => problems.push(format!(
+                "{rel}: {n} lines, back under {MAX_LINES}: drop it from OVER_THE_LIMIT (was {ceiling})"
+            )),
+            Some((_, ceiling)) if n > *ceiling => {
+                problems.push(format!("{rel}: {n} lines, grew past its ceiling {ceiling}"))
+            }
+            Some(_) => {}
+            None if n > MAX_LINES => problems.push(format!(
+                "{rel}: {n} lines of non-test code, over {MAX_LINES}: split it by job"
+            )),
+            None => {}
+        }
+    }
+    for (p, _) in OVER_THE_LIMIT {
+        if !files
+            .iter()
+            .any(|f| f.strip_prefix(&src).unwrap().to_string_lossy() == *p)
+        {
+            problems.push(format!("{p}: listed in OVER_THE_LIMIT but gone: drop it"));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn the_line_counter_stops_at_the_test_module() {
+    assert_eq!(non_test_lines("a\nb\n#[cfg(test)]\nmod tests {\n}\n"), 2);
+    assert_eq!(non_test_lines("a\n    #[cfg(test)]\nb\n"), 3);
+    assert!(is_test_file(Path::new("src/controller/plan_tests.rs")));
+    assert!(is_test_file(Path::new("src/discovery/tests.rs")));
+    assert!(!is_test_file(Path::new("src/controller/plan.rs")));
+}
+
+// libvirt's states, flags and error codes appear by their `virt` names
+// (`sys::VIR_…`, `NO_FLAGS`), never as bare numbers: a reader should not
+// need the C headers open to follow the kvm provider.
+
+/// The text of every `rpc("vir…", …)` call in `text`, up to its closing
+/// parenthesis.
+fn libvirt_calls(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("rpc(\"vir") {
+        let call = &rest[at..];
+        let mut depth = 0usize;
+        let mut end = call.len();
+        for (i, c) in call.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(&call[..end]);
+        rest = &call[end..];
+    }
+    out
+}
+
+/// Bare integer literals in libvirt calls and in comparisons of libvirt
+/// states and codes.
+fn bare_libvirt_numbers(text: &str) -> Vec<String> {
+    let number = regex_lite::Regex::new(r"(^|[^A-Za-z0-9_.])(\d+)([^A-Za-z0-9_.]|$)").unwrap();
+    let strings = regex_lite::Regex::new(r#""[^"]*""#).unwrap();
+    let compare =
+        regex_lite::Regex::new(r"\b(state|code|kind|reason)\s*(==|!=|>=|<=|>|<)\s*\d").unwrap();
+    let mut found = Vec::new();
+    for call in libvirt_calls(text) {
+        let code = strings.replace_all(call, "\"\"");
+        if number.is_match(&code) {
+            found.push(call.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+    }
+    for l in text.lines().filter(|l| compare.is_match(l)) {
+        found.push(l.trim().to_string());
+    }
+    found
+}
+
+#[test]
+fn libvirt_numbers_go_by_their_names() {
+    let kvm = repo().join("src/provider/kvm");
+    let mut files = Vec::new();
+    sources(&kvm, &mut files);
+    assert!(files.len() > 5, "the kvm provider was read: {files:?}");
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !is_test_file(f)) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let code = &text[..text.find("\n#[cfg(test)]").unwrap_or(text.len())];
+        for hit in bare_libvirt_numbers(code) {
+            found.push(format!("{}: {hit}", f.display()));
+        }
+    }
+    assert!(found.is_empty(), "bare libvirt numbers: {found:#?}");
+}
+
+#[test]
+fn the_libvirt_number_finder_finds_them() {
+    let bad = "let v = rpc(\"virStorageVolDelete\", || v.delete(0))?;\n\
+               if info.state == 2 { }\n\
+               rpc(\"virDomainGetMetadata\", || {\n d.metadata(2, Some(URI), NO_FLAGS)\n })";
+    assert_eq!(
+        bare_libvirt_numbers(bad).len(),
+        3,
+        "{:?}",
+        bare_libvirt_numbers(bad)
+    );
+    let good = "let v = rpc(\"virStorageVolDelete\", || v.delete(NO_FLAGS))?;\n\
+                if info.state == sys::VIR_STORAGE_POOL_RUNNING { }\n\
+                rpc(\"virStorageVolCreateXML\", || StorageVol::create_xml(&p, \"vol-1\", NO_FLAGS))";
+    assert!(
+        bare_libvirt_numbers(good).is_empty(),
+        "{:?}",
+        bare_libvirt_numbers(good)
+    );
 }

@@ -301,6 +301,10 @@ pub mod conditions {
     pub const REASON_CREATING: &str = "Creating";
     /// Provisioned=False: a quota or rate limit; retried after 5 minutes.
     pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// Provisioned=Unknown: the provider refuses the operator's credentials
+    /// or permissions (or cannot be observed); retried in minutes, never
+    /// latched, and a serving Proxy keeps serving by its health.
+    pub const REASON_PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
     /// Provisioned=False: the provider refused the request for good.
     pub const REASON_PERMANENT_ERROR: &str = "PermanentError";
     /// Provisioned=False: the cloud-init Secret or key cannot be read.

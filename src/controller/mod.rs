@@ -2,6 +2,9 @@
 //! [`reconcile`], and the kube-runtime controller that drives them.
 
 pub mod cloud_init;
+pub mod context;
+pub mod error;
+pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 pub mod status_patch;
@@ -21,7 +24,8 @@ use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 pub use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
-pub use reconcile::Context;
+pub use context::Context;
+pub use error::Error;
 
 /// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched
@@ -106,7 +110,7 @@ pub async fn run(
 async fn counted_reconcile(
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
-) -> Result<kube::runtime::controller::Action, reconcile::Error> {
+) -> Result<kube::runtime::controller::Action, Error> {
     let started = std::time::Instant::now();
     let metrics = ctx.metrics.clone();
     let res = reconcile::reconcile(proxy, ctx).await;

@@ -1,120 +1,37 @@
-//! The effects of a reconcile: gather observations, ask `plan` for the next
-//! step, perform it, repeat; then write the status once, only if it changed.
+//! The I/O shell of a reconcile. It gathers what [`plan`] decides on (the
+//! Proxy, its cloud-init, the provider's `get`, the health engine's word),
+//! performs the step the plan names, and asks again, until the plan says
+//! how the pass ends; then it writes the status once, only if it changed.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use super::plan::{self, DeleteInput, DeleteStep, GetOutcome, ManagedInput, ReleaseReason, Step};
+use super::context::Context;
+use super::error::Error;
+use super::plan::{
+    self, Backoff, DeleteInput, DeleteStep, End, Ending, Failure, GetOutcome, Health, ManagedInput,
+    Path, ReleaseReason, Step,
+};
 use super::{cloud_init, status_patch};
 use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
-use crate::api::health::{HealthReport, HealthSource};
-use crate::api::{Proxy, ProxyMode, ProxyPhase, ProxyStatus};
+use crate::api::{Proxy, ProxyStatus};
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
-use crate::provider::registry::Registry;
-use crate::provider::{CreateRequest, ErrorClass, Provider, ProviderError, UserData};
+use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
 
-/// How long a Running instance waits before the next `get` (catches
-/// instances that stop behind the operator's back).
-pub const RUNNING_RESYNC: Duration = Duration::from_secs(60);
-
-/// What every reconcile shares.
-pub struct Context {
-    /// The Kubernetes client.
-    pub client: Client,
-    /// Configured providers, decorated.
-    pub registry: Registry,
-    /// This installation's identity.
-    pub installation_id: String,
-    /// Health verdicts, when the health engine runs.
-    pub health: Option<Arc<dyn HealthSource>>,
-    /// The labelled cloud-init Secrets, filled by the controller's Secret
-    /// watch; cloud-init is read from here, never with `get`.
-    pub secrets: cloud_init::SecretCache,
-    failures: Mutex<HashMap<String, u32>>,
-    /// Reconcile count, error and duration series, when exported.
-    pub metrics: Option<crate::metrics::ReconcileMetrics>,
-}
-
-impl Context {
-    /// A context.
-    pub fn new(
-        client: Client,
-        registry: Registry,
-        installation_id: String,
-        health: Option<Arc<dyn HealthSource>>,
-    ) -> Self {
-        Context {
-            client,
-            registry,
-            installation_id,
-            health,
-            secrets: cloud_init::SecretCache::default(),
-            failures: Mutex::new(HashMap::new()),
-            metrics: None,
-        }
-    }
-
-    /// Records reconciles into `metrics`.
-    pub fn with_metrics(mut self, metrics: crate::metrics::ReconcileMetrics) -> Self {
-        self.metrics = Some(metrics);
-        self
-    }
-
-    /// Exponential backoff per object: 5ms doubling up to 1000s, reset on
-    /// success (the controller-runtime defaults).
-    pub fn backoff(&self, key: &str) -> Duration {
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = f.entry(key.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        let ms = 5u64.saturating_mul(1u64 << (*n - 1).min(30));
-        Duration::from_millis(ms.min(1_000_000))
-    }
-
-    fn succeeded(&self, key: &str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
-    }
-}
-
-/// A reconcile that should be retried with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A provider call failed transiently (or with NotFound outside get).
-    #[error(transparent)]
-    Provider(#[from] ProviderError),
-    /// A Kubernetes API call failed.
-    #[error("kubernetes API: {msg}", msg = plain_message(.0))]
-    Kube(#[from] kube::Error),
-    /// The provider of a Proxy being deleted is not configured.
-    #[error("provider {provider:?} is not configured; cannot clean up instance {id}; set {SKIP_CLEANUP_ANNOTATION}: \"true\" to abandon it")]
-    NotConfigured {
-        /// The provider name.
-        provider: String,
-        /// The instance.
-        id: String,
-    },
-    /// Cleanup after a permanent get failed too.
-    #[error("instance unreachable ({get_error}) and delete failed: {delete_error}")]
-    Cleanup {
-        /// The get error.
-        get_error: String,
-        /// The delete error.
-        delete_error: ProviderError,
-    },
-}
+/// Steps of one managed pass; every step either ends the pass or adds an
+/// observation, so the bound is never reached in practice.
+const MANAGED_STEPS: usize = 16;
+/// Steps of one deletion pass (get, delete after a permanent get, release).
+const DELETE_STEPS: usize = 4;
 
 fn key(p: &Proxy) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -149,12 +66,11 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, E
 async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let base = proxy.status.clone().unwrap_or_default();
     let mut status = base.clone();
-    let result = if proxy.metadata.deletion_timestamp.is_some() {
-        delete_path(&proxy, &ctx, &mut status).await
-    } else if proxy.spec.mode == ProxyMode::External {
-        Ok(external_path(&proxy, &ctx, &mut status))
-    } else {
-        managed_path(&proxy, &ctx, &mut status).await
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
+    let result = match plan::path(deleting, proxy.spec.mode) {
+        Path::Delete => delete_path(&proxy, &ctx, &mut status).await,
+        Path::External => Ok(external_path(&proxy, &ctx, &mut status)),
+        Path::Managed => managed_path(&proxy, &ctx, &mut status).await,
     };
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
     let action = result?;
@@ -165,7 +81,7 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
 
 /// Requeue policy for a failed reconcile.
 pub fn error_policy(proxy: Arc<Proxy>, err: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff(&key(&proxy));
+    let delay = plan::jitter(ctx.backoff(&key(&proxy)), ctx.random.unit());
     warn!(proxy = %key(&proxy), error = %plain_message(err), retry_in = ?delay, "Reconcile failed");
     Action::requeue(delay)
 }
@@ -199,47 +115,74 @@ async fn patch_status(
     }
 }
 
-fn health_of(ctx: &Context, proxy: &Proxy) -> Option<bool> {
-    let h = ctx.health.as_ref()?;
-    h.verdict(
-        &proxy.namespace().unwrap_or_default(),
-        &proxy.name_any(),
-        &proxy.uid().unwrap_or_default(),
-    )
+/// What the health engine (when it runs here) says about `proxy`.
+fn health_of(ctx: &Context, proxy: &Proxy) -> Health {
+    let Some(h) = ctx.health.as_ref() else {
+        return Health::Unknown;
+    };
+    let (ns, name, uid) = (
+        proxy.namespace().unwrap_or_default(),
+        proxy.name_any(),
+        proxy.uid().unwrap_or_default(),
+    );
+    Health::of(h.report(&ns, &name, &uid), h.verdict(&ns, &name, &uid))
 }
 
-fn report_of(ctx: &Context, proxy: &Proxy) -> Option<HealthReport> {
-    let h = ctx.health.as_ref()?;
-    h.report(
-        &proxy.namespace().unwrap_or_default(),
-        &proxy.name_any(),
-        &proxy.uid().unwrap_or_default(),
-    )
+/// The controller's action for `end`, its delay jittered.
+fn action(ctx: &Context, end: End) -> Action {
+    match plan::jittered(end, ctx.random.unit()) {
+        End::AwaitChange => Action::await_change(),
+        End::RequeueAfter(d) => Action::requeue(d),
+    }
+}
+
+/// Ends a pass the way the plan says `ending` ends.
+fn finish(
+    ctx: &Context,
+    ending: Ending<'_>,
+    status: &mut ProxyStatus,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) -> Result<Action, Error> {
+    Ok(action(ctx, plan::end(ending, status, now, generation)))
+}
+
+/// Ends a managed pass after `err`, or hands it to the controller's backoff.
+fn fail(
+    ctx: &Context,
+    proxy: &Proxy,
+    err: ProviderError,
+    status: &mut ProxyStatus,
+    now: DateTime<Utc>,
+) -> Result<Action, Error> {
+    let message = plain_message(&err);
+    let failure = Failure {
+        op: err.op(),
+        class: err.class(),
+        message: &message,
+    };
+    let health = health_of(ctx, proxy);
+    plan::managed_failure(&failure, &health, status, now, proxy.metadata.generation)
+        .map(|end| action(ctx, end))
+        .map_err(|Backoff| err.into())
+}
+
+/// Ends a deletion pass after `err`, or hands it to the controller's backoff.
+fn fail_delete(ctx: &Context, err: ProviderError) -> Result<Action, Error> {
+    plan::delete_failure(err.class())
+        .map(|end| action(ctx, end))
+        .map_err(|Backoff| err.into())
 }
 
 fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Action {
-    let now = Utc::now();
-    match &proxy.spec.endpoint {
-        None => {
-            plan::mark_invalid(
-                status,
-                "spec.endpoint is required when spec.mode is External",
-                now,
-                proxy.metadata.generation,
-            );
-            Action::await_change()
-        }
-        Some(ep) => {
-            status.ip = Some(ep.host.clone());
-            status.phase = Some(if health_of(ctx, proxy) == Some(true) {
-                ProxyPhase::Ready
-            } else {
-                ProxyPhase::Running
-            });
-            plan::apply_health(status, report_of(ctx, proxy).as_ref(), now);
-            Action::await_change()
-        }
-    }
+    let ending = Ending::External {
+        host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
+        health: health_of(ctx, proxy),
+    };
+    action(
+        ctx,
+        plan::end(ending, status, Utc::now(), proxy.metadata.generation),
+    )
 }
 
 /// Updates metadata with the object's resourceVersion as a precondition,
@@ -281,32 +224,28 @@ async fn record_hash(
     Ok(())
 }
 
-fn outcome(res: Result<crate::provider::Instance, ProviderError>) -> GetOutcome {
-    match res {
-        Ok(i) => GetOutcome::Found(i),
-        Err(e) if e.class() == ErrorClass::NotFound => GetOutcome::NotFound,
-        Err(e) => GetOutcome::Failed(e.class(), plain_message(&e)),
-    }
-}
-
-/// Permanent: latched; quota: retried in 5 minutes; the rest: backoff.
-fn on_error(proxy: &Proxy, status: &mut ProxyStatus, err: ProviderError) -> Result<Action, Error> {
-    let now = Utc::now();
-    match err.class() {
-        ErrorClass::Permanent => {
-            plan::mark_permanent(status, &plain_message(&err), now, proxy.metadata.generation);
-            Ok(Action::await_change())
-        }
-        ErrorClass::QuotaExceeded => {
-            plan::mark_quota(status, &plain_message(&err), now, proxy.metadata.generation);
-            Ok(Action::requeue(plan::QUOTA_RETRY))
-        }
-        _ => Err(err.into()),
-    }
-}
-
+/// A failed `get`, as the error the controller retries.
 fn get_error(class: ErrorClass, provider: &str, id: &str, message: String) -> ProviderError {
-    ProviderError::new(class, crate::provider::Op::Get, provider, id, message)
+    ProviderError::new(class, Op::Get, provider, id, message)
+}
+
+fn create_request(
+    proxy: &Proxy,
+    installation_id: &str,
+    port: u16,
+    cloud_init: UserData,
+) -> CreateRequest {
+    let uid = proxy.uid().unwrap_or_default();
+    CreateRequest {
+        name: name_from_uid(&uid),
+        uid,
+        namespace: proxy.namespace().unwrap_or_default(),
+        proxy_name: proxy.name_any(),
+        placement: proxy.spec.placement.clone().unwrap_or_default(),
+        cloud_init,
+        port,
+        installation_id: installation_id.to_string(),
+    }
 }
 
 #[instrument(name = "reconcile.managed", skip_all)]
@@ -325,8 +264,7 @@ async fn managed_path(
     let mut get: Option<GetOutcome> = None;
     let namespace = proxy.namespace().unwrap_or_default();
 
-    // Bounded: every step either ends the pass or adds an observation.
-    for _ in 0..16 {
+    for _ in 0..MANAGED_STEPS {
         let now = Utc::now();
         let step = plan::next_managed_step(&ManagedInput {
             generation,
@@ -350,116 +288,94 @@ async fn managed_path(
             })
         };
         let id = status.provider_id.clone().unwrap_or_default();
-        match step {
+        let ending = match step {
             Step::AddFinalizer => {
                 let mut fins = proxy.finalizers().to_vec();
                 fins.push(FINALIZER.to_string());
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
-                return Ok(Action::requeue(plan::REQUEUE_NOW));
+                Ending::FinalizerAdded
             }
-            Step::Latched => return Ok(Action::await_change()),
-            Step::ProviderNotConfigured => {
-                plan::mark_not_configured(status, &provider_name, now);
-                return Ok(Action::await_change());
-            }
+            Step::Latched => Ending::Latched,
+            Step::ProviderNotConfigured => Ending::ProviderNotConfigured {
+                provider: &provider_name,
+            },
             Step::ResolveCloudInit => {
                 match cloud_init::resolve(&ctx.secrets, &namespace, proxy.spec.cloud_init.as_ref())
                     .await
                 {
                     Ok(text) => {
-                        let port = proxy.spec.port.unwrap_or(0);
                         hash = Some(spec_hash(HashInput {
                             placement: proxy.spec.placement.as_ref(),
                             cloud_init: &text,
-                            port,
+                            port: proxy.spec.port.unwrap_or(0),
                         }));
                         user_data = UserData::new(text);
+                        continue;
                     }
-                    Err(e) => {
-                        plan::mark_cloud_init_error(status, &plain_message(&e), now, generation);
-                        return Ok(Action::requeue(plan::CLOUD_INIT_RETRY));
-                    }
+                    Err(e) => Ending::CloudInitUnreadable {
+                        message: plain_message(&e),
+                    },
                 }
             }
-            Step::RecordHash => record_hash(proxy, &ctx.client, &mut recorded, &hash).await?,
+            Step::RecordHash => {
+                record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
+                continue;
+            }
             Step::Create => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
-                let Some(port) = proxy
-                    .spec
-                    .port
-                    .and_then(|p| u16::try_from(p).ok())
-                    .filter(|p| *p > 0)
-                else {
-                    plan::mark_invalid(
-                        status,
-                        "spec.port must be 1-65535 for a Managed Proxy",
-                        now,
-                        generation,
-                    );
-                    return Ok(Action::await_change());
+                let Some(port) = plan::create_port(proxy.spec.port) else {
+                    return finish(ctx, Ending::NoPort, status, now, generation);
                 };
-                let uid = proxy.uid().unwrap_or_default();
-                let req = CreateRequest {
-                    name: name_from_uid(&uid),
-                    uid,
-                    namespace: namespace.clone(),
-                    proxy_name: proxy.name_any(),
-                    placement: proxy.spec.placement.clone().unwrap_or_default(),
-                    cloud_init: user_data.clone(),
-                    port,
-                    installation_id: ctx.installation_id.clone(),
-                };
+                let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
                 match p()?.create(&req).await {
-                    Ok(new_id) => {
-                        info!(providerID = %new_id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
-                        status.provider_id = Some(new_id);
-                        plan::mark_creating(status, now, generation);
-                        plan::health_unknown(status, now);
-                        return Ok(Action::requeue(plan::REQUEUE_NOW));
+                    Ok(id) => {
+                        info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
+                        Ending::Created { id }
                     }
-                    Err(e) => return on_error(proxy, status, e),
+                    Err(e) => return fail(ctx, proxy, e, status, now),
                 }
             }
-            Step::Get => get = Some(outcome(p()?.get(&id).await)),
+            Step::Get => {
+                get = Some(GetOutcome::of(p()?.get(&id).await));
+                continue;
+            }
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
                     info!(providerID = %id, reason = ?why, "Replacing instance");
-                    plan::mark_replacing(status, why, true, now, generation);
-                    plan::health_unknown(status, now);
-                    return Ok(Action::requeue(plan::DELETION_POLL));
+                    Ending::Replacing {
+                        why,
+                        requested: true,
+                    }
                 }
-                Err(e) => return on_error(proxy, status, e),
+                Err(e) => return fail(ctx, proxy, e, status, now),
             },
-            Step::WaitForDeletion { why } => {
-                plan::mark_replacing(status, why, false, now, generation);
-                return Ok(Action::requeue(plan::DELETION_POLL));
-            }
+            Step::WaitForDeletion { why } => Ending::Replacing {
+                why,
+                requested: false,
+            },
             Step::ClearAndCreate => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
-                plan::clear_instance(status);
+                plan::status::clear_instance(status);
                 get = None;
+                continue;
             }
-            Step::WaitProvisioning => {
-                plan::mark_creating(status, now, generation);
-                plan::health_unknown(status, now);
-                return Ok(Action::requeue(plan::PROVISIONING_POLL));
-            }
-            Step::Running { ip } => {
-                plan::mark_running(status, &ip, health_of(ctx, proxy), now, generation);
-                plan::apply_health(status, report_of(ctx, proxy).as_ref(), now);
-                return Ok(Action::requeue(RUNNING_RESYNC));
-            }
+            Step::WaitProvisioning => Ending::Provisioning,
+            Step::Running { ip } => Ending::Running {
+                ip,
+                health: health_of(ctx, proxy),
+            },
             Step::Failed { class, message } => {
-                return on_error(
-                    proxy,
-                    status,
-                    get_error(class, &provider_name, &id, message),
-                )
+                let err = get_error(class, &provider_name, &id, message);
+                return fail(ctx, proxy, err, status, now);
             }
-        }
+            Step::CreateFailed { class, message } => {
+                let err = ProviderError::new(class, Op::Create, &provider_name, &id, message);
+                return fail(ctx, proxy, err, status, now);
+            }
+        };
+        return finish(ctx, ending, status, now, generation);
     }
-    // Unreachable in practice; requeue rather than spin.
-    Ok(Action::requeue(plan::REQUEUE_NOW))
+    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
 }
 
 #[instrument(name = "reconcile.delete", skip_all)]
@@ -468,11 +384,12 @@ async fn delete_path(
     ctx: &Context,
     status: &mut ProxyStatus,
 ) -> Result<Action, Error> {
+    let generation = proxy.metadata.generation;
     let provider_name = proxy.spec.provider.clone().unwrap_or_default();
     let provider = ctx.registry.get(&provider_name);
     let id = status.provider_id.clone().unwrap_or_default();
     let mut get: Option<GetOutcome> = None;
-    for _ in 0..4 {
+    for _ in 0..DELETE_STEPS {
         let now = Utc::now();
         let step = plan::next_delete_step(&DeleteInput {
             has_finalizer: proxy.finalizers().iter().any(|f| f == FINALIZER),
@@ -493,8 +410,8 @@ async fn delete_path(
             id: id.clone(),
         };
         let p = || provider.clone().ok_or_else(not_configured);
-        match step {
-            DeleteStep::Nothing => return Ok(Action::await_change()),
+        let ending = match step {
+            DeleteStep::Nothing => Ending::NotHeld,
             DeleteStep::Release { why } => {
                 if why == ReleaseReason::SkipCleanup {
                     info!(providerID = %id, provider = %provider_name, "skip-cleanup set: abandoning the instance");
@@ -506,24 +423,22 @@ async fn delete_path(
                     .cloned()
                     .collect();
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
-                return Ok(Action::await_change());
+                Ending::Released
             }
             DeleteStep::ProviderNotConfigured => return Err(not_configured()),
-            DeleteStep::Get => get = Some(outcome(p()?.get(&id).await)),
+            DeleteStep::Get => {
+                get = Some(GetOutcome::of(p()?.get(&id).await));
+                continue;
+            }
             DeleteStep::Delete => match p()?.delete(&id).await {
-                Ok(()) => {
-                    status.delete_requested_at = Some(now);
-                    return Ok(Action::requeue(plan::DELETION_POLL));
-                }
-                Err(e) if e.class() == ErrorClass::QuotaExceeded => {
-                    return Ok(Action::requeue(plan::QUOTA_RETRY))
-                }
-                Err(e) => return Err(e.into()),
+                Ok(()) => Ending::CleanupRequested,
+                Err(e) => return fail_delete(ctx, e),
             },
             DeleteStep::DeleteAfterPermanentGet { get_error } => match p()?.delete(&id).await {
                 Ok(()) => {
                     info!(providerID = %id, error = %get_error, "Instance unreachable but cleanup succeeded");
                     get = Some(GetOutcome::NotFound);
+                    continue;
                 }
                 Err(delete_error) => {
                     return Err(Error::Cleanup {
@@ -532,14 +447,12 @@ async fn delete_path(
                     })
                 }
             },
-            DeleteStep::Wait => return Ok(Action::requeue(plan::DELETION_POLL)),
+            DeleteStep::Wait => Ending::CleanupPending,
             DeleteStep::Failed { class, message } => {
-                if class == ErrorClass::QuotaExceeded {
-                    return Ok(Action::requeue(plan::QUOTA_RETRY));
-                }
-                return Err(get_error(class, &provider_name, &id, message).into());
+                return fail_delete(ctx, get_error(class, &provider_name, &id, message))
             }
-        }
+        };
+        return finish(ctx, ending, status, now, generation);
     }
-    Ok(Action::requeue(plan::REQUEUE_NOW))
+    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
 }

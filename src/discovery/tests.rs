@@ -8,8 +8,9 @@ use hyper::body::Bytes;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::api::Proxy;
 use crate::lease::{LeaseConfig, LeaseStore};
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Registrar};
 
 fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
     Arc::new(
@@ -27,7 +28,7 @@ struct Api {
     addr: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-    metrics: Metrics,
+    metrics: Exposition,
 }
 
 impl Api {
@@ -43,8 +44,10 @@ impl Api {
             max_ttl: Duration::from_secs(3600),
             cooldown: Duration::from_secs(300),
         }));
-        let metrics = Metrics::new();
-        let state = ApiState::new(Arc::new(source), leases, token, &metrics);
+        let mut registry = Registrar::new();
+        let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+        let metrics = registry.finish();
+        let state = ApiState::new(Arc::new(source), leases, token, &discovery);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -66,6 +69,17 @@ impl Api {
         token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> (u16, Value) {
+        self.call_with(method, path, token, &[], body).await
+    }
+
+    async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> (u16, Value) {
         let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
         let (mut send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
@@ -78,6 +92,9 @@ impl Api {
             .header("host", "test");
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
@@ -456,31 +473,204 @@ fn openapi_document_names_every_route() {
 }
 
 #[test]
-fn traceparent_and_routes() {
-    let cases = [
-        (
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            true,
-        ),
-        (
-            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
-            false,
-        ),
-        (
-            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
-            false,
-        ),
-        (
-            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            false,
-        ),
-        ("garbage", false),
-    ];
-    for (v, ok) in cases {
-        assert_eq!(parse_traceparent(v).is_some(), ok, "{v}");
+fn remote_parent_from_traceparent() {
+    use opentelemetry::trace::{TraceContextExt, TraceFlags};
+    struct Case {
+        name: &'static str,
+        traceparent: Option<&'static str>,
+        /// Trace id, parent span id, sampled.
+        want: Option<(&'static str, &'static str, bool)>,
     }
-    assert_eq!(route_of("/v1/leases/abc/report"), "/v1/leases/{id}/report");
-    assert_eq!(route_of("/v1/leases/abc"), "/v1/leases/{id}");
-    assert_eq!(route_of("/v1/leases//renew"), "unmatched");
-    assert_eq!(route_of("/x"), "unmatched");
+    let cases = [
+        Case {
+            name: "sampled",
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            want: Some(("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", true)),
+        },
+        Case {
+            name: "not sampled",
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+            want: Some((
+                "0af7651916cd43dd8448eb211c80319c",
+                "b7ad6b7169203331",
+                false,
+            )),
+        },
+        Case {
+            name: "zero trace id",
+            traceparent: Some("00-00000000000000000000000000000000-b7ad6b7169203331-01"),
+            want: None,
+        },
+        Case {
+            name: "zero span id",
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01"),
+            want: None,
+        },
+        Case {
+            name: "version ff",
+            traceparent: Some("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            want: None,
+        },
+        Case {
+            name: "version 00 with a fifth field",
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x"),
+            want: None,
+        },
+        Case {
+            name: "garbage",
+            traceparent: Some("garbage"),
+            want: None,
+        },
+        Case {
+            name: "no header",
+            traceparent: None,
+            want: None,
+        },
+    ];
+    for c in cases {
+        let mut h = axum::http::HeaderMap::new();
+        if let Some(v) = c.traceparent {
+            h.insert("traceparent", v.parse().unwrap());
+        }
+        let got = remote_parent(&h).map(|cx| {
+            let sc = cx.span().span_context().clone();
+            assert!(sc.is_remote(), "{}: remote", c.name);
+            (
+                sc.trace_id().to_string(),
+                sc.span_id().to_string(),
+                sc.trace_flags() == TraceFlags::SAMPLED,
+            )
+        });
+        let want = c
+            .want
+            .map(|(t, s, sampled)| (t.to_string(), s.to_string(), sampled));
+        assert_eq!(got, want, "{}", c.name);
+    }
+}
+
+#[tokio::test]
+async fn route_labels_are_matched_patterns() {
+    struct Case {
+        name: &'static str,
+        method: &'static str,
+        path: &'static str,
+        label: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "a lease id",
+            method: "GET",
+            path: "/v1/leases/abc",
+            label: "GET /v1/leases/{id}",
+        },
+        Case {
+            name: "a lease id under report",
+            method: "POST",
+            path: "/v1/leases/abc/report",
+            label: "POST /v1/leases/{id}/report",
+        },
+        Case {
+            // The router matches an empty segment (the handler answers 404
+            // unknown_lease); the label is still the pattern.
+            name: "an empty id",
+            method: "POST",
+            path: "/v1/leases//renew",
+            label: "POST /v1/leases/{id}/renew",
+        },
+        Case {
+            name: "an unknown path",
+            method: "GET",
+            path: "/x",
+            label: "GET unmatched",
+        },
+        Case {
+            name: "a method the route does not serve",
+            method: "PUT",
+            path: "/v1/leases",
+            label: "PUT /v1/leases",
+        },
+        Case {
+            name: "an unknown method",
+            method: "BREW",
+            path: "/v1/proxies",
+            label: "OTHER /v1/proxies",
+        },
+        Case {
+            name: "liveness",
+            method: "GET",
+            path: "/healthz",
+            label: "GET /healthz",
+        },
+    ];
+    let api = Api::start(Some("t0k"), 1).await;
+    for c in &cases {
+        api.call(c.method, c.path, Some("t0k"), None).await;
+        let text = api.metrics.encode().unwrap();
+        let want = format!("route=\"{}\"", c.label);
+        assert!(text.contains(&want), "{}: no {want} in\n{text}", c.name);
+        assert!(!text.contains("abc"), "{}: an id became a label", c.name);
+    }
+    api.stop().await;
+}
+
+/// Finished spans, kept for the test to read.
+#[derive(Clone, Debug, Default)]
+struct Collected(Arc<std::sync::Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+impl opentelemetry_sdk::trace::SpanExporter for Collected {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.lock().unwrap().extend(batch);
+        Ok(())
+    }
+}
+
+// Current-thread runtime: the server's tasks run on this thread, under the
+// subscriber set as this thread's default.
+#[tokio::test(flavor = "current_thread")]
+async fn an_incoming_traceparent_parents_the_server_span() {
+    use opentelemetry::trace::{SpanKind, TracerProvider as _};
+    use tracing_subscriber::layer::SubscriberExt;
+    let spans = Collected::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+    // While exactly one dispatcher exists, tracing-core caches a callsite's
+    // interest from the default of whichever thread registers it first, so
+    // another test's thread (no subscriber) could turn the server span off
+    // for good. With a second one alive, interest is asked of all of them.
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
+    let api = Api::start(Some("t0k"), 1).await;
+    let (status, _) = api
+        .call_with(
+            "GET",
+            "/v1/leases/abc",
+            Some("t0k"),
+            &[(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )],
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    api.stop().await;
+    provider.force_flush().unwrap();
+    let spans = spans.0.lock().unwrap().clone();
+    let server = spans
+        .iter()
+        .find(|s| s.name == "GET /v1/leases/{id}")
+        .unwrap_or_else(|| panic!("no server span in {spans:?}"));
+    assert_eq!(server.span_kind, SpanKind::Server);
+    assert_eq!(
+        server.span_context.trace_id().to_string(),
+        "0af7651916cd43dd8448eb211c80319c"
+    );
+    assert_eq!(server.parent_span_id.to_string(), "b7ad6b7169203331");
+    assert!(server.parent_span_is_remote, "{server:?}");
 }

@@ -2,6 +2,7 @@
 //! Proxy is gone. The decisions are pure ([`select`]); this module lists,
 //! deletes and logs.
 
+pub mod metrics;
 pub mod select;
 
 use std::collections::{HashMap, HashSet};
@@ -14,9 +15,9 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, error, info, warn, Instrument};
 
 use crate::api::Proxy;
-use crate::metrics::{GcMetrics, SweepResult};
 use crate::provider::error::plain_message;
 use crate::provider::registry::Registry;
+pub use metrics::{GcMetrics, SweepResult};
 pub use select::{Rules, Verdict};
 
 /// GC settings from the flags.

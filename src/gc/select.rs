@@ -155,25 +155,71 @@ mod tests {
             min_age: Duration::from_secs(600),
             first_seen: &first_seen,
         };
+        struct Case {
+            name: &'static str,
+            instance: Instance,
+            want: Verdict,
+        }
         let cases = [
-            (inst("a", "u1", "ours", Some(0)), Verdict::Delete),
-            (inst("a", "u1", "ours", Some(400)), Verdict::Delete), // exactly MinAge
-            (inst("a", "u1", "ours", Some(401)), Verdict::TooYoung),
-            (inst("a", "u1", "ours", Some(2000)), Verdict::TooYoung), // future
-            (
-                inst("a", "u1", "theirs", Some(0)),
-                Verdict::OtherInstallation,
-            ),
-            (inst("a", "u1", "", Some(0)), Verdict::OtherInstallation),
-            (inst("a", "", "ours", Some(0)), Verdict::NoUid),
-            (inst("a", "live-uid", "ours", Some(0)), Verdict::Live),
+            Case {
+                name: "old enough",
+                instance: inst("a", "u1", "ours", Some(0)),
+                want: Verdict::Delete,
+            },
+            Case {
+                name: "exactly the minimum age",
+                instance: inst("a", "u1", "ours", Some(400)),
+                want: Verdict::Delete,
+            },
+            Case {
+                name: "one second too young",
+                instance: inst("a", "u1", "ours", Some(401)),
+                want: Verdict::TooYoung,
+            },
+            Case {
+                name: "created in the future",
+                instance: inst("a", "u1", "ours", Some(2000)),
+                want: Verdict::TooYoung,
+            },
+            Case {
+                name: "another installation",
+                instance: inst("a", "u1", "theirs", Some(0)),
+                want: Verdict::OtherInstallation,
+            },
+            Case {
+                name: "no installation label",
+                instance: inst("a", "u1", "", Some(0)),
+                want: Verdict::OtherInstallation,
+            },
+            Case {
+                name: "no uid label",
+                instance: inst("a", "", "ours", Some(0)),
+                want: Verdict::NoUid,
+            },
+            Case {
+                name: "its Proxy still exists",
+                instance: inst("a", "live-uid", "ours", Some(0)),
+                want: Verdict::Live,
+            },
             // Unknown creation time: counts from first sight.
-            (inst("never-seen", "u1", "ours", None), Verdict::TooYoung),
-            (inst("seen-now", "u1", "ours", None), Verdict::TooYoung),
-            (inst("seen-long-ago", "u1", "ours", None), Verdict::Delete),
+            Case {
+                name: "no creation time, first seen now",
+                instance: inst("never-seen", "u1", "ours", None),
+                want: Verdict::TooYoung,
+            },
+            Case {
+                name: "no creation time, seen recently",
+                instance: inst("seen-now", "u1", "ours", None),
+                want: Verdict::TooYoung,
+            },
+            Case {
+                name: "no creation time, seen long ago",
+                instance: inst("seen-long-ago", "u1", "ours", None),
+                want: Verdict::Delete,
+            },
         ];
-        for (i, want) in cases {
-            assert_eq!(verdict(&i, &rules), want, "{i:?}");
+        for c in cases {
+            assert_eq!(verdict(&c.instance, &rules), c.want, "{}", c.name);
         }
     }
 

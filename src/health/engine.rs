@@ -14,13 +14,12 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
 
+use super::metrics::HealthMetrics;
 use super::notify::Notifier;
 use super::probe::{self, ProbeError, ProbeResult};
 use super::probes::{key_of, Defaults, Folded, ProbeSpec, Probes};
-use super::threshold::Change;
 use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
-use crate::metrics::HealthMetrics;
 
 /// The health engine: the snapshot readers see, and the settings the loop
 /// runs with.
@@ -200,7 +199,7 @@ impl Engine {
         let Folded::Publish(v) = folded else {
             return;
         };
-        if v.change != Change::Latency {
+        if v.is_news() {
             let error = r
                 .error
                 .as_ref()
@@ -244,13 +243,15 @@ mod tests {
     async fn the_loop_probes_notifies_restarts_on_uid_change_and_prunes() {
         use kube::runtime::watcher::Event;
         let port = answering_proxy().await;
-        let metrics = crate::metrics::Metrics::new();
+        let mut registry = crate::metrics::Registrar::new();
+        let health = HealthMetrics::register(&mut registry);
+        let metrics = registry.finish();
         let engine = Arc::new(Engine::new(
             defaults(),
             2,
             super::super::probe::tls_config(None).unwrap(),
             false,
-            metrics.health.clone(),
+            health,
         ));
         let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
         writer.apply_watcher_event(&Event::Apply(external("a", "u1", port)));
@@ -304,13 +305,15 @@ mod tests {
 
     #[test]
     fn a_result_for_an_old_uid_is_discarded() {
-        let metrics = crate::metrics::Metrics::new();
+        let mut registry = crate::metrics::Registrar::new();
+        let health = HealthMetrics::register(&mut registry);
+        let metrics = registry.finish();
         let engine = Engine::new(
             defaults(),
             1,
             super::super::probe::tls_config(None).unwrap(),
             false,
-            metrics.health.clone(),
+            health,
         );
         let old = super::super::probes::probe_spec(&external("a", "u1", 1), &defaults()).unwrap();
         let mut probes = Probes::new(defaults());

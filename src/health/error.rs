@@ -127,55 +127,75 @@ mod tests {
 
     #[test]
     fn reasons_are_bounded_and_messages_plain() {
+        struct Case {
+            name: &'static str,
+            error: ProbeError,
+            reason: &'static str,
+            message: &'static str,
+        }
         let cases = [
-            (
-                ProbeError::ProxyRefused(403),
-                "proxy_refused",
-                "proxy refused CONNECT with status 403",
-            ),
-            (
-                ProbeError::Status {
+            Case {
+                name: "proxy refused CONNECT",
+                error: ProbeError::ProxyRefused(403),
+                reason: "proxy_refused",
+                message: "proxy refused CONNECT with status 403",
+            },
+            Case {
+                name: "unexpected status",
+                error: ProbeError::Status {
                     who: "target",
                     status: 500,
                     expected: 204,
                 },
-                "status",
-                "target answered status 500, expected 204",
-            ),
-            (
-                ProbeError::Timeout(Duration::from_millis(500)),
-                "timeout",
-                "timed out after 500ms",
-            ),
-            (
-                ProbeError::Closed("proxy"),
-                "closed",
-                "proxy closed the connection without answering",
-            ),
-            (
-                ProbeError::Tls("TLS through the tunnel: invalid peer certificate".into()),
-                "tls",
-                "TLS through the tunnel: invalid peer certificate",
-            ),
-            (
-                ProbeError::Io("sending CONNECT: broken pipe".into()),
-                "io",
-                "sending CONNECT: broken pipe",
-            ),
-            (
-                ProbeError::Protocol("target sent no valid HTTP status line".into()),
-                "protocol",
-                "target sent no valid HTTP status line",
-            ),
-            (
-                ProbeError::Url("unsupported probe URL scheme \"ftp\"".into()),
-                "url",
-                "unsupported probe URL scheme \"ftp\"",
-            ),
+                reason: "status",
+                message: "target answered status 500, expected 204",
+            },
+            Case {
+                name: "timeout",
+                error: ProbeError::Timeout(Duration::from_millis(500)),
+                reason: "timeout",
+                message: "timed out after 500ms",
+            },
+            Case {
+                name: "closed without answering",
+                error: ProbeError::Closed("proxy"),
+                reason: "closed",
+                message: "proxy closed the connection without answering",
+            },
+            Case {
+                name: "tls failure",
+                error: ProbeError::Tls("TLS through the tunnel: invalid peer certificate".into()),
+                reason: "tls",
+                message: "TLS through the tunnel: invalid peer certificate",
+            },
+            Case {
+                name: "io failure",
+                error: ProbeError::Io("sending CONNECT: broken pipe".into()),
+                reason: "io",
+                message: "sending CONNECT: broken pipe",
+            },
+            Case {
+                name: "protocol violation",
+                error: ProbeError::Protocol("target sent no valid HTTP status line".into()),
+                reason: "protocol",
+                message: "target sent no valid HTTP status line",
+            },
+            Case {
+                name: "bad probe url",
+                error: ProbeError::Url("unsupported probe URL scheme \"ftp\"".into()),
+                reason: "url",
+                message: "unsupported probe URL scheme \"ftp\"",
+            },
         ];
-        for (e, reason, message) in cases {
-            assert_eq!((e.reason(), e.to_string().as_str()), (reason, message));
-            assert!(ProbeError::REASONS.contains(&e.reason()), "{reason}");
+        for c in cases {
+            let e = c.error;
+            assert_eq!(
+                (e.reason(), e.to_string().as_str()),
+                (c.reason, c.message),
+                "{}",
+                c.name
+            );
+            assert!(ProbeError::REASONS.contains(&e.reason()), "{}", c.name);
         }
     }
 }

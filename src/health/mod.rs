@@ -13,6 +13,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod metrics;
 pub mod notify;
 pub mod probe;
 pub mod probes;

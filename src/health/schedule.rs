@@ -153,10 +153,41 @@ mod tests {
         s.upsert(&"a", 1000, 0, 0);
         s.upsert(&"b", 1000, 0, 300);
         s.upsert(&"c", 5000, 0, 100);
-        // (now, popped)
-        let steps: [(u64, &[&str]); 4] = [(0, &["a"]), (99, &[]), (100, &["c"]), (300, &["b"])];
-        for (now, want) in steps {
-            assert_eq!(s.pop_due(now, 100), want.to_vec(), "at {now}");
+        struct Step {
+            name: &'static str,
+            now: u64,
+            popped: &'static [&'static str],
+        }
+        let steps = [
+            Step {
+                name: "a has no offset",
+                now: 0,
+                popped: &["a"],
+            },
+            Step {
+                name: "nothing before the first offset",
+                now: 99,
+                popped: &[],
+            },
+            Step {
+                name: "c at its offset",
+                now: 100,
+                popped: &["c"],
+            },
+            Step {
+                name: "b at its offset",
+                now: 300,
+                popped: &["b"],
+            },
+        ];
+        for step in steps {
+            assert_eq!(
+                s.pop_due(step.now, 100),
+                step.popped.to_vec(),
+                "{} (at {})",
+                step.name,
+                step.now
+            );
         }
         // In flight: never popped twice.
         assert_eq!(s.pop_due(10_000, 100), Vec::<&str>::new());
@@ -164,13 +195,29 @@ mod tests {
         s.complete(&"c", 100, 150);
         s.complete(&"b", 300, 6000); // slower than its interval: due now
         assert_eq!(s.next_due(), Some(1000));
-        let table: [(u64, &[&str]); 3] = [(999, &[]), (1000, &["a"]), (6000, &["c", "b"])];
-        for (now, want) in table {
-            let mut got = s.pop_due(now, 100);
+        let steps = [
+            Step {
+                name: "nothing before a's interval",
+                now: 999,
+                popped: &[],
+            },
+            Step {
+                name: "a one interval after it started",
+                now: 1000,
+                popped: &["a"],
+            },
+            Step {
+                name: "c one interval after it started, b when its slow probe ended",
+                now: 6000,
+                popped: &["c", "b"],
+            },
+        ];
+        for step in steps {
+            let mut got = s.pop_due(step.now, 100);
             got.sort();
-            let mut want = want.to_vec();
+            let mut want = step.popped.to_vec();
             want.sort();
-            assert_eq!(got, want, "at {now}");
+            assert_eq!(got, want, "{} (at {})", step.name, step.now);
         }
     }
 

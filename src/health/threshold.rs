@@ -120,22 +120,32 @@ mod tests {
         use Change::*;
         let y = Some(true);
         let n = Some(false);
-        type Case<'a> = (
-            &'a str,
-            &'a [(bool, u64)],
-            &'a [(Option<bool>, Option<Change>)],
-        );
-        let cases: &[Case] = &[
-            ("first ok", &[(true, 10)], &[(y, Some(First))]),
-            ("first fail", &[(false, 10)], &[(n, Some(First))]),
-            (
-                "two failures do not flip, the third does",
-                &[(true, 10), (false, 10), (false, 10), (false, 10)],
-                &[(y, Some(First)), (y, None), (y, None), (n, Some(Flip))],
-            ),
-            (
-                "a success resets the failure count",
-                &[
+        struct Case {
+            name: &'static str,
+            /// Each result as (ok, latency in ms).
+            steps: &'static [(bool, u64)],
+            /// The verdict and change after each step.
+            want: Vec<(Option<bool>, Option<Change>)>,
+        }
+        let cases = [
+            Case {
+                name: "first ok",
+                steps: &[(true, 10)],
+                want: vec![(y, Some(First))],
+            },
+            Case {
+                name: "first fail",
+                steps: &[(false, 10)],
+                want: vec![(n, Some(First))],
+            },
+            Case {
+                name: "two failures do not flip, the third does",
+                steps: &[(true, 10), (false, 10), (false, 10), (false, 10)],
+                want: vec![(y, Some(First)), (y, None), (y, None), (n, Some(Flip))],
+            },
+            Case {
+                name: "a success resets the failure count",
+                steps: &[
                     (true, 10),
                     (false, 10),
                     (false, 10),
@@ -143,7 +153,7 @@ mod tests {
                     (false, 10),
                     (false, 10),
                 ],
-                &[
+                want: vec![
                     (y, Some(First)),
                     (y, None),
                     (y, None),
@@ -151,30 +161,30 @@ mod tests {
                     (y, None),
                     (y, None),
                 ],
-            ),
-            (
-                "two successes to recover",
-                &[(false, 10), (true, 10), (true, 10), (true, 10)],
-                &[(n, Some(First)), (n, None), (y, Some(Flip)), (y, None)],
-            ),
-            (
-                "failures while unhealthy are silent",
-                &[(false, 10), (false, 10), (false, 5000)],
-                &[(n, Some(First)), (n, None), (n, None)],
-            ),
-            (
-                "material latency change while healthy",
-                &[(true, 100), (true, 190), (true, 260), (true, 300)],
-                &[(y, Some(First)), (y, None), (y, Some(Latency)), (y, None)],
-            ),
-            (
-                "latency drop is material too",
-                &[(true, 1000), (true, 400)],
-                &[(y, Some(First)), (y, Some(Latency))],
-            ),
+            },
+            Case {
+                name: "two successes to recover",
+                steps: &[(false, 10), (true, 10), (true, 10), (true, 10)],
+                want: vec![(n, Some(First)), (n, None), (y, Some(Flip)), (y, None)],
+            },
+            Case {
+                name: "failures while unhealthy are silent",
+                steps: &[(false, 10), (false, 10), (false, 5000)],
+                want: vec![(n, Some(First)), (n, None), (n, None)],
+            },
+            Case {
+                name: "material latency change while healthy",
+                steps: &[(true, 100), (true, 190), (true, 260), (true, 300)],
+                want: vec![(y, Some(First)), (y, None), (y, Some(Latency)), (y, None)],
+            },
+            Case {
+                name: "latency drop is material too",
+                steps: &[(true, 1000), (true, 400)],
+                want: vec![(y, Some(First)), (y, Some(Latency))],
+            },
         ];
-        for (name, seq, want) in cases {
-            assert_eq!(run(seq, T), want.to_vec(), "{name}");
+        for c in cases {
+            assert_eq!(run(c.steps, T), c.want, "{}", c.name);
         }
     }
 
@@ -197,16 +207,59 @@ mod tests {
 
     #[test]
     fn materiality_needs_both_bounds() {
+        struct Case {
+            name: &'static str,
+            old_ms: u64,
+            new_ms: u64,
+            want: bool,
+        }
         let cases = [
-            (2, 5, false),       // ratio yes, absolute no
-            (900, 1000, false),  // absolute no
-            (1000, 1400, false), // absolute yes, ratio no
-            (100, 201, true),    // both
-            (300, 100, true),    // both, downwards
-            (0, 101, true),
+            Case {
+                name: "the ratio is material, the absolute change is not",
+                old_ms: 2,
+                new_ms: 5,
+                want: false,
+            },
+            Case {
+                name: "absolute change too small",
+                old_ms: 900,
+                new_ms: 1000,
+                want: false,
+            },
+            Case {
+                name: "absolute change material, the ratio is not",
+                old_ms: 1000,
+                new_ms: 1400,
+                want: false,
+            },
+            Case {
+                name: "both material",
+                old_ms: 100,
+                new_ms: 201,
+                want: true,
+            },
+            Case {
+                name: "both material, downwards",
+                old_ms: 300,
+                new_ms: 100,
+                want: true,
+            },
+            Case {
+                name: "from zero",
+                old_ms: 0,
+                new_ms: 101,
+                want: true,
+            },
         ];
-        for (old, new, want) in cases {
-            assert_eq!(material_latency(old, new), want, "{old} -> {new}");
+        for c in cases {
+            assert_eq!(
+                material_latency(c.old_ms, c.new_ms),
+                c.want,
+                "{}: {} -> {}",
+                c.name,
+                c.old_ms,
+                c.new_ms
+            );
         }
     }
 }

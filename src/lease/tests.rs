@@ -52,20 +52,53 @@ fn names(ls: &[Lease]) -> Vec<String> {
 fn ttl_rules() {
     let d = Duration::from_secs(300);
     let m = Duration::from_secs(3600);
-    let cases: [(Option<i64>, Result<u64, ()>); 7] = [
-        (None, Ok(300)),
-        (Some(1), Ok(1)),
-        (Some(3600), Ok(3600)),
-        (Some(3601), Err(())),
-        (Some(0), Err(())),
-        (Some(-5), Err(())),
-        (Some(i64::MAX), Err(())),
+    struct Case {
+        name: &'static str,
+        ttl: Option<i64>,
+        want: Result<u64, ()>,
+    }
+    let cases = [
+        Case {
+            name: "unset takes the default",
+            ttl: None,
+            want: Ok(300),
+        },
+        Case {
+            name: "one second is the smallest",
+            ttl: Some(1),
+            want: Ok(1),
+        },
+        Case {
+            name: "the maximum itself is allowed",
+            ttl: Some(3600),
+            want: Ok(3600),
+        },
+        Case {
+            name: "over the maximum",
+            ttl: Some(3601),
+            want: Err(()),
+        },
+        Case {
+            name: "zero",
+            ttl: Some(0),
+            want: Err(()),
+        },
+        Case {
+            name: "negative",
+            ttl: Some(-5),
+            want: Err(()),
+        },
+        Case {
+            name: "huge",
+            ttl: Some(i64::MAX),
+            want: Err(()),
+        },
     ];
-    for (input, want) in cases {
-        let got = validate_ttl(input, d, m)
+    for c in cases {
+        let got = validate_ttl(c.ttl, d, m)
             .map(|d| d.as_secs())
             .map_err(|_| ());
-        assert_eq!(got, want, "{input:?}");
+        assert_eq!(got, c.want, "{}: {:?}", c.name, c.ttl);
     }
     assert_eq!(
         validate_ttl(Some(-1), d, m).unwrap_err().to_string(),
@@ -75,18 +108,38 @@ fn ttl_rules() {
 
 #[test]
 fn fair_choice_least_loaded_then_least_recent_then_name() {
-    // (max per proxy, acquires) -> proxies chosen in order
-    let cases: [(u32, usize, &[&str]); 3] = [
-        (1, 3, &["a", "b", "c"]),
-        (2, 6, &["a", "b", "c", "a", "b", "c"]),
-        (3, 4, &["a", "b", "c", "a"]),
+    struct Case {
+        name: &'static str,
+        max_per_proxy: u32,
+        acquires: usize,
+        want: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "one each, then full",
+            max_per_proxy: 1,
+            acquires: 3,
+            want: &["a", "b", "c"],
+        },
+        Case {
+            name: "two each, round robin",
+            max_per_proxy: 2,
+            acquires: 6,
+            want: &["a", "b", "c", "a", "b", "c"],
+        },
+        Case {
+            name: "second round starts at the least recent",
+            max_per_proxy: 3,
+            acquires: 4,
+            want: &["a", "b", "c", "a"],
+        },
     ];
-    for (max, n, want) in cases {
-        let (s, _) = store(max);
-        let got: Vec<Lease> = (0..n)
+    for c in cases {
+        let (s, _) = store(c.max_per_proxy);
+        let got: Vec<Lease> = (0..c.acquires)
             .map(|_| s.acquire(&keys(&["c", "a", "b"]), &req()).unwrap())
             .collect();
-        assert_eq!(names(&got), want.to_vec(), "max {max}");
+        assert_eq!(names(&got), c.want.to_vec(), "{}", c.name);
     }
 }
 
@@ -169,28 +222,58 @@ fn expiry_follows_the_clock_and_renew_extends() {
 
 #[test]
 fn cooldowns_site_scoped_and_global() {
-    // (report site, acquire site, withheld?)
-    let cases: [(Option<&str>, Option<&str>, bool); 5] = [
-        (Some("x.com"), Some("x.com"), true),
-        (Some("x.com"), Some("y.com"), false),
-        (Some("x.com"), None, false),
-        (None, Some("y.com"), true),
-        (None, None, true),
+    struct Case {
+        name: &'static str,
+        reported: Option<&'static str>,
+        wanted: Option<&'static str>,
+        withheld: bool,
+    }
+    let cases = [
+        Case {
+            name: "same site cools down",
+            reported: Some("x.com"),
+            wanted: Some("x.com"),
+            withheld: true,
+        },
+        Case {
+            name: "other site is not affected",
+            reported: Some("x.com"),
+            wanted: Some("y.com"),
+            withheld: false,
+        },
+        Case {
+            name: "no site is not affected by a site report",
+            reported: Some("x.com"),
+            wanted: None,
+            withheld: false,
+        },
+        Case {
+            name: "global report cools every site",
+            reported: None,
+            wanted: Some("y.com"),
+            withheld: true,
+        },
+        Case {
+            name: "global report cools no-site requests",
+            reported: None,
+            wanted: None,
+            withheld: true,
+        },
     ];
-    for (reported, wanted, withheld) in cases {
+    for c in cases {
         let (s, clock) = store(5);
         let one = keys(&["a"]);
         let l = s.acquire(&one, &req()).unwrap();
-        assert!(s.report(&l.id, Outcome::Blocked, reported).is_some());
+        assert!(s.report(&l.id, Outcome::Blocked, c.reported).is_some());
         // The report keeps the lease.
         assert!(s.get(&l.id).is_some());
         let r = AcquireRequest {
-            site: wanted.map(String::from),
+            site: c.wanted.map(String::from),
             ..req()
         };
         let got = s.acquire(&one, &r);
-        assert_eq!(got.is_err(), withheld, "{reported:?} {wanted:?}");
-        if withheld {
+        assert_eq!(got.is_err(), c.withheld, "{}", c.name);
+        if c.withheld {
             assert!(matches!(
                 got,
                 Err(AcquireError::NoCapacity { cooling: 1, .. })

@@ -5,6 +5,7 @@
 //! GC, the provider health monitor and writer, the health engine and the
 //! Proxy controller.
 
+pub mod metrics;
 pub mod runnables;
 pub mod settings;
 
@@ -17,12 +18,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+pub use self::metrics::Metrics;
 pub use self::settings::Settings;
 use crate::api::constants::LEADER_ELECTION_ID;
 use crate::config::ProviderType;
 use crate::controller::{self, Context, HealthSource};
 use crate::gc::{self, Gc};
-use crate::metrics::Metrics;
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
 use crate::provider::registry::{self, Registry};
@@ -149,7 +150,10 @@ impl Operator {
             });
         }
         if let Some(addr) = self.settings.metrics_bind {
-            let (m, stop) = (self.metrics.clone(), stop.clone().cancelled_owned());
+            let (m, stop) = (
+                self.metrics.exposition().clone(),
+                stop.clone().cancelled_owned(),
+            );
             tasks.spawn(async move {
                 if let Err(e) = http::serve_metrics(addr, m, stop).await {
                     error!(%addr, error = %e, "Metrics server failed");
@@ -242,6 +246,7 @@ impl Operator {
             &self.client,
             &self.providers,
             &self.metrics,
+            &installation_id,
             stop,
         )
         .await;
@@ -316,21 +321,28 @@ fn leader_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// Cancels `stop` on SIGTERM or Ctrl-C.
-pub async fn stop_on_signal(stop: CancellationToken) {
+/// Cancels `stop` on SIGTERM or Ctrl-C. The handlers are installed when
+/// this is called, not when the future is first polled, so a signal that
+/// arrives as soon as the servers answer already stops the operator
+/// gracefully.
+pub fn stop_on_signal(stop: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(e) => {
-            error!(error = %e, "Cannot listen for SIGTERM; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        info!("Shutting down");
+        stop.cancel();
     }
-    info!("Shutting down");
-    stop.cancel();
 }

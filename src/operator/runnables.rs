@@ -13,20 +13,21 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+use super::metrics::Metrics;
 use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::{Proxy, ProxyPhase};
 use crate::discovery;
 use crate::health;
 use crate::lease::LeaseStore;
-use crate::metrics::{Metrics, TargetSample};
 use crate::provider::registry::Registry;
+use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
 /// `proxy_operator_proxies{phase}`, counted from the shared Proxy cache at
 /// every scrape.
 pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>) {
     metrics
-        .sources
+        .phases
         .set_phases(move || phase_counts(&cache.state()));
 }
 
@@ -67,7 +68,7 @@ pub fn spawn_discovery(
         Arc::new(cache),
         leases,
         settings.discovery_token.as_deref(),
-        metrics,
+        &metrics.discovery,
     );
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
@@ -110,6 +111,7 @@ pub async fn spawn_provider_health(
     client: &Client,
     providers: &Registry,
     metrics: &Metrics,
+    installation: &str,
     stop: &CancellationToken,
 ) {
     let names: BTreeSet<String> = providers
@@ -118,15 +120,15 @@ pub async fn spawn_provider_health(
         .map(|c| c.name.clone())
         .collect();
     let Some(ProviderChecks { interval, timeout }) = checks else {
-        providerhealth::writer::cleanup(client, &BTreeSet::new()).await;
+        providerhealth::writer::cleanup(client, installation, &BTreeSet::new()).await;
         info!("Provider checks are off (--provider-check-interval=0)");
         return;
     };
-    providerhealth::writer::cleanup(client, &names).await;
+    providerhealth::writer::cleanup(client, installation, &names).await;
     let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
     let snapshot = monitor.snapshot();
     let snap = snapshot.clone();
-    metrics.sources.set_targets(move || {
+    metrics.provider_health.set_targets(move || {
         snap.get()
             .iter()
             .flat_map(|r| {
@@ -145,6 +147,7 @@ pub async fn spawn_provider_health(
         client.clone(),
         snapshot,
         names,
+        installation,
         Some(metrics.reconcile.clone()),
     );
     let rounds = monitor.subscribe();

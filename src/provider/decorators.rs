@@ -11,9 +11,9 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::error::result_label;
+use super::metrics::ProviderMetrics;
 use super::registry::ProviderType;
 use super::{CreateRequest, ErrorClass, Instance, Listing, Op, Provider, ProviderError};
-use crate::metrics::ProviderMetrics;
 
 /// Counts and times every call.
 pub struct MetricsProvider {

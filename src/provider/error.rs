@@ -1,5 +1,5 @@
 //! The provider error taxonomy: every error a provider returns is classified
-//! once, at the provider edge, into one of four classes that the reconciler,
+//! once, at the provider edge, into one of five classes that the reconciler,
 //! GC and the decorators branch on.
 
 use std::error::Error as StdError;
@@ -17,12 +17,27 @@ pub enum ErrorClass {
     QuotaExceeded,
     /// Network, 5xx, timeouts, cancellation, anything unknown: retry with backoff.
     Transient,
-    /// Bad config or argument, auth or permission denied, malformed ID:
-    /// retrying cannot help until the spec or config changes.
+    /// Authentication or permission refused (cloud 401/403 that is not a
+    /// quota, SSH key or host key rejected, libvirt auth): the provider
+    /// cannot be used with these credentials right now. Nothing in a Proxy's
+    /// spec fixes it and restoring the credentials does, so it is retried
+    /// slowly and never latched.
+    Unavailable,
+    /// Bad config or argument, malformed ID: retrying cannot help until the
+    /// spec or config changes.
     Permanent,
 }
 
 impl ErrorClass {
+    /// Every class, for documentation checks.
+    pub const ALL: [ErrorClass; 5] = [
+        ErrorClass::NotFound,
+        ErrorClass::QuotaExceeded,
+        ErrorClass::Transient,
+        ErrorClass::Unavailable,
+        ErrorClass::Permanent,
+    ];
+
     /// The `result` label of provider metrics and the `provider.result` span
     /// attribute for a call that failed with this class.
     pub fn metric_label(self) -> &'static str {
@@ -30,6 +45,7 @@ impl ErrorClass {
             ErrorClass::NotFound => "not_found",
             ErrorClass::QuotaExceeded => "quota_exceeded",
             ErrorClass::Transient => "transient",
+            ErrorClass::Unavailable => "unavailable",
             ErrorClass::Permanent => "permanent",
         }
     }
@@ -41,6 +57,7 @@ impl fmt::Display for ErrorClass {
             ErrorClass::NotFound => "not found",
             ErrorClass::QuotaExceeded => "quota exceeded",
             ErrorClass::Transient => "transient",
+            ErrorClass::Unavailable => "unavailable",
             ErrorClass::Permanent => "permanent",
         })
     }
@@ -530,6 +547,7 @@ mod tests {
             (ErrorClass::NotFound, "not_found"),
             (ErrorClass::QuotaExceeded, "quota_exceeded"),
             (ErrorClass::Transient, "transient"),
+            (ErrorClass::Unavailable, "unavailable"),
             (ErrorClass::Permanent, "permanent"),
         ] {
             let r: Result<(), ProviderError> = Err(ProviderError::new(class, Op::Get, "p", "", ""));

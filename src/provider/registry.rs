@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::decorators::{MetricsProvider, TracingProvider};
+use super::metrics::ProviderMetrics;
 use super::{Checker, Provider};
 use crate::config::{ProviderConfig, ProvidersConfig};
-use crate::metrics::ProviderMetrics;
 
 pub use crate::config::ProviderType;
 

@@ -293,19 +293,56 @@ mod tests {
     #[test]
     fn transitions_table() {
         let mut seen = Seen::new();
+        struct Round {
+            name: &'static str,
+            ready: bool,
+            reason: &'static str,
+            want: Option<Transition>,
+        }
         let rounds = [
-            (true, "Reachable", Some(Transition::FirstUp)),
-            (true, "Reachable", None),
-            (false, "Unreachable", Some(Transition::Down)),
-            (false, "Unreachable", None),
-            (false, "Timeout", Some(Transition::Down)),
-            (true, "Reachable", Some(Transition::Up)),
+            Round {
+                name: "first seen up",
+                ready: true,
+                reason: "Reachable",
+                want: Some(Transition::FirstUp),
+            },
+            Round {
+                name: "still up",
+                ready: true,
+                reason: "Reachable",
+                want: None,
+            },
+            Round {
+                name: "goes down",
+                ready: false,
+                reason: "Unreachable",
+                want: Some(Transition::Down),
+            },
+            Round {
+                name: "still down for the same reason",
+                ready: false,
+                reason: "Unreachable",
+                want: None,
+            },
+            Round {
+                name: "down for a new reason",
+                ready: false,
+                reason: "Timeout",
+                want: Some(Transition::Down),
+            },
+            Round {
+                name: "comes back up",
+                ready: true,
+                reason: "Reachable",
+                want: Some(Transition::Up),
+            },
         ];
-        for (i, (ready, reason, want)) in rounds.into_iter().enumerate() {
+        for r in rounds {
             assert_eq!(
-                transition(&mut seen, "p", "t", ready, reason),
-                want,
-                "round {i}"
+                transition(&mut seen, "p", "t", r.ready, r.reason),
+                r.want,
+                "{}",
+                r.name
             );
         }
         assert_eq!(

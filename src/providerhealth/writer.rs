@@ -3,6 +3,12 @@
 //! triggered by every finished round and by any change to an object
 //! (including its deletion), so an edited or deleted object is restored
 //! within seconds.
+//!
+//! ProviderHealth objects are cluster-scoped, so two installations in one
+//! cluster (or the operators of parallel tests) see each other's. Each
+//! object carries its installation's id as a label, and an installation
+//! watches, restores and cleans up only its own (and unlabelled objects of
+//! versions before the label, which it adopts).
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -22,10 +28,10 @@ use tracing::{debug, error, info, warn};
 
 use super::status::build_status;
 use super::Snapshot;
-use crate::api::constants::{MANAGED_BY_LABEL, OPERATOR_NAME};
+use crate::api::constants::{INSTALLATION_MARK, MANAGED_BY_LABEL, OPERATOR_NAME};
 use crate::api::ProviderHealth;
+use crate::controller::metrics::ReconcileMetrics;
 use crate::controller::status_patch::merge_diff;
-use crate::metrics::ReconcileMetrics;
 use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.
@@ -37,12 +43,29 @@ fn selector() -> String {
     format!("{MANAGED_BY_LABEL}={OPERATOR_NAME}")
 }
 
+/// The objects of one installation.
+fn own_selector(installation: &str) -> String {
+    format!("{},{INSTALLATION_MARK}={installation}", selector())
+}
+
+/// Whether a labelled object belongs to `installation`: it carries its id,
+/// or no id at all (written before objects were labelled with one).
+pub fn is_own(obj: &ProviderHealth, installation: &str) -> bool {
+    match obj.labels().get(INSTALLATION_MARK) {
+        Some(id) => id == installation,
+        None => true,
+    }
+}
+
 /// A write of one object failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the object failed.
     #[error("reading ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Read(String, #[source] kube::Error),
+    /// Replacing an object written without an installation label failed.
+    #[error("replacing ProviderHealth {0} (it has no installation label): {msg}", msg = plain_message(.1))]
+    Replace(String, #[source] kube::Error),
     /// Creating the object failed.
     #[error("creating ProviderHealth {0}: {msg}", msg = plain_message(.1))]
     Create(String, #[source] kube::Error),
@@ -56,21 +79,24 @@ pub struct Writer {
     client: Client,
     snapshot: Snapshot,
     configured: BTreeSet<String>,
+    installation: String,
     metrics: Option<ReconcileMetrics>,
 }
 
 impl Writer {
-    /// A writer for the `configured` provider names.
+    /// A writer for the `configured` provider names of `installation`.
     pub fn new(
         client: Client,
         snapshot: Snapshot,
         configured: BTreeSet<String>,
+        installation: &str,
         metrics: Option<ReconcileMetrics>,
     ) -> Self {
         Writer {
             client,
             snapshot,
             configured,
+            installation: installation.to_string(),
             metrics,
         }
     }
@@ -93,7 +119,7 @@ impl Writer {
         {
             Some(o) => o,
             None => {
-                let obj = new_object(name);
+                let obj = new_object(name, &self.installation);
                 match api.create(&PostParams::default(), &obj).await {
                     Ok(o) => {
                         info!(provider = %name, "Created ProviderHealth");
@@ -108,6 +134,19 @@ impl Writer {
                 }
             }
         };
+        if !current.labels().contains_key(INSTALLATION_MARK) {
+            // Written before objects carried an installation: replace it
+            // with a labelled one. The watch sees only labelled objects,
+            // and the next trigger recreates it, with the verbs the writer
+            // always had (no patch of metadata).
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::Replace(name.into(), e)),
+            }
+            info!(provider = %name, "Replacing a ProviderHealth written without an installation label");
+            return Box::pin(self.publish(name)).await;
+        }
         let new = build_status(current.status.as_ref(), &result);
         if current.status.as_ref() == Some(&new) {
             return Ok(());
@@ -145,9 +184,15 @@ impl Writer {
 }
 
 /// The object `publish` creates for provider `name`: labelled, no status.
-pub fn new_object(name: &str) -> ProviderHealth {
+pub fn new_object(name: &str, installation: &str) -> ProviderHealth {
     let mut obj = ProviderHealth::new(name);
-    obj.metadata.labels = Some([(MANAGED_BY_LABEL.into(), OPERATOR_NAME.into())].into());
+    obj.metadata.labels = Some(
+        [
+            (MANAGED_BY_LABEL.into(), OPERATOR_NAME.into()),
+            (INSTALLATION_MARK.into(), installation.into()),
+        ]
+        .into(),
+    );
     obj
 }
 
@@ -167,7 +212,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let api: Api<ProviderHealth> = Api::all(writer.client.clone());
-    let wc = watcher::Config::default().labels(&selector());
+    let wc = watcher::Config::default().labels(&own_selector(&writer.installation));
     let writer = Arc::new(writer);
     // Each finished round writes every configured object (creating missing
     // ones); the controller below restores objects changed in between.
@@ -208,9 +253,10 @@ pub async fn run(
     tokio::join!(per_round, controller);
 }
 
-/// Deletes every labelled object whose name is not in `keep` (all of them
-/// when `keep` is empty). Objects without the label are never touched.
-pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
+/// Deletes every labelled object of `installation` ([`is_own`]) whose name
+/// is not in `keep` (all of them when `keep` is empty). Objects without the
+/// managed-by label, and other installations' objects, are never touched.
+pub async fn cleanup(client: &Client, installation: &str, keep: &BTreeSet<String>) {
     let api: Api<ProviderHealth> = Api::all(client.clone());
     let list = match api.list(&ListParams::default().labels(&selector())).await {
         Ok(l) => l,
@@ -221,7 +267,7 @@ pub async fn cleanup(client: &Client, keep: &BTreeSet<String>) {
     };
     for obj in list.items {
         let name = obj.name_any();
-        if keep.contains(&name) {
+        if keep.contains(&name) || !is_own(&obj, installation) {
             continue;
         }
         match api.delete(&name, &DeleteParams::default()).await {
@@ -242,7 +288,7 @@ mod tests {
     /// (`Object 'Kind' is missing`): the body must carry them.
     #[test]
     fn the_created_object_carries_its_api_version_and_kind() {
-        let body = serde_json::to_value(new_object("gcp-eu")).unwrap();
+        let body = serde_json::to_value(new_object("gcp-eu", "inst-1")).unwrap();
         assert_eq!(body["apiVersion"], "crawl.example.com/v1alpha1");
         assert_eq!(body["kind"], "ProviderHealth");
         assert_eq!(body["metadata"]["name"], "gcp-eu");
@@ -250,6 +296,7 @@ mod tests {
             body["metadata"]["labels"][MANAGED_BY_LABEL], OPERATOR_NAME,
             "{body}"
         );
+        assert_eq!(body["metadata"]["labels"][INSTALLATION_MARK], "inst-1");
         assert!(body.get("status").is_none(), "{body}");
         // The group and version match the CRD's.
         let crd = crate::api::crd::provider_health_crd();
@@ -276,5 +323,39 @@ mod tests {
         assert_eq!(body["status"]["type"], "kvm");
         let back: ProviderHealth = serde_json::from_value(body).unwrap();
         assert_eq!(back, obj);
+    }
+
+    #[test]
+    fn an_installation_owns_its_objects_and_unlabelled_ones() {
+        struct Case {
+            name: &'static str,
+            label: Option<&'static str>,
+            own: bool,
+        }
+        for c in [
+            Case {
+                name: "ours",
+                label: Some("inst-1"),
+                own: true,
+            },
+            Case {
+                name: "another installation's",
+                label: Some("inst-2"),
+                own: false,
+            },
+            Case {
+                name: "from before the label",
+                label: None,
+                own: true,
+            },
+        ] {
+            let mut obj = new_object("p", "x");
+            let labels = obj.metadata.labels.get_or_insert_with(Default::default);
+            labels.remove(INSTALLATION_MARK);
+            if let Some(l) = c.label {
+                labels.insert(INSTALLATION_MARK.into(), l.into());
+            }
+            assert_eq!(is_own(&obj, "inst-1"), c.own, "{}", c.name);
+        }
     }
 }

@@ -224,6 +224,36 @@ pub struct Env {
     extra_pools: Mutex<Vec<String>>,
     mounts: Mutex<Vec<PathBuf>>,
     domains: Mutex<Vec<String>>,
+    /// Held for the Env's life (released after its Drop has stopped the
+    /// daemons): see [`Turn`].
+    _turn: Turn,
+}
+
+/// One Env at a time per test binary. Every Env shares the host's system
+/// libvirtd (`qemu:///system`): the first starts it when none answers and
+/// stops it when it ends, so two at once would race to start it and one
+/// would stop it under the other.
+struct Turn;
+
+static TURN: Mutex<bool> = Mutex::new(false);
+static TURN_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl Turn {
+    fn take() -> Turn {
+        let mut busy = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy {
+            busy = TURN_FREED.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        *busy = true;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *TURN.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        TURN_FREED.notify_one();
+    }
 }
 
 fn installed(bins: &[&str]) -> Option<String> {
@@ -252,6 +282,7 @@ pub fn unavailable(why: &str) {
 impl Env {
     /// Starts everything, or prints why the suite is skipped and returns None.
     pub fn start(tag: &str) -> Option<Env> {
+        let turn = Turn::take();
         if let Some(why) = installed(&[
             "/usr/sbin/sshd",
             "/usr/sbin/libvirtd",
@@ -395,6 +426,7 @@ impl Env {
             extra_pools: Mutex::new(Vec::new()),
             mounts: Mutex::new(Vec::new()),
             domains: Mutex::new(Vec::new()),
+            _turn: turn,
         })
     }
 

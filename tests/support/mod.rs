@@ -4,6 +4,15 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The sample value of `series` (name and labels exactly as exported) in
+/// the Prometheus text exposition, if present.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
 /// The operator binary with `providers` written to `dir/providers.yaml`,
 /// talking to the cluster in `kubeconfig` (never an in-cluster one), with
 /// its probe and discovery servers off so parallel tests share no port.
@@ -20,6 +29,9 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
             "0",
         ])
         .env("KUBECONFIG", kubeconfig)
+        // Its scratch files (the kvm provider's socket directories) go
+        // with the test's directory, even when the test SIGKILLs it.
+        .env("TMPDIR", dir)
         .env_remove("KUBERNETES_SERVICE_HOST");
     cmd
 }

@@ -349,34 +349,50 @@ mod tests {
 
     #[test]
     fn placement_validation_names_the_field() {
-        type Edit = fn(&mut CreateRequest);
-        let cases: [(&str, Edit, Option<&str>); 6] = [
-            ("ok", |_| {}, None),
-            ("zone", |r| r.placement.zone.clear(), Some("placement.zone")),
-            (
-                "zone slash",
-                |r| r.placement.zone = "a/b".into(),
-                Some("placement.zone \"a/b\""),
-            ),
-            (
-                "machineType",
-                |r| r.placement.machine_type.clear(),
-                Some("placement.machineType is required"),
-            ),
-            (
-                "image",
-                |r| r.placement.image = " ".into(),
-                Some("placement.image is required"),
-            ),
-            ("region ignored", |r| r.placement.region.clear(), None),
+        struct Case {
+            name: &'static str,
+            edit: fn(&mut CreateRequest),
+            want: Option<&'static str>,
+        }
+        let cases = [
+            Case {
+                name: "ok",
+                edit: |_| {},
+                want: None,
+            },
+            Case {
+                name: "zone",
+                edit: |r| r.placement.zone.clear(),
+                want: Some("placement.zone"),
+            },
+            Case {
+                name: "zone slash",
+                edit: |r| r.placement.zone = "a/b".into(),
+                want: Some("placement.zone \"a/b\""),
+            },
+            Case {
+                name: "machineType",
+                edit: |r| r.placement.machine_type.clear(),
+                want: Some("placement.machineType is required"),
+            },
+            Case {
+                name: "image",
+                edit: |r| r.placement.image = " ".into(),
+                want: Some("placement.image is required"),
+            },
+            Case {
+                name: "region ignored",
+                edit: |r| r.placement.region.clear(),
+                want: None,
+            },
         ];
-        for (name, edit, want) in cases {
+        for c in cases {
             let mut r = req();
-            edit(&mut r);
-            match (validate_placement(&r), want) {
+            (c.edit)(&mut r);
+            match (validate_placement(&r), c.want) {
                 (Ok(()), None) => {}
-                (Err(e), Some(w)) => assert!(e.contains(w), "{name}: {e}"),
-                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+                (Err(e), Some(w)) => assert!(e.contains(w), "{}: {e}", c.name),
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", c.name),
             }
         }
     }
@@ -419,24 +435,100 @@ mod tests {
     #[test]
     fn state_table() {
         use InstanceState::*;
-        let rows: [(Option<&str>, bool, InstanceState); 14] = [
-            (Some("PROVISIONING"), false, Provisioning),
-            (Some("STAGING"), false, Provisioning),
-            (Some("RUNNING"), true, Running),
-            (Some("RUNNING"), false, Provisioning),
-            (Some("REPAIRING"), false, Provisioning),
-            (Some("STOPPING"), true, Stopped),
-            (Some("STOPPED"), false, Stopped),
-            (Some("SUSPENDING"), false, Stopped),
-            (Some("SUSPENDED"), false, Stopped),
-            (Some("TERMINATED"), false, Terminated),
-            (Some("FROBNICATING"), true, Stopped),
-            (Some(""), false, Stopped),
-            (None, false, Provisioning),
-            (Some("running"), true, Stopped),
+        struct Case {
+            name: &'static str,
+            status: Option<&'static str>,
+            has_ip: bool,
+            want: InstanceState,
+        }
+        let cases = [
+            Case {
+                name: "provisioning",
+                status: Some("PROVISIONING"),
+                has_ip: false,
+                want: Provisioning,
+            },
+            Case {
+                name: "staging is still provisioning",
+                status: Some("STAGING"),
+                has_ip: false,
+                want: Provisioning,
+            },
+            Case {
+                name: "running with an ip",
+                status: Some("RUNNING"),
+                has_ip: true,
+                want: Running,
+            },
+            Case {
+                name: "running without an ip is not ready yet",
+                status: Some("RUNNING"),
+                has_ip: false,
+                want: Provisioning,
+            },
+            Case {
+                name: "repairing counts as provisioning",
+                status: Some("REPAIRING"),
+                has_ip: false,
+                want: Provisioning,
+            },
+            Case {
+                name: "stopping is stopped even with an ip",
+                status: Some("STOPPING"),
+                has_ip: true,
+                want: Stopped,
+            },
+            Case {
+                name: "stopped",
+                status: Some("STOPPED"),
+                has_ip: false,
+                want: Stopped,
+            },
+            Case {
+                name: "suspending is stopped",
+                status: Some("SUSPENDING"),
+                has_ip: false,
+                want: Stopped,
+            },
+            Case {
+                name: "suspended is stopped",
+                status: Some("SUSPENDED"),
+                has_ip: false,
+                want: Stopped,
+            },
+            Case {
+                name: "terminated",
+                status: Some("TERMINATED"),
+                has_ip: false,
+                want: Terminated,
+            },
+            Case {
+                name: "unknown status is stopped",
+                status: Some("FROBNICATING"),
+                has_ip: true,
+                want: Stopped,
+            },
+            Case {
+                name: "empty status is stopped",
+                status: Some(""),
+                has_ip: false,
+                want: Stopped,
+            },
+            Case {
+                name: "no status yet is provisioning",
+                status: None,
+                has_ip: false,
+                want: Provisioning,
+            },
+            Case {
+                name: "status is case sensitive",
+                status: Some("running"),
+                has_ip: true,
+                want: Stopped,
+            },
         ];
-        for (status, ip, want) in rows {
-            assert_eq!(map_state(status, ip), want, "{status:?} ip={ip}");
+        for c in cases {
+            assert_eq!(map_state(c.status, c.has_ip), c.want, "{}", c.name);
         }
     }
 

@@ -83,7 +83,8 @@ pub fn http_status(err: &(dyn StdError + 'static)) -> Option<u16> {
 /// | 404 | NotFound |
 /// | 429 | QuotaExceeded |
 /// | 403 with a quota / rate-limit reason | QuotaExceeded |
-/// | 400, 401, other 403 | Permanent |
+/// | 401, other 403 (permission, API disabled) | Unavailable |
+/// | 400 | Permanent |
 /// | a request the SDK cannot even bind (missing path parameter) | Permanent |
 /// | anything else (5xx, 409 outside create, …) | Transient |
 ///
@@ -99,7 +100,10 @@ pub fn classify(err: &(dyn StdError + 'static)) -> ErrorClass {
         Some(404) => ErrorClass::NotFound,
         Some(429) => ErrorClass::QuotaExceeded,
         Some(403) if reasons(api).iter().any(|r| is_quota_reason(r)) => ErrorClass::QuotaExceeded,
-        Some(400 | 401 | 403) => ErrorClass::Permanent,
+        // A credential or permission problem: restoring the credentials or
+        // the role fixes it, no edit of a Proxy does.
+        Some(401 | 403) => ErrorClass::Unavailable,
+        Some(400) => ErrorClass::Permanent,
         _ => ErrorClass::Transient,
     }
 }
@@ -237,12 +241,12 @@ mod tests {
             (
                 "403 forbidden",
                 Box::new(http(403, "forbidden")),
-                ErrorClass::Permanent,
+                ErrorClass::Unavailable,
             ),
             (
                 "403 api disabled",
                 Box::new(http(403, "accessNotConfigured")),
-                ErrorClass::Permanent,
+                ErrorClass::Unavailable,
             ),
             (
                 "403 raw body quota",
@@ -252,13 +256,13 @@ mod tests {
             (
                 "403 raw text",
                 Box::new(raw(403, "denied")),
-                ErrorClass::Permanent,
+                ErrorClass::Unavailable,
             ),
             ("400", Box::new(http(400, "invalid")), ErrorClass::Permanent),
             (
                 "401",
                 Box::new(http(401, "authError")),
-                ErrorClass::Permanent,
+                ErrorClass::Unavailable,
             ),
             (
                 "409 outside create",

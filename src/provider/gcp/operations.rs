@@ -99,9 +99,12 @@ impl GcpProvider {
             .collect::<Vec<_>>()
             .join("; ");
         debug!(provider = %self.inner.name, id, operation = %p.operation, %message, "insert operation failed");
+        // The create failed, though get is the call that learned it: as a
+        // create it may latch (an image that does not exist), where a
+        // failing get of an instance never does.
         Err(ProviderError::new(
             class,
-            Op::Get,
+            Op::Create,
             &self.inner.name,
             &id,
             format!("insert operation {} failed: {message}", p.operation),

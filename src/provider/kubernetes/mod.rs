@@ -2,6 +2,7 @@
 //! namespace. It ignores `placement` and cloud-init (documented), and
 //! generates the Squid config from the port.
 
+mod classify;
 mod squid;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
+pub use classify::classify;
 pub use squid::squid_conf;
 
 use super::registry::ProviderType;
@@ -75,21 +77,6 @@ pub fn parse_id(id: &str) -> Option<(String, String)> {
         return None;
     }
     Some((ns.to_string(), name.to_string()))
-}
-
-/// The error class of a Kubernetes API error.
-pub fn classify(err: &(dyn std::error::Error + 'static)) -> ErrorClass {
-    match err.downcast_ref::<kube::Error>() {
-        Some(kube::Error::Api(status)) => match status.code {
-            404 => ErrorClass::NotFound,
-            429 => ErrorClass::QuotaExceeded,
-            // 403 may be a ResourceQuota or RBAC: the API cannot tell, and
-            // both need a human.
-            400 | 401 | 403 | 422 => ErrorClass::Permanent,
-            _ => ErrorClass::Transient,
-        },
-        _ => ErrorClass::Transient,
-    }
 }
 
 /// The Pod for a create request.
@@ -464,31 +451,5 @@ mod tests {
         for bad in ["", "ns/", "/name", "name", "a/b/c", "zones/z/instances/n"] {
             assert_eq!(parse_id(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn classification_table() {
-        let api = |code: u16| {
-            kube::Error::Api(
-                kube::core::Status::failure("m", "R")
-                    .with_code(code)
-                    .boxed(),
-            )
-        };
-        let cases = [
-            (api(404), ErrorClass::NotFound),
-            (api(429), ErrorClass::QuotaExceeded),
-            (api(403), ErrorClass::Permanent),
-            (api(401), ErrorClass::Permanent),
-            (api(422), ErrorClass::Permanent),
-            (api(400), ErrorClass::Permanent),
-            (api(500), ErrorClass::Transient),
-            (api(503), ErrorClass::Transient),
-            (api(409), ErrorClass::Transient),
-        ];
-        for (e, want) in cases {
-            assert_eq!(classify(&e), want, "{e}");
-        }
-        assert_eq!(classify(&std::io::Error::other("x")), ErrorClass::Transient);
     }
 }

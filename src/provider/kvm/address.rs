@@ -4,7 +4,7 @@
 use virt::domain::Domain;
 use virt::sys;
 
-use super::conn::rpc;
+use super::conn::{rpc, NO_FLAGS};
 use super::xml;
 
 /// The first usable IPv4 address from one address source's answer.
@@ -38,7 +38,7 @@ pub fn own_nic(macs: &[String], hwaddr: Option<&str>) -> bool {
 pub fn address_of(d: &Domain) -> String {
     // Only the domain's own NICs count (a bridge inside the guest must not
     // win); without the XML every interface counts.
-    let macs = rpc("virDomainGetXMLDesc", || d.xml_desc(0))
+    let macs = rpc("virDomainGetXMLDesc", || d.xml_desc(NO_FLAGS))
         .map(|x| xml::interface_macs(&x))
         .unwrap_or_default();
     // Lease (libvirt networks), ARP, then the guest agent; errors mean "no
@@ -57,7 +57,7 @@ pub fn address_of(d: &Domain) -> String {
             "virDomainInterfaceAddresses(agent)",
         ),
     ] {
-        if let Ok(ifaces) = rpc(name, || d.interface_addresses(source, 0)) {
+        if let Ok(ifaces) = rpc(name, || d.interface_addresses(source, NO_FLAGS)) {
             let view: Vec<(String, Vec<(i64, String)>)> = ifaces
                 .into_iter()
                 .filter(|i| own_nic(&macs, i.hwaddr.as_deref()))

@@ -8,7 +8,7 @@ use virt::storage_vol::StorageVol;
 use virt::sys;
 
 use super::classify::{code, code_of};
-use super::conn::rpc;
+use super::conn::{rpc, NO_FLAGS};
 use super::domain::{ensure_running, lookup_domain, read_mark};
 use super::ids::{overlay_volume, seed_volume};
 use super::image::{delete_if_exists, upload_small};
@@ -92,7 +92,7 @@ impl Build {
             Some((base_path.as_str(), self.base_format)),
         );
         let overlay = match rpc("virStorageVolCreateXML", || {
-            StorageVol::create_xml(&p, &ov_xml, 0)
+            StorageVol::create_xml(&p, &ov_xml, NO_FLAGS)
         }) {
             Ok(v) => {
                 debug!(volume = %ov_name, "overlay volume created");
@@ -103,15 +103,15 @@ impl Build {
                 let v = rpc("virStorageVolLookupByName", || {
                     p.lookup_storage_vol_by_name(&ov_name)
                 })?;
-                let vx = rpc("virStorageVolGetXMLDesc", || v.xml_desc(0))?;
+                let vx = rpc("virStorageVolGetXMLDesc", || v.xml_desc(NO_FLAGS))?;
                 if xml::backing_path(&vx).as_deref() == Some(base_path.as_str()) {
                     v
                 } else {
                     // No domain uses it yet: rebuild it on the right base.
                     debug!(volume = %ov_name, "overlay backed by another image, recreating");
-                    rpc("virStorageVolDelete", || v.delete(0))?;
+                    rpc("virStorageVolDelete", || v.delete(NO_FLAGS))?;
                     rpc("virStorageVolCreateXML", || {
-                        StorageVol::create_xml(&p, &ov_xml, 0)
+                        StorageVol::create_xml(&p, &ov_xml, NO_FLAGS)
                     })?
                 }
             }

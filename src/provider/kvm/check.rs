@@ -158,39 +158,101 @@ mod tests {
 
     #[test]
     fn reason_table() {
+        struct Case {
+            name: &'static str,
+            observation: Observation,
+            want: &'static str,
+        }
         let lv = |code, domain| Observation::Libvirt { code, domain };
-        for (o, want) in [
-            (Observation::Deadline, "Timeout"),
-            (Observation::CallTimedOut, "Timeout"),
-            (Observation::Dial(Stage::Material), "SSHMaterialUnavailable"),
-            (Observation::Dial(Stage::Tcp), "Unreachable"),
-            (Observation::Dial(Stage::Handshake), "SSHHandshakeFailed"),
-            (
-                Observation::Dial(Stage::LibvirtConnect),
-                "LibvirtConnectFailed",
-            ),
-            (lv(code::NO_STORAGE_POOL, 0), "PoolNotFound"),
-            (lv(code::NO_STORAGE_POOL, code::FROM_RPC), "PoolNotFound"),
-            (lv(code::RPC, code::FROM_RPC), "Unreachable"),
-            (lv(code::INTERNAL_ERROR, code::FROM_RPC), "Unreachable"),
-            (lv(code::INTERNAL_ERROR, 0), "LibvirtError"),
-            (lv(code::ACCESS_DENIED, 0), "LibvirtError"),
-            (Observation::Aborted, "Unreachable"),
-            (
-                Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING),
-                "Reachable",
-            ),
-            (
-                Observation::Pool(sys::VIR_STORAGE_POOL_INACTIVE),
-                "PoolNotActive",
-            ),
-            (
-                Observation::Pool(sys::VIR_STORAGE_POOL_DEGRADED),
-                "PoolNotActive",
-            ),
-            (Observation::Pool(42), "PoolNotActive"),
-        ] {
-            assert_eq!(reason(o), want, "{o:?}");
+        let cases = [
+            Case {
+                name: "the check's deadline passed",
+                observation: Observation::Deadline,
+                want: "Timeout",
+            },
+            Case {
+                name: "a libvirt call timed out",
+                observation: Observation::CallTimedOut,
+                want: "Timeout",
+            },
+            Case {
+                name: "ssh key material unreadable",
+                observation: Observation::Dial(Stage::Material),
+                want: "SSHMaterialUnavailable",
+            },
+            Case {
+                name: "tcp connect failed",
+                observation: Observation::Dial(Stage::Tcp),
+                want: "Unreachable",
+            },
+            Case {
+                name: "ssh handshake failed",
+                observation: Observation::Dial(Stage::Handshake),
+                want: "SSHHandshakeFailed",
+            },
+            Case {
+                name: "libvirt connect over ssh failed",
+                observation: Observation::Dial(Stage::LibvirtConnect),
+                want: "LibvirtConnectFailed",
+            },
+            Case {
+                name: "no such pool",
+                observation: lv(code::NO_STORAGE_POOL, 0),
+                want: "PoolNotFound",
+            },
+            Case {
+                name: "no such pool, reported over rpc",
+                observation: lv(code::NO_STORAGE_POOL, code::FROM_RPC),
+                want: "PoolNotFound",
+            },
+            Case {
+                name: "rpc error",
+                observation: lv(code::RPC, code::FROM_RPC),
+                want: "Unreachable",
+            },
+            Case {
+                name: "internal error from the rpc layer",
+                observation: lv(code::INTERNAL_ERROR, code::FROM_RPC),
+                want: "Unreachable",
+            },
+            Case {
+                name: "local internal error",
+                observation: lv(code::INTERNAL_ERROR, 0),
+                want: "LibvirtError",
+            },
+            Case {
+                name: "access denied",
+                observation: lv(code::ACCESS_DENIED, 0),
+                want: "LibvirtError",
+            },
+            Case {
+                name: "the blocking task died",
+                observation: Observation::Aborted,
+                want: "Unreachable",
+            },
+            Case {
+                name: "pool running",
+                observation: Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING),
+                want: "Reachable",
+            },
+            Case {
+                name: "pool inactive",
+                observation: Observation::Pool(sys::VIR_STORAGE_POOL_INACTIVE),
+                want: "PoolNotActive",
+            },
+            Case {
+                name: "pool degraded",
+                observation: Observation::Pool(sys::VIR_STORAGE_POOL_DEGRADED),
+                want: "PoolNotActive",
+            },
+            Case {
+                name: "unknown pool state",
+                observation: Observation::Pool(42),
+                want: "PoolNotActive",
+            },
+        ];
+        for c in cases {
+            assert_eq!(reason(c.observation), c.want, "{}", c.name);
         }
     }
 

@@ -83,11 +83,33 @@ pub fn class_of_code(c: i64) -> ErrorClass {
         | NO_SUPPORT
         | OPERATION_UNSUPPORTED
         | ARGUMENT_UNSUPPORTED
-        | INVALID_ARG
-        | AUTH_FAILED
-        | ACCESS_DENIED
-        | OPERATION_DENIED => ErrorClass::Permanent,
+        | INVALID_ARG => ErrorClass::Permanent,
+        // libvirt refuses these credentials or this connection: fixed on
+        // the host, not in a Proxy's spec.
+        AUTH_FAILED | ACCESS_DENIED | OPERATION_DENIED => ErrorClass::Unavailable,
         _ => ErrorClass::Transient,
+    }
+}
+
+/// Why an SSH dial was refused by the material or the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SshRefusal {
+    /// `kvm.sshKeyFile` or `kvm.knownHostsFile` does not parse.
+    UnusableMaterial,
+    /// The host key is unknown, changed or revoked in known_hosts.
+    HostKey,
+    /// The host rejected the operator's public key.
+    KeyRejected,
+}
+
+/// The class of an SSH refusal: every one is Unavailable, since re-keying
+/// the host, fixing known_hosts or re-authorizing the key heals it and no
+/// edit of a Proxy does; until then the provider is retried slowly.
+pub fn ssh_refusal_class(r: SshRefusal) -> ErrorClass {
+    match r {
+        SshRefusal::UnusableMaterial | SshRefusal::HostKey | SshRefusal::KeyRejected => {
+            ErrorClass::Unavailable
+        }
     }
 }
 
@@ -133,9 +155,9 @@ mod tests {
             (84, ErrorClass::Permanent),
             (74, ErrorClass::Permanent),
             (8, ErrorClass::Permanent),
-            (45, ErrorClass::Permanent),
-            (88, ErrorClass::Permanent),
-            (29, ErrorClass::Permanent),
+            (45, ErrorClass::Unavailable),
+            (88, ErrorClass::Unavailable),
+            (29, ErrorClass::Unavailable),
             (55, ErrorClass::Transient),
             (9, ErrorClass::Transient),
             (1, ErrorClass::Transient),
@@ -152,5 +174,41 @@ mod tests {
         assert!(!is_out_of_space("Storage volume not found"));
         let io = std::io::Error::other("eof");
         assert_eq!(classify(&io), ErrorClass::Transient);
+    }
+
+    #[test]
+    fn ssh_refusal_table() {
+        struct Case {
+            name: &'static str,
+            refusal: SshRefusal,
+            want: ErrorClass,
+        }
+        let cases = [
+            Case {
+                name: "host key unknown, changed or revoked",
+                refusal: SshRefusal::HostKey,
+                want: ErrorClass::Unavailable,
+            },
+            Case {
+                name: "public key rejected",
+                refusal: SshRefusal::KeyRejected,
+                want: ErrorClass::Unavailable,
+            },
+            Case {
+                name: "key or known_hosts does not parse",
+                refusal: SshRefusal::UnusableMaterial,
+                want: ErrorClass::Unavailable,
+            },
+        ];
+        for c in cases {
+            assert_eq!(ssh_refusal_class(c.refusal), c.want, "{}", c.name);
+            // The dial error carries the class through `classify`.
+            let e = DialError {
+                stage: super::super::ssh::Stage::Handshake,
+                class: ssh_refusal_class(c.refusal),
+                message: "refused".into(),
+            };
+            assert_eq!(classify(&e), c.want, "{}: classify", c.name);
+        }
     }
 }

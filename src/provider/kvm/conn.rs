@@ -22,6 +22,14 @@ use super::ssh::{self, DialError, Session, SshSettings, Stage, Stamp};
 use crate::config::KvmHost;
 use crate::provider::ErrorClass;
 
+/// libvirt's "no flags" argument: every call here asks for the default
+/// behaviour, and a named zero keeps bare numbers out of libvirt calls.
+pub const NO_FLAGS: u32 = 0;
+
+/// Offset and length of a whole-volume stream transfer (libvirt reads a
+/// zero length as "to the end").
+pub const WHOLE_VOLUME: (u64, u64) = (0, 0);
+
 /// Concurrent blocking libvirt calls per host.
 pub const BLOCKING_PER_HOST: usize = 4;
 

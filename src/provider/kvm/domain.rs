@@ -9,7 +9,7 @@ use virt::sys;
 
 use super::address::address_of;
 use super::classify::{code, code_of};
-use super::conn::rpc;
+use super::conn::{rpc, NO_FLAGS};
 use super::ids::{overlay_volume, seed_volume};
 use super::image::delete_if_exists;
 use super::xml::{parse_mark, Mark, METADATA_URI};
@@ -68,7 +68,7 @@ pub fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
         d.metadata(
             sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
             Some(METADATA_URI),
-            0,
+            sys::VIR_DOMAIN_AFFECT_CURRENT,
         )
     }) {
         Ok(x) => Ok(Some(parse_mark(&x))),
@@ -133,7 +133,7 @@ pub fn read_domain(
 
 /// The managed domains, by name; unreadable ones are skipped.
 pub fn list_managed(c: &Connect) -> Result<Vec<(String, Observed)>, virt::error::Error> {
-    let doms = rpc("virConnectListAllDomains", || c.list_all_domains(0))?;
+    let doms = rpc("virConnectListAllDomains", || c.list_all_domains(NO_FLAGS))?;
     let mut out = Vec::new();
     for d in doms {
         let Ok(name) = d.name() else { continue };

@@ -12,7 +12,7 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
 use super::classify::code;
-use super::conn::{rpc, OpConn};
+use super::conn::{rpc, OpConn, NO_FLAGS, WHOLE_VOLUME};
 use super::ids::marker_volume;
 use super::xml::volume_xml;
 use crate::config::{Firmware, ImageFormat};
@@ -66,11 +66,13 @@ pub fn upload_small(
     })?;
     let xml = volume_xml(vol_name, data.len() as u64, ImageFormat::Raw, None);
     let vol = rpc("virStorageVolCreateXML", || {
-        StorageVol::create_xml(&pool, &xml, 0)
+        StorageVol::create_xml(&pool, &xml, NO_FLAGS)
     })?;
     let res = (|| {
-        let stream = Stream::new(c, 0)?;
-        rpc("virStorageVolUpload", || vol.upload(&stream, 0, 0, 0))?;
+        let stream = Stream::new(c, NO_FLAGS)?;
+        rpc("virStorageVolUpload", || {
+            vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
+        })?;
         if let Err(e) = send_all(&stream, data) {
             let _ = stream.abort();
             return Err(e);
@@ -78,7 +80,7 @@ pub fn upload_small(
         stream.finish()
     })();
     if res.is_err() {
-        let _ = rpc("virStorageVolDelete", || vol.delete(0));
+        let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
     }
     res
 }
@@ -88,8 +90,10 @@ fn download_small(
     c: &virt::connect::Connect,
     vol: &StorageVol,
 ) -> Result<Vec<u8>, virt::error::Error> {
-    let stream = Stream::new(c, 0)?;
-    rpc("virStorageVolDownload", || vol.download(&stream, 0, 0, 0))?;
+    let stream = Stream::new(c, NO_FLAGS)?;
+    rpc("virStorageVolDownload", || {
+        vol.download(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
+    })?;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -114,7 +118,7 @@ pub fn delete_if_exists(
     match rpc("virStorageVolLookupByName", || {
         pool.lookup_storage_vol_by_name(name)
     }) {
-        Ok(v) => match rpc("virStorageVolDelete", || v.delete(0)) {
+        Ok(v) => match rpc("virStorageVolDelete", || v.delete(NO_FLAGS)) {
             Ok(()) => Ok(true),
             Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
             Err(e) => Err(e),
@@ -227,7 +231,7 @@ pub async fn ensure_base(
         let available = op
             .call("reading pool capacity", move |c| {
                 let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                rpc("virStoragePoolRefresh", || pool.refresh(0))?;
+                rpc("virStoragePoolRefresh", || pool.refresh(NO_FLAGS))?;
                 Ok(rpc("virStoragePoolGetInfo", || pool.info())?.available)
             })
             .await?;
@@ -248,10 +252,10 @@ pub async fn ensure_base(
         let upload = op.call_unbounded("uploading image to base volume", move |c| {
             let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
             let xml = volume_xml(&base, len, fmt, None);
-            let vol = rpc("virStorageVolCreateXML", || StorageVol::create_xml(&pool, &xml, 0))?;
+            let vol = rpc("virStorageVolCreateXML", || StorageVol::create_xml(&pool, &xml, NO_FLAGS))?;
             let res = (|| {
-                let stream = Stream::new(c, 0)?;
-                rpc("virStorageVolUpload", || vol.upload(&stream, 0, 0, 0))?;
+                let stream = Stream::new(c, NO_FLAGS)?;
+                rpc("virStorageVolUpload", || vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS))?;
                 let mut sent = 0u64;
                 loop {
                     match rx.blocking_recv() {
@@ -278,7 +282,7 @@ pub async fn ensure_base(
             match res {
                 Ok(Some(n)) => Ok(Some(n)),
                 other => {
-                    let _ = rpc("virStorageVolDelete", || vol.delete(0));
+                    let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
                     other
                 }
             }
@@ -349,7 +353,7 @@ pub async fn ensure_base(
         let path = op
             .call("writing the base image marker", move |c| {
                 let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                rpc("virStoragePoolRefresh", || pool.refresh(0))?;
+                rpc("virStoragePoolRefresh", || pool.refresh(NO_FLAGS))?;
                 upload_small(c, &p, &marker_volume(&base), d.as_bytes())?;
                 let vol = rpc("virStorageVolLookupByName", || pool.lookup_storage_vol_by_name(&base))?;
                 rpc("virStorageVolGetPath", || vol.path())

@@ -287,11 +287,12 @@ impl Provider for KvmProvider {
                     });
                 }
             }
-            // Reported once; the next get sees what the host has.
+            // Reported once; the next get sees what the host has. It is the
+            // create's failure (it may latch), not the get's.
             Some(Outcome::Failed(e)) => {
                 return Err(ProviderError::wrap(
                     e.class(),
-                    Op::Get,
+                    Op::Create,
                     &self.inner.name,
                     id,
                     e,

@@ -26,69 +26,104 @@ fn placement(zone: &str, mt: &str, image: &str) -> Placement {
     }
 }
 
-/// Hosts, zone, machine type, image, and the host index or error wanted.
-type Row<'a> = (
-    &'a [&'a str],
-    &'a str,
-    &'a str,
-    &'a str,
-    Result<usize, &'a str>,
-);
-
 #[test]
 fn resolution_table() {
+    struct Case {
+        name: &'static str,
+        hosts: &'static [&'static str],
+        zone: &'static str,
+        machine_type: &'static str,
+        image: &'static str,
+        /// The host index, or the error wanted.
+        want: Result<usize, &'static str>,
+    }
     let url = "https://example.com/x.qcow2";
-    let table: &[Row] = &[
-        (&["a"], "", "small", "deb", Ok(0)),
-        (&["a", "b"], "b", "small", "deb", Ok(1)),
-        (&["a", "b"], "a", "small", url, Ok(0)),
-        (&[], "", "small", "deb", Err("kvm.hosts is empty")),
-        (
-            &["a", "b"],
-            "",
-            "small",
-            "deb",
-            Err("placement.zone is required when kvm.hosts lists more than one host"),
-        ),
-        (
-            &["a"],
-            "c",
-            "small",
-            "deb",
-            Err("host \"c\" is not in kvm.hosts"),
-        ),
-        (
-            &["a"],
-            "a",
-            "huge",
-            "deb",
-            Err("placement.machineType \"huge\" is not in kvm.machineTypes"),
-        ),
-        (
-            &["a"],
-            "a",
-            "small",
-            "nope",
-            Err("placement.image \"nope\" is neither a key in kvm.images nor an http(s) URL"),
-        ),
-        (
-            &["a"],
-            "a",
-            "small",
-            "ftp://x/y",
-            Err("placement.image \"ftp://x/y\" is neither a key in kvm.images nor an http(s) URL"),
-        ),
+    let cases = [
+        Case {
+            name: "one host needs no zone",
+            hosts: &["a"],
+            zone: "",
+            machine_type: "small",
+            image: "deb",
+            want: Ok(0),
+        },
+        Case {
+            name: "zone picks the host",
+            hosts: &["a", "b"],
+            zone: "b",
+            machine_type: "small",
+            image: "deb",
+            want: Ok(1),
+        },
+        Case {
+            name: "direct image url",
+            hosts: &["a", "b"],
+            zone: "a",
+            machine_type: "small",
+            image: url,
+            want: Ok(0),
+        },
+        Case {
+            name: "no hosts",
+            hosts: &[],
+            zone: "",
+            machine_type: "small",
+            image: "deb",
+            want: Err("kvm.hosts is empty"),
+        },
+        Case {
+            name: "several hosts need a zone",
+            hosts: &["a", "b"],
+            zone: "",
+            machine_type: "small",
+            image: "deb",
+            want: Err("placement.zone is required when kvm.hosts lists more than one host"),
+        },
+        Case {
+            name: "unknown zone",
+            hosts: &["a"],
+            zone: "c",
+            machine_type: "small",
+            image: "deb",
+            want: Err("host \"c\" is not in kvm.hosts"),
+        },
+        Case {
+            name: "unknown machine type",
+            hosts: &["a"],
+            zone: "a",
+            machine_type: "huge",
+            image: "deb",
+            want: Err("placement.machineType \"huge\" is not in kvm.machineTypes"),
+        },
+        Case {
+            name: "unknown image key",
+            hosts: &["a"],
+            zone: "a",
+            machine_type: "small",
+            image: "nope",
+            want: Err("placement.image \"nope\" is neither a key in kvm.images nor an http(s) URL"),
+        },
+        Case {
+            name: "image url must be http(s)",
+            hosts: &["a"],
+            zone: "a",
+            machine_type: "small",
+            image: "ftp://x/y",
+            want: Err(
+                "placement.image \"ftp://x/y\" is neither a key in kvm.images nor an http(s) URL",
+            ),
+        },
     ];
-    for (hosts, zone, mt, image, want) in table {
-        let c = cfg(hosts);
-        let got = resolve(&c, &placement(zone, mt, image));
-        match (got, want) {
+    for c in cases {
+        let config = cfg(c.hosts);
+        let got = resolve(&config, &placement(c.zone, c.machine_type, c.image));
+        match (got, c.want) {
             (Ok(r), Ok(i)) => {
-                assert_eq!(r.host, *i, "{zone:?}");
-                assert_eq!(r.machine_type.vcpus, 1);
+                assert_eq!(r.host, i, "{}", c.name);
+                assert_eq!(r.machine_type.vcpus, 1, "{}", c.name);
             }
-            (Err(e), Err(w)) => assert_eq!(e, *w),
-            (got, want) => panic!("{hosts:?} {zone:?} {mt:?} {image:?}: {got:?}, want {want:?}"),
+            (Err(e), Err(w)) => assert_eq!(e, w, "{}", c.name),
+            (got, want) => panic!("{}: {got:?}, want {want:?}", c.name),
         }
     }
 }

@@ -12,6 +12,7 @@ use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use sha1::Sha1;
 use ssh_key::known_hosts::{self, HostPatterns};
 
+use super::classify::{ssh_refusal_class, SshRefusal};
 use crate::provider::ErrorClass;
 
 /// TCP connect timeout.
@@ -270,7 +271,8 @@ impl SshSettings {
     }
 
     /// Reads and parses the material now: missing files are Transient (the
-    /// Secret may not be mounted yet), unparseable ones Permanent.
+    /// Secret may not be mounted yet), unparseable ones Unavailable (fixed
+    /// in the Secret, not in a Proxy).
     pub fn load(&self) -> Result<Material, DialError> {
         let stamp = self.stamp();
         let text = std::fs::read_to_string(&self.key_file).map_err(|e| {
@@ -283,7 +285,7 @@ impl SshSettings {
         let key = russh::keys::decode_secret_key(&text, None).map_err(|e| {
             DialError::new(
                 Stage::Material,
-                ErrorClass::Permanent,
+                ssh_refusal_class(SshRefusal::UnusableMaterial),
                 format!(
                     "kvm.sshKeyFile {} is not a usable unencrypted ed25519/ecdsa private key: {e}",
                     self.key_file
@@ -303,7 +305,7 @@ impl SshSettings {
             Some(Arc::new(KnownHosts::parse(&text).map_err(|e| {
                 DialError::new(
                     Stage::Material,
-                    ErrorClass::Permanent,
+                    ssh_refusal_class(SshRefusal::UnusableMaterial),
                     format!(
                         "kvm.knownHostsFile {} does not parse: {e}",
                         self.known_hosts_file
@@ -410,7 +412,7 @@ pub async fn dial(
         };
         Some(DialError::new(
             Stage::Handshake,
-            ErrorClass::Permanent,
+            ssh_refusal_class(SshRefusal::HostKey),
             format!("ssh handshake: host key of {lookup} {why}"),
         ))
     };
@@ -433,7 +435,7 @@ pub async fn dial(
             } else {
                 Err(DialError::new(
                     Stage::Handshake,
-                    ErrorClass::Permanent,
+                    ssh_refusal_class(SshRefusal::KeyRejected),
                     format!("ssh handshake: {address}: public key of user {user:?} was rejected"),
                 ))
             }

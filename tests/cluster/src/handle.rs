@@ -83,6 +83,22 @@ impl TestCluster {
                 _dir: None,
             });
         }
+        // The launcher picks free ports and the components bind them a
+        // moment later; on a busy machine another process can take one in
+        // between. That is worth a fresh start, nothing else is.
+        let mut attempt = 1;
+        loop {
+            match Self::start_local(opts) {
+                Err(e) if attempt < 3 && e.to_string().contains("address already in use") => {
+                    eprintln!("test-cluster: a port was taken while starting (attempt {attempt}); starting again");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_local(opts: &Options) -> anyhow::Result<TestCluster> {
         let base = std::env::var_os("TEST_CLUSTER_STATE")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);

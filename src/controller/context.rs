@@ -1,0 +1,82 @@
+//! What every reconcile shares: the client, the providers, the health
+//! verdicts, the cloud-init cache, and each Proxy's failure count.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+
+use super::{cloud_init, plan};
+use crate::api::health::HealthSource;
+use crate::provider::registry::Registry;
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// Configured providers, decorated.
+    pub registry: Registry,
+    /// This installation's identity.
+    pub installation_id: String,
+    /// Health verdicts, when the health engine runs.
+    pub health: Option<Arc<dyn HealthSource>>,
+    /// The labelled cloud-init Secrets, filled by the controller's Secret
+    /// watch; cloud-init is read from here, never with `get`.
+    pub secrets: cloud_init::SecretCache,
+    failures: Mutex<HashMap<String, u32>>,
+    /// Reconcile count, error and duration series, when exported.
+    pub metrics: Option<super::metrics::ReconcileMetrics>,
+    /// Where the jitter of every requeue comes from.
+    pub random: Arc<dyn plan::Random>,
+}
+
+impl Context {
+    /// A context.
+    pub fn new(
+        client: Client,
+        registry: Registry,
+        installation_id: String,
+        health: Option<Arc<dyn HealthSource>>,
+    ) -> Self {
+        Context {
+            client,
+            registry,
+            installation_id,
+            health,
+            secrets: cloud_init::SecretCache::default(),
+            failures: Mutex::new(HashMap::new()),
+            metrics: None,
+            random: Arc::new(plan::SystemRandom),
+        }
+    }
+
+    /// Takes requeue jitter from `random` (a fixed one makes tests exact).
+    pub fn with_random(mut self, random: Arc<dyn plan::Random>) -> Self {
+        self.random = random;
+        self
+    }
+
+    /// Records reconciles into `metrics`.
+    pub fn with_metrics(mut self, metrics: super::metrics::ReconcileMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts a failure of `key` and says how long to wait before the
+    /// next try ([`plan::backoff`]); the count resets on success.
+    pub fn backoff(&self, key: &str) -> Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        plan::backoff(*n)
+    }
+
+    /// `key` reconciled cleanly: its next failure starts the backoff over.
+    pub(super) fn succeeded(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}

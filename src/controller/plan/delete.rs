@@ -1,0 +1,116 @@
+//! The deletion path: what to do next for a Proxy being deleted, until its
+//! instance is gone (or abandoned) and the finalizer can go.
+
+use chrono::{DateTime, Utc};
+
+use super::{recently_requested, GetOutcome};
+use crate::provider::ErrorClass;
+
+/// What the deletion path knows.
+#[derive(Clone, Debug)]
+pub struct DeleteInput<'a> {
+    /// Whether our finalizer is on the object.
+    pub has_finalizer: bool,
+    /// `status.providerID`.
+    pub provider_id: Option<&'a str>,
+    /// Whether `crawl.example.com/skip-cleanup` is exactly `"true"`.
+    pub skip_cleanup: bool,
+    /// Whether the provider is configured.
+    pub provider_configured: bool,
+    /// The get result, once made.
+    pub get: Option<&'a GetOutcome>,
+    /// When a delete was last requested.
+    pub delete_requested_at: Option<DateTime<Utc>>,
+    /// The clock.
+    pub now: DateTime<Utc>,
+}
+
+/// The next step of the deletion path.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeleteStep {
+    /// Not ours to hold: nothing to do.
+    Nothing,
+    /// Remove the finalizer.
+    Release {
+        /// Why, for the log.
+        why: ReleaseReason,
+    },
+    /// The provider is not configured: an error until it is, or until an
+    /// administrator sets skip-cleanup.
+    ProviderNotConfigured,
+    /// Ask the provider for the instance.
+    Get,
+    /// Ask the provider to delete it (again), then poll.
+    Delete,
+    /// Get failed permanently: try delete anyway; release if it succeeds.
+    DeleteAfterPermanentGet {
+        /// The get error.
+        get_error: String,
+    },
+    /// A delete is in flight; poll again later.
+    Wait,
+    /// Get failed with this class.
+    Failed {
+        /// The class.
+        class: ErrorClass,
+        /// The message.
+        message: String,
+    },
+}
+
+/// Why the finalizer is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseReason {
+    /// No instance was ever recorded.
+    NothingRecorded,
+    /// The administrator asked to abandon the instance.
+    SkipCleanup,
+    /// The instance is gone.
+    InstanceGone,
+}
+
+/// The next step of the deletion path.
+pub fn next_delete_step(input: &DeleteInput<'_>) -> DeleteStep {
+    if !input.has_finalizer {
+        return DeleteStep::Nothing;
+    }
+    if input.provider_id.unwrap_or("").is_empty() {
+        return DeleteStep::Release {
+            why: ReleaseReason::NothingRecorded,
+        };
+    }
+    if input.skip_cleanup {
+        return DeleteStep::Release {
+            why: ReleaseReason::SkipCleanup,
+        };
+    }
+    if !input.provider_configured {
+        return DeleteStep::ProviderNotConfigured;
+    }
+    match input.get {
+        None => DeleteStep::Get,
+        Some(GetOutcome::NotFound) => DeleteStep::Release {
+            why: ReleaseReason::InstanceGone,
+        },
+        Some(
+            GetOutcome::Failed(ErrorClass::Permanent, msg)
+            | GetOutcome::CreateFailed(ErrorClass::Permanent, msg),
+        ) => DeleteStep::DeleteAfterPermanentGet {
+            get_error: msg.clone(),
+        },
+        Some(GetOutcome::Failed(class, message) | GetOutcome::CreateFailed(class, message)) => {
+            DeleteStep::Failed {
+                class: *class,
+                message: message.clone(),
+            }
+        }
+        Some(GetOutcome::Found(_)) if recently_requested(input.delete_requested_at, input.now) => {
+            DeleteStep::Wait
+        }
+        Some(GetOutcome::Found(_)) => DeleteStep::Delete,
+    }
+}
+
+#[cfg(test)]
+#[path = "delete_tests.rs"]
+mod tests;

@@ -1,0 +1,208 @@
+use chrono::{DateTime, Utc};
+
+use super::super::tests::{inst, t};
+use super::*;
+use crate::provider::{ErrorClass, InstanceState};
+
+#[test]
+fn deletion_path_table() {
+    let found = GetOutcome::Found(inst(InstanceState::Running, "1.2.3.4"));
+    let perm = GetOutcome::Failed(ErrorClass::Permanent, "host retired".into());
+    let quota = GetOutcome::Failed(ErrorClass::QuotaExceeded, "rate".into());
+    let refused = GetOutcome::Failed(ErrorClass::Unavailable, "HTTP 401".into());
+    let create_failed = GetOutcome::CreateFailed(ErrorClass::Permanent, "no such image".into());
+    struct Case<'a> {
+        name: &'static str,
+        has_finalizer: bool,
+        provider_id: Option<&'static str>,
+        skip_cleanup: bool,
+        configured: bool,
+        get: Option<&'a GetOutcome>,
+        delete_requested_at: Option<DateTime<Utc>>,
+        want: DeleteStep,
+    }
+    let cases = vec![
+        Case {
+            name: "no finalizer: nothing",
+            has_finalizer: false,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Nothing,
+        },
+        Case {
+            name: "nothing recorded: release",
+            has_finalizer: true,
+            provider_id: None,
+            skip_cleanup: false,
+            configured: true,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Release {
+                why: ReleaseReason::NothingRecorded,
+            },
+        },
+        Case {
+            name: "empty id: release",
+            has_finalizer: true,
+            provider_id: Some(""),
+            skip_cleanup: false,
+            configured: true,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Release {
+                why: ReleaseReason::NothingRecorded,
+            },
+        },
+        Case {
+            name: "skip-cleanup: release without calls",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: true,
+            configured: true,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Release {
+                why: ReleaseReason::SkipCleanup,
+            },
+        },
+        Case {
+            name: "skip-cleanup beats an unconfigured provider",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: true,
+            configured: false,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Release {
+                why: ReleaseReason::SkipCleanup,
+            },
+        },
+        Case {
+            name: "unconfigured provider: error",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: false,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::ProviderNotConfigured,
+        },
+        Case {
+            name: "get first",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: None,
+            delete_requested_at: None,
+            want: DeleteStep::Get,
+        },
+        Case {
+            name: "gone: release",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&GetOutcome::NotFound),
+            delete_requested_at: None,
+            want: DeleteStep::Release {
+                why: ReleaseReason::InstanceGone,
+            },
+        },
+        Case {
+            name: "found: delete",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&found),
+            delete_requested_at: None,
+            want: DeleteStep::Delete,
+        },
+        Case {
+            name: "found, delete asked 5s ago: wait",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&found),
+            delete_requested_at: Some(t(-5)),
+            want: DeleteStep::Wait,
+        },
+        Case {
+            name: "found, delete asked 5m ago: delete again",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&found),
+            delete_requested_at: Some(t(-300)),
+            want: DeleteStep::Delete,
+        },
+        Case {
+            name: "permanent get: delete anyway",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&perm),
+            delete_requested_at: None,
+            want: DeleteStep::DeleteAfterPermanentGet {
+                get_error: "host retired".into(),
+            },
+        },
+        Case {
+            name: "quota get: by class",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&quota),
+            delete_requested_at: None,
+            want: DeleteStep::Failed {
+                class: ErrorClass::QuotaExceeded,
+                message: "rate".into(),
+            },
+        },
+        Case {
+            name: "unavailable get: no blind delete, retried by class",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&refused),
+            delete_requested_at: None,
+            want: DeleteStep::Failed {
+                class: ErrorClass::Unavailable,
+                message: "HTTP 401".into(),
+            },
+        },
+        Case {
+            name: "a failed asynchronous create: delete anyway, as a permanent get",
+            has_finalizer: true,
+            provider_id: Some("id"),
+            skip_cleanup: false,
+            configured: true,
+            get: Some(&create_failed),
+            delete_requested_at: None,
+            want: DeleteStep::DeleteAfterPermanentGet {
+                get_error: "no such image".into(),
+            },
+        },
+    ];
+    for c in cases {
+        let input = DeleteInput {
+            has_finalizer: c.has_finalizer,
+            provider_id: c.provider_id,
+            skip_cleanup: c.skip_cleanup,
+            provider_configured: c.configured,
+            get: c.get,
+            delete_requested_at: c.delete_requested_at,
+            now: t(0),
+        };
+        assert_eq!(next_delete_step(&input), c.want, "{}", c.name);
+    }
+}

@@ -1,0 +1,162 @@
+//! The managed path: what to do next for a Proxy whose instance the
+//! operator creates, watches and replaces.
+
+use chrono::{DateTime, Utc};
+
+use super::end::is_latched;
+use super::{recently_requested, GetOutcome};
+use crate::api::ProxyStatus;
+use crate::provider::{ErrorClass, InstanceState};
+
+/// What the managed path knows at a decision point.
+#[derive(Clone, Debug)]
+pub struct ManagedInput<'a> {
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Whether our finalizer is on the object.
+    pub has_finalizer: bool,
+    /// The status as it stands in memory (after earlier steps of this pass).
+    pub status: &'a ProxyStatus,
+    /// Whether `spec.provider` names a configured provider.
+    pub provider_configured: bool,
+    /// The `spec-hash` annotation.
+    pub recorded_hash: Option<&'a str>,
+    /// The hash of the current spec; `None` until cloud-init is resolved.
+    pub spec_hash: Option<&'a str>,
+    /// The result of `get(providerID)` in this pass, once made.
+    pub get: Option<&'a GetOutcome>,
+    /// The clock.
+    pub now: DateTime<Utc>,
+}
+
+/// The next step of the managed path.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Add the finalizer (object update) and end the pass.
+    AddFinalizer,
+    /// Permanently failed at this generation: no provider call, no requeue.
+    Latched,
+    /// The provider is not configured: report it and stop (re-evaluated on
+    /// the next pass, e.g. after a restart with a new config).
+    ProviderNotConfigured,
+    /// Resolve cloud-init and compute the spec hash.
+    ResolveCloudInit,
+    /// Nothing recorded yet: record the hash if needed, then create.
+    Create,
+    /// Record the current hash without replacing (adopted instance).
+    RecordHash,
+    /// Ask the provider for the instance.
+    Get,
+    /// Ask the provider to delete the instance, then poll again.
+    Delete {
+        /// Why: the spec changed, or the instance stopped.
+        why: ReplaceCause,
+    },
+    /// The old instance is still going away; poll again later.
+    WaitForDeletion {
+        /// Why it is being deleted.
+        why: ReplaceCause,
+    },
+    /// The old instance is gone: record the new hash, clear the ID and IP,
+    /// then create.
+    ClearAndCreate,
+    /// The instance is still being built; poll again later.
+    WaitProvisioning,
+    /// The instance runs with this IP.
+    Running {
+        /// The address.
+        ip: String,
+    },
+    /// The get reported the instance's asynchronous create failed.
+    CreateFailed {
+        /// The class.
+        class: ErrorClass,
+        /// The message (names the field and value for Permanent).
+        message: String,
+    },
+    /// The last call failed with this class.
+    Failed {
+        /// The class.
+        class: ErrorClass,
+        /// The message (names the field and value for Permanent).
+        message: String,
+    },
+}
+
+/// Why an instance is being replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplaceCause {
+    /// Placement, cloud-init or port changed.
+    SpecChanged,
+    /// The instance is Stopped or Terminated.
+    Stopped(InstanceState),
+}
+
+/// The next step of the managed path.
+pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
+    if !input.has_finalizer {
+        return Step::AddFinalizer;
+    }
+    if is_latched(input.status, input.generation) {
+        return Step::Latched;
+    }
+    if !input.provider_configured {
+        return Step::ProviderNotConfigured;
+    }
+    let Some(spec_hash) = input.spec_hash else {
+        return Step::ResolveCloudInit;
+    };
+    let provider_id = input.status.provider_id.as_deref().unwrap_or("");
+    if provider_id.is_empty() {
+        return Step::Create;
+    }
+    let hash_matches = input.recorded_hash == Some(spec_hash);
+    let Some(get) = input.get else {
+        if input.recorded_hash.is_none() {
+            return Step::RecordHash;
+        }
+        return Step::Get;
+    };
+    match get {
+        GetOutcome::Failed(class, message) => Step::Failed {
+            class: *class,
+            message: message.clone(),
+        },
+        GetOutcome::CreateFailed(class, message) => Step::CreateFailed {
+            class: *class,
+            message: message.clone(),
+        },
+        GetOutcome::NotFound => Step::ClearAndCreate,
+        GetOutcome::Found(_) if !hash_matches => delete_or_wait(input, ReplaceCause::SpecChanged),
+        GetOutcome::Found(inst) => match inst.state {
+            InstanceState::Provisioning => Step::WaitProvisioning,
+            InstanceState::Running if !inst.ip.is_empty() => Step::Running {
+                ip: inst.ip.clone(),
+            },
+            // A provider that breaks the contract (Running without an IP) is
+            // treated as still provisioning rather than trusted.
+            InstanceState::Running => Step::WaitProvisioning,
+            s @ (InstanceState::Stopped | InstanceState::Terminated) => {
+                delete_or_wait(input, ReplaceCause::Stopped(s))
+            }
+        },
+    }
+}
+
+fn delete_or_wait(input: &ManagedInput<'_>, why: ReplaceCause) -> Step {
+    if recently_requested(input.status.delete_requested_at, input.now) {
+        Step::WaitForDeletion { why }
+    } else {
+        Step::Delete { why }
+    }
+}
+
+/// The port a create asks for: `spec.port` when it is 1-65535; `None`
+/// when validation was bypassed and there is nothing to create.
+pub fn create_port(port: Option<i32>) -> Option<u16> {
+    port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0)
+}
+
+#[cfg(test)]
+#[path = "managed_tests.rs"]
+mod tests;

@@ -1,0 +1,281 @@
+use chrono::{DateTime, Utc};
+
+use super::super::tests::{inst, latched, status_with_id, t};
+use super::*;
+use crate::api::ProxyStatus;
+use crate::provider::{ErrorClass, InstanceState};
+
+struct Case {
+    name: &'static str,
+    status: ProxyStatus,
+    has_finalizer: bool,
+    configured: bool,
+    recorded: Option<&'static str>,
+    spec: Option<&'static str>,
+    get: Option<GetOutcome>,
+    delete_requested_at: Option<DateTime<Utc>>,
+    want: Step,
+}
+
+fn base(name: &'static str, want: Step) -> Case {
+    Case {
+        name,
+        status: status_with_id(),
+        has_finalizer: true,
+        configured: true,
+        recorded: Some("h1"),
+        spec: Some("h1"),
+        get: None,
+        delete_requested_at: None,
+        want,
+    }
+}
+
+#[test]
+fn managed_path_table() {
+    let cases = vec![
+        Case {
+            has_finalizer: false,
+            ..base("finalizer first, before anything else", Step::AddFinalizer)
+        },
+        Case {
+            has_finalizer: false,
+            configured: false,
+            ..base(
+                "finalizer even before the provider check",
+                Step::AddFinalizer,
+            )
+        },
+        Case {
+            status: latched(3),
+            ..base("latched at this generation: no calls", Step::Latched)
+        },
+        Case {
+            status: latched(2),
+            configured: false,
+            ..base(
+                "an old latch lifts; then the provider check runs",
+                Step::ProviderNotConfigured,
+            )
+        },
+        Case {
+            configured: false,
+            ..base("unconfigured provider", Step::ProviderNotConfigured)
+        },
+        Case {
+            spec: None,
+            ..base(
+                "cloud-init resolved before anything touches the provider",
+                Step::ResolveCloudInit,
+            )
+        },
+        Case {
+            status: ProxyStatus::default(),
+            recorded: None,
+            ..base("nothing recorded: create", Step::Create)
+        },
+        Case {
+            status: ProxyStatus::default(),
+            recorded: Some("old"),
+            ..base("nothing recorded, stale hash: create", Step::Create)
+        },
+        Case {
+            recorded: None,
+            ..base(
+                "adopted instance without a hash: record it, no replacement",
+                Step::RecordHash,
+            )
+        },
+        base("recorded and matching: get", Step::Get),
+        Case {
+            recorded: Some("h0"),
+            ..base("hash differs: get first", Step::Get)
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            ..base("provisioning: wait", Step::WaitProvisioning)
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.7"))),
+            ..base(
+                "running with an IP",
+                Step::Running {
+                    ip: "10.0.0.7".into(),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, ""))),
+            ..base(
+                "running without an IP is still provisioning",
+                Step::WaitProvisioning,
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Stopped, ""))),
+            ..base(
+                "stopped: delete",
+                Step::Delete {
+                    why: ReplaceCause::Stopped(InstanceState::Stopped),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Terminated, ""))),
+            ..base(
+                "terminated: delete",
+                Step::Delete {
+                    why: ReplaceCause::Stopped(InstanceState::Terminated),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Stopped, ""))),
+            delete_requested_at: Some(t(-30)),
+            ..base(
+                "stopped, delete asked 30s ago: wait, no resubmit",
+                Step::WaitForDeletion {
+                    why: ReplaceCause::Stopped(InstanceState::Stopped),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.7"))),
+            recorded: Some("h0"),
+            ..base(
+                "spec changed, old still there: delete",
+                Step::Delete {
+                    why: ReplaceCause::SpecChanged,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.7"))),
+            recorded: Some("h0"),
+            delete_requested_at: Some(t(-120)),
+            ..base(
+                "spec changed, delete asked 2m ago: resubmit",
+                Step::Delete {
+                    why: ReplaceCause::SpecChanged,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.7"))),
+            recorded: Some("h0"),
+            delete_requested_at: Some(t(10)),
+            ..base(
+                "a request time in the future counts as recent",
+                Step::WaitForDeletion {
+                    why: ReplaceCause::SpecChanged,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::NotFound),
+            recorded: Some("h0"),
+            ..base(
+                "spec changed, old gone: clear and create",
+                Step::ClearAndCreate,
+            )
+        },
+        Case {
+            get: Some(GetOutcome::NotFound),
+            ..base("vanished instance: clear and create", Step::ClearAndCreate)
+        },
+        Case {
+            get: Some(GetOutcome::Failed(ErrorClass::Transient, "timeout".into())),
+            ..base(
+                "get error: handled by class",
+                Step::Failed {
+                    class: ErrorClass::Transient,
+                    message: "timeout".into(),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Failed(ErrorClass::Permanent, "bad id".into())),
+            ..base(
+                "permanent get error",
+                Step::Failed {
+                    class: ErrorClass::Permanent,
+                    message: "bad id".into(),
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::CreateFailed(
+                ErrorClass::Permanent,
+                "image family ubuntu-9999 not found".into(),
+            )),
+            ..base(
+                "the get reports the create failed: the create's failure",
+                Step::CreateFailed {
+                    class: ErrorClass::Permanent,
+                    message: "image family ubuntu-9999 not found".into(),
+                },
+            )
+        },
+    ];
+    for c in cases {
+        let status = ProxyStatus {
+            delete_requested_at: c.delete_requested_at,
+            ..c.status.clone()
+        };
+        let input = ManagedInput {
+            generation: Some(3),
+            has_finalizer: c.has_finalizer,
+            status: &status,
+            provider_configured: c.configured,
+            recorded_hash: c.recorded,
+            spec_hash: c.spec,
+            get: c.get.as_ref(),
+            now: t(0),
+        };
+        assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
+    }
+}
+
+#[test]
+fn create_port_table() {
+    struct Case {
+        name: &'static str,
+        port: Option<i32>,
+        want: Option<u16>,
+    }
+    let cases = [
+        Case {
+            name: "a port",
+            port: Some(3128),
+            want: Some(3128),
+        },
+        Case {
+            name: "the highest port",
+            port: Some(65535),
+            want: Some(65535),
+        },
+        Case {
+            name: "none",
+            port: None,
+            want: None,
+        },
+        Case {
+            name: "zero",
+            port: Some(0),
+            want: None,
+        },
+        Case {
+            name: "negative",
+            port: Some(-1),
+            want: None,
+        },
+        Case {
+            name: "too high",
+            port: Some(65536),
+            want: None,
+        },
+    ];
+    for c in cases {
+        assert_eq!(create_port(c.port), c.want, "{}", c.name);
+    }
+}

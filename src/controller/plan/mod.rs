@@ -1,0 +1,102 @@
+//! Every reconcile decision, as pure functions of (Proxy, what was
+//! observed, now). The shell in `reconcile.rs` gathers observations, asks
+//! for the next step, performs it, and asks again; nothing here does I/O.
+//!
+//! - [`path`]: which path a Proxy takes (managed, External, deletion).
+//! - [`managed`]: the next step of the managed path.
+//! - [`delete`]: the next step of the deletion path.
+//! - [`end`]: how a pass ends (what goes into the status, and when to
+//!   come back), including what each error class comes to.
+//! - [`phase`]: the one function that derives a Proxy's phase, and the
+//!   Ready decision.
+//! - [`status`]: the status builders the ends use.
+//! - [`jitter`]: the spread taken off every requeue delay.
+
+pub mod delete;
+pub mod end;
+pub mod jitter;
+pub mod managed;
+pub mod phase;
+pub mod status;
+
+use chrono::{DateTime, Utc};
+
+use crate::api::ProxyMode;
+use crate::provider::error::plain_message;
+use crate::provider::{ErrorClass, Instance, Op, ProviderError};
+
+pub use delete::{next_delete_step, DeleteInput, DeleteStep, ReleaseReason};
+pub use end::{
+    backoff, delete_failure, end, is_latched, managed_failure, unavailable_retry, Backoff, End,
+    Ending, Failure, CLOUD_INIT_RETRY, DELETE_RESUBMIT_AFTER, DELETION_POLL, PROVISIONING_POLL,
+    QUOTA_RETRY, REQUEUE_NOW, RUNNING_RESYNC, UNAVAILABLE_RETRY_MAX, UNAVAILABLE_RETRY_MIN,
+};
+pub use jitter::{jitter, jittered, Fixed, Random, SystemRandom};
+pub use managed::{create_port, next_managed_step, ManagedInput, ReplaceCause, Step};
+pub use phase::{phase, ready, Stage};
+pub use status::{Health, REASON_AWAITING_PROBE, REASON_PROBE_FAILED, REASON_PROBE_SUCCEEDED};
+
+/// The outcome of `Provider::get`, reduced to what the decisions need.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GetOutcome {
+    /// The instance exists.
+    Found(Instance),
+    /// The instance is gone.
+    NotFound,
+    /// The call failed with this class and message.
+    Failed(ErrorClass, String),
+    /// The get reported that the instance's asynchronous create failed
+    /// (a provider whose create returns once submitted), with this class
+    /// and message: a create's failure, which may latch, where a failing
+    /// get never does.
+    CreateFailed(ErrorClass, String),
+}
+
+impl GetOutcome {
+    /// What a `get` came to: NotFound is an answer, not a failure.
+    pub fn of(res: Result<Instance, ProviderError>) -> Self {
+        match res {
+            Ok(i) => GetOutcome::Found(i),
+            Err(e) if e.class() == ErrorClass::NotFound => GetOutcome::NotFound,
+            Err(e) if e.op() == Op::Create => {
+                GetOutcome::CreateFailed(e.class(), plain_message(&e))
+            }
+            Err(e) => GetOutcome::Failed(e.class(), plain_message(&e)),
+        }
+    }
+}
+
+/// Which path a reconcile takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The Proxy is being deleted: clean up, then release the finalizer.
+    Delete,
+    /// An External Proxy: no instance, only its endpoint and health.
+    External,
+    /// A Managed Proxy: its instance is created, watched and replaced.
+    Managed,
+}
+
+/// The path of a Proxy: deletion wins over the mode.
+pub fn path(deleting: bool, mode: ProxyMode) -> Path {
+    match (deleting, mode) {
+        (true, _) => Path::Delete,
+        (false, ProxyMode::External) => Path::External,
+        (false, ProxyMode::Managed) => Path::Managed,
+    }
+}
+
+/// Whether a delete requested at `at` is recent enough at `now` not to be
+/// resubmitted ([`DELETE_RESUBMIT_AFTER`]).
+fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    at.is_some_and(|t| {
+        now.signed_duration_since(t)
+            .to_std()
+            .map(|age| age < DELETE_RESUBMIT_AFTER)
+            // A request time in the future (clock skew) counts as recent.
+            .unwrap_or(true)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+//! The status builders: every change a pass makes to a Proxy's status,
+//! the phase always through [`phase`].
+
+use chrono::{DateTime, Utc};
+
+use super::managed::ReplaceCause;
+use super::phase::{phase, ready, Stage};
+use crate::api::condition::{self, Condition, ConditionStatus};
+use crate::api::health::HealthReport;
+use crate::api::proxy::conditions::*;
+use crate::api::{ProxyPhase, ProxyStatus};
+
+/// Healthy=True: probes pass through the proxy.
+pub const REASON_PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+/// Healthy=False: probes through the proxy fail.
+pub const REASON_PROBE_FAILED: &str = "ProbeFailed";
+/// Healthy=Unknown: no instance to probe (being created or replaced).
+pub const REASON_AWAITING_PROBE: &str = "AwaitingProbe";
+
+/// The longest condition message the CRD accepts, in characters (the
+/// `maxLength` of metav1.Condition's message): a longer one would make the
+/// whole status write fail.
+pub const MESSAGE_MAX_CHARS: usize = 32768;
+/// What ends a message cut to [`MESSAGE_MAX_CHARS`].
+const CUT_MARK: &str = " [truncated]";
+
+/// `message`, cut to [`MESSAGE_MAX_CHARS`] characters (marked as cut) when
+/// longer.
+pub fn truncate_message(message: &str) -> String {
+    if message.chars().count() <= MESSAGE_MAX_CHARS {
+        return message.to_string();
+    }
+    let keep = MESSAGE_MAX_CHARS - CUT_MARK.chars().count();
+    let mut out: String = message.chars().take(keep).collect();
+    out.push_str(CUT_MARK);
+    out
+}
+
+/// What the health engine says about a Proxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Its last status-affecting result.
+    Report(HealthReport),
+    /// A verdict without a report (a source that only gives verdicts).
+    Verdict(bool),
+    /// Nothing: no verdict yet, no engine, or another replica probes.
+    Unknown,
+}
+
+impl Health {
+    /// What a source's `report` and `verdict` come to: a report wins, a
+    /// bare verdict is used only without one.
+    pub fn of(report: Option<HealthReport>, verdict: Option<bool>) -> Self {
+        match (report, verdict) {
+            (Some(r), _) => Health::Report(r),
+            (None, Some(v)) => Health::Verdict(v),
+            (None, None) => Health::Unknown,
+        }
+    }
+}
+
+fn provisioned(
+    status: &mut ProxyStatus,
+    s: ConditionStatus,
+    reason: &str,
+    msg: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    condition::set(
+        &mut status.conditions,
+        Condition::new(PROVISIONED, s, reason, truncate_message(msg), now)
+            .at_generation(generation),
+    );
+}
+
+fn set_phase(status: &mut ProxyStatus, stage: Stage) {
+    status.phase = phase(stage, status.phase);
+}
+
+/// A create was submitted (or an instance is booting).
+pub fn mark_creating(status: &mut ProxyStatus, now: DateTime<Utc>, generation: Option<i64>) {
+    set_phase(status, Stage::Provisioning);
+    provisioned(
+        status,
+        ConditionStatus::False,
+        REASON_CREATING,
+        "instance is being created",
+        now,
+        generation,
+    );
+}
+
+/// The instance runs at `ip`; its health is folded in and the phase
+/// follows the Ready decision.
+pub fn mark_running(
+    status: &mut ProxyStatus,
+    ip: &str,
+    health: &Health,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    status.ip = Some(ip.to_string());
+    status.delete_requested_at = None;
+    provisioned(
+        status,
+        ConditionStatus::True,
+        REASON_INSTANCE_RUNNING,
+        "instance is running",
+        now,
+        generation,
+    );
+    apply_health(status, health, now);
+}
+
+/// An External Proxy at `host`: its health is folded in and the phase
+/// follows the Ready decision.
+pub fn mark_external(status: &mut ProxyStatus, host: &str, health: &Health, now: DateTime<Utc>) {
+    status.ip = Some(host.to_string());
+    apply_health(status, health, now);
+}
+
+/// A permanent failure: latched until the spec changes.
+pub fn mark_permanent(
+    status: &mut ProxyStatus,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    mark_failed(status, REASON_PERMANENT_ERROR, message, now, generation);
+}
+
+/// A quota or rate-limit error: retried later, the phase kept.
+pub fn mark_quota(
+    status: &mut ProxyStatus,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    set_phase(status, Stage::Retrying);
+    provisioned(
+        status,
+        ConditionStatus::False,
+        REASON_QUOTA_EXCEEDED,
+        message,
+        now,
+        generation,
+    );
+}
+
+/// The provider refused a call for the operator's credentials or
+/// permissions (or cannot say what the instance is): not a latch, and
+/// nothing is known about the instance, so `Provisioned=Unknown`. A Proxy
+/// that was serving keeps serving by its health (it stays in the pool while
+/// its probes pass); a Failed one waits as Provisioning; any other keeps
+/// its phase.
+pub fn mark_unavailable(
+    status: &mut ProxyStatus,
+    message: &str,
+    health: &Health,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    provisioned(
+        status,
+        ConditionStatus::Unknown,
+        REASON_PROVIDER_UNAVAILABLE,
+        &format!("the provider cannot be observed: {message}"),
+        now,
+        generation,
+    );
+    match status.phase {
+        Some(ProxyPhase::Ready | ProxyPhase::Running) if status.ip.is_some() => {
+            apply_health(status, health, now);
+        }
+        // Failed before (the provider was not configured): nothing has
+        // failed for good now, it waits for the provider.
+        Some(ProxyPhase::Failed) => set_phase(status, Stage::Provisioning),
+        _ => set_phase(status, Stage::Retrying),
+    }
+}
+
+/// The named provider is not configured: reported as a PermanentError, but
+/// deliberately without an observed generation, so it is not a latch: the
+/// next pass (e.g. after a restart with the provider added) re-evaluates.
+pub fn mark_not_configured(status: &mut ProxyStatus, provider: &str, now: DateTime<Utc>) {
+    let msg =
+        format!("spec.provider {provider:?} is not configured in the operator's providers config");
+    mark_failed(status, REASON_PERMANENT_ERROR, &msg, now, None);
+}
+
+/// Phase Failed with `Provisioned=False/reason`.
+fn mark_failed(
+    status: &mut ProxyStatus,
+    reason: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    set_phase(status, Stage::Failed);
+    provisioned(
+        status,
+        ConditionStatus::False,
+        reason,
+        message,
+        now,
+        generation,
+    );
+}
+
+/// The cloud-init Secret or key cannot be read.
+pub fn mark_cloud_init_error(
+    status: &mut ProxyStatus,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    set_phase(status, Stage::AwaitingCloudInit);
+    provisioned(
+        status,
+        ConditionStatus::False,
+        REASON_CLOUD_INIT_ERROR,
+        message,
+        now,
+        generation,
+    );
+}
+
+/// The spec cannot be acted on (validation was bypassed).
+pub fn mark_invalid(
+    status: &mut ProxyStatus,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    mark_failed(status, REASON_INVALID_SPEC, message, now, generation);
+}
+
+/// The old instance is going away for `why`.
+pub fn mark_replacing(
+    status: &mut ProxyStatus,
+    why: ReplaceCause,
+    requested: bool,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    set_phase(status, Stage::Provisioning);
+    if requested {
+        status.delete_requested_at = Some(now);
+    }
+    let msg = match why {
+        ReplaceCause::SpecChanged => "spec changed: replacing the instance".to_string(),
+        ReplaceCause::Stopped(s) => format!("instance is {}: replacing it", s.as_str()),
+    };
+    provisioned(
+        status,
+        ConditionStatus::False,
+        REASON_CREATING,
+        &msg,
+        now,
+        generation,
+    );
+}
+
+/// Forget the old instance before creating its replacement.
+pub fn clear_instance(status: &mut ProxyStatus) {
+    status.provider_id = None;
+    status.ip = None;
+    status.delete_requested_at = None;
+}
+
+/// Folds what the health engine says into the status of a serving (running
+/// or External) Proxy: from a report, the Healthy condition, latency and
+/// probe time; then the phase from the Ready decision. Without a report
+/// the status is kept as it is, so a restart does not flap every Proxy.
+pub fn apply_health(status: &mut ProxyStatus, health: &Health, now: DateTime<Utc>) {
+    let ready = ready(health, status);
+    if let Health::Report(r) = health {
+        let (s, reason) = if r.healthy {
+            (ConditionStatus::True, REASON_PROBE_SUCCEEDED)
+        } else {
+            (ConditionStatus::False, REASON_PROBE_FAILED)
+        };
+        let message: String = r.message.chars().take(1024).collect();
+        condition::set(
+            &mut status.conditions,
+            Condition::new(HEALTHY, s, reason, message, now),
+        );
+        status.latency_millis = Some(i64::try_from(r.latency_ms).unwrap_or(i64::MAX));
+        status.last_probe_time = Some(r.probed_at);
+    }
+    set_phase(status, Stage::Serving { ready });
+}
+
+/// The instance is being created or replaced: a Healthy condition left
+/// from the previous instance becomes Unknown.
+pub fn health_unknown(status: &mut ProxyStatus, now: DateTime<Utc>) {
+    if status.conditions.iter().any(|c| c.type_ == HEALTHY) {
+        condition::set(
+            &mut status.conditions,
+            Condition::new(
+                HEALTHY,
+                ConditionStatus::Unknown,
+                REASON_AWAITING_PROBE,
+                "no running instance to probe",
+                now,
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

@@ -1,0 +1,170 @@
+//! Fixtures shared by the plan's tests, and the tests of `mod.rs`.
+
+use chrono::TimeZone;
+
+use super::*;
+use crate::api::ProxyStatus;
+use crate::provider::{InstanceState, Op};
+
+/// `s` seconds after a fixed instant.
+pub(super) fn t(s: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
+}
+
+pub(super) fn inst(state: InstanceState, ip: &str) -> Instance {
+    Instance {
+        ip: ip.into(),
+        ..Instance::new("default/proxy-x", state)
+    }
+}
+
+pub(super) fn status_with_id() -> ProxyStatus {
+    ProxyStatus {
+        provider_id: Some("default/proxy-x".into()),
+        ..Default::default()
+    }
+}
+
+/// Permanently failed at `generation`.
+pub(super) fn latched(generation: i64) -> ProxyStatus {
+    let mut s = ProxyStatus::default();
+    status::mark_permanent(
+        &mut s,
+        "placement.zone \"x\" is unknown",
+        t(0),
+        Some(generation),
+    );
+    s
+}
+
+#[test]
+fn path_table() {
+    struct Case {
+        name: &'static str,
+        deleting: bool,
+        mode: ProxyMode,
+        want: Path,
+    }
+    let cases = [
+        Case {
+            name: "managed",
+            deleting: false,
+            mode: ProxyMode::Managed,
+            want: Path::Managed,
+        },
+        Case {
+            name: "external",
+            deleting: false,
+            mode: ProxyMode::External,
+            want: Path::External,
+        },
+        Case {
+            name: "a managed Proxy being deleted",
+            deleting: true,
+            mode: ProxyMode::Managed,
+            want: Path::Delete,
+        },
+        Case {
+            name: "an External Proxy being deleted",
+            deleting: true,
+            mode: ProxyMode::External,
+            want: Path::Delete,
+        },
+    ];
+    for c in cases {
+        assert_eq!(path(c.deleting, c.mode), c.want, "{}", c.name);
+    }
+}
+
+#[test]
+fn get_outcome_table() {
+    struct Case {
+        name: &'static str,
+        res: Result<Instance, ProviderError>,
+        want: GetOutcome,
+    }
+    let err = |class| Err(ProviderError::new(class, Op::Get, "p", "id", "it broke"));
+    let cases = [
+        Case {
+            name: "found",
+            res: Ok(inst(InstanceState::Running, "10.0.0.1")),
+            want: GetOutcome::Found(inst(InstanceState::Running, "10.0.0.1")),
+        },
+        Case {
+            name: "not found is an answer",
+            res: err(ErrorClass::NotFound),
+            want: GetOutcome::NotFound,
+        },
+        Case {
+            name: "transient keeps its class and plain message",
+            res: err(ErrorClass::Transient),
+            want: GetOutcome::Failed(ErrorClass::Transient, "it broke".into()),
+        },
+        Case {
+            name: "permanent",
+            res: err(ErrorClass::Permanent),
+            want: GetOutcome::Failed(ErrorClass::Permanent, "it broke".into()),
+        },
+        Case {
+            name: "an asynchronous create's failure, reported by get, is the create's",
+            res: Err(ProviderError::new(
+                ErrorClass::Permanent,
+                Op::Create,
+                "p",
+                "id",
+                "it broke",
+            )),
+            want: GetOutcome::CreateFailed(ErrorClass::Permanent, "it broke".into()),
+        },
+    ];
+    for c in cases {
+        let got = GetOutcome::of(c.res);
+        match (&got, &c.want) {
+            (GetOutcome::Failed(gc, gm), GetOutcome::Failed(wc, wm))
+            | (GetOutcome::CreateFailed(gc, gm), GetOutcome::CreateFailed(wc, wm)) => {
+                assert_eq!(gc, wc, "{}", c.name);
+                assert!(gm.contains(wm.as_str()), "{}: {gm}", c.name);
+            }
+            _ => assert_eq!(got, c.want, "{}", c.name),
+        }
+    }
+}
+
+#[test]
+fn resubmission_window_table() {
+    struct Case {
+        name: &'static str,
+        at: Option<i64>,
+        want: bool,
+    }
+    let cases = [
+        Case {
+            name: "never requested",
+            at: None,
+            want: false,
+        },
+        Case {
+            name: "just now",
+            at: Some(0),
+            want: true,
+        },
+        Case {
+            name: "59s ago",
+            at: Some(-59),
+            want: true,
+        },
+        Case {
+            name: "60s ago: resubmit",
+            at: Some(-60),
+            want: false,
+        },
+        Case {
+            name: "in the future (clock skew) counts as recent",
+            at: Some(30),
+            want: true,
+        },
+    ];
+    for c in cases {
+        assert_eq!(recently_requested(c.at.map(t), t(0)), c.want, "{}", c.name);
+    }
+}

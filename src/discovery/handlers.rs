@@ -1,0 +1,301 @@
+//! The route handlers: request bodies read by the API's rules, the lease
+//! store asked, the answer built. Each carries its OpenAPI description
+//! (`openapi.rs` gathers them).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+
+use super::error::{ApiError, ApiResult};
+use super::middleware::BODY_LIMIT;
+use super::model::*;
+use super::state::ApiState;
+use crate::lease::{AcquireError, AcquireRequest, Lease, Outcome, ProxyKey, TtlError};
+
+/// Longest `stickyKey` and `site`.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// Reads a JSON body: empty means `{}` when `empty_ok`; over the cap 413;
+/// broken JSON 400; well-formed but wrong shape (unknown field, wrong
+/// type) 422.
+fn parse_body<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    empty_ok: bool,
+) -> ApiResult<T> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body exceeds {BODY_LIMIT} bytes"),
+            )
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+        }
+    })?;
+    let blank = bytes.iter().all(u8::is_ascii_whitespace);
+    let value: serde_json::Value = if blank && empty_ok {
+        serde_json::Value::Object(Default::default())
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?
+    };
+    let value = match value {
+        // An optional body may be sent as JSON null.
+        serde_json::Value::Null if empty_ok => serde_json::Value::Object(Default::default()),
+        v => v,
+    };
+    // serde would read a struct from an array by position; the API only
+    // takes objects.
+    if !objects_only(&value, 0) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "the body and its nested structures must be JSON objects",
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            e.to_string(),
+        )
+    })
+}
+
+/// No request type of this API holds an array: the top level is an
+/// object, and so is every nested structure.
+fn objects_only(v: &serde_json::Value, depth: usize) -> bool {
+    match v {
+        serde_json::Value::Object(m) => m.values().all(|v| objects_only(v, depth + 1)),
+        serde_json::Value::Array(_) => false,
+        _ => depth > 0,
+    }
+}
+
+fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
+    match v {
+        Some(s) if s.is_empty() || s.len() > MAX_KEY_LEN => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("{field} must be 1-{MAX_KEY_LEN} bytes"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
+    // Seconds left, rounded up (a fresh lease shows its full TTL).
+    let ms = (lease.expires_at - chrono::Utc::now())
+        .num_milliseconds()
+        .max(0);
+    let ttl = ms.saturating_add(999) / 1000;
+    LeaseResponse {
+        id: lease.id.clone(),
+        proxy,
+        expires_at: lease
+            .expires_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ttl_seconds: u64::try_from(ttl).unwrap_or(0),
+    }
+}
+
+fn unknown_lease() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "unknown_lease", "no such lease")
+}
+
+/// 409: the lease is live but its proxy left the healthy set.
+fn proxy_unavailable(lease: &Lease) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "proxy_unavailable",
+        format!("proxy {} is no longer healthy", lease.proxy),
+    )
+}
+
+fn ttl_error(e: TtlError) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_ttl", e.to_string())
+}
+
+/// Liveness of the API.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The API serves", body = String)), security(()))]
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Lists healthy proxies matching the filters.
+#[utoipa::path(get, path = "/v1/proxies", params(ListQuery),
+    responses(
+        (status = 200, body = ProxyList),
+        (status = 400, description = "Unknown or malformed query parameter", body = ErrorBody),
+        (status = 401, body = ErrorBody)))]
+pub(super) async fn list_proxies(
+    State(s): State<ApiState>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<ProxyList>> {
+    let f = parse_query(q.as_deref())
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m))?;
+    Ok(Json(ProxyList {
+        items: s.eligible(&f),
+    }))
+}
+
+/// Leases a healthy proxy: fewest active leases first, then least recently
+/// leased, then namespace/name; a sticky key keeps its proxy while it
+/// stays healthy and has capacity.
+#[utoipa::path(post, path = "/v1/leases", request_body(content = Option<AcquireBody>, description = "Every field optional; an empty body is {}"),
+    responses(
+        (status = 201, body = LeaseResponse),
+        (status = 400, description = "Malformed JSON or invalid ttlSeconds", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 409, description = "No healthy proxy matches (no_proxy) or all are at capacity or cooling down (no_capacity)", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "Unknown field or wrong type", body = ErrorBody)))]
+pub(super) async fn acquire(
+    State(s): State<ApiState>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let b: AcquireBody = parse_body(body, true)?;
+    check_len("stickyKey", &b.sticky_key)?;
+    check_len("site", &b.site)?;
+    let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    let listing = s.listing();
+    let keys: Vec<&ProxyKey> = listing
+        .iter()
+        .filter(|(_, i)| matches(i, &b.filters))
+        .map(|(k, _)| k)
+        .collect();
+    let req = AcquireRequest {
+        ttl,
+        sticky_key: b.sticky_key,
+        site: b.site,
+    };
+    match s.leases.acquire(&keys, &req) {
+        Ok(lease) => {
+            s.metrics.lease_event("granted", 1);
+            let item = listing
+                .iter()
+                .find(|(k, _)| *k == lease.proxy)
+                .map(|(_, i)| i.clone())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "leased proxy vanished",
+                    )
+                })?;
+            let mut resp =
+                (StatusCode::CREATED, Json(lease_response(&lease, item))).into_response();
+            if let Ok(v) = format!("/v1/leases/{}", lease.id).parse() {
+                resp.headers_mut().insert(header::LOCATION, v);
+            }
+            Ok(resp)
+        }
+        Err(e) => {
+            s.metrics.lease_event("refused", 1);
+            let code = match e {
+                AcquireError::NoProxy => "no_proxy",
+                AcquireError::NoCapacity { .. } => "no_capacity",
+            };
+            Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()))
+        }
+    }
+}
+
+/// Reads a live lease.
+#[utoipa::path(get, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
+    responses((status = 200, body = LeaseResponse), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The leased proxy is no longer healthy", body = ErrorBody)))]
+pub(super) async fn get_lease(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<LeaseResponse>> {
+    let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
+    let item = s
+        .item_for(&lease)
+        .ok_or_else(|| proxy_unavailable(&lease))?;
+    Ok(Json(lease_response(&lease, item)))
+}
+
+/// Extends a live lease to now + ttlSeconds (default: the default TTL).
+#[utoipa::path(post, path = "/v1/leases/{id}/renew", params(("id" = String, Path, description = "Lease id")),
+    request_body(content = Option<RenewBody>, description = "Optional; an empty body is {}"),
+    responses((status = 200, body = LeaseResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, description = "The leased proxy is no longer healthy; the lease runs out", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(super) async fn renew(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<LeaseResponse>> {
+    let b: RenewBody = parse_body(body, true)?;
+    let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
+    let item = s
+        .item_for(&lease)
+        .ok_or_else(|| proxy_unavailable(&lease))?;
+    let lease = s.leases.renew(&id, ttl).ok_or_else(unknown_lease)?;
+    s.metrics.lease_event("renewed", 1);
+    Ok(Json(lease_response(&lease, item)))
+}
+
+/// Ends a lease. Idempotent: an unknown or already released lease is 204 too.
+#[utoipa::path(delete, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
+    responses((status = 204, description = "Released (or already gone)"), (status = 401, body = ErrorBody)))]
+pub(super) async fn release(State(s): State<ApiState>, Path(id): Path<String>) -> StatusCode {
+    if s.leases.release(&id) {
+        s.metrics.lease_event("released", 1);
+    }
+    StatusCode::NO_CONTENT
+}
+
+/// Reports how a leased proxy did. `blocked` or `failed` withholds the
+/// proxy for --lease-cooldown: for `site` only when given, for every site
+/// otherwise. The lease is kept.
+#[utoipa::path(post, path = "/v1/leases/{id}/report", params(("id" = String, Path, description = "Lease id")),
+    request_body = ReportBody,
+    responses((status = 204, description = "Recorded"), (status = 400, description = "Malformed JSON or invalid result", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(super) async fn report(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<StatusCode> {
+    let b: ReportBody = parse_body(body, false)?;
+    check_len("site", &b.site)?;
+    let outcome = match b.result.as_str() {
+        "ok" => Outcome::Ok,
+        "blocked" => Outcome::Blocked,
+        "failed" => Outcome::Failed,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_result",
+                format!("result must be ok, blocked or failed, got {other:?}"),
+            ))
+        }
+    };
+    s.leases
+        .report(&id, outcome, b.site.as_deref())
+        .ok_or_else(unknown_lease)?;
+    s.metrics.lease_event(outcome.as_str(), 1);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Any path no route matches.
+pub(super) async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+/// A route's path with a method it does not serve.
+pub(super) async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}

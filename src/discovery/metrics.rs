@@ -1,0 +1,130 @@
+//! The discovery API's series: requests by route, lease events, and the
+//! active leases read from the store at scrape time.
+
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+
+use crate::metrics::{HistogramFamily, Registrar, Scraped};
+
+/// Labels of a lease event counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    /// granted, refused, renewed, released, expired, or a report result.
+    pub event: String,
+}
+
+/// Labels of a discovery API request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The matched route pattern, e.g. `POST /v1/leases`.
+    pub route: String,
+    /// HTTP status code.
+    pub status: String,
+}
+
+/// Labels of a discovery API latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    /// The matched route pattern, e.g. `POST /v1/leases`.
+    pub route: String,
+}
+
+fn request_histogram() -> Histogram {
+    // 50us .. ~1.6s: the API answers from memory.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+}
+
+const LEASES_ACTIVE: &str = "proxy_operator_leases_active";
+
+/// Series written by the discovery and lease API.
+#[derive(Clone)]
+pub struct DiscoveryMetrics {
+    requests: Family<RouteLabels, Counter>,
+    duration: HistogramFamily<RouteLabel>,
+    lease_events: Family<EventLabel, Counter>,
+    leases_active: Scraped<i64>,
+}
+
+impl DiscoveryMetrics {
+    /// The families, registered in `registry`; the active-lease gauge is a
+    /// collector (it prints after every registered family).
+    pub fn register(registry: &mut Registrar) -> Self {
+        let m = DiscoveryMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(request_histogram as fn() -> Histogram),
+            lease_events: Family::default(),
+            leases_active: Scraped::default(),
+        };
+        registry.register(
+            "proxy_operator_discovery_requests",
+            "Discovery API requests by route pattern and status",
+            m.requests.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_request_duration_seconds",
+            "Discovery API request latency by route pattern",
+            m.duration.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_events",
+            "Lease outcomes: granted, refused, renewed, released, expired, and reported ok, blocked or failed",
+            m.lease_events.clone(),
+        );
+        registry.register_collector(&[LEASES_ACTIVE], LeasesActive(m.leases_active.clone()));
+        m
+    }
+
+    /// Where `proxy_operator_leases_active` is read from (the lease store);
+    /// it reads 0 until set.
+    pub fn set_leases(&self, f: impl Fn() -> i64 + Send + Sync + 'static) {
+        self.leases_active.set(f);
+    }
+
+    /// Records one request.
+    pub fn observe_request(&self, route: &str, status: u16, took: Duration) {
+        self.requests
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&RouteLabel {
+                route: route.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts one lease event.
+    pub fn lease_event(&self, event: &str, n: u64) {
+        if n > 0 {
+            self.lease_events
+                .get_or_create(&EventLabel {
+                    event: event.to_string(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
+/// `proxy_operator_leases_active`, asked of the lease store at each scrape.
+#[derive(Debug)]
+struct LeasesActive(Scraped<i64>);
+
+impl Collector for LeasesActive {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        ConstGauge::new(self.0.read().unwrap_or(0)).encode(encoder.encode_descriptor(
+            LEASES_ACTIVE,
+            "Leases currently held by clients",
+            None,
+            MetricType::Gauge,
+        )?)
+    }
+}

@@ -1,0 +1,139 @@
+//! The outer layer of every route, outermost first: panic recovery, one
+//! server span and one `request` log line per request, the route metrics
+//! (all in [`observe`]); the body cap; bearer auth ([`auth`]).
+//!
+//! The router applies these with `Router::layer`, which wraps each route
+//! after routing, so the matched route pattern (axum's [`MatchedPath`]) is
+//! known here: span names and metric labels never carry a lease id.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tracing::{info, warn, Instrument};
+
+use super::error::ApiError;
+use super::state::ApiState;
+
+/// Request bodies above this answer 413.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// The route label of a request no route matched (404s): one fixed value,
+/// so unknown paths cannot grow the label set.
+pub const UNMATCHED: &str = "unmatched";
+
+/// `METHOD /route/{pattern}`: the span name and the `route` label. Label
+/// values stay bounded: known methods and route patterns only.
+pub fn route_label(method: &str, matched: Option<&str>) -> String {
+    let m = match method {
+        "GET" | "POST" | "DELETE" | "PUT" | "PATCH" | "HEAD" | "OPTIONS" => method,
+        _ => "OTHER",
+    };
+    format!("{m} {}", matched.unwrap_or(UNMATCHED))
+}
+
+/// The caller's span named by a W3C `traceparent` (and `tracestate`), as
+/// the context to parent the server span on; `None` without a valid one.
+/// `baggage` is not read.
+pub fn remote_parent(headers: &HeaderMap) -> Option<opentelemetry::Context> {
+    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    cx.has_active_span().then_some(cx)
+}
+
+/// Outermost: recover panics (500), one server span named after the route
+/// pattern, one `request` log line, the route metrics.
+pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let start = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let matched = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let route = route_label(method.as_str(), matched);
+    let traced = matched != Some("/healthz");
+    let span = if traced {
+        let span = tracing::info_span!("request", otel.name = %route, otel.kind = "server", http.route = %route, http.response.status_code = tracing::field::Empty);
+        if let Some(parent) = remote_parent(req.headers()) {
+            let _ = span.set_parent(parent);
+        }
+        span
+    } else {
+        tracing::Span::none()
+    };
+    let resp = match AssertUnwindSafe(next.run(req).instrument(span.clone()))
+        .catch_unwind()
+        .await
+    {
+        Ok(r) => r,
+        Err(_) => {
+            warn!(route = %route, "Handler panicked");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+            .into_response()
+        }
+    };
+    let status = resp.status().as_u16();
+    let took = start.elapsed();
+    span.record("http.response.status_code", status);
+    s.metrics.observe_request(&route, status, took);
+    if traced {
+        span.in_scope(
+            || info!(method = %method, path = %path, status, duration = ?took, "request"),
+        );
+    }
+    resp
+}
+
+/// Paths served without a token: liveness and the API's description.
+fn exempt(path: &str) -> bool {
+    path == "/healthz" || path == "/openapi.json"
+}
+
+/// Bearer auth against `DISCOVERY_TOKEN` (401 otherwise), when one is set.
+pub(super) async fn auth(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    let Some(want) = &s.token_digest else {
+        return next.run(req).await;
+    };
+    if exempt(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let given = bearer(req.headers()).unwrap_or("");
+    // Hash first so the comparison is constant-time in the length too.
+    let got: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+    if bool::from(got.ct_eq(want)) && !given.is_empty() {
+        next.run(req).await
+    } else {
+        let mut resp = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response();
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        resp
+    }
+}
+
+fn bearer(h: &HeaderMap) -> Option<&str> {
+    let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}

@@ -1,0 +1,106 @@
+//! The router (routes, then the middleware around each of them) and the
+//! server: graceful shutdown, with the lease sweeper alongside.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::header;
+use axum::middleware;
+use axum::routing::{get, post};
+use axum::Router;
+use tracing::warn;
+
+use super::handlers::*;
+use super::middleware::{auth, observe, BODY_LIMIT};
+use super::openapi::openapi_json;
+use super::state::ApiState;
+
+/// How often expired leases are swept.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The API's router.
+pub fn router(state: ApiState) -> Router {
+    let doc = openapi_json(state.leases.config().max_ttl);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], doc) }
+            }),
+        )
+        .route("/v1/proxies", get(list_proxies))
+        .route("/v1/leases", post(acquire))
+        .route("/v1/leases/{id}", get(get_lease).delete(release))
+        .route("/v1/leases/{id}/renew", post(renew))
+        .route("/v1/leases/{id}/report", post(report))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // `layer` wraps every route and the fallback after routing, so
+        // `observe` sees the matched route pattern (none for the fallback).
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Sweeps expired leases and forgets deleted Proxies every second.
+pub async fn sweep(state: ApiState, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tick.tick() => {
+                let n = state.leases.sweep();
+                state.metrics.lease_event("expired", n as u64);
+                state.leases.retain_proxies(&state.present());
+            }
+        }
+    }
+}
+
+/// Serves the API on `addr` until `shutdown` resolves (graceful), with
+/// the lease sweeper alongside.
+pub async fn serve(
+    addr: SocketAddr,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    serve_on(listener, state, shutdown).await
+}
+
+/// As [`serve`], on a bound listener (tests bind port 0).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if !state.authenticated() {
+        warn!(
+            "DISCOVERY_TOKEN is not set: the discovery and lease API serves WITHOUT authentication"
+        );
+    }
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let stop = {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let sweeper = tokio::spawn(sweep(state.clone(), stop));
+    let app = router(state);
+    let res = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = tx.send(true);
+        })
+        .await;
+    drop(rx);
+    let _ = sweeper.await;
+    res
+}

@@ -1,0 +1,151 @@
+//! What every handler shares: the Proxy source, the lease store, the
+//! token digest, the API's metrics and the cached listing of eligible
+//! proxies.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::Store;
+use sha2::{Digest, Sha256};
+
+use super::metrics::DiscoveryMetrics;
+use super::model::{item_of, matches, Filters, ProxyItem};
+use crate::api::Proxy;
+use crate::lease::{Lease, LeaseStore, ProxyKey};
+
+/// How long the eligible-proxy listing is reused before it is rebuilt from
+/// the cache (the cache itself lags the API server by about as much).
+pub const LISTING_MAX_AGE: Duration = Duration::from_millis(250);
+
+/// Where the API reads Proxies from (the shared cache in the operator, a
+/// fixed list in tests).
+pub trait ProxySource: Send + Sync {
+    /// Every Proxy currently known.
+    fn proxies(&self) -> Vec<Arc<Proxy>>;
+}
+
+impl ProxySource for Store<Proxy> {
+    fn proxies(&self) -> Vec<Arc<Proxy>> {
+        self.state()
+    }
+}
+
+impl ProxySource for Vec<Arc<Proxy>> {
+    fn proxies(&self) -> Vec<Arc<Proxy>> {
+        self.clone()
+    }
+}
+
+/// Eligible proxies with their lease-store keys, sorted by namespace/name.
+pub(super) type Listing = Arc<Vec<(ProxyKey, ProxyItem)>>;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct ApiState {
+    pub(super) source: Arc<dyn ProxySource>,
+    pub(super) leases: Arc<LeaseStore>,
+    pub(super) token_digest: Option<[u8; 32]>,
+    pub(super) metrics: DiscoveryMetrics,
+    listing: Arc<Mutex<Option<(Instant, Listing)>>>,
+    rebuilding: Arc<AtomicBool>,
+}
+
+impl ApiState {
+    /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API).
+    pub fn new(
+        source: Arc<dyn ProxySource>,
+        leases: Arc<LeaseStore>,
+        token: Option<&str>,
+        metrics: &DiscoveryMetrics,
+    ) -> Self {
+        let token_digest = token
+            .filter(|t| !t.is_empty())
+            .map(|t| Sha256::digest(t.as_bytes()).into());
+        let l = leases.clone();
+        metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
+        let metrics = metrics.clone();
+        ApiState {
+            source,
+            leases,
+            token_digest,
+            metrics,
+            listing: Arc::new(Mutex::new(None)),
+            rebuilding: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether a token is required.
+    pub fn authenticated(&self) -> bool {
+        self.token_digest.is_some()
+    }
+
+    /// Every eligible proxy, sorted; rebuilt at most every
+    /// [`LISTING_MAX_AGE`] so a busy API does not convert every Proxy on
+    /// every request.
+    pub(super) fn listing(&self) -> Listing {
+        let current = self
+            .listing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((at, items)) = &current {
+            // Fresh, or stale while another request rebuilds it: use it.
+            if at.elapsed() < LISTING_MAX_AGE || self.rebuilding.swap(true, Ordering::AcqRel) {
+                return items.clone();
+            }
+        }
+        // Built outside the lock so readers never wait for a rebuild; the
+        // flag is cleared however this ends.
+        struct Clear<'a>(&'a AtomicBool);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _clear = Clear(&self.rebuilding);
+        let mut items: Vec<(ProxyKey, ProxyItem)> = self
+            .source
+            .proxies()
+            .iter()
+            .filter_map(|p| item_of(p))
+            .map(|i| (i.key(), i))
+            .collect();
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        let items = Arc::new(items);
+        *self.listing.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), items.clone()));
+        items
+    }
+
+    /// The eligible proxies that match `f`.
+    pub(super) fn eligible(&self, f: &Filters) -> Vec<ProxyItem> {
+        self.listing()
+            .iter()
+            .filter(|(_, i)| matches(i, f))
+            .map(|(_, i)| i.clone())
+            .collect()
+    }
+
+    /// The listing entry of a lease's proxy, while it is eligible.
+    pub(super) fn item_for(&self, lease: &Lease) -> Option<ProxyItem> {
+        let listing = self.listing();
+        listing
+            .binary_search_by(|(k, _)| k.cmp(&lease.proxy))
+            .ok()
+            .map(|i| listing[i].1.clone())
+    }
+
+    /// Every Proxy the source knows, as lease-store keys (the sweep
+    /// forgets the leases and cooldowns of the others).
+    pub(super) fn present(&self) -> std::collections::HashSet<ProxyKey> {
+        self.source
+            .proxies()
+            .iter()
+            .map(|p| ProxyKey {
+                namespace: kube::ResourceExt::namespace(p.as_ref()).unwrap_or_default(),
+                name: kube::ResourceExt::name_any(p.as_ref()),
+            })
+            .collect()
+    }
+}

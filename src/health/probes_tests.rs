@@ -1,0 +1,375 @@
+use super::super::probe::ProbeError;
+use super::*;
+use serde_json::json;
+
+pub(crate) fn defaults() -> Defaults {
+    Defaults {
+        url: Url::parse("https://www.gstatic.com/generate_204").unwrap(),
+        expected_status: 204,
+    }
+}
+
+pub(crate) fn proxy(v: serde_json::Value) -> Proxy {
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn probe_spec_table() {
+    let base = |spec: serde_json::Value, status: serde_json::Value| {
+        proxy(
+            json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": spec, "status": status}),
+        )
+    };
+    type Want<'a> = Option<(&'a str, u16, &'a str, u16, u64, u32, u32)>;
+    let cases: Vec<(&str, Proxy, Want)> = vec![
+        (
+            "managed running",
+            base(
+                json!({"provider": "k", "port": 3128}),
+                json!({"phase": "Running", "ip": "10.0.0.1"}),
+            ),
+            Some((
+                "10.0.0.1",
+                3128,
+                "https://www.gstatic.com/generate_204",
+                204,
+                1,
+                2,
+                3,
+            )),
+        ),
+        (
+            "managed provisioning",
+            base(
+                json!({"provider": "k", "port": 3128}),
+                json!({"phase": "Provisioning", "ip": "10.0.0.1"}),
+            ),
+            None,
+        ),
+        (
+            "managed without ip",
+            base(
+                json!({"provider": "k", "port": 3128}),
+                json!({"phase": "Running"}),
+            ),
+            None,
+        ),
+        (
+            "external with overrides",
+            base(
+                json!({"mode": "External", "endpoint": {"host": "px.example", "port": 8080},
+                    "healthCheck": {"url": "http://t.example/x", "expectedStatus": 200, "intervalSeconds": 7,
+                        "timeoutSeconds": 2, "successThreshold": 1, "failureThreshold": 5}}),
+                json!({}),
+            ),
+            Some(("px.example", 8080, "http://t.example/x", 200, 7, 1, 5)),
+        ),
+        (
+            "bad url",
+            base(
+                json!({"mode": "External", "endpoint": {"host": "h", "port": 1}, "healthCheck": {"url": "ftp://x"}}),
+                json!({}),
+            ),
+            None,
+        ),
+    ];
+    for (name, p, want) in cases {
+        let got = probe_spec(&p, &defaults()).map(|s| {
+            (
+                s.target.proxy_host.clone(),
+                s.target.proxy_port,
+                s.target.url.to_string(),
+                s.target.expected_status,
+                s.interval.as_secs(),
+                s.thresholds.success,
+                s.thresholds.failure,
+            )
+        });
+        let want = want.map(|(h, p, u, e, i, s, f)| (h.to_string(), p, u.to_string(), e, i, s, f));
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+pub(crate) fn external(name: &str, uid: &str, port: u16) -> Proxy {
+    proxy(
+        json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port},
+            "healthCheck": {"url": "http://127.0.0.1:9/", "expectedStatus": 200, "timeoutSeconds": 1}}}),
+    )
+}
+
+#[test]
+fn redaction_and_spread() {
+    let u = Url::parse("https://user:pw@h.example/p?token=x#f").unwrap();
+    assert_eq!(redact(&u), "https://h.example/p");
+    assert!(spread("ns/a", 1000) < 1000);
+    assert_eq!(spread("ns/a", 1000), spread("ns/a", 1000));
+}
+
+fn ok(ms: u64) -> ProbeResult {
+    ProbeResult {
+        ok: true,
+        latency: Duration::from_millis(ms),
+        error: None,
+    }
+}
+
+fn failed(e: ProbeError) -> ProbeResult {
+    ProbeResult {
+        ok: false,
+        latency: Duration::from_millis(7),
+        error: Some(e),
+    }
+}
+
+/// `external` with an interval and thresholds of its own.
+fn tuned(name: &str, uid: &str, interval: u64, success: u32, failure: u32) -> Proxy {
+    proxy(
+        json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 1},
+            "healthCheck": {"url": "http://u:pw@t.example/x?k=v", "expectedStatus": 200,
+                "intervalSeconds": interval, "successThreshold": success, "failureThreshold": failure}}}),
+    )
+}
+
+fn keys(due: &[(String, ProbeSpec)]) -> Vec<&str> {
+    let mut k: Vec<&str> = due.iter().map(|(k, _)| k.as_str()).collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn sync_table() {
+    let mut p = Probes::new(defaults());
+    assert!(p.sync_due(0));
+    let a = tuned("a", "u1", 1, 2, 3);
+    let b = tuned("b", "u1", 1, 2, 3);
+    let a2 = tuned("a", "u2", 1, 2, 3);
+    let a2_tuned = tuned("a", "u2", 1, 1, 1);
+    let pending = proxy(
+        json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+        "spec": {"provider": "k", "port": 3128}, "status": {"phase": "Provisioning"}}),
+    );
+    // (step, proxies, now, dropped)
+    type Step<'a> = (&'a str, Vec<&'a Proxy>, u64, Vec<(&'a str, bool)>);
+    let steps: Vec<Step> = vec![
+        (
+            "seed; nothing to probe for c",
+            vec![&a, &b, &pending],
+            0,
+            vec![],
+        ),
+        ("unchanged", vec![&a, &b, &pending], 1000, vec![]),
+        (
+            "a recreated: starts over",
+            vec![&a2, &b],
+            2000,
+            vec![("ns/a", false)],
+        ),
+        (
+            "a's thresholds change: kept",
+            vec![&a2_tuned, &b],
+            3000,
+            vec![],
+        ),
+        (
+            "b deleted: gone",
+            vec![&a2_tuned],
+            4000,
+            vec![("ns/b", true)],
+        ),
+    ];
+    for (step, proxies, now, want) in steps {
+        assert!(p.sync_due(now), "{step}");
+        let got = p.sync(proxies, now);
+        let got: Vec<(&str, bool)> = got.iter().map(|d| (d.key.as_str(), d.gone)).collect();
+        assert_eq!(got, want, "{step}");
+        assert!(!p.sync_due(now + 999), "{step}");
+    }
+    assert_eq!(p.len(), 1);
+    let due = p.due(10_000, 10);
+    assert_eq!(keys(&due), ["ns/a"]);
+    assert_eq!(due[0].1.uid, "u2");
+    assert_eq!(
+        due[0].1.thresholds,
+        Thresholds {
+            success: 1,
+            failure: 1
+        }
+    );
+}
+
+#[test]
+fn schedule_by_now() {
+    let mut p = Probes::new(defaults());
+    p.sync([&tuned("a", "u1", 2, 1, 1), &tuned("b", "u1", 2, 1, 1)], 0);
+    // Both are seeded within their first interval.
+    let first = p.due(1999, 10);
+    assert_eq!(keys(&first), ["ns/a", "ns/b"]);
+    // In flight: not due again, and nothing to wait for but the sync.
+    assert!(p.due(100_000, 10).is_empty());
+    assert_eq!(p.wait(2000, 4), SYNC_EVERY);
+    assert_eq!(p.wait(2000, 0), SYNC_EVERY);
+    let spec = first[0].1.clone();
+    // Started at 2000, done at 2100: due one interval after the start.
+    p.complete("ns/a", &spec, 2000, 2100, Utc::now(), &ok(5));
+    assert_eq!(p.wait(3500, 4), Duration::from_millis(500));
+    assert_eq!(p.wait(3500, 0), SYNC_EVERY);
+    assert!(p.due(3999, 10).is_empty());
+    assert_eq!(keys(&p.due(4000, 10)), ["ns/a"]);
+    // A probe slower than its interval is due again at once.
+    p.complete("ns/a", &spec, 4000, 9000, Utc::now(), &ok(5));
+    assert_eq!(p.wait(9000, 1), Duration::ZERO);
+    assert_eq!(keys(&p.due(9000, 1)), ["ns/a"]);
+    // One that could not start is rescheduled as if it had run.
+    p.requeue("ns/a", 9000);
+    assert!(p.due(10_999, 1).is_empty());
+    assert_eq!(keys(&p.due(11_000, 1)), ["ns/a"]);
+    // A limit of zero pops nothing.
+    p.complete("ns/a", &spec, 11_000, 11_000, Utc::now(), &ok(5));
+    assert!(p.due(20_000, 0).is_empty());
+}
+
+#[test]
+fn results_fold_into_verdicts() {
+    let refused = || ProbeError::Refused("Connection refused (os error 111)".into());
+    let status = || ProbeError::Status {
+        who: "target",
+        status: 503,
+        expected: 200,
+    };
+    // (result, what it amounts to: None quiet, Some((healthy, change, message)))
+    type Want<'a> = Option<(bool, Change, &'a str)>;
+    let passed = "probe of http://t.example/x through the proxy passed";
+    let cases: Vec<(&str, Vec<(ProbeResult, Want)>)> = vec![
+        (
+            "first ok, two failures quiet, the third flips",
+            vec![
+                (ok(10), Some((true, Change::First, passed))),
+                (failed(refused()), None),
+                (failed(status()), None),
+                (
+                    failed(status()),
+                    Some((
+                        false,
+                        Change::Flip,
+                        "target answered status 503, expected 200",
+                    )),
+                ),
+                (ok(10), None),
+                (ok(10), Some((true, Change::Flip, passed))),
+                (ok(500), Some((true, Change::Latency, passed))),
+            ],
+        ),
+        (
+            "first failure is reported in plain words",
+            vec![(
+                failed(refused()),
+                Some((
+                    false,
+                    Change::First,
+                    "connecting to the proxy: Connection refused (os error 111)",
+                )),
+            )],
+        ),
+        (
+            "a failure without an error",
+            vec![(
+                ProbeResult {
+                    ok: false,
+                    latency: Duration::ZERO,
+                    error: None,
+                },
+                Some((false, Change::First, "probe failed")),
+            )],
+        ),
+    ];
+    for (name, seq) in cases {
+        let mut p = Probes::new(defaults());
+        p.sync([&tuned("a", "u1", 1, 2, 3)], 0);
+        let spec = p.due(1000, 1).pop().unwrap().1;
+        let at = Utc::now();
+        for (i, (result, want)) in seq.into_iter().enumerate() {
+            let got = p.complete("ns/a", &spec, 0, 0, at, &result);
+            let want = match want {
+                None => Folded::Quiet,
+                Some((healthy, change, message)) => Folded::Publish(Verdict {
+                    uid: "u1".into(),
+                    change,
+                    report: HealthReport {
+                        healthy,
+                        latency_ms: result.latency.as_millis() as u64,
+                        probed_at: at,
+                        message: message.into(),
+                    },
+                }),
+            };
+            assert_eq!(got, want, "{name}, step {i}");
+        }
+    }
+}
+
+#[test]
+fn stale_and_pruned_results_are_not_folded() {
+    let mut p = Probes::new(defaults());
+    let old = probe_spec(&external("a", "u1", 1), &defaults()).unwrap();
+    let moved = probe_spec(&external("a", "u2", 2), &defaults()).unwrap();
+    p.sync([&external("a", "u2", 1)], 0);
+    let at = Utc::now();
+    assert_eq!(p.complete("ns/a", &old, 0, 0, at, &ok(1)), Folded::Stale);
+    let mut other_target = moved.clone();
+    other_target.uid = "u2".into();
+    assert_eq!(
+        p.complete("ns/a", &other_target, 0, 0, at, &ok(1)),
+        Folded::Stale
+    );
+    assert_eq!(p.state("ns/a"), None);
+    p.sync([], 1000);
+    assert!(p.is_empty());
+    assert_eq!(p.complete("ns/a", &old, 0, 0, at, &ok(1)), Folded::Gone);
+    assert!(p.due(u64::MAX / 2, 10).is_empty());
+}
+
+#[test]
+fn only_a_new_verdict_is_news() {
+    struct Case {
+        name: &'static str,
+        change: Change,
+        want: bool,
+    }
+    let cases = [
+        Case {
+            name: "the first result",
+            change: Change::First,
+            want: true,
+        },
+        Case {
+            name: "a flip",
+            change: Change::Flip,
+            want: true,
+        },
+        Case {
+            name: "only the latency moved",
+            change: Change::Latency,
+            want: false,
+        },
+    ];
+    for c in cases {
+        let v = Verdict {
+            uid: "u1".into(),
+            change: c.change,
+            report: HealthReport {
+                healthy: true,
+                latency_ms: 1,
+                probed_at: Utc::now(),
+                message: String::new(),
+            },
+        };
+        assert_eq!(v.is_news(), c.want, "{}", c.name);
+    }
+}

@@ -1,0 +1,156 @@
+//! The operator's one registry: every subsystem's families registered in
+//! one order, the handles that write into them, and the Proxy phase gauge
+//! (counted from the shared cache, which this composition root owns).
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use crate::controller::metrics::ReconcileMetrics;
+use crate::discovery::metrics::DiscoveryMetrics;
+use crate::gc::metrics::GcMetrics;
+use crate::health::metrics::HealthMetrics;
+use crate::metrics::{Exposition, Registrar, Scraped};
+use crate::provider::metrics::ProviderMetrics;
+use crate::providerhealth::metrics::ProviderHealthMetrics;
+
+/// The operator's registry and the handles that write into it.
+#[derive(Clone)]
+pub struct Metrics {
+    exposition: Exposition,
+    /// Provider call series.
+    pub provider: ProviderMetrics,
+    /// Reconcile series.
+    pub reconcile: ReconcileMetrics,
+    /// Health probe series.
+    pub health: HealthMetrics,
+    /// Discovery and lease API series, and the active leases.
+    pub discovery: DiscoveryMetrics,
+    /// Orphan GC series.
+    pub gc: GcMetrics,
+    /// Provider check gauges.
+    pub provider_health: ProviderHealthMetrics,
+    /// Proxies by phase.
+    pub phases: PhaseGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every series registered. The order is the
+    /// exposition's: registered families first, then the scrape-time
+    /// collectors (phases, active leases, provider checks).
+    pub fn new() -> Self {
+        let mut registry = Registrar::new();
+        // A collector: it prints after every family, first among collectors.
+        let phases = PhaseGauge::register(&mut registry);
+        let provider = ProviderMetrics::register(&mut registry);
+        let reconcile = ReconcileMetrics::register(&mut registry);
+        let health = HealthMetrics::register(&mut registry);
+        let discovery = DiscoveryMetrics::register(&mut registry);
+        let gc = GcMetrics::register(&mut registry);
+        let provider_health = ProviderHealthMetrics::register(&mut registry);
+        Metrics {
+            exposition: registry.finish(),
+            provider,
+            reconcile,
+            health,
+            discovery,
+            gc,
+            provider_health,
+            phases,
+        }
+    }
+
+    /// The registry, for the `/metrics` server.
+    pub fn exposition(&self) -> &Exposition {
+        &self.exposition
+    }
+
+    /// See [`Exposition::family_names`].
+    pub fn family_names(&self) -> &[&'static str] {
+        self.exposition.family_names()
+    }
+
+    /// See [`Exposition::encode`].
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.exposition.encode()
+    }
+
+    /// See [`Exposition::encode_prometheus_text`].
+    pub fn encode_prometheus_text(&self) -> Result<String, std::fmt::Error> {
+        self.exposition.encode_prometheus_text()
+    }
+}
+
+const PROXIES: &str = "proxy_operator_proxies";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+/// `proxy_operator_proxies{phase}`, counted at each scrape; it prints
+/// nothing until its source is set.
+#[derive(Clone, Debug)]
+pub struct PhaseGauge(Scraped<Vec<(String, i64)>>);
+
+impl PhaseGauge {
+    fn register(registry: &mut Registrar) -> Self {
+        let gauge = PhaseGauge(Scraped::default());
+        registry.register_collector(&[PROXIES], gauge.clone());
+        gauge
+    }
+
+    /// Where the counts by `status.phase` are read from (the Proxy cache).
+    pub fn set_phases(&self, f: impl Fn() -> Vec<(String, i64)> + Send + Sync + 'static) {
+        self.0.set(f);
+    }
+}
+
+impl Collector for PhaseGauge {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(phases) = self.0.read() else {
+            return Ok(());
+        };
+        let mut m = encoder.encode_descriptor(
+            PROXIES,
+            "Proxies by status.phase",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (phase, n) in phases {
+            ConstGauge::new(n).encode(m.encode_family(&PhaseLabels { phase })?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scrape_time_gauges_follow_their_sources() {
+        let m = Metrics::new();
+        let empty = m.encode().unwrap();
+        assert!(empty.contains("proxy_operator_leases_active 0"), "{empty}");
+        assert!(!empty.contains("proxy_operator_proxies"), "{empty}");
+        m.phases
+            .set_phases(|| vec![("Ready".into(), 2), ("Pending".into(), 1)]);
+        m.discovery.set_leases(|| 3);
+        let text = m.encode().unwrap();
+        for want in [
+            "proxy_operator_proxies{phase=\"Ready\"} 2",
+            "proxy_operator_proxies{phase=\"Pending\"} 1",
+            "proxy_operator_leases_active 3",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+    }
+}

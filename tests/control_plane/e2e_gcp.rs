@@ -1,0 +1,185 @@
+//! System test: a Proxy on a gcp provider whose endpoint is the local
+//! Compute REST stand-in, reconciled by the real operator binary on the real
+//! test cluster (control plane only, the test's namespace), through the real
+//! google-cloud-compute-v1 client.
+#![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::gcp_standin;
+use crate::support;
+
+use support::{eventually, Operator};
+
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use gcp_standin::{StandIn, ZONE};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+fn proxy(name: &str, placement: serde_json::Value, port: i32) -> Proxy {
+    support::proxy(
+        name,
+        json!({
+            "provider": "gcp-eu",
+            "port": port,
+            "placement": placement,
+            "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
+        }),
+    )
+}
+
+fn placement() -> serde_json::Value {
+    json!({"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"})
+}
+
+fn condition(p: &Proxy) -> Option<(String, String)> {
+    support::condition(p, "Provisioned").map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
+    let ground = support::ground_without_pods("gcp").await;
+    let standin = StandIn::start().await;
+    standin.with(|st| st.running_after_gets = 1);
+    let dir = tempfile::tempdir().unwrap();
+    let providers = format!(
+        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+        standin.url
+    );
+    let _op = Operator::spawn(
+        ground.operator(dir.path(), &providers),
+        &dir.path().join("operator.log"),
+    );
+    let proxies: Api<Proxy> = ground.proxies();
+
+    // Created, then Running with the stand-in's external IP.
+    proxies
+        .create(&PostParams::default(), &proxy("g1", placement(), 3128))
+        .await
+        .unwrap();
+    let running = eventually("Running", Duration::from_secs(60), || async {
+        let p = proxies.get("g1").await.ok()?;
+        let s = p.status.as_ref()?;
+        (s.phase.map(|x| x.as_str()) == Some("Running")).then(|| p.clone())
+    })
+    .await;
+    let status = running.status.clone().unwrap();
+    let ip = status.ip.clone().unwrap();
+    assert!(ip.starts_with("127.0.0."), "{ip}");
+    let id = status.provider_id.clone().unwrap();
+    assert!(
+        id.starts_with(&format!("zones/{ZONE}/instances/proxy-")),
+        "{id}"
+    );
+    // A repeated insert (a reconcile that read a stale cache) is absorbed by
+    // create's idempotency: still one instance.
+    assert_eq!(standin.instance_count(), 1);
+    let inserts_before = standin.count("POST", "/instances");
+
+    // A spec change replaces the instance: deleted, then inserted again.
+    proxies
+        .patch(
+            "g1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3129}})),
+        )
+        .await
+        .unwrap();
+    eventually("replaced and Running", Duration::from_secs(60), || async {
+        let p = proxies.get("g1").await.ok()?;
+        let deleted = standin.count("DELETE", "/instances/") >= 1;
+        let reinserted = standin.count("POST", "/instances") > inserts_before;
+        (deleted && reinserted && p.status.as_ref()?.phase.map(|x| x.as_str()) == Some("Running"))
+            .then_some(())
+    })
+    .await;
+    assert!(standin.count("DELETE", "/instances/") >= 1);
+    assert_eq!(standin.instance_count(), 1);
+
+    // A placement the provider refuses: Failed, naming the field.
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy(
+                "nozone",
+                json!({"machineType": "e2-micro", "image": "x"}),
+                3128,
+            ),
+        )
+        .await
+        .unwrap();
+    let p = eventually("Failed", Duration::from_secs(30), || async {
+        let p = proxies.get("nozone").await.ok()?;
+        (p.status.as_ref()?.phase.map(|x| x.as_str()) == Some("Failed")).then_some(p)
+    })
+    .await;
+    let (reason, message) = condition(&p).unwrap();
+    assert_eq!(reason, "PermanentError");
+    assert!(message.contains("placement.zone"), "{message}");
+    // Editing the spec lifts the latch: now it is created.
+    proxies
+        .patch(
+            "nozone",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"placement": {"zone": ZONE}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "created after the edit",
+        Duration::from_secs(30),
+        || async {
+            let p = proxies.get("nozone").await.ok()?;
+            p.status.as_ref()?.provider_id.is_some().then_some(())
+        },
+    )
+    .await;
+
+    // An insert the API accepts but fails later: its reason reaches status.
+    standin.with(|st| {
+        st.fail_next_insert_op = Some((
+            "RESOURCE_NOT_FOUND".into(),
+            "image family ubuntu-9999 not found".into(),
+        ))
+    });
+    proxies
+        .create(&PostParams::default(), &proxy("badimg", placement(), 3128))
+        .await
+        .unwrap();
+    let p = eventually(
+        "the async failure in status",
+        Duration::from_secs(40),
+        || async {
+            let p = proxies.get("badimg").await.ok()?;
+            let (reason, message) = condition(&p)?;
+            (reason == "PermanentError").then_some(message)
+        },
+    )
+    .await;
+    assert!(p.contains("image family ubuntu-9999 not found"), "{p}");
+
+    // Deleting the Proxy deletes its instance.
+    for name in ["g1", "nozone", "badimg"] {
+        proxies
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually("Proxies gone", Duration::from_secs(60), || async {
+        proxies
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        standin.instance_count(),
+        0,
+        "every instance deleted with its Proxy"
+    );
+}

@@ -1,0 +1,15 @@
+//! One test binary for control plane tests (linking dominates CI time, so
+//! related files share a binary, and a cluster when they need one).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+#[path = "../gcp_standin/mod.rs"]
+mod gcp_standin;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster_kubectl;
+mod e2e_gcp;
+mod e2e_leader;
+mod gc_sweep;
+mod manifests;
+mod providerhealth_writer;

@@ -1,0 +1,14 @@
+//! One test binary for e2e tests (linking dominates CI time, so
+//! related files share a binary, and a cluster when they need one).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod e2e_crash;
+mod e2e_gc_health;
+mod e2e_health;
+mod e2e_kubernetes;
+/// In-process scenarios of the reconciler on the fake provider, on this
+/// binary's cluster.
+mod reconcile_scenarios;

@@ -1,0 +1,463 @@
+//! Scenario tests of `controller::reconcile` in process: real Proxy objects
+//! on the test cluster's API server (finalizer, annotations and status are
+//! real writes), the in-memory fake provider behind the registry, and a
+//! health source the test sets. Each pass is one call of `reconcile`, so a
+//! scenario steps through a Proxy's life without polling a process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_proxies_operator::api::health::{HealthReport, HealthSource};
+use egress_proxies_operator::api::Proxy;
+use egress_proxies_operator::config::ProvidersConfig;
+use egress_proxies_operator::controller::plan;
+use egress_proxies_operator::controller::reconcile::{error_policy, reconcile};
+use egress_proxies_operator::controller::{Context, Error};
+use egress_proxies_operator::operator::Metrics;
+use egress_proxies_operator::provider::fake::FakeProvider;
+use egress_proxies_operator::provider::registry::Registry;
+use egress_proxies_operator::provider::{ErrorClass, Op, Provider};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::support::{self, condition, phase};
+
+/// What the health engine would say, set by the test.
+#[derive(Default)]
+struct Verdicts(Mutex<HashMap<(String, String), HealthReport>>);
+
+impl Verdicts {
+    /// No verdict, as the engine has none while nothing runs to probe.
+    fn clear(&self, p: &Proxy) {
+        self.0
+            .lock()
+            .unwrap()
+            .remove(&(p.name_any(), p.uid().unwrap()));
+    }
+
+    fn set(&self, p: &Proxy, healthy: bool, message: &str) {
+        let report = HealthReport {
+            healthy,
+            latency_ms: 12,
+            probed_at: chrono::Utc::now(),
+            message: message.into(),
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .insert((p.name_any(), p.uid().unwrap()), report);
+    }
+}
+
+impl HealthSource for Verdicts {
+    fn verdict(&self, namespace: &str, name: &str, uid: &str) -> Option<bool> {
+        self.report(namespace, name, uid).map(|r| r.healthy)
+    }
+
+    fn report(&self, _namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
+        let v = self.0.lock().unwrap();
+        v.get(&(name.to_string(), uid.to_string())).cloned()
+    }
+}
+
+/// One scenario's world: a namespace, the fake behind a provider named
+/// `fake`, the verdicts, and the context every pass shares.
+struct Scenario {
+    fake: FakeProvider,
+    health: Arc<Verdicts>,
+    ctx: Arc<Context>,
+    proxies: Api<Proxy>,
+}
+
+impl Scenario {
+    async fn new(prefix: &str) -> Scenario {
+        Scenario::with(prefix, FakeProvider::new("fake")).await
+    }
+
+    async fn with(prefix: &str, fake: FakeProvider) -> Scenario {
+        // No jitter: each pass's requeue is exactly the plan's.
+        Scenario::jittered(prefix, fake, 0.0).await
+    }
+
+    /// A scenario whose requeue jitter is always `unit`.
+    async fn jittered(prefix: &str, fake: FakeProvider, unit: f64) -> Scenario {
+        let ground = support::ground(prefix).await;
+        let cfg =
+            ProvidersConfig::from_slice(b"providers:\n  - name: fake\n    type: kubernetes\n")
+                .unwrap();
+        let metrics = Metrics::new();
+        let f = fake.clone();
+        let registry = Registry::build(&cfg, &metrics.provider, |_| {
+            let p: Arc<dyn Provider> = Arc::new(f.clone());
+            Ok(p)
+        })
+        .unwrap();
+        let health = Arc::new(Verdicts::default());
+        let source: Arc<dyn HealthSource> = health.clone();
+        let ctx = Arc::new(
+            Context::new(
+                ground.client.clone(),
+                registry,
+                ground.ns.clone(),
+                Some(source),
+            )
+            .with_random(Arc::new(plan::Fixed(unit))),
+        );
+        Scenario {
+            fake,
+            health,
+            ctx,
+            proxies: ground.proxies(),
+        }
+    }
+
+    async fn create(&self, name: &str, spec: serde_json::Value) -> Proxy {
+        self.proxies
+            .create(&PostParams::default(), &support::proxy(name, spec))
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, name: &str) -> Proxy {
+        self.proxies.get(name).await.unwrap()
+    }
+
+    /// Merges `spec` into the Proxy's spec (a new generation).
+    async fn edit_spec(&self, name: &str, spec: serde_json::Value) {
+        self.proxies
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// One reconcile of the Proxy as the API server has it now.
+    async fn pass(&self, name: &str) -> Result<Action, Error> {
+        reconcile(Arc::new(self.get(name).await), self.ctx.clone()).await
+    }
+
+    /// A pass that must succeed.
+    async fn ok(&self, name: &str) -> Action {
+        match self.pass(name).await {
+            Ok(a) => a,
+            Err(e) => panic!("reconcile of {name} failed: {e}"),
+        }
+    }
+
+    /// Passes until `done` holds for the Proxy (at most `max`); returns it
+    /// and the last pass's action.
+    async fn until(
+        &self,
+        name: &str,
+        max: usize,
+        done: impl Fn(&Proxy) -> bool,
+    ) -> (Proxy, Action) {
+        for _ in 0..max {
+            let action = self.ok(name).await;
+            let p = self.get(name).await;
+            if done(&p) {
+                return (p, action);
+            }
+        }
+        panic!(
+            "{name} did not get there in {max} passes: {:?}",
+            self.get(name).await.status
+        );
+    }
+
+    /// A new Proxy taken to Running: finalizer, create, provisioning, running.
+    async fn running(&self, name: &str) -> Proxy {
+        self.create(name, json!({"provider": "fake", "port": 3128}))
+            .await;
+        self.until(name, 6, |p| phase(p) == Some("Running")).await.0
+    }
+}
+
+fn reason(p: &Proxy, type_: &str) -> Option<(String, String)> {
+    condition(p, type_).map(|c| (c.status.as_str().to_string(), c.reason.clone()))
+}
+
+fn pair(status: &str, reason: &str) -> Option<(String, String)> {
+    Some((status.to_string(), reason.to_string()))
+}
+
+fn provider_id(p: &Proxy) -> String {
+    p.status.as_ref().unwrap().provider_id.clone().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_create_running_ready() {
+    let s = Scenario::new("sc-ready").await;
+    s.create("p", json!({"provider": "fake", "port": 3128}))
+        .await;
+
+    // The finalizer comes first, before any provider call.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::REQUEUE_NOW));
+    let p = s.get("p").await;
+    assert!(p
+        .finalizers()
+        .iter()
+        .any(|f| f == "crawl.example.com/finalizer"));
+    assert_eq!(s.fake.calls(Op::Create), 0);
+
+    // Created, then booting.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::REQUEUE_NOW));
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Provisioning"));
+    assert_eq!(reason(&p, "Provisioned"), pair("False", "Creating"));
+    assert!(p.annotations().contains_key("crawl.example.com/spec-hash"));
+    assert_eq!(s.fake.calls(Op::Create), 1);
+    assert_eq!(s.ok("p").await, Action::requeue(plan::PROVISIONING_POLL));
+
+    // Running with the fake's address, not Ready without a verdict.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::RUNNING_RESYNC));
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"));
+    assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+    let ip = p.status.as_ref().unwrap().ip.clone().unwrap();
+    assert!(ip.starts_with("192.0.2."), "{ip}");
+
+    // A healthy verdict makes it Ready; a failing one takes it back.
+    s.health.set(&p, true, "probe passed");
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Ready"));
+    assert_eq!(reason(&p, "Healthy"), pair("True", "ProbeSucceeded"));
+    assert_eq!(p.status.as_ref().unwrap().latency_millis, Some(12));
+    s.health.set(&p, false, "connecting to the proxy: refused");
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"));
+    assert_eq!(reason(&p, "Healthy"), pair("False", "ProbeFailed"));
+    assert_eq!(
+        condition(&p, "Healthy").unwrap().message,
+        "connecting to the proxy: refused"
+    );
+    assert_eq!(s.fake.calls(Op::Create), 1, "one instance all along");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_vanished_instance_is_replaced() {
+    let s = Scenario::new("sc-vanish").await;
+    let p = s.running("p").await;
+    s.health.set(&p, true, "probe passed");
+    s.ok("p").await;
+    assert_eq!(phase(&s.get("p").await), Some("Ready"));
+
+    assert!(s.fake.vanish(&provider_id(&p)));
+    // The same pass sees it gone and creates the replacement; the old
+    // verdict no longer counts.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::REQUEUE_NOW));
+    let p = s.get("p").await;
+    assert_eq!(s.fake.calls(Op::Create), 2);
+    assert_eq!(phase(&p), Some("Provisioning"));
+    assert_eq!(reason(&p, "Healthy"), pair("Unknown", "AwaitingProbe"));
+    assert_eq!(s.fake.instances().len(), 1);
+    s.health.clear(&p);
+    s.until("p", 4, |p| phase(p) == Some("Running")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_spec_change_replaces_the_instance() {
+    let s = Scenario::new("sc-spec").await;
+    let p = s.running("p").await;
+    let old_hash = p.annotations()["crawl.example.com/spec-hash"].clone();
+
+    s.edit_spec("p", json!({"port": 3129})).await;
+    // The old instance is deleted first.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::DELETION_POLL));
+    let p = s.get("p").await;
+    assert_eq!(s.fake.calls(Op::Delete), 1);
+    assert_eq!(phase(&p), Some("Provisioning"));
+    let cond = condition(&p, "Provisioned").unwrap();
+    assert_eq!(cond.message, "spec changed: replacing the instance");
+    assert!(p.status.as_ref().unwrap().delete_requested_at.is_some());
+
+    // Once it is gone, the new one is created under the new hash.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::REQUEUE_NOW));
+    let p = s.get("p").await;
+    assert_eq!(s.fake.calls(Op::Create), 2);
+    assert_ne!(p.annotations()["crawl.example.com/spec-hash"], old_hash);
+    assert!(p.status.as_ref().unwrap().delete_requested_at.is_none());
+    s.until("p", 4, |p| phase(p) == Some("Running")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_permanent_error_fails_and_latches() {
+    let s = Scenario::new("sc-perm").await;
+    s.fake.fail_next_with(
+        Op::Create,
+        1,
+        ErrorClass::Permanent,
+        "placement.zone \"mars-1\" is not offered",
+    );
+    s.create("p", json!({"provider": "fake", "port": 3128}))
+        .await;
+    let (p, action) = s.until("p", 3, |p| phase(p) == Some("Failed")).await;
+    assert_eq!(action, Action::await_change());
+    let cond = condition(&p, "Provisioned").unwrap();
+    assert_eq!(cond.reason, "PermanentError");
+    assert!(
+        cond.message
+            .contains("placement.zone \"mars-1\" is not offered"),
+        "{}",
+        cond.message
+    );
+    assert_eq!(cond.observed_generation, p.metadata.generation);
+
+    // Latched: no further provider call at this generation.
+    assert_eq!(s.ok("p").await, Action::await_change());
+    assert_eq!(s.fake.calls(Op::Create), 1);
+
+    // An edit lifts the latch.
+    s.edit_spec("p", json!({"port": 3129})).await;
+    s.until("p", 4, |p| phase(p) == Some("Running")).await;
+    assert_eq!(s.fake.calls(Op::Create), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_transient_error_is_retried() {
+    let s = Scenario::new("sc-transient").await;
+    s.fake.fail_next(Op::Create, 1, ErrorClass::Transient);
+    let proxy = s
+        .create("p", json!({"provider": "fake", "port": 3128}))
+        .await;
+    s.ok("p").await; // the finalizer
+    let err = match s.pass("p").await {
+        Err(e) => e,
+        Ok(a) => panic!("a transient create failure must be an error, got {a:?}"),
+    };
+    assert!(matches!(&err, Error::Provider(e) if e.class() == ErrorClass::Transient));
+    // Retried with backoff; the status says nothing failed for good.
+    assert_eq!(
+        error_policy(Arc::new(proxy), &err, s.ctx.clone()),
+        Action::requeue(Duration::from_millis(5))
+    );
+    let p = s.get("p").await;
+    assert_ne!(phase(&p), Some("Failed"));
+    assert!(p
+        .status
+        .as_ref()
+        .and_then(|st| st.provider_id.clone())
+        .is_none());
+
+    // The retry creates it.
+    s.until("p", 4, |p| phase(p) == Some("Running")).await;
+    assert_eq!(s.fake.calls(Op::Create), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_deletion_deletes_the_instance_then_releases() {
+    let s = Scenario::new("sc-delete").await;
+    s.running("p").await;
+    assert_eq!(s.fake.instances().len(), 1);
+    s.proxies
+        .delete("p", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Held by the finalizer while the instance is deleted.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::DELETION_POLL));
+    let p = s.get("p").await;
+    assert!(p.metadata.deletion_timestamp.is_some());
+    assert_eq!(s.fake.calls(Op::Delete), 1);
+    assert!(s.fake.instances().is_empty());
+    // Gone: the finalizer goes, and with it the Proxy.
+    assert_eq!(s.ok("p").await, Action::await_change());
+    assert!(s.proxies.get_opt("p").await.unwrap().is_none());
+    assert_eq!(s.fake.calls(Op::Delete), 1, "no second delete");
+}
+
+/// What the Kubernetes API server says when RBAC refuses the operator.
+const FORBIDDEN: &str = "pods \"proxy-x\" is forbidden: User \"system:serviceaccount:ops:controller\" cannot get resource \"pods\" in the namespace \"default\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_an_unavailable_provider_keeps_a_ready_proxy_serving() {
+    let s = Scenario::new("sc-unavail").await;
+    let p = s.running("p").await;
+    s.health.set(&p, true, "probe passed");
+    s.ok("p").await;
+    assert_eq!(phase(&s.get("p").await), Some("Ready"));
+
+    // The credentials are revoked: every get is refused.
+    s.fake
+        .fail_next_with(Op::Get, 2, ErrorClass::Unavailable, FORBIDDEN);
+    assert_eq!(
+        s.ok("p").await,
+        Action::requeue(plan::UNAVAILABLE_RETRY_MIN),
+        "not an error, not a latch: a slow retry"
+    );
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Ready"), "still serving while probes pass");
+    assert_eq!(reason(&p, "Healthy"), pair("True", "ProbeSucceeded"));
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+    let message = condition(&p, "Provisioned").unwrap().message.clone();
+    assert!(
+        message.contains("cannot be observed") && message.contains(FORBIDDEN),
+        "{message}"
+    );
+    assert!(!message.contains("Status {"), "{message}");
+
+    // Still refused, and now the probes fail too: out of the pool, but
+    // not Failed.
+    s.health.set(&p, false, "connecting to the proxy: refused");
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"));
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+
+    // Credentials restored: the next pass recovers with no edit.
+    s.health.set(&p, true, "probe passed");
+    assert_eq!(s.ok("p").await, Action::requeue(plan::RUNNING_RESYNC));
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Ready"));
+    assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+    assert_eq!(s.fake.calls(Op::Create), 1, "the instance was kept");
+    assert_eq!(s.fake.calls(Op::Delete), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_permanent_get_never_latches() {
+    let s = Scenario::new("sc-permget").await;
+    s.running("p").await;
+    s.fake.fail_next_with(
+        Op::Get,
+        1,
+        ErrorClass::Permanent,
+        "malformed providerID \"x\"",
+    );
+    s.ok("p").await;
+    let p = s.get("p").await;
+    assert_eq!(phase(&p), Some("Running"), "not Failed");
+    assert_eq!(
+        reason(&p, "Provisioned"),
+        pair("Unknown", "ProviderUnavailable")
+    );
+    // The next pass asks again and finds it running.
+    assert_eq!(s.ok("p").await, Action::requeue(plan::RUNNING_RESYNC));
+    let p = s.get("p").await;
+    assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_requeues_are_jittered() {
+    let s = Scenario::jittered("sc-jitter", FakeProvider::new("fake"), 1.0).await;
+    s.create("p", json!({"provider": "fake", "port": 3128}))
+        .await;
+    assert_eq!(
+        s.ok("p").await,
+        Action::requeue(plan::jitter(plan::REQUEUE_NOW, 1.0))
+    );
+    assert!(plan::jitter(plan::REQUEUE_NOW, 1.0) < plan::REQUEUE_NOW);
+}

@@ -1,0 +1,324 @@
+//! Probes through a real Squid on 127.0.0.1 (skipped with a message when
+//! /usr/sbin/squid is absent): an http target by forward request, an
+//! https target through CONNECT + TLS with a test CA, and the ways a probe
+//! must fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::read_head;
+
+use egress_proxies_operator::health::probe::{probe, tls_config, ProbeTarget};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use url::Url;
+
+const SQUID: &str = "/usr/sbin/squid";
+
+/// A squid process; killed (and its shared memory removed) when dropped.
+struct Squid {
+    child: Child,
+    port: u16,
+    service: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+            for e in dir.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}-", self.service))
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start_squid(tag: &str, access: &str) -> Squid {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("probe-squid-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let port = free_port();
+    let d = dir.path().display();
+    let conf = format!(
+        "http_port 127.0.0.1:{port}\n\
+acl me src 127.0.0.0/8\n\
+{access}\n\
+http_access deny all\n\
+pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
+coredump_dir {d}\ncache deny all\ncache_mem 8 MB\nicp_port 0\nhtcp_port 0\npinger_enable off\n\
+shutdown_lifetime 0 seconds\nvisible_hostname probe-test\nvia off\nforwarded_for delete\n"
+    );
+    let path = dir.path().join("squid.conf");
+    std::fs::write(&path, conf).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let service = format!("hp{}{tag}", std::process::id());
+    let child = Command::new(SQUID)
+        .args(["-N", "-n", &service, "-f"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let squid = Squid {
+        child,
+        port,
+        service,
+        _dir: dir,
+    };
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return squid;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("squid did not listen on {port} within 10s");
+}
+
+/// A tiny HTTP server answering `status` to every request, recording the
+/// request heads; stops when the test's runtime ends.
+async fn http_target(status: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let head = read_head(&mut c).await;
+                s.lock().unwrap().push(head);
+                let _ = c
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A TLS server for 127.0.0.1 signed by a fresh CA; returns its address
+/// and the CA PEM.
+async fn tls_target() -> (SocketAddr, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "probe test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(c).await {
+                    let _ = read_head(&mut tls).await;
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                        .await;
+                    let _ = tls.shutdown().await;
+                }
+            });
+        }
+    });
+    (addr, ca_cert.pem())
+}
+
+fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
+    ProbeTarget {
+        proxy_host: "127.0.0.1".into(),
+        proxy_port: port,
+        url: Url::parse(url).unwrap(),
+        expected_status: expected,
+        timeout: Duration::from_secs(3),
+    }
+}
+
+/// Squid is required: a missing one fails the test with the reason.
+fn squid_absent() -> bool {
+    assert!(
+        std::path::Path::new(SQUID).exists(),
+        "{SQUID} is missing: install it (apt-get install squid); .ci/run does"
+    );
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_pass_through_squid_to_http_and_https_targets() {
+    if squid_absent() {
+        return;
+    }
+    let squid = start_squid("ok", "http_access allow me").await;
+    let (http, seen) = http_target(204).await;
+    let (https, ca_pem) = tls_target().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let tls = tls_config(Some(&ca)).unwrap();
+    let plain_tls = tls_config(None).unwrap();
+
+    // (what, url, expected, tls config, failure reason)
+    let http_url = format!("http://{http}/generate_204?x=1");
+    let https_url = format!("https://{https}/generate_204");
+    let cases = [
+        ("http through squid", http_url.clone(), 204, &tls, None),
+        (
+            "http wrong status",
+            http_url.clone(),
+            200,
+            &tls,
+            Some("status"),
+        ),
+        (
+            "https through CONNECT with the test CA",
+            https_url.clone(),
+            204,
+            &tls,
+            None,
+        ),
+        (
+            "https wrong status",
+            https_url.clone(),
+            200,
+            &tls,
+            Some("status"),
+        ),
+        (
+            "https without the test CA",
+            https_url.clone(),
+            204,
+            &plain_tls,
+            Some("tls"),
+        ),
+    ];
+    for (what, url, expected, cfg, failure) in cases {
+        let r = probe(&target(squid.port, &url, expected), cfg).await;
+        assert_eq!(r.ok, failure.is_none(), "{what}: {r:?}");
+        assert_eq!(
+            r.error.as_ref().map(|e| e.reason()),
+            failure,
+            "{what}: {r:?}"
+        );
+        assert!(r.latency < Duration::from_secs(3), "{what}: {r:?}");
+    }
+    let heads = seen.lock().unwrap().clone();
+    assert!(!heads.is_empty());
+    for h in &heads {
+        let lower = h.to_ascii_lowercase();
+        assert!(lower.starts_with("get /generate_204?x=1 http/1.1"), "{h}");
+        assert!(
+            !lower.contains("traceparent")
+                && !lower.contains("tracestate")
+                && !lower.contains("baggage"),
+            "{h}"
+        );
+    }
+    drop(squid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_squid_that_denies_everything_is_unhealthy() {
+    if squid_absent() {
+        return;
+    }
+    let squid = start_squid("deny", "").await;
+    let (http, _) = http_target(204).await;
+    let (https, ca_pem) = tls_target().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let tls = tls_config(Some(&ca)).unwrap();
+    let r = probe(&target(squid.port, &format!("http://{http}/"), 204), &tls).await;
+    assert!(!r.ok, "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("403"), "{r:?}");
+    assert_eq!(e.reason(), "status", "{r:?}");
+    let r = probe(&target(squid.port, &format!("https://{https}/"), 204), &tls).await;
+    assert!(!r.ok, "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert!(
+        e.to_string().contains("refused CONNECT with status 403"),
+        "{r:?}"
+    );
+    assert_eq!(e.reason(), "proxy_refused", "{r:?}");
+}
+
+#[tokio::test]
+async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
+    // Accepts and holds connections without a byte in return.
+    let sink = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = sink.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = sink.accept().await {
+            held.push(c);
+        }
+    });
+    let tls = tls_config(None).unwrap();
+    let mut t = target(port, "http://127.0.0.1:9/", 204);
+    t.timeout = Duration::from_millis(500);
+    let r = probe(&t, &tls).await;
+    assert!(!r.ok);
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("timed out"), "{r:?}");
+    assert_eq!(e.reason(), "timeout", "{r:?}");
+    assert!(r.latency < Duration::from_secs(2));
+    let mut t = target(port, "https://127.0.0.1:9/", 204);
+    t.timeout = Duration::from_millis(500);
+    assert!(!probe(&t, &tls).await.ok);
+    // Nothing listening at all.
+    let r = probe(&target(free_port(), "http://127.0.0.1:9/", 204), &tls).await;
+    let e = r.error.as_ref().unwrap();
+    assert!(e.to_string().contains("connecting to the proxy"), "{r:?}");
+    assert_eq!(e.reason(), "refused", "{r:?}");
+}

@@ -1,0 +1,144 @@
+//! The image (Dockerfile) cannot be built here: no Docker engine runs on
+//! these machines. What can be checked is checked: the runtime stage is a
+//! shell-less base running as 65532 with the release binary as entrypoint,
+//! and the library set `make runtime-libs` copies into it is complete:
+//! the binary runs with nothing else on its library path.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::support;
+
+use std::process::Command;
+use support::repo;
+
+#[test]
+fn the_runtime_stage_is_minimal_and_non_root() {
+    let df = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = df.split("\nFROM ").collect();
+    let last = stages.last().unwrap();
+    assert!(last.starts_with("gcr.io/distroless/cc-debian12"), "{last}");
+    let build = stages[stages.len() - 2];
+    assert!(build.contains("cargo build --release --locked --bin egress-proxies-operator"));
+    assert!(build
+        .contains("make runtime-libs BIN=target/release/egress-proxies-operator DEST=/runtime"));
+    // Same Debian release in both stages, so the copied glibc matches.
+    assert!(build.contains("bookworm") && last.contains("debian12"));
+    assert!(last.contains("USER 65532:65532"));
+    assert!(last.contains("ENTRYPOINT [\"/usr/local/bin/egress-proxies-operator\"]"));
+    assert!(
+        !last.contains("RUN "),
+        "nothing runs in the runtime stage (it has no shell)"
+    );
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l == "target/"));
+    // The Rust version of the build stage is the one this repository builds with.
+    let rustc = Command::new("rustc").arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&rustc.stdout);
+    let minor = version
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_string();
+    assert!(
+        build.contains(&format!("rust:{minor}-bookworm")),
+        "build stage should use rust:{minor}"
+    );
+}
+
+#[test]
+fn the_copied_libraries_are_all_the_binary_needs() {
+    let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    let out = Command::new("make")
+        .arg("-s")
+        .arg("runtime-libs")
+        .arg(format!("BIN={bin}"))
+        .arg(format!("DEST={}", root.display()))
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    if cfg!(feature = "kvm") {
+        assert!(names.iter().any(|n| n == "libvirt.so.0"), "{names:?}");
+    }
+    let bytes: u64 = files.iter().map(|p| p.metadata().unwrap().len()).sum();
+    println!(
+        "{} libraries, {:.1} MiB",
+        files.len(),
+        bytes as f64 / 1048576.0
+    );
+    let loader = files
+        .iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ld-linux")
+        })
+        .expect("the dynamic loader is copied");
+    let lib_dirs: Vec<String> = files
+        .iter()
+        .filter(|p| p != &loader)
+        .map(|p| p.parent().unwrap().display().to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+    )
+    .unwrap();
+    // Only the copied set: no ld.so.cache, and LD_DEBUG shows where each
+    // library came from (the loader would fall back to /lib silently).
+    let out = Command::new(loader)
+        .args(["--inhibit-cache", "--library-path", &lib_dirs.join(":")])
+        .arg(bin)
+        .arg("--providers-config")
+        .arg(&providers)
+        .arg("--check-config")
+        .env_clear()
+        .env("LD_DEBUG", "libs")
+        .output()
+        .unwrap();
+    let debug = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}{debug}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let loaded: Vec<&str> = debug
+        .lines()
+        .filter_map(|l| l.split("calling init: ").nth(1))
+        .collect();
+    assert!(loaded.len() > 3, "{debug}");
+    let root = root.display().to_string();
+    let outside: Vec<&&str> = loaded.iter().filter(|p| !p.starts_with(&root)).collect();
+    assert!(
+        outside.is_empty(),
+        "loaded from outside the copied set: {outside:?}"
+    );
+}

@@ -1,0 +1,90 @@
+//! System test: a Proxy on a kvm provider whose host is a local sshd in
+//! front of a real libvirtd (tests/kvm_support), reconciled by the real
+//! operator binary on the real test cluster (control plane only, the test's
+//! namespace).
+#![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::kvm_support;
+use crate::support;
+
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use egress_proxies_operator::provider::naming::name_from_uid;
+use kube::api::{DeleteParams, PostParams};
+use kube::Api;
+use kvm_support::{virsh, Env};
+use serde_json::json;
+use support::{eventually, Operator};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
+    let Some(env) = Env::start("e2e") else { return };
+    let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    let providers = env.providers_yaml("kvm-test", "h1", "test-image", &url);
+    let ground = support::ground_without_pods("kvm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ground.operator(dir.path(), &providers);
+    // The flag wins over the ground's INSTALLATION_ID.
+    cmd.args(["--installation-id", "inst-e2e"]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+
+    let proxies: Api<Proxy> = ground.proxies();
+    let proxy = support::proxy(
+        "k1",
+        json!({
+            "provider": "kvm-test", "port": 3128,
+            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
+            "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
+        }),
+    );
+    let created = proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let domain = name_from_uid(&uid);
+    env.track(&domain);
+
+    let id = eventually(
+        "the instance recorded",
+        Duration::from_secs(180),
+        || async { proxies.get("k1").await.ok()?.status?.provider_id },
+    )
+    .await;
+    assert_eq!(id, format!("hosts/h1/domains/{domain}"));
+    let (ok, state) = virsh(&["domstate", &domain]);
+    assert!(ok && state.trim() == "running", "domain state: {state}");
+    let (_, xml) = virsh(&["dumpxml", &domain]);
+    assert!(
+        xml.contains("type='qemu'") || xml.contains("type=\"qemu\""),
+        "{xml}"
+    );
+    for mark in [
+        "<managed>true</managed>",
+        &format!("<uid>{uid}</uid>"),
+        "<installation>inst-e2e</installation>",
+    ] {
+        assert!(xml.contains(mark), "domain metadata lacks {mark}: {xml}");
+    }
+    let volumes = env.volumes();
+    for v in [format!("{domain}.qcow2"), format!("{domain}-seed.iso")] {
+        assert!(volumes.contains(&v), "pool lacks {v}: {volumes:?}");
+    }
+
+    proxies
+        .delete("k1", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Proxy released", Duration::from_secs(120), || async {
+        proxies.get_opt("k1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.domain_exists(&domain), "the domain must be gone");
+    let volumes = env.volumes();
+    assert!(
+        !volumes.iter().any(|v| v.starts_with(&domain)),
+        "overlay and seed must be gone: {volumes:?}"
+    );
+}

@@ -1,0 +1,128 @@
+//! The base-image cache against a real libvirtd: downloaded once per host
+//! and pool (also across provider instances and concurrent creates),
+//! checksums enforced, HTTP errors classified.
+#![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::kvm_support;
+
+use std::time::{Duration, Instant};
+
+use egress_proxies_operator::config::KvmImage;
+use egress_proxies_operator::provider::kvm::KvmProvider;
+use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
+use kvm_support::{init_logs, uid, Env};
+use sha2::{Digest, Sha256};
+
+fn request(uid: &str, image: &str) -> CreateRequest {
+    kvm_support::request(uid, image, "inst-test")
+}
+
+fn image(url: &str, sha: Option<String>) -> KvmImage {
+    KvmImage {
+        url: url.to_string(),
+        sha256: sha,
+        format: None,
+        firmware: Some("bios".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_image_cached_once_and_checksums_enforced() {
+    init_logs();
+    let Some(env) = Env::start("ic") else { return };
+    let started = Instant::now();
+    let (url, file) = env.serve_qcow2("good.qcow2", "32M");
+    let sum: String = Sha256::digest(std::fs::read(&file).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (conc_url, _) = env.serve_qcow2("conc.qcow2", "32M");
+    let (direct_url, _) = env.serve_qcow2("direct.qcow2", "32M");
+    let mut cfg = env.config();
+    cfg.images
+        .insert("good".into(), image(&url, Some(sum.to_uppercase())));
+    cfg.images.insert("conc".into(), image(&conc_url, None));
+    cfg.images
+        .insert("bad".into(), image(&url, Some("0".repeat(64))));
+    cfg.images.insert(
+        "missing".into(),
+        image(&format!("{}/nope.qcow2", env.http.url), None),
+    );
+
+    let a = KvmProvider::new("kvm-a", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let r = request(&uid(&format!("ic{i}")), "good");
+        env.track(&r.name);
+        ids.push(a.create(&r).await.unwrap());
+    }
+    // Another provider instance on the same host and pool: the pool is the cache.
+    let b = KvmProvider::new("kvm-b", &cfg)
+        .unwrap()
+        // These tests check what create itself returns.
+        .with_create_wait(Duration::from_secs(600));
+    let r = request(&uid("ic-b"), "good");
+    env.track(&r.name);
+    ids.push(b.create(&r).await.unwrap());
+    assert_eq!(
+        env.http.hits("/good.qcow2"),
+        1,
+        "downloaded once per host and pool"
+    );
+
+    // Concurrent creates of a new image: one download.
+    let reqs: Vec<_> = (0..3)
+        .map(|i| request(&uid(&format!("cc{i}")), "conc"))
+        .collect();
+    for r in &reqs {
+        env.track(&r.name);
+    }
+    let results = futures::future::join_all(reqs.iter().map(|r| a.create(r))).await;
+    for r in results {
+        ids.push(r.unwrap());
+    }
+    assert_eq!(
+        env.http.hits("/conc.qcow2"),
+        1,
+        "concurrent creates share one download"
+    );
+
+    // A direct URL is cached under base-<16 hex>.qcow2.
+    let mut r = request(&uid("direct"), &direct_url);
+    r.placement.image = direct_url.clone();
+    env.track(&r.name);
+    let e = a.create(&r).await;
+    // Direct URLs boot UEFI; OVMF is installed, so this starts.
+    ids.push(e.unwrap());
+    assert!(env
+        .volumes()
+        .iter()
+        .any(|v| v.starts_with("base-") && v.len() == "base-".len() + 16 + ".qcow2".len()));
+
+    // Wrong checksum: Permanent, naming the image; nothing left behind.
+    let r = request(&uid("bad"), "bad");
+    let e = a.create(&r).await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("image bad") && msg.contains("sha256"), "{msg}");
+    let vols = env.volumes();
+    assert!(!vols.iter().any(|v| v.starts_with("base-bad")), "{vols:?}");
+
+    // 404: Permanent.
+    let e = a.create(&request(&uid("nf"), "missing")).await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "{e}");
+    assert!(e.to_string().contains("HTTP 404"), "{e}");
+
+    for id in &ids {
+        a.delete(id).await.unwrap();
+    }
+    let vols = env.volumes();
+    assert!(!vols.iter().any(|v| v.starts_with("proxy-")), "{vols:?}");
+    assert!(vols.contains(&"base-good.qcow2".to_string()));
+    assert!(vols.contains(&"base-good.qcow2.sha256".to_string()));
+    eprintln!("image cache test took {:?}", started.elapsed());
+}
