@@ -313,7 +313,8 @@ async fn refusal(b: &dyn Backend, req: &CreateRequest, what: &str) -> ProviderEr
     loop {
         match p.get(&id).await {
             Err(e) => {
-                assert_eq!(e.op(), Op::Get, "{what}: {e}");
+                // Reported as the create's failure, since it is one.
+                assert_eq!(e.op(), Op::Create, "{what}: {e}");
                 return e;
             }
             Ok(i) => assert!(
@@ -528,15 +529,7 @@ async fn errors_are_classified(b: &dyn Backend) {
         produced.is_disjoint(&impossible),
         "classes claimed impossible were produced: {produced:?} {impossible:?}"
     );
-    let all: BTreeSet<String> = [
-        ErrorClass::NotFound,
-        ErrorClass::QuotaExceeded,
-        ErrorClass::Transient,
-        ErrorClass::Permanent,
-    ]
-    .iter()
-    .map(|c| format!("{c:?}"))
-    .collect();
+    let all: BTreeSet<String> = ErrorClass::ALL.iter().map(|c| format!("{c:?}")).collect();
     let covered: BTreeSet<String> = produced.union(&impossible).cloned().collect();
     assert_eq!(
         covered, all,
@@ -628,6 +621,13 @@ impl Backend for Fake {
             ErrorClass::Transient,
             Op::Get,
             p.get(&unknown).await,
+        ));
+        p.fail_next(Op::Delete, 1, ErrorClass::Unavailable);
+        cases.push(ErrorCase::new(
+            "injected refused credentials",
+            ErrorClass::Unavailable,
+            Op::Delete,
+            p.delete(&unknown).await,
         ));
         p.fail_next(Op::Create, 1, ErrorClass::QuotaExceeded);
         let req = plain_request("quota", "default");

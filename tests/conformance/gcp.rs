@@ -82,7 +82,7 @@ impl Backend for Gcp {
         s.inject("get", 403, "forbidden");
         cases.push(ErrorCase::new(
             "get answered 403 forbidden",
-            ErrorClass::Permanent,
+            ErrorClass::Unavailable,
             Op::Get,
             p.get(&known).await,
         ));
@@ -117,9 +117,9 @@ impl Backend for Gcp {
         });
         let id = p.create(&self.request("quota").await).await.unwrap();
         cases.push(ErrorCase::new(
-            "an insert whose operation failed on quota, reported by get",
+            "an insert whose operation failed on quota, reported by get as the create's",
             ErrorClass::QuotaExceeded,
-            Op::Get,
+            Op::Create,
             p.get(&id).await,
         ));
         p.delete(&known).await.unwrap();

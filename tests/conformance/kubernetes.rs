@@ -81,13 +81,30 @@ impl Kube {
             "--user",
             &name,
         ]);
+        (self.impersonating(&name).await, name)
+    }
+
+    /// A client acting as `user`, through the admin's right to impersonate.
+    async fn impersonating(&self, user: &str) -> Client {
         let mut cfg = self.admin_config().await;
-        cfg.auth_info.impersonate = Some(name.clone());
+        cfg.auth_info.impersonate = Some(user.to_string());
         // kube's client retries a 429 (honouring Retry-After) up to 15 times
         // before the provider sees it; the provider's classification of the
         // 429 it is finally handed is what is under test.
         cfg.default_retry = false;
-        (Client::try_from(cfg).unwrap(), name)
+        Client::try_from(cfg).unwrap()
+    }
+
+    /// A create refused by a ResourceQuota of no Pods, in a namespace of its
+    /// own (before the quota controller has counted it, the refusal says
+    /// so, and is QuotaExceeded too).
+    async fn over_quota(&self) -> Result<String, ProviderError> {
+        let g = &self.ground;
+        let ns = g.cluster.namespace(&g.client, "conformance-quota").await;
+        g.cluster
+            .kubectl_ok(&["-n", &ns, "create", "quota", "none", "--hard=pods=0"]);
+        let req = plain_request("quota", &ns);
+        self.provider.create(&req).await
     }
 
     /// A get the API server rejects with 429: while a list of the throttled
@@ -194,6 +211,21 @@ impl Backend for Kube {
             dead.get(&self.id_of("proxy-unknown")).await,
         ));
 
+        let stranger = self
+            .impersonating(&format!("{}-stranger", self.ground.ns))
+            .await;
+        cases.push(ErrorCase::new(
+            "get by a user RBAC refuses (403)",
+            ErrorClass::Unavailable,
+            Op::Get,
+            provider(stranger).get(&self.id_of("proxy-unknown")).await,
+        ));
+        cases.push(ErrorCase::new(
+            "create refused by a ResourceQuota (403 exceeded quota)",
+            ErrorClass::QuotaExceeded,
+            Op::Create,
+            self.over_quota().await,
+        ));
         cases.push(ErrorCase::new(
             "get rejected by priority and fairness (429)",
             ErrorClass::QuotaExceeded,
@@ -204,8 +236,9 @@ impl Backend for Kube {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
-        // None: 404, a 422 and a malformed ID, a refused connection, and a
-        // 429 from priority and fairness are all real answers.
+        // None: 404, a 422 and a malformed ID, a refused connection, an RBAC
+        // 403, a ResourceQuota's 403 and a 429 from priority and fairness
+        // are all real answers.
         Vec::new()
     }
 

@@ -129,6 +129,33 @@ impl Backend for Kvm {
             dead.get(&self.id_of("proxy-unknown")).await,
         ));
 
+        // A key the host's sshd does not accept.
+        let stranger = self.env.dir.path().join("stranger_key");
+        if !stranger.exists() {
+            let (ok, out) = kvm_support::run(
+                "ssh-keygen",
+                &[
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-f",
+                    stranger.to_str().unwrap(),
+                ],
+            );
+            assert!(ok, "ssh-keygen: {out}");
+        }
+        let mut rejected = self.cfg.clone();
+        rejected.ssh_key_file = stranger.display().to_string();
+        let refused_key = KvmProvider::new(NAME, &rejected).unwrap();
+        cases.push(ErrorCase::new(
+            "get with a key the host refuses",
+            ErrorClass::Unavailable,
+            Op::Get,
+            refused_key.get(&self.id_of("proxy-unknown")).await,
+        ));
+
         // A pool too small for the base image: the host's own "no room".
         let tiny = self.tiny.get_or_init(|| {
             self.env
@@ -156,8 +183,9 @@ impl Backend for Kvm {
     }
 
     fn cannot_produce(&self) -> Vec<(ErrorClass, &'static str)> {
-        // None: libvirt's own "no domain", refused SSH and a full pool are
-        // real; malformed IDs and placements are refused before any call.
+        // None: libvirt's own "no domain", refused SSH, a refused key and a
+        // full pool are real; malformed IDs and placements are refused
+        // before any call.
         Vec::new()
     }
 
