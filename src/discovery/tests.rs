@@ -203,6 +203,14 @@ async fn bad_requests_are_json_errors() {
     let big = vec![b' '; BODY_LIMIT + 1];
     let cases: Vec<(&str, &str, Vec<u8>, u16, &str)> = vec![
         ("POST", "/v1/leases", b"{".to_vec(), 400, "malformed_json"),
+        // Whitespace alone is not JSON (only a body of no bytes is none).
+        (
+            "POST",
+            "/v1/leases/x/renew",
+            b"\n".to_vec(),
+            400,
+            "malformed_json",
+        ),
         ("POST", "/v1/leases", b"[1,2]".to_vec(), 422, "invalid_body"),
         (
             "POST",
