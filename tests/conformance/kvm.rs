@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use egress_proxies_operator::config::{KvmConfig, KvmImage};
+use egress_proxies_operator::config::KvmConfig;
 use egress_proxies_operator::provider::kvm::ids::provider_id;
 use egress_proxies_operator::provider::kvm::xml::mark_xml;
 use egress_proxies_operator::provider::kvm::KvmProvider;
@@ -26,15 +26,6 @@ pub struct Kvm {
     provider: KvmProvider,
 }
 
-fn bios(url: String) -> KvmImage {
-    KvmImage {
-        url,
-        sha256: None,
-        format: None,
-        firmware: Some("bios".into()),
-    }
-}
-
 impl Kvm {
     /// None when the kvm parts are missing outside CI (under `CI=true`
     /// `Env::start` fails the test instead).
@@ -42,7 +33,8 @@ impl Kvm {
         let env = Env::start("cf")?;
         let (url, _) = env.serve_qcow2("base.qcow2", "16M");
         let mut cfg = env.config();
-        cfg.images.insert(IMAGE.into(), bios(url));
+        cfg.images
+            .insert(IMAGE.into(), kvm_support::bios_image(url));
         let provider = KvmProvider::new(NAME, &cfg).unwrap();
         Some(Kvm {
             tiny: std::sync::OnceLock::new(),
@@ -132,19 +124,7 @@ impl Backend for Kvm {
         // A key the host's sshd does not accept.
         let stranger = self.env.dir.path().join("stranger_key");
         if !stranger.exists() {
-            let (ok, out) = kvm_support::run(
-                "ssh-keygen",
-                &[
-                    "-q",
-                    "-t",
-                    "ed25519",
-                    "-N",
-                    "",
-                    "-f",
-                    stranger.to_str().unwrap(),
-                ],
-            );
-            assert!(ok, "ssh-keygen: {out}");
+            kvm_support::new_ed25519_key(&stranger);
         }
         let mut rejected = self.cfg.clone();
         rejected.ssh_key_file = stranger.display().to_string();
@@ -169,7 +149,7 @@ impl Backend for Kvm {
         std::fs::write(&big, vec![1u8; 16 << 20]).unwrap();
         let mut small = self.cfg.clone();
         small.hosts[0].pool = tiny.clone();
-        let mut image = bios(self.env.http.add("/big16.raw", &big));
+        let mut image = kvm_support::bios_image(self.env.http.add("/big16.raw", &big));
         image.format = Some("raw".into());
         small.images.insert(IMAGE.into(), image);
         let full = KvmProvider::new(NAME, &small).unwrap();

@@ -1,5 +1,5 @@
-//! Probes through a real Squid on 127.0.0.1 (skipped with a message when
-//! /usr/sbin/squid is absent): an http target by forward request, an
+//! Probes through a real Squid on 127.0.0.1 (a missing /usr/sbin/squid
+//! fails the tests with the reason): an http target by forward request, an
 //! https target through CONNECT + TLS with a test CA, and the ways a probe
 //! must fail.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
@@ -185,19 +185,16 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
 }
 
 /// Squid is required: a missing one fails the test with the reason.
-fn squid_absent() -> bool {
+fn require_squid() {
     assert!(
         std::path::Path::new(SQUID).exists(),
         "{SQUID} is missing: install it (apt-get install squid); .ci/run does"
     );
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_pass_through_squid_to_http_and_https_targets() {
-    if squid_absent() {
-        return;
-    }
+    require_squid();
     let squid = start_squid("ok", "http_access allow me").await;
     let (http, seen) = http_target(204).await;
     let (https, ca_pem) = tls_target().await;
@@ -268,9 +265,7 @@ async fn probes_pass_through_squid_to_http_and_https_targets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_squid_that_denies_everything_is_unhealthy() {
-    if squid_absent() {
-        return;
-    }
+    require_squid();
     let squid = start_squid("deny", "").await;
     let (http, _) = http_target(204).await;
     let (https, ca_pem) = tls_target().await;

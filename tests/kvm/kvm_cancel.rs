@@ -10,22 +10,12 @@ use crate::kvm_support;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{CreateRequest, ErrorClass, InstanceState, Provider};
 use kvm_support::{init_logs, uid, Env};
 
 fn request(tag: &str, image: &str) -> CreateRequest {
     kvm_support::request(&uid(tag), image, "inst")
-}
-
-fn bios(url: String) -> KvmImage {
-    KvmImage {
-        url,
-        sha256: None,
-        format: None,
-        firmware: Some("bios".into()),
-    }
 }
 
 /// Polls `f` every 200 ms for up to `limit`.
@@ -51,12 +41,13 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
         .add_slow("/slow.raw", &slow_file, Duration::from_millis(100));
     let (fast_url, _) = env.serve_qcow2("fast.qcow2", "16M");
     let mut cfg = env.config();
-    let mut slow = bios(slow_url.clone());
+    let mut slow = kvm_support::bios_image(slow_url.clone());
     slow.format = Some("raw".into());
     cfg.images.insert("slow".into(), slow);
-    cfg.images.insert("fast".into(), bios(fast_url));
+    cfg.images
+        .insert("fast".into(), kvm_support::bios_image(fast_url));
     // The same slow bytes under a checksum they do not have.
-    let mut bad = bios(slow_url);
+    let mut bad = kvm_support::bios_image(slow_url);
     bad.format = Some("raw".into());
     bad.sha256 = Some("0".repeat(64));
     cfg.images.insert("badsum".into(), bad);

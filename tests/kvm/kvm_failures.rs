@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
-use kvm_support::{init_logs, run, uid, Env};
+use kvm_support::{init_logs, uid, Env};
 
 fn request(zone: &str) -> CreateRequest {
     let mut r = kvm_support::request(&uid(zone), "img", "inst");
@@ -29,19 +29,7 @@ async fn check_reasons_and_create_classes() {
 
     // known_hosts: the real entry plus a different key for localhost.
     let other = env.dir.path().join("other_host_key");
-    let (ok, out) = run(
-        "ssh-keygen",
-        &[
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-f",
-            other.to_str().unwrap(),
-        ],
-    );
-    assert!(ok, "{out}");
+    kvm_support::new_ed25519_key(&other);
     let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap();
     let mut kh = std::fs::read_to_string(&env.known_hosts).unwrap();
     let mut parts = other_pub.split_whitespace();
@@ -63,15 +51,8 @@ async fn check_reasons_and_create_classes() {
 
     let mut cfg = env.config();
     cfg.known_hosts_file = kh_file.display().to_string();
-    cfg.images.insert(
-        "img".into(),
-        KvmImage {
-            url,
-            sha256: None,
-            format: None,
-            firmware: Some("bios".into()),
-        },
-    );
+    cfg.images
+        .insert("img".into(), kvm_support::bios_image(url));
     let mut hosts = vec![env.host("ok")];
     let mut h = env.host("refused");
     h.address = format!("127.0.0.1:{closed}");
@@ -244,10 +225,8 @@ async fn check_reasons_and_create_classes() {
         cfg6.images.insert(
             "img".into(),
             KvmImage {
-                url: env.http.add("/big16.raw", &big),
-                sha256: None,
                 format: Some("raw".into()),
-                firmware: Some("bios".into()),
+                ..kvm_support::bios_image(env.http.add("/big16.raw", &big))
             },
         );
         let p6 = KvmProvider::new("kvm-tiny", &cfg6).unwrap();
