@@ -36,7 +36,10 @@ fn operator_pids() -> Vec<u32> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().map(String::as_str) == Some(bin)
+        // By name: the node agent runs a program its Pod's /tmp would hide
+        // (a checkout under /tmp) from a bind mount of its own.
+        let name = |p: &str| std::path::Path::new(p).file_name().map(|n| n.to_owned());
+        if args.first().and_then(|a| name(a)) == name(bin)
             && args.iter().any(|a| a == "--leader-elect")
         {
             pids.push(pid);

@@ -345,6 +345,24 @@ fn in_root(root: &Path, path: &str) -> PathBuf {
 /// The mount targets that get a fresh tmpfs unless a volume covers them.
 const FRESH_TMPFS: &[&str] = &["/run", "/tmp"];
 
+/// Where a host program that the container's own mounts would hide is
+/// bound, read-only, so the container can still run it.
+pub const PROGRAM_DIR: &str = "/.test-node/bin";
+
+/// Whether `program` (a host path) is hidden in the container: it lies
+/// under a fresh tmpfs (`/run`, `/tmp`) or a volume's mount path. A
+/// checkout under /tmp maps an image to a binary there, and the Pod's /tmp
+/// would cover it.
+pub fn program_hidden(program: &str, mounts: &[MountSpec]) -> bool {
+    let under = |dir: &str| {
+        let dir = dir.trim_end_matches('/');
+        program
+            .strip_prefix(dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+    };
+    FRESH_TMPFS.iter().any(|d| under(d)) || mounts.iter().any(|m| under(&m.path))
+}
+
 /// A private mount namespace with an overlay of the host root, the
 /// container's volumes, and pivot_root into it.
 fn build_root(spec: &ExecSpec) -> anyhow::Result<()> {
@@ -506,6 +524,59 @@ fn build_root(spec: &ExecSpec) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programs_under_the_containers_own_mounts_are_hidden() {
+        struct Case {
+            name: &'static str,
+            program: &'static str,
+            hidden: bool,
+        }
+        let volume = MountSpec {
+            source: PathBuf::from("/var/lib/x"),
+            path: "/data/".into(),
+            read_only: false,
+        };
+        for c in [
+            Case {
+                name: "a checkout under /tmp",
+                program: "/tmp/cl/target/debug/op",
+                hidden: true,
+            },
+            Case {
+                name: "under /run",
+                program: "/run/x/op",
+                hidden: true,
+            },
+            Case {
+                name: "under a volume",
+                program: "/data/op",
+                hidden: true,
+            },
+            Case {
+                name: "a system program",
+                program: "/usr/sbin/squid",
+                hidden: false,
+            },
+            Case {
+                name: "a sibling of /tmp",
+                program: "/tmpfoo/op",
+                hidden: false,
+            },
+            Case {
+                name: "a checkout elsewhere",
+                program: "/work/main/target/debug/op",
+                hidden: false,
+            },
+        ] {
+            assert_eq!(
+                program_hidden(c.program, std::slice::from_ref(&volume)),
+                c.hidden,
+                "{}",
+                c.name
+            );
+        }
+    }
 
     #[test]
     fn resolves_symlinks_inside_the_root() {

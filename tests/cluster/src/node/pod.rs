@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::cgroup::CgroupRoot;
 use super::env::{self, FieldContext, ServiceEnv, Sources};
-use super::exec::{ExecSpec, MountSpec};
+use super::exec::{program_hidden, ExecSpec, MountSpec, PROGRAM_DIR};
 use super::net::PodNetwork;
 use super::probe::{self, Action, Counter, Verdict};
 use super::restart::{should_restart, Backoff};
@@ -600,6 +600,22 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
             path: vm.mount_path.clone(),
             read_only: vm.read_only == Some(true) || always_read_only(volume),
         });
+    }
+    let mut argv = argv;
+    if let Some(program) = argv.first_mut() {
+        if program.starts_with('/') && program_hidden(program, &mounts) {
+            let name = std::path::Path::new(program.as_str())
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let path = format!("{PROGRAM_DIR}/{name}");
+            mounts.push(MountSpec {
+                source: PathBuf::from(program.as_str()),
+                path: path.clone(),
+                read_only: true,
+            });
+            *program = path;
+        }
     }
     let hosts = pod_ip.filter(|_| ctx.spec.host_network != Some(true)).map(|ip| {
         let hostname = ctx.spec.hostname.clone().unwrap_or_else(|| ctx.name.clone());
