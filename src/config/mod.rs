@@ -4,6 +4,7 @@
 //! checked before anything dials a backend.
 
 mod gcp;
+mod kubernetes;
 mod kvm;
 mod provider_type;
 mod validate;
@@ -14,6 +15,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub use gcp::GcpConfig;
+pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use provider_type::ProviderType;
 pub use validate::http_url;
@@ -54,6 +56,9 @@ pub struct KubernetesConfig {
     /// Container image of the Squid Pod.
     #[serde(default = "default_squid_image")]
     pub image: String,
+    /// Which addresses the Squid refuses to reach.
+    #[serde(default)]
+    pub destinations: Destinations,
 }
 
 /// Image of the Squid Pod when the block does not name one.
@@ -67,6 +72,7 @@ impl Default for KubernetesConfig {
     fn default() -> Self {
         KubernetesConfig {
             image: default_squid_image(),
+            destinations: Destinations::default(),
         }
     }
 }

@@ -176,6 +176,7 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             if cfg.image.trim().is_empty() {
                 return Err("kubernetes.image must not be empty".into());
             }
+            cfg.destinations.rules()?;
             ProviderSettings::Kubernetes(cfg)
         }
         ProviderType::Gcp => {

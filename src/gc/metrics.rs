@@ -22,7 +22,7 @@ pub struct ProviderLabel {
 pub struct SweepLabels {
     /// Configured provider name.
     pub provider: String,
-    /// `ok` or `error` ([`SweepResult`]).
+    /// `ok`, `error` or `aborted` ([`SweepResult`]).
     pub result: String,
 }
 
@@ -35,6 +35,9 @@ pub enum SweepResult {
     /// Nothing of this provider was swept: listing its instances failed,
     /// or the Proxy list failed (then every provider counts `error`).
     Error,
+    /// The sweep ran past half of `--gc-min-age` before this provider's
+    /// deletes were done; what was left waits for the next sweep.
+    Aborted,
 }
 
 impl SweepResult {
@@ -43,6 +46,7 @@ impl SweepResult {
         match self {
             SweepResult::Ok => "ok",
             SweepResult::Error => "error",
+            SweepResult::Aborted => "aborted",
         }
     }
 }
@@ -67,7 +71,7 @@ impl GcMetrics {
         };
         registry.register(
             "proxy_operator_gc_sweeps",
-            "Orphan GC sweeps by configured provider and result (ok, or error when the provider's instances or the Proxies could not be listed)",
+            "Orphan GC sweeps by configured provider and result (ok; error when the provider's instances or the Proxies could not be listed; aborted when the sweep ran past half of --gc-min-age)",
             m.sweeps.clone(),
         );
         registry.register(
@@ -99,7 +103,7 @@ impl GcMetrics {
     /// start.
     pub fn start(&self, providers: &[&str]) {
         for p in providers {
-            for result in [SweepResult::Ok, SweepResult::Error] {
+            for result in [SweepResult::Ok, SweepResult::Error, SweepResult::Aborted] {
                 let _ = self.sweeps.get_or_create(&SweepLabels {
                     provider: p.to_string(),
                     result: result.as_str().to_string(),

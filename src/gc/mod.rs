@@ -42,6 +42,9 @@ pub struct SweepReport {
     pub deleted: u32,
     /// Providers whose list failed.
     pub failed_providers: Vec<String>,
+    /// Whether the sweep stopped early because it ran past half of
+    /// `--gc-min-age`.
+    pub aborted: bool,
 }
 
 /// The GC runnable.
@@ -107,6 +110,30 @@ impl Gc {
 
     async fn sweep_inner(&mut self) -> SweepReport {
         let mut report = SweepReport::default();
+        let started = tokio::time::Instant::now();
+        let providers: Vec<_> = self
+            .registry
+            .providers()
+            .map(|(n, p)| (n.to_string(), p.clone()))
+            .collect();
+        tracing::Span::current().record("gc.providers", providers.len() as i64);
+
+        // Every provider's instances are listed before the live Proxy set:
+        // an instance listed here was created after its Proxy, so that
+        // Proxy is in the set read afterwards unless it is really gone. The
+        // other order lets a Proxy created mid-sweep look orphaned.
+        let mut listings = Vec::with_capacity(providers.len());
+        for (name, provider) in providers {
+            match provider.list_by_tag().await {
+                Ok(listing) => listings.push((name, provider, listing, Utc::now())),
+                Err(e) => {
+                    error!(provider = %name, error = %plain_message(&e), "Listing instances failed; skipping this provider");
+                    self.metrics.sweep(&name, SweepResult::Error);
+                    report.failed_providers.push(name);
+                }
+            }
+        }
+
         // Cluster-wide and uncached, so a Proxy in a namespace this replica
         // does not watch is never mistaken for gone.
         let proxies: Api<Proxy> = Api::all(self.client.clone());
@@ -114,34 +141,25 @@ impl Gc {
             Ok(list) => list.items.iter().filter_map(|p| p.uid()).collect(),
             Err(e) => {
                 error!(error = %plain_message(&e), "Listing Proxies failed; skipping this GC sweep");
-                for (name, _) in self.registry.providers() {
+                for (name, ..) in &listings {
                     self.metrics.sweep(name, SweepResult::Error);
                 }
                 return report;
             }
         };
         report.ran = true;
-        let providers: Vec<_> = self
-            .registry
-            .providers()
-            .map(|(n, p)| (n.to_string(), p.clone()))
-            .collect();
-        tracing::Span::current().record("gc.providers", providers.len() as i64);
+
         let mut budget = self.settings.max_deletes;
-        for (name, provider) in providers {
-            let listing = match provider.list_by_tag().await {
-                Ok(l) => l,
-                Err(e) => {
-                    error!(provider = %name, error = %plain_message(&e), "Listing instances failed; skipping this provider");
-                    self.metrics.sweep(&name, SweepResult::Error);
-                    report.failed_providers.push(name);
-                    continue;
-                }
-            };
+        let mut listings = listings.into_iter();
+        while let Some((name, provider, listing, now)) = listings.next() {
+            if select::overran(started.elapsed(), self.settings.min_age) {
+                self.abort(&name, listings.map(|(n, ..)| n), started.elapsed());
+                report.aborted = true;
+                return report;
+            }
             if !listing.unread_scopes.is_empty() {
                 warn!(provider = %name, unread = ?listing.unread_scopes, "WARNING: some scopes could not be listed; their instances are not collected");
             }
-            let now = Utc::now();
             select::track_first_seen(&mut self.first_seen, &name, &listing.instances, now);
             let first_seen = select::first_seen_of(&self.first_seen, &name);
             let rules = Rules {
@@ -154,6 +172,16 @@ impl Gc {
             let verdicts = select::select(&listing.instances, &rules, &mut budget);
             for (inst, v) in listing.instances.iter().zip(verdicts) {
                 match v {
+                    Verdict::Delete
+                        if select::overran(started.elapsed(), self.settings.min_age) =>
+                    {
+                        // What was listed is too old to act on; the rest
+                        // of this provider and the providers after it wait
+                        // for the next sweep.
+                        self.abort(&name, listings.map(|(n, ..)| n), started.elapsed());
+                        report.aborted = true;
+                        return report;
+                    }
                     Verdict::Delete => match provider.delete(&inst.id).await {
                         Ok(()) => {
                             report.deleted += 1;
@@ -176,5 +204,20 @@ impl Gc {
             self.metrics.sweep(&name, SweepResult::Ok);
         }
         report
+    }
+
+    /// Ends a sweep that ran past half of `--gc-min-age`: `current` and the
+    /// providers not reached count `aborted`.
+    fn abort(&self, current: &str, rest: impl Iterator<Item = String>, elapsed: Duration) {
+        warn!(
+            provider = %current,
+            elapsed = ?elapsed,
+            minAge = ?self.settings.min_age,
+            "WARNING: GC sweep ran past half of --gc-min-age; stopping it so that no decision rests on a stale listing"
+        );
+        self.metrics.sweep(current, SweepResult::Aborted);
+        for name in rest {
+            self.metrics.sweep(&name, SweepResult::Aborted);
+        }
     }
 }

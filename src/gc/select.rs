@@ -48,6 +48,15 @@ fn older_than(since: DateTime<Utc>, now: DateTime<Utc>, min_age: Duration) -> bo
     }
 }
 
+/// Whether a sweep that has run for `elapsed` is past its time: half of
+/// `--gc-min-age`. Its listings then are too old to delete by: an
+/// instance created after them is protected by min-age only while the
+/// sweep is younger than that. A min-age of zero asks for no such
+/// protection, and never stops a sweep.
+pub fn overran(elapsed: Duration, min_age: Duration) -> bool {
+    !min_age.is_zero() && elapsed > min_age / 2
+}
+
 /// The verdict for one instance, ignoring the budget.
 pub fn verdict(inst: &Instance, rules: &Rules<'_>) -> Verdict {
     if inst.installation_id.is_empty() || inst.installation_id != rules.installation_id {
@@ -137,6 +146,49 @@ mod tests {
             installation_id: inst_id.into(),
             created_at: created.map(t),
             ..Instance::new(id, InstanceState::Running)
+        }
+    }
+
+    #[test]
+    fn a_sweep_overruns_past_half_the_minimum_age() {
+        struct Case {
+            name: &'static str,
+            elapsed_ms: u64,
+            min_age_s: u64,
+            want: bool,
+        }
+        let cases = [
+            Case {
+                name: "a fresh sweep",
+                elapsed_ms: 0,
+                min_age_s: 600,
+                want: false,
+            },
+            Case {
+                name: "exactly half",
+                elapsed_ms: 300_000,
+                min_age_s: 600,
+                want: false,
+            },
+            Case {
+                name: "just past half",
+                elapsed_ms: 300_001,
+                min_age_s: 600,
+                want: true,
+            },
+            Case {
+                name: "min-age zero protects nothing and stops nothing",
+                elapsed_ms: 3_600_000,
+                min_age_s: 0,
+                want: false,
+            },
+        ];
+        for c in cases {
+            let got = overran(
+                Duration::from_millis(c.elapsed_ms),
+                Duration::from_secs(c.min_age_s),
+            );
+            assert_eq!(got, c.want, "{}", c.name);
         }
     }
 

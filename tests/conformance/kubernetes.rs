@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use egress_proxies_operator::config::{KubernetesConfig, DEFAULT_SQUID_IMAGE};
+use egress_proxies_operator::config::{DestinationRules, KubernetesConfig, DEFAULT_SQUID_IMAGE};
 use egress_proxies_operator::provider::kubernetes::{build_pod, KubernetesProvider};
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, Instance, Op, Provider, ProviderError,
@@ -27,6 +27,7 @@ pub struct Kube {
 fn provider(client: Client) -> KubernetesProvider {
     let cfg = KubernetesConfig {
         image: DEFAULT_SQUID_IMAGE.to_string(),
+        ..Default::default()
     };
     KubernetesProvider::new(NAME, &cfg, client, "test-cluster")
 }
@@ -176,7 +177,7 @@ impl Backend for Kube {
     }
 
     async fn plant(&self, req: &CreateRequest, marked: bool) -> String {
-        let mut pod = build_pod(req, DEFAULT_SQUID_IMAGE);
+        let mut pod = build_pod(req, DEFAULT_SQUID_IMAGE, &DestinationRules::default());
         if !marked {
             // A Pod made by hand: no marks and no owner.
             pod.metadata.labels = None;

@@ -19,6 +19,7 @@ use egress_proxies_operator::provider::registry::{ProviderType, Registry};
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider, ProviderError,
 };
+use kube::ResourceExt;
 
 struct Scripted {
     name: String,
@@ -239,7 +240,8 @@ async fn a_failing_proxy_list_skips_the_sweep() {
         assert_eq!(sample(&text, &series), Some(1.0), "{series} in\n{text}");
     }
     for absent in [
-        r#"result="ok""#,
+        r#"proxy_operator_gc_sweeps_total{provider="a-broken",result="ok"}"#,
+        r#"proxy_operator_gc_sweeps_total{provider="b-fine",result="ok"}"#,
         "proxy_operator_gc_last_success_timestamp_seconds{",
         "proxy_operator_gc_deleted_total{",
     ] {
@@ -266,4 +268,139 @@ fn assert_sweep_counters(text: &str, sweeps: f64) {
     ] {
         assert_eq!(sample(text, series), Some(want), "{series} in\n{text}");
     }
+}
+
+/// A provider that, while its instances are listed, has a Proxy created
+/// (as a user's `kubectl apply` racing the sweep would) and lists that
+/// Proxy's instance, already older than min-age; or whose list takes
+/// `list_delay`.
+struct Racing {
+    proxies: Option<kube::Api<egress_proxies_operator::api::Proxy>>,
+    list_delay: Duration,
+    deleted: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Provider for Racing {
+    fn name(&self) -> &str {
+        "racing"
+    }
+    fn provider_type(&self) -> ProviderType {
+        ProviderType::Kubernetes
+    }
+    async fn create(&self, _req: &CreateRequest) -> Result<String, ProviderError> {
+        unreachable!("GC never creates")
+    }
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+        Err(ProviderError::new(
+            ErrorClass::NotFound,
+            Op::Get,
+            "racing",
+            id,
+            "gone",
+        ))
+    }
+    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        self.deleted.lock().unwrap().push(id.to_string());
+        Ok(())
+    }
+    async fn list_by_tag(&self) -> Result<Listing, ProviderError> {
+        tokio::time::sleep(self.list_delay).await;
+        let mut instances = vec![orphan("orphan")];
+        if let Some(api) = &self.proxies {
+            let born = api
+                .create(&Default::default(), &support::kube_proxy("born-mid-sweep"))
+                .await
+                .unwrap();
+            instances.push(Instance {
+                uid: born.uid().unwrap(),
+                ..orphan("born-mid-sweep")
+            });
+        }
+        Ok(Listing {
+            instances,
+            unread_scopes: Vec::new(),
+        })
+    }
+}
+
+async fn racing_gc(
+    proxies: Option<kube::Api<egress_proxies_operator::api::Proxy>>,
+    list_delay: Duration,
+    min_age: Duration,
+) -> (Gc, Arc<Mutex<Vec<String>>>, Metrics) {
+    let cluster = support::control_plane();
+    support::install_crds(cluster);
+    let client = cluster.client().await;
+    let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
+    let cfg = ProvidersConfig::from_slice(b"providers:\n  - name: racing\n    type: kubernetes\n")
+        .unwrap();
+    let metrics = Metrics::new();
+    let d = deleted.clone();
+    let registry = Registry::build(&cfg, &metrics.provider, move |_| {
+        let p: Arc<dyn Provider> = Arc::new(Racing {
+            proxies: proxies.clone(),
+            list_delay,
+            deleted: d.clone(),
+        });
+        Ok(p)
+    })
+    .unwrap();
+    let gc = Gc::new(
+        client,
+        registry,
+        Settings {
+            interval: Duration::from_secs(3600),
+            min_age,
+            max_deletes: 20,
+            installation_id: "ours".into(),
+        },
+        metrics.gc.clone(),
+    );
+    (gc, deleted, metrics)
+}
+
+#[tokio::test]
+async fn a_proxy_created_while_instances_are_listed_keeps_its_instance() {
+    let ground = support::ground_without_pods("gc-race").await;
+    let (mut gc, deleted, _) = racing_gc(
+        Some(ground.proxies()),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    let report = gc.sweep().await;
+    assert!(report.ran);
+    assert!(!report.aborted);
+    // The true orphan goes; the instance of the Proxy that appeared during
+    // the listing stays, although it is older than min-age.
+    assert_eq!(*deleted.lock().unwrap(), ["orphan"]);
+    assert_eq!(report.deleted, 1);
+}
+
+#[tokio::test]
+async fn a_sweep_past_half_its_min_age_deletes_nothing_and_says_aborted() {
+    let (mut gc, deleted, metrics) =
+        racing_gc(None, Duration::from_millis(1_200), Duration::from_secs(2)).await;
+    let report = gc.sweep().await;
+    assert!(report.ran);
+    assert!(report.aborted, "{report:?}");
+    assert!(deleted.lock().unwrap().is_empty());
+    let text = metrics.encode_prometheus_text().unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            r#"proxy_operator_gc_sweeps_total{provider="racing",result="aborted"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"proxy_operator_gc_sweeps_total{provider="racing",result="ok"}"#
+        ),
+        None,
+        "{text}"
+    );
 }

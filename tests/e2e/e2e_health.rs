@@ -362,7 +362,12 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
 
     // The provider's own Squid config, once denying all egress and once as
     // it is (it allows the private ranges, the host's bridge address too).
-    let conf = egress_proxies_operator::provider::kubernetes::squid_conf(3128);
+    let conf = egress_proxies_operator::provider::kubernetes::squid_conf(
+        3128,
+        &egress_proxies_operator::config::Destinations::default()
+            .rules()
+            .unwrap(),
+    );
     let denying = squid_pod(
         &pods,
         "squid-deny",

@@ -64,6 +64,7 @@ async fn start_squid(tag: &str, access: &str) -> Squid {
     let conf = format!(
         "http_port 127.0.0.1:{port}\n\
 acl me src 127.0.0.0/8\n\
+acl clients src 127.0.0.0/8\n\
 {access}\n\
 http_access deny all\n\
 pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
@@ -286,6 +287,50 @@ async fn a_squid_that_denies_everything_is_unhealthy() {
         "{r:?}"
     );
     assert_eq!(e.reason(), "proxy_refused", "{r:?}");
+}
+
+/// The kubernetes provider's destination rules, in a real Squid: by default
+/// a tenant's crawl cannot reach loopback (nor link-local, where the cloud
+/// metadata server is) through the proxy; `allow` lets a named address
+/// through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generated_destination_rules_refuse_loopback_unless_allowed() {
+    use egress_proxies_operator::config::Destinations;
+    use egress_proxies_operator::provider::kubernetes::destination_access;
+    require_squid();
+    let (http, seen) = http_target(204).await;
+    let tls = tls_config(None).unwrap();
+    let url = format!("http://{http}/");
+
+    let default = Destinations::default().rules().unwrap();
+    let squid = start_squid(
+        "dstdeny",
+        &format!("{}http_access allow me", destination_access(&default)),
+    )
+    .await;
+    let r = probe(&target(squid.port, &url, 204), &tls).await;
+    assert!(!r.ok, "{r:?}");
+    assert!(
+        r.error.as_ref().unwrap().to_string().contains("403"),
+        "{r:?}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the target was reached");
+    drop(squid);
+
+    let allowing = Destinations {
+        allow: vec!["127.0.0.1".into()],
+        ..Destinations::default()
+    }
+    .rules()
+    .unwrap();
+    let squid = start_squid(
+        "dstallow",
+        &format!("{}http_access allow me", destination_access(&allowing)),
+    )
+    .await;
+    let r = probe(&target(squid.port, &url, 204), &tls).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
 pub use classify::classify;
-pub use squid::squid_conf;
+pub use squid::{destination_access, squid_conf};
 
 use super::registry::ProviderType;
 use super::{
@@ -28,7 +28,7 @@ use super::{
     ProviderError, TargetStatus,
 };
 use crate::api::constants::{INSTALLATION_MARK, MANAGED_MARK, MANAGED_MARK_VALUE, UID_MARK};
-use crate::config::KubernetesConfig;
+use crate::config::{DestinationRules, KubernetesConfig};
 use crate::provider::error::plain_message;
 
 /// Name of the Squid container.
@@ -38,6 +38,7 @@ pub const CONTAINER: &str = "squid";
 pub struct KubernetesProvider {
     name: String,
     image: String,
+    destinations: DestinationRules,
     client: Client,
     api_url: String,
 }
@@ -48,6 +49,7 @@ impl KubernetesProvider {
         KubernetesProvider {
             name: name.to_string(),
             image: cfg.image.clone(),
+            destinations: DestinationRules::of(&cfg.destinations),
             client,
             api_url: api_url.to_string(),
         }
@@ -80,7 +82,7 @@ pub fn parse_id(id: &str) -> Option<(String, String)> {
 }
 
 /// The Pod for a create request.
-pub fn build_pod(req: &CreateRequest, image: &str) -> Pod {
+pub fn build_pod(req: &CreateRequest, image: &str, destinations: &DestinationRules) -> Pod {
     let labels = BTreeMap::from([
         (MANAGED_MARK.to_string(), MANAGED_MARK_VALUE.to_string()),
         (UID_MARK.to_string(), req.uid.clone()),
@@ -109,7 +111,7 @@ pub fn build_pod(req: &CreateRequest, image: &str) -> Pod {
         ]),
         env: Some(vec![EnvVar {
             name: "SQUID_CONF".into(),
-            value: Some(squid_conf(req.port)),
+            value: Some(squid_conf(req.port, destinations)),
             value_from: None,
         }]),
         ports: Some(vec![ContainerPort {
@@ -244,7 +246,7 @@ impl Provider for KubernetesProvider {
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
         let id = format!("{}/{}", req.namespace, req.name);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
-        let pod = build_pod(req, &self.image);
+        let pod = build_pod(req, &self.image, &self.destinations);
         match api.create(&PostParams::default(), &pod).await {
             Ok(_) => Ok(id),
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -363,7 +365,7 @@ mod tests {
 
     #[test]
     fn pod_carries_marks_owner_limits_and_squid_conf() {
-        let pod = build_pod(&req(), "squid:test");
+        let pod = build_pod(&req(), "squid:test", &DestinationRules::default());
         let labels = pod.metadata.labels.clone().unwrap();
         assert_eq!(labels[MANAGED_MARK], "true");
         assert_eq!(labels[UID_MARK], "uid-1");
@@ -405,7 +407,7 @@ mod tests {
     }
 
     fn pod(phase: &str, ip: Option<&str>, deleting: bool) -> Pod {
-        let mut p = build_pod(&req(), "img");
+        let mut p = build_pod(&req(), "img", &DestinationRules::default());
         p.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         if deleting {
             p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));

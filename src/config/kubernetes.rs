@@ -1,0 +1,162 @@
+//! The `kubernetes` block's destination rules: which addresses the
+//! generated Squid refuses to reach on a tenant's behalf.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// Ranges a Squid Pod never connects to unless `allow` names them: link-local
+/// (the cloud metadata server at 169.254.169.254 among them) and loopback
+/// (the Pod itself, or the node when the Pod shares its network).
+pub const DEFAULT_DENIED: &[&str] = &["169.254.0.0/16", "fe80::/10", "127.0.0.0/8", "::1/128"];
+
+/// `kubernetes.destinations`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destinations {
+    /// Addresses or CIDRs never reached through the proxy.
+    #[serde(default = "default_denied")]
+    pub deny: Vec<String>,
+    /// Addresses or CIDRs reached even inside a denied range.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+fn default_denied() -> Vec<String> {
+    DEFAULT_DENIED.iter().map(|s| s.to_string()).collect()
+}
+
+impl Default for Destinations {
+    fn default() -> Self {
+        Destinations {
+            deny: default_denied(),
+            allow: Vec::new(),
+        }
+    }
+}
+
+/// The parsed rules, in the form Squid is given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DestinationRules {
+    /// Reached even inside a denied range.
+    pub allow: Vec<IpNet>,
+    /// Never reached.
+    pub deny: Vec<IpNet>,
+}
+
+impl DestinationRules {
+    /// The rules of `d`; a list the load-time check would refuse (a config
+    /// built in code) falls back to the default denials, never to none.
+    pub fn of(d: &Destinations) -> Self {
+        d.rules().unwrap_or_else(|_| DestinationRules {
+            allow: Vec::new(),
+            deny: DEFAULT_DENIED.iter().filter_map(|s| net(s)).collect(),
+        })
+    }
+}
+
+impl Destinations {
+    /// Parses every entry; an error names the key, the index and the value.
+    pub fn rules(&self) -> Result<DestinationRules, String> {
+        let parse = |key: &str, list: &[String]| -> Result<Vec<IpNet>, String> {
+            list.iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    net(s).ok_or_else(|| {
+                        format!(
+                            "kubernetes.destinations.{key}[{i}]: {s:?} is not an IP address or CIDR (e.g. 10.0.0.0/8)"
+                        )
+                    })
+                })
+                .collect()
+        };
+        Ok(DestinationRules {
+            allow: parse("allow", &self.allow)?,
+            deny: parse("deny", &self.deny)?,
+        })
+    }
+}
+
+/// An address (a host route) or a CIDR.
+fn net(s: &str) -> Option<IpNet> {
+    let s = s.trim();
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_parse_or_name_the_key_and_value() {
+        struct Case {
+            name: &'static str,
+            deny: &'static [&'static str],
+            allow: &'static [&'static str],
+            want: Result<(&'static [&'static str], &'static [&'static str]), &'static str>,
+        }
+        let cases = [
+            Case {
+                name: "addresses become host routes",
+                deny: &["169.254.169.254", "::1"],
+                allow: &["10.0.0.7"],
+                want: Ok((&["169.254.169.254/32", "::1/128"], &["10.0.0.7/32"])),
+            },
+            Case {
+                name: "CIDRs stay as given",
+                deny: &["10.0.0.0/8", "fc00::/7"],
+                allow: &[],
+                want: Ok((&["10.0.0.0/8", "fc00::/7"], &[])),
+            },
+            Case {
+                name: "a prefix too long",
+                deny: &["10.0.0.0/33"],
+                allow: &[],
+                want: Err("kubernetes.destinations.deny[0]: \"10.0.0.0/33\""),
+            },
+            Case {
+                name: "a line of Squid config is not an address",
+                deny: &[],
+                allow: &["all\nhttp_access allow all"],
+                want: Err("kubernetes.destinations.allow[0]"),
+            },
+        ];
+        for c in cases {
+            let d = Destinations {
+                deny: c.deny.iter().map(|s| s.to_string()).collect(),
+                allow: c.allow.iter().map(|s| s.to_string()).collect(),
+            };
+            match (d.rules(), c.want) {
+                (Ok(r), Ok((deny, allow))) => {
+                    let shown = |v: &[IpNet]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+                    assert_eq!(shown(&r.deny), deny, "{}", c.name);
+                    assert_eq!(shown(&r.allow), allow, "{}", c.name);
+                }
+                (Err(e), Err(want)) => assert!(e.contains(want), "{}: {e}", c.name),
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", c.name),
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_denies_metadata_and_loopback() {
+        let r = Destinations::default().rules().unwrap();
+        for addr in ["169.254.169.254", "127.0.0.1", "::1", "fe80::1"] {
+            let a: IpAddr = addr.parse().unwrap();
+            assert!(r.deny.iter().any(|n| n.contains(&a)), "{addr}");
+        }
+        assert!(r.allow.is_empty());
+        let broken = Destinations {
+            deny: vec!["nonsense".into()],
+            allow: vec!["10.0.0.1".into()],
+        };
+        assert_eq!(
+            DestinationRules::of(&broken),
+            r,
+            "falls back to the defaults"
+        );
+    }
+}
