@@ -26,6 +26,26 @@ pub struct GcpConfig {
     /// Skip Application Default Credentials (only for local stand-ins).
     #[serde(default)]
     pub anonymous: bool,
+    /// Zones a Proxy may ask for; empty allows any. An entry ending in `*`
+    /// allows every value it is a prefix of.
+    #[serde(default)]
+    pub allowed_zones: Vec<String>,
+    /// Machine types a Proxy may ask for; empty allows any.
+    #[serde(default)]
+    pub allowed_machine_types: Vec<String>,
+    /// Images a Proxy may ask for; empty allows any.
+    #[serde(default)]
+    pub allowed_images: Vec<String>,
+}
+
+/// Whether `value` is allowed by `list`: an empty list allows anything; an
+/// entry matches exactly, or as a prefix when it ends in `*`.
+pub fn allowed(list: &[String], value: &str) -> bool {
+    list.is_empty()
+        || list.iter().any(|entry| match entry.strip_suffix('*') {
+            Some(prefix) => value.starts_with(prefix),
+            None => entry == value,
+        })
 }
 
 /// Default boot disk size.
@@ -50,6 +70,20 @@ impl GcpConfig {
         if self.network.is_empty() {
             return Err("gcp.network must not be empty".into());
         }
+        for (key, list) in [
+            ("allowedZones", &self.allowed_zones),
+            ("allowedMachineTypes", &self.allowed_machine_types),
+            ("allowedImages", &self.allowed_images),
+        ] {
+            for (i, entry) in list.iter().enumerate() {
+                let body = entry.strip_suffix('*').unwrap_or(entry);
+                if entry.trim().is_empty() || body.contains('*') {
+                    return Err(format!(
+                        "gcp.{key}[{i}]: {entry:?} must be a value, or a prefix ending in a single '*'"
+                    ));
+                }
+            }
+        }
         if let Some(ep) = &self.endpoint {
             super::validate::http_url(ep)
                 .map_err(|why| format!("gcp.endpoint {why} (got {ep:?})"))?;
@@ -63,6 +97,63 @@ impl GcpConfig {
             DEFAULT_DISK_SIZE_GB
         } else {
             self.disk_size_gb
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowlists_match_exactly_or_by_prefix() {
+        struct Case {
+            name: &'static str,
+            list: &'static [&'static str],
+            value: &'static str,
+            want: bool,
+        }
+        let cases = [
+            Case {
+                name: "an empty list allows anything",
+                list: &[],
+                value: "n2-highmem-96",
+                want: true,
+            },
+            Case {
+                name: "an exact entry",
+                list: &["e2-small", "e2-micro"],
+                value: "e2-micro",
+                want: true,
+            },
+            Case {
+                name: "not listed",
+                list: &["e2-small"],
+                value: "n2-highmem-96",
+                want: false,
+            },
+            Case {
+                name: "an exact entry is not a prefix",
+                list: &["e2-small"],
+                value: "e2-small-2",
+                want: false,
+            },
+            Case {
+                name: "a prefix entry",
+                list: &["projects/debian-cloud/*"],
+                value: "projects/debian-cloud/global/images/family/debian-12",
+                want: true,
+            },
+            Case {
+                name: "a prefix entry of another project",
+                list: &["projects/debian-cloud/*"],
+                value: "projects/evil/global/images/miner",
+                want: false,
+            },
+        ];
+        for c in cases {
+            let list: Vec<String> = c.list.iter().map(|s| s.to_string()).collect();
+            assert_eq!(allowed(&list, c.value), c.want, "{}", c.name);
         }
     }
 }

@@ -31,6 +31,9 @@ pub fn config(endpoint: &str) -> egress_proxies_operator::config::GcpConfig {
         disk_size_gb: 0,
         endpoint: Some(endpoint.into()),
         anonymous: true,
+        allowed_zones: Vec::new(),
+        allowed_machine_types: Vec::new(),
+        allowed_images: Vec::new(),
     }
 }
 

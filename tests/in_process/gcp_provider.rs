@@ -109,6 +109,28 @@ async fn impossible_placement_is_permanent_before_any_call() {
 }
 
 #[tokio::test]
+async fn a_placement_outside_the_allowlists_is_permanent_before_any_call() {
+    let s = StandIn::start().await;
+    let mut c = cfg(&s.url);
+    c.allowed_machine_types = vec!["e2-small".into()];
+    let p = GcpProvider::new("gcp-eu", &c, opts()).unwrap();
+    let mut r = req("proxy-a", "uid-a");
+    r.placement.machine_type = "n2-highmem-96".into();
+    let e = p.create(&r).await.unwrap_err();
+    assert!(e.is(ErrorClass::Permanent), "{e}");
+    assert!(
+        e.to_string()
+            .contains("placement.machineType \"n2-highmem-96\" is not allowed"),
+        "{e}"
+    );
+    assert!(s.requests().is_empty(), "the stand-in was called");
+    // A listed one goes through.
+    r.placement.machine_type = "e2-small".into();
+    p.create(&r).await.unwrap();
+    assert_eq!(s.instance_count(), 1);
+}
+
+#[tokio::test]
 async fn get_reads_state_ip_uid_and_created_at_back() {
     let (s, p) = setup().await;
     let before = chrono::Utc::now() - chrono::Duration::seconds(5);

@@ -188,6 +188,17 @@ fn kubernetes_block() {
         ProviderSettings::Kubernetes(k) => assert_eq!(k.image, "squid:7"),
         other => panic!("{other:?}"),
     }
+    assert_err(
+        "providers:\n  - name: k\n    type: kubernetes\n    kubernetes: {destinations: {deny: [10.0.0.0/33]}}\n",
+        &[
+            "providers[0] \"k\"",
+            "kubernetes.destinations.deny[0]: \"10.0.0.0/33\" is not an IP address or CIDR",
+        ],
+    );
+    assert_err(
+        "providers:\n  - name: k\n    type: kubernetes\n    kubernetes: {destinations: {block: []}}\n",
+        &["kubernetes.destinations", "unknown field `block`"],
+    );
 }
 
 #[test]
@@ -212,6 +223,14 @@ fn gcp_block() {
     assert_err(
         &gcp("    gcp: {project: p, endpoint: \"ftp://x\"}\n"),
         &["gcp.endpoint", "http(s) URL"],
+    );
+    assert_err(
+        &gcp("    gcp: {project: p, allowedImages: [\"projects/*/images/*\"]}\n"),
+        &["gcp.allowedImages[0]", "a prefix ending in a single '*'"],
+    );
+    assert_err(
+        &gcp("    gcp: {project: p, allowedZones: e2-small}\n"),
+        &["gcp.allowedZones"],
     );
     assert_err(
         &gcp("    gcp: {project: p, diskSizeGb: ten}\n"),

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use google_cloud_compute_v1::model;
 use sha2::{Digest, Sha256};
 
-use crate::config::GcpConfig;
+use crate::config::{allowed, GcpConfig};
 use crate::provider::{CreateRequest, Instance, InstanceState};
 
 /// Label carrying the managed mark.
@@ -67,7 +67,7 @@ pub fn parse_id(id: &str) -> Result<InstanceRef, String> {
 
 /// Refuses a placement GCE cannot build, naming the field (C7). The zone
 /// ends up in the providerID, so it must be one clean path segment (C4).
-pub fn validate_placement(req: &CreateRequest) -> Result<(), String> {
+pub fn validate_placement(req: &CreateRequest, cfg: &GcpConfig) -> Result<(), String> {
     let p = &req.placement;
     if p.zone.trim().is_empty() {
         return Err("placement.zone is required".into());
@@ -86,6 +86,23 @@ pub fn validate_placement(req: &CreateRequest) -> Result<(), String> {
     }
     if req.name.is_empty() {
         return Err("instance name is empty".into());
+    }
+    for (field, value, key, list) in [
+        ("zone", &p.zone, "allowedZones", &cfg.allowed_zones),
+        (
+            "machineType",
+            &p.machine_type,
+            "allowedMachineTypes",
+            &cfg.allowed_machine_types,
+        ),
+        ("image", &p.image, "allowedImages", &cfg.allowed_images),
+    ] {
+        if !allowed(list, value) {
+            return Err(format!(
+                "placement.{field} {value:?} is not allowed by this provider's {key} ({})",
+                list.join(", ")
+            ));
+        }
     }
     Ok(())
 }
@@ -258,6 +275,9 @@ mod tests {
             disk_size_gb: 0,
             endpoint: None,
             anonymous: false,
+            allowed_zones: Vec::new(),
+            allowed_machine_types: Vec::new(),
+            allowed_images: Vec::new(),
         }
     }
 
@@ -348,6 +368,51 @@ mod tests {
     }
 
     #[test]
+    fn allowlists_refuse_what_they_do_not_list_naming_field_and_value() {
+        struct Case {
+            name: &'static str,
+            edit: fn(&mut GcpConfig),
+            want: Option<&'static str>,
+        }
+        let cases = [
+            Case {
+                name: "no allowlists",
+                edit: |_| {},
+                want: None,
+            },
+            Case {
+                name: "zone listed",
+                edit: |c| c.allowed_zones = vec!["europe-west1-*".into()],
+                want: None,
+            },
+            Case {
+                name: "zone not listed",
+                edit: |c| c.allowed_zones = vec!["us-central1-*".into()],
+                want: Some("placement.zone \"europe-west1-b\" is not allowed by this provider's allowedZones (us-central1-*)"),
+            },
+            Case {
+                name: "machine type not listed",
+                edit: |c| c.allowed_machine_types = vec!["e2-small".into(), "e2-medium".into()],
+                want: Some("placement.machineType \"e2-micro\" is not allowed by this provider's allowedMachineTypes (e2-small, e2-medium)"),
+            },
+            Case {
+                name: "image not listed",
+                edit: |c| c.allowed_images = vec!["projects/debian-cloud/*".into()],
+                want: Some("placement.image \"projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64\" is not allowed"),
+            },
+        ];
+        for c in cases {
+            let mut cfg = cfg();
+            (c.edit)(&mut cfg);
+            match (validate_placement(&req(), &cfg), c.want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(w)) => assert!(e.contains(w), "{}: {e}", c.name),
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", c.name),
+            }
+        }
+    }
+
+    #[test]
     fn placement_validation_names_the_field() {
         struct Case {
             name: &'static str,
@@ -389,7 +454,7 @@ mod tests {
         for c in cases {
             let mut r = req();
             (c.edit)(&mut r);
-            match (validate_placement(&r), c.want) {
+            match (validate_placement(&r, &cfg()), c.want) {
                 (Ok(()), None) => {}
                 (Err(e), Some(w)) => assert!(e.contains(w), "{}: {e}", c.name),
                 (got, want) => panic!("{}: got {got:?}, want {want:?}", c.name),

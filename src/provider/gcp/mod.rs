@@ -139,7 +139,8 @@ impl Provider for GcpProvider {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
-        build::validate_placement(req).map_err(|m| self.permanent(Op::Create, "", m))?;
+        build::validate_placement(req, &self.inner.cfg)
+            .map_err(|m| self.permanent(Op::Create, "", m))?;
         let zone = req.placement.zone.clone();
         let r = InstanceRef {
             zone: zone.clone(),
