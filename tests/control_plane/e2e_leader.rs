@@ -2,7 +2,9 @@
 //! only: the kubernetes provider's Pods stay Pending, which is enough for a
 //! providerID), confined to the test's namespace, which holds the Lease: only the
 //! leader reconciles, and when it is killed the other takes over within the
-//! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
+//! lease duration; a leader stopped by SIGTERM hands the Lease over at once;
+//! a deposed leader stops reconciling but keeps serving the discovery API
+//! and its leases, and leads again later.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -17,17 +19,24 @@ use support::{eventually, kube_proxy as proxy, Ground, Operator};
 
 const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
+const TOKEN: &str = "leader-test-token";
 
 fn replica(ground: &Ground, dir: &std::path::Path, name: &str) -> Operator {
     replica_with(ground, dir, name, ["4s", "3s"])
 }
 
 /// A replica with the given lease duration and renew deadline.
-fn replica_with(
+fn replica_with(ground: &Ground, dir: &std::path::Path, name: &str, timing: [&str; 2]) -> Operator {
+    replica_args(ground, dir, name, timing, &[])
+}
+
+/// [`replica_with`] plus `extra` flags.
+fn replica_args(
     ground: &Ground,
     dir: &std::path::Path,
     name: &str,
     [lease, renew]: [&str; 2],
+    extra: &[&str],
 ) -> Operator {
     // The ground's operator keeps its Lease in the test's namespace.
     let mut cmd = ground.operator(
@@ -43,6 +52,8 @@ fn replica_with(
         "--leader-election-retry-period",
         "500ms",
     ])
+    .args(extra)
+    .env("DISCOVERY_TOKEN", TOKEN)
     .env("POD_NAME", name);
     Operator::spawn(cmd, &dir.join(format!("{name}.log")))
 }
@@ -171,6 +182,123 @@ async fn a_leader_stopped_gracefully_releases_the_lease() {
     );
     assert_eq!(spec.lease_transitions, Some(1));
     drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_keeps_serving_and_leads_again() {
+    let ground = support::ground_without_pods("leader-deposed").await;
+    let dir = tempfile::tempdir().unwrap();
+    let leases: Api<Lease> = ground.api();
+    let proxies: Api<Proxy> = ground.proxies();
+    // The probe target answers every request, so as an External Proxy's
+    // endpoint it is a healthy forward proxy: Ready, and leasable.
+    let target = support::http_target().await;
+    let api: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let log = dir.path().join("a.log");
+    let mut a = replica_args(
+        &ground,
+        dir.path(),
+        "a",
+        ["4s", "3s"],
+        &[
+            "--discovery-bind-address",
+            &api.to_string(),
+            "--default-probe-url",
+            &format!("http://{target}/"),
+            "--default-probe-expected-status",
+            "200",
+        ],
+    );
+    eventually("a to lead", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    let external = support::proxy(
+        "ext",
+        serde_json::json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": target.port()}}),
+    );
+    proxies
+        .create(&PostParams::default(), &external)
+        .await
+        .unwrap();
+    let lease = eventually("a lease on ext", Duration::from_secs(60), || async {
+        let body = br#"{"ttlSeconds": 600}"#.to_vec();
+        let (s, v) = support::api_call(api, "POST", "/v1/leases", Some(TOKEN), body).await;
+        (s == 201).then_some(v)
+    })
+    .await;
+    assert_eq!(lease["proxy"]["name"], "ext", "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+
+    // Another replica takes the Lease (as one whose renewals a never saw
+    // fail would): a finds another holder at its next renewal.
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = Some("usurper".into());
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace(LEASE, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    eventually(
+        "a to stop its leader-only work",
+        Duration::from_secs(10),
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("Stopped leader-only work").then_some(())
+        },
+    )
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("Lost the leader lease to another replica"),
+        "{text}"
+    );
+    assert!(a.0.try_wait().unwrap().is_none(), "a keeps running: {text}");
+
+    // Every-replica work goes on: the discovery API answers from the
+    // cache, and the lease taken while leading is still there.
+    let (s, v) = support::api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["items"][0]["name"], "ext", "{v}");
+    let renew = format!("/v1/leases/{id}/renew");
+    let (s, v) = support::api_call(api, "POST", &renew, Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "the lease survives the step-down: {v}");
+
+    // Leader-only work has stopped: a new Proxy is not reconciled while
+    // the usurper holds the Lease.
+    proxies
+        .create(&PostParams::default(), &proxy("p2"))
+        .await
+        .unwrap();
+    for _ in 0..15 {
+        let p = proxies.get("p2").await.unwrap();
+        assert!(p.status.is_none(), "a deposed replica reconciled p2: {p:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The usurper lets go: a campaigns again, leads and reconciles.
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    leases
+        .replace(LEASE, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    eventually("a to lead again", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    reconciled(&proxies, "p2").await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("Became the leader").count(), 2, "{text}");
+    let lease_path = format!("/v1/leases/{id}");
+    let (s, v) = support::api_call(api, "GET", &lease_path, Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "the lease is still held: {v}");
+    drop(a);
 }
 
 /// Waits until the replica logging to `log` has started to campaign.
