@@ -15,68 +15,17 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
+use support::leader::{self, campaigning, holder, reconciled, LEASE, TOKEN};
 use support::{eventually, kube_proxy as proxy, Ground, Operator};
 
-const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
-const TOKEN: &str = "leader-test-token";
 
 fn replica(ground: &Ground, dir: &std::path::Path, name: &str) -> Operator {
     replica_with(ground, dir, name, ["4s", "3s"])
 }
 
-/// A replica with the given lease duration and renew deadline.
 fn replica_with(ground: &Ground, dir: &std::path::Path, name: &str, timing: [&str; 2]) -> Operator {
-    replica_args(ground, dir, name, timing, &[])
-}
-
-/// [`replica_with`] plus `extra` flags.
-fn replica_args(
-    ground: &Ground,
-    dir: &std::path::Path,
-    name: &str,
-    [lease, renew]: [&str; 2],
-    extra: &[&str],
-) -> Operator {
-    // The ground's operator keeps its Lease in the test's namespace.
-    let mut cmd = ground.operator(
-        dir,
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-    );
-    cmd.args([
-        "--leader-elect",
-        "--leader-election-lease-duration",
-        lease,
-        "--leader-election-renew-deadline",
-        renew,
-        "--leader-election-retry-period",
-        "500ms",
-    ])
-    .args(extra)
-    .env("DISCOVERY_TOKEN", TOKEN)
-    .env("POD_NAME", name);
-    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
-}
-
-async fn holder(leases: &Api<Lease>) -> Option<String> {
-    leases.get_opt(LEASE).await.ok()??.spec?.holder_identity
-}
-
-async fn reconciled(proxies: &Api<Proxy>, name: &str) {
-    eventually(
-        &format!("{name} to get a providerID"),
-        Duration::from_secs(60),
-        || async {
-            proxies
-                .get(name)
-                .await
-                .ok()?
-                .status?
-                .provider_id
-                .map(|_| ())
-        },
-    )
-    .await;
+    leader::replica(ground, dir, name, timing, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +146,7 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
         .parse()
         .unwrap();
     let log = dir.path().join("a.log");
-    let mut a = replica_args(
+    let mut a = leader::replica(
         &ground,
         dir.path(),
         "a",
@@ -299,19 +248,4 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     let (s, v) = support::api_call(api, "GET", &lease_path, Some(TOKEN), vec![]).await;
     assert_eq!(s, 200, "the lease is still held: {v}");
     drop(a);
-}
-
-/// Waits until the replica logging to `log` has started to campaign.
-async fn campaigning(log: &std::path::Path) {
-    eventually(
-        "the replica to campaign",
-        Duration::from_secs(30),
-        || async {
-            std::fs::read_to_string(log)
-                .ok()?
-                .contains("Waiting to become the leader")
-                .then_some(())
-        },
-    )
-    .await;
 }

@@ -1,6 +1,8 @@
 //! Shared by the tests that run the real operator binary.
 #![allow(dead_code)]
 
+pub mod leader;
+
 use std::path::Path;
 use std::process::Command;
 
