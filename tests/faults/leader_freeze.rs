@@ -64,10 +64,13 @@ fn time_of(line: &str) -> Option<DateTime<Utc>> {
     )
 }
 
+/// A term of leadership: from its first to its last instant.
+type Term = (DateTime<Utc>, DateTime<Utc>);
+
 /// The replica's terms of leadership, from "Became the leader" to
 /// "Stopped leader-only work" (open-ended while it still leads), and the
 /// times of its reconcile log lines.
-fn terms_and_reconciles(text: &str) -> (Vec<(DateTime<Utc>, DateTime<Utc>)>, Vec<DateTime<Utc>>) {
+fn terms_and_reconciles(text: &str) -> (Vec<Term>, Vec<DateTime<Utc>>) {
     let mut terms = Vec::new();
     let mut reconciles = Vec::new();
     let mut open: Option<DateTime<Utc>> = None;
