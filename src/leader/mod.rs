@@ -17,6 +17,7 @@
 
 pub mod decide;
 pub mod lease;
+pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,7 @@ use tracing::{info, warn};
 use self::decide::{after_attempt, attempt_bound, Outcome, Step, StepDown};
 pub use self::decide::{Decision, Record, Seen};
 pub use self::lease::release;
+pub use self::metrics::LeaderMetrics;
 use crate::provider::error::plain_message;
 
 /// Election timing.
@@ -77,6 +79,7 @@ pub fn campaign(
     name: &str,
     me: String,
     timing: Timing,
+    metrics: LeaderMetrics,
 ) -> Campaign {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let name = name.to_string();
@@ -118,6 +121,7 @@ pub fn campaign(
                 Some(d) => match after_attempt(outcome, started, now, d, timing.renew_deadline) {
                     Step::Lead { deadline: next } => deadline = Some(next),
                     Step::StepDown(why) => {
+                        metrics.stepped_down(why);
                         match why {
                             StepDown::Lost => {
                                 warn!(identity = %me, lease = %name, "Lost the leader lease to another replica; stepping down")

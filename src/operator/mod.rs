@@ -138,7 +138,9 @@ impl Operator {
                 None => {
                     let mut work = JoinSet::new();
                     self.spawn_leader_work(&mut work, &stop, proxy_cache, installation_id);
+                    self.metrics.leader.set_leading(true);
                     drain(&mut work, stop.cancelled(), SHUTDOWN_GRACE).await;
+                    self.metrics.leader.set_leading(false);
                     Ok(())
                 }
                 Some(timing) => {
@@ -222,6 +224,7 @@ impl Operator {
             LEADER_ELECTION_ID,
             identity.clone(),
             timing,
+            self.metrics.leader.clone(),
         );
         let mut leading = campaign.leading.clone();
         let step_down_grace = timing.lease_duration.saturating_sub(timing.renew_deadline) / 2;
@@ -245,11 +248,13 @@ impl Operator {
                 proxy_cache.clone(),
                 installation_id.clone(),
             );
+            self.metrics.leader.set_leading(true);
             tokio::select! {
                 lost = leading.wait_for(|l| !*l) => {
                     let campaign_ended = lost.is_err();
                     term.cancel();
                     drain(&mut work, std::future::ready(()), step_down_grace).await;
+                    self.metrics.leader.set_leading(false);
                     // A replica that does not lead exports no provider gauges.
                     self.metrics.provider_health.set_targets(Vec::new);
                     warn!(identity = %identity, "Stopped leader-only work (controller, GC, health engine, provider checks); still serving the discovery API; campaigning again");
@@ -260,6 +265,7 @@ impl Operator {
                 }
                 _ = stop.cancelled() => {
                     drain(&mut work, std::future::ready(()), SHUTDOWN_GRACE).await;
+                    self.metrics.leader.set_leading(false);
                     self.release(campaign, &identity).await;
                     return Ok(());
                 }

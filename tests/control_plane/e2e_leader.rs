@@ -15,7 +15,7 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
-use support::leader::{self, campaigning, holder, reconciled, LEASE, TOKEN};
+use support::leader::{self, campaigning, holder, reconciled, scraped, LEASE, TOKEN};
 use support::{eventually, kube_proxy as proxy, Ground, Operator};
 
 const LEASE_DURATION: Duration = Duration::from_secs(4);
@@ -145,6 +145,9 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     let api: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
         .parse()
         .unwrap();
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
     let log = dir.path().join("a.log");
     let mut a = leader::replica(
         &ground,
@@ -158,6 +161,8 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
             &format!("http://{target}/"),
             "--default-probe-expected-status",
             "200",
+            "--metrics-bind-address",
+            &metrics.to_string(),
         ],
     );
     eventually("a to lead", Duration::from_secs(30), || async {
@@ -206,6 +211,9 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
         "{text}"
     );
     assert!(a.0.try_wait().unwrap().is_none(), "a keeps running: {text}");
+    assert_eq!(scraped(metrics, "proxy_operator_leader").await, Some(0.0));
+    let lost = r#"proxy_operator_leader_step_downs_total{reason="lost"}"#;
+    assert_eq!(scraped(metrics, lost).await, Some(1.0));
 
     // Every-replica work goes on: the discovery API answers from the
     // cache, and the lease taken while leading is still there.
@@ -244,6 +252,7 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     reconciled(&proxies, "p2").await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.matches("Became the leader").count(), 2, "{text}");
+    assert_eq!(scraped(metrics, "proxy_operator_leader").await, Some(1.0));
     let lease_path = format!("/v1/leases/{id}");
     let (s, v) = support::api_call(api, "GET", &lease_path, Some(TOKEN), vec![]).await;
     assert_eq!(s, 200, "the lease is still held: {v}");

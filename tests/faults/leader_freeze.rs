@@ -15,7 +15,7 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
-use support::leader::{self, campaigning, holder, leads, reconciled, BECAME, STOPPED};
+use support::leader::{self, campaigning, holder, leads, reconciled, scraped, BECAME, STOPPED};
 use support::{eventually, kube_proxy as proxy};
 
 const LEASE_DURATION: Duration = Duration::from_secs(6);
@@ -110,7 +110,16 @@ async fn e2e_a_frozen_api_server_makes_the_leader_step_down_and_one_leads_after(
     let proxies: Api<Proxy> = ground.proxies();
     let timing = ["6s", "4s"];
 
-    let a = leader::replica(&ground, dir, "a", timing, &[]);
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let a = leader::replica(
+        &ground,
+        dir,
+        "a",
+        timing,
+        &["--metrics-bind-address", &metrics.to_string()],
+    );
     eventually("a to lead", Duration::from_secs(30), || async {
         holder(&leases).await.filter(|h| h.starts_with("a_"))
     })
@@ -142,6 +151,9 @@ async fn e2e_a_frozen_api_server_makes_the_leader_step_down_and_one_leads_after(
         !leads(&log(dir, "b")),
         "b cannot lead while nothing answers"
     );
+    assert_eq!(scraped(metrics, "proxy_operator_leader").await, Some(0.0));
+    let deadline_series = r#"proxy_operator_leader_step_downs_total{reason="deadline"}"#;
+    assert_eq!(scraped(metrics, deadline_series).await, Some(1.0));
     // Stay frozen past the lease duration, so b counts the Lease expired.
     tokio::time::sleep(FROZEN_FOR.saturating_sub(frozen_at.elapsed())).await;
     drop(frozen);

@@ -91,3 +91,10 @@ pub const STOPPED: &str = "Stopped leader-only work";
 pub fn leads(log: &str) -> bool {
     log.matches(BECAME).count() > log.matches(STOPPED).count()
 }
+
+/// The value of `series` in the `/metrics` scrape of the server on `addr`.
+pub async fn scraped(addr: std::net::SocketAddr, series: &str) -> Option<f64> {
+    let (status, body) = super::api_call(addr, "GET", "/metrics", None, vec![]).await;
+    assert_eq!(status, 200, "{body}");
+    super::sample(body.as_str()?, series)
+}
