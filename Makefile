@@ -31,7 +31,7 @@ K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease fuzz-api
+	bench-lease fuzz-api test-faults
 
 all: build
 
@@ -62,7 +62,10 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
-	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples -- e2e_
+	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples --test faults -- e2e_
+
+test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP; see docs/testing.md); prints what was injected and measured. `make test` runs it too (every workspace test).
+	$(CARGO) test --test faults -- --nocapture
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture

@@ -1,9 +1,11 @@
-//! The small HTTP endpoints every replica serves: `/healthz` and `/readyz`
-//! (plain pings: provider health deliberately never makes the operator
-//! unready) and Prometheus `/metrics`.
+//! The small HTTP endpoints every replica serves: `/healthz` (a plain
+//! ping), `/readyz` (ready once the Proxy cache has synced; provider health
+//! deliberately never makes the operator unready) and Prometheus `/metrics`.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
@@ -12,14 +14,53 @@ use axum::Router;
 
 use crate::metrics::Exposition;
 
-/// Serves `/healthz` and `/readyz` until `shutdown` resolves.
+/// Whether `/readyz` answers ready: once the Proxy cache has synced for
+/// the first time (the discovery API serves from it), and from then on.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Not ready yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The Proxy cache has synced.
+    pub fn set_ready(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Readiness::set_ready`] was called.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Serves `/healthz` (always `ok`) and `/readyz` (503 until `ready`) until
+/// `shutdown` resolves.
 pub async fn serve_probes(
     addr: SocketAddr,
+    ready: Readiness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.is_ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the Proxy cache has not synced yet",
+                        )
+                    }
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

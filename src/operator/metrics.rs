@@ -11,6 +11,7 @@ use crate::controller::metrics::ReconcileMetrics;
 use crate::discovery::metrics::DiscoveryMetrics;
 use crate::gc::metrics::GcMetrics;
 use crate::health::metrics::HealthMetrics;
+use crate::leader::LeaderMetrics;
 use crate::metrics::{Exposition, Registrar, Scraped};
 use crate::provider::metrics::ProviderMetrics;
 use crate::providerhealth::metrics::ProviderHealthMetrics;
@@ -31,6 +32,8 @@ pub struct Metrics {
     pub gc: GcMetrics,
     /// Provider check gauges.
     pub provider_health: ProviderHealthMetrics,
+    /// Leadership: leading, step-downs.
+    pub leader: LeaderMetrics,
     /// Proxies by phase.
     pub phases: PhaseGauge,
 }
@@ -55,6 +58,7 @@ impl Metrics {
         let discovery = DiscoveryMetrics::register(&mut registry);
         let gc = GcMetrics::register(&mut registry);
         let provider_health = ProviderHealthMetrics::register(&mut registry);
+        let leader = LeaderMetrics::register(&mut registry);
         Metrics {
             exposition: registry.finish(),
             provider,
@@ -63,6 +67,7 @@ impl Metrics {
             discovery,
             gc,
             provider_health,
+            leader,
             phases,
         }
     }

@@ -3,12 +3,15 @@
 //! one join set: every replica serves the probes, `/metrics`, the Proxy
 //! cache and the discovery API; the leader (or the only replica) also runs
 //! GC, the provider health monitor and writer, the health engine and the
-//! Proxy controller.
+//! Proxy controller. Leadership comes in terms: a replica that steps down
+//! stops its leader-only work, keeps serving, and campaigns again.
 
+pub mod client;
 pub mod metrics;
 pub mod runnables;
 pub mod settings;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,7 +69,7 @@ impl Operator {
             .map_err(|e| StartError::Client(plain_message(&e)))?;
         let api_url = kube_config.cluster_url.to_string();
         let client =
-            Client::try_from(kube_config).map_err(|e| StartError::Client(plain_message(&e)))?;
+            client::build(kube_config).map_err(|e| StartError::Client(plain_message(&e)))?;
         let metrics = Metrics::new();
         let deps = registry::Deps {
             client: client.clone(),
@@ -90,7 +93,8 @@ impl Operator {
     pub async fn run(self, stop: CancellationToken) -> Result<(), StartError> {
         let s = &self.settings;
         let mut tasks = JoinSet::new();
-        self.spawn_servers(&mut tasks, &stop);
+        let ready = http::Readiness::new();
+        self.spawn_servers(&mut tasks, &stop, &ready);
         let installation_id = self.installation_id().await?;
         info!(installationID = %installation_id, "Installation identity");
 
@@ -105,6 +109,18 @@ impl Operator {
                 _ = cache_stop.cancelled() => {}
             }
         });
+        // Ready once the cache has synced: before that the discovery API
+        // would list nothing.
+        let (synced, ready_stop) = (proxy_cache.clone(), stop.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                res = synced.wait_until_ready() => if res.is_ok() {
+                    ready.set_ready();
+                    info!("Proxy cache synced; ready");
+                },
+                _ = ready_stop.cancelled() => {}
+            }
+        });
         runnables::count_phases(&self.metrics, proxy_cache.clone());
         if let Some(addr) = s.discovery_bind {
             runnables::spawn_discovery(
@@ -117,34 +133,44 @@ impl Operator {
             );
         }
 
-        let Some(lease) = self.lead(&stop).await? else {
-            return Ok(());
+        let leading = async {
+            let res = match s.leader {
+                None => {
+                    let mut work = JoinSet::new();
+                    self.spawn_leader_work(&mut work, &stop, proxy_cache, installation_id);
+                    self.metrics.leader.set_leading(true);
+                    drain(&mut work, stop.cancelled(), SHUTDOWN_GRACE).await;
+                    self.metrics.leader.set_leading(false);
+                    Ok(())
+                }
+                Some(timing) => {
+                    self.lead_in_terms(timing, &stop, proxy_cache, installation_id)
+                        .await
+                }
+            };
+            if res.is_err() {
+                stop.cancel();
+            }
+            res
         };
-        self.spawn_leader_work(&mut tasks, &stop, proxy_cache, installation_id)
-            .await;
-
         // Runnables finish their in-flight work on the stop signal; one
         // that is stuck (e.g. a watch retrying an unreachable API server)
         // is abandoned after a grace period so a stop always ends the run.
-        tokio::select! {
-            _ = async { while tasks.join_next().await.is_some() {} } => {}
-            _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-                warn!(grace = ?SHUTDOWN_GRACE, "Runnables did not stop in time; abandoning them");
-                tasks.abort_all();
-            }
-        }
-        if let Lead::Elected(campaign, identity) = lease {
-            self.release(campaign, &identity).await;
-        }
-        Ok(())
+        let (res, ()) = tokio::join!(leading, drain(&mut tasks, stop.cancelled(), SHUTDOWN_GRACE));
+        res
     }
 
     /// The probe and metrics servers (every replica).
-    fn spawn_servers(&self, tasks: &mut JoinSet<()>, stop: &CancellationToken) {
+    fn spawn_servers(
+        &self,
+        tasks: &mut JoinSet<()>,
+        stop: &CancellationToken,
+        ready: &http::Readiness,
+    ) {
         if let Some(addr) = self.settings.probe_bind {
-            let stop = stop.clone().cancelled_owned();
+            let (ready, stop) = (ready.clone(), stop.clone().cancelled_owned());
             tasks.spawn(async move {
-                if let Err(e) = http::serve_probes(addr, stop).await {
+                if let Err(e) = http::serve_probes(addr, ready, stop).await {
                     error!(%addr, error = %e, "Probe server failed");
                 }
             });
@@ -177,13 +203,19 @@ impl Operator {
         ))
     }
 
-    /// Without `--leader-elect`: leads at once. With it: waits for the
-    /// Lease; `None` when stopped first. A replica that loses the Lease
-    /// exits, so leader-only work never runs on two replicas at once.
-    async fn lead(&self, stop: &CancellationToken) -> Result<Option<Lead>, StartError> {
-        let Some(timing) = self.settings.leader else {
-            return Ok(Some(Lead::Alone));
-        };
+    /// With `--leader-elect`: campaigns, and runs leader-only work for each
+    /// term this replica leads. On a step-down the work is stopped (given
+    /// half of the gap between the renew deadline and the lease duration,
+    /// then abandoned) before the campaign resumes, so it never runs on two
+    /// replicas at once. Returns when `stop` fires, after releasing the
+    /// Lease if it leads.
+    async fn lead_in_terms(
+        &self,
+        timing: leader::Timing,
+        stop: &CancellationToken,
+        proxy_cache: kube::runtime::reflector::Store<crate::api::Proxy>,
+        installation_id: String,
+    ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
         let identity = leader_identity();
         let campaign = leader::campaign(
@@ -192,29 +224,58 @@ impl Operator {
             LEADER_ELECTION_ID,
             identity.clone(),
             timing,
+            self.metrics.leader.clone(),
         );
         let mut leading = campaign.leading.clone();
-        info!(identity = %identity, lease = LEADER_ELECTION_ID, namespace = %namespace, "Waiting to become the leader");
-        tokio::select! {
-            won = leading.wait_for(|l| *l) => {
-                if won.is_err() {
+        let step_down_grace = timing.lease_duration.saturating_sub(timing.renew_deadline) / 2;
+        loop {
+            info!(identity = %identity, lease = LEADER_ELECTION_ID, namespace = %namespace, "Waiting to become the leader");
+            tokio::select! {
+                won = leading.wait_for(|l| *l) => if won.is_err() {
+                    campaign.stop().await;
                     return Err(StartError::LeaderElection);
+                },
+                _ = stop.cancelled() => {
+                    campaign.stop().await;
+                    return Ok(());
                 }
             }
-            _ = stop.cancelled() => return Ok(None),
-        }
-        tokio::spawn(async move {
-            // An error means the campaign was stopped for shutdown.
-            if leading.wait_for(|l| !*l).await.is_ok() {
-                error!("Lost leadership; exiting so that leader-only work never runs twice");
-                std::process::exit(1);
+            let term = stop.child_token();
+            let mut work = JoinSet::new();
+            self.spawn_leader_work(
+                &mut work,
+                &term,
+                proxy_cache.clone(),
+                installation_id.clone(),
+            );
+            self.metrics.leader.set_leading(true);
+            tokio::select! {
+                lost = leading.wait_for(|l| !*l) => {
+                    let campaign_ended = lost.is_err();
+                    term.cancel();
+                    drain(&mut work, std::future::ready(()), step_down_grace).await;
+                    self.metrics.leader.set_leading(false);
+                    // A replica that does not lead exports no provider gauges.
+                    self.metrics.provider_health.set_targets(Vec::new);
+                    warn!(identity = %identity, "Stopped leader-only work (controller, GC, health engine, provider checks); still serving the discovery API; campaigning again");
+                    if campaign_ended {
+                        return Err(StartError::LeaderElection);
+                    }
+                    campaign.rejoin();
+                }
+                _ = stop.cancelled() => {
+                    drain(&mut work, std::future::ready(()), SHUTDOWN_GRACE).await;
+                    self.metrics.leader.set_leading(false);
+                    self.release(campaign, &identity).await;
+                    return Ok(());
+                }
             }
-        });
-        Ok(Some(Lead::Elected(campaign, identity)))
+        }
     }
 
-    /// GC, provider health, the health engine and the Proxy controller.
-    async fn spawn_leader_work(
+    /// GC, provider health, the health engine and the Proxy controller, all
+    /// stopping when `stop` (the stop signal or the end of a term) fires.
+    fn spawn_leader_work(
         &self,
         tasks: &mut JoinSet<()>,
         stop: &CancellationToken,
@@ -248,8 +309,7 @@ impl Operator {
             &self.metrics,
             &installation_id,
             stop,
-        )
-        .await;
+        );
         let (engine, health_events) = runnables::spawn_health_engine(
             tasks,
             &s.health,
@@ -305,12 +365,17 @@ impl Operator {
     }
 }
 
-/// How this replica came to lead.
-enum Lead {
-    /// No leader election: the only replica.
-    Alone,
-    /// Won the Lease, held by this campaign under this identity.
-    Elected(leader::Campaign, String),
+/// Waits for every task in `tasks`; once `until` has resolved, gives them
+/// `grace` more, then aborts the rest.
+async fn drain(tasks: &mut JoinSet<()>, until: impl Future<Output = ()>, grace: Duration) {
+    tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = async { until.await; tokio::time::sleep(grace).await } => {
+            warn!(grace = ?grace, "Runnables did not stop in time; abandoning them");
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+    }
 }
 
 /// A unique candidate name: the Pod name (HOSTNAME in a Pod) and the pid.

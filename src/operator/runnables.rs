@@ -104,8 +104,9 @@ pub fn spawn_health_engine(
 
 /// The provider health monitor and the ProviderHealth writer (leader-only),
 /// after removing objects of unconfigured providers (all of them when
-/// checks are off).
-pub async fn spawn_provider_health(
+/// checks are off). The removal runs in the spawned task, so starting a
+/// term of leadership never waits on the API server.
+pub fn spawn_provider_health(
     tasks: &mut JoinSet<()>,
     checks: Option<ProviderChecks>,
     client: &Client,
@@ -119,12 +120,19 @@ pub async fn spawn_provider_health(
         .iter()
         .map(|c| c.name.clone())
         .collect();
+    let (client, installation_id) = (client.clone(), installation.to_string());
     let Some(ProviderChecks { interval, timeout }) = checks else {
-        providerhealth::writer::cleanup(client, installation, &BTreeSet::new()).await;
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            let none = BTreeSet::new();
+            tokio::select! {
+                _ = providerhealth::writer::cleanup(&client, &installation_id, &none) => {}
+                _ = stop.cancelled() => {}
+            }
+        });
         info!("Provider checks are off (--provider-check-interval=0)");
         return;
     };
-    providerhealth::writer::cleanup(client, installation, &names).await;
     let monitor = Monitor::new(providers.checkers().to_vec(), interval, timeout);
     let snapshot = monitor.snapshot();
     let snap = snapshot.clone();
@@ -146,15 +154,24 @@ pub async fn spawn_provider_health(
     let writer = Writer::new(
         client.clone(),
         snapshot,
-        names,
-        installation,
+        names.clone(),
+        &installation_id,
         Some(metrics.reconcile.clone()),
     );
     let rounds = monitor.subscribe();
-    let monitor_stop = stop.clone().cancelled_owned();
-    tasks.spawn(async move { monitor.run(monitor_stop).await });
-    let writer_stop = stop.clone().cancelled_owned();
-    tasks.spawn(async move { providerhealth::writer::run(writer, rounds, writer_stop).await });
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = providerhealth::writer::cleanup(&client, &installation_id, &names) => {}
+            _ = stop.cancelled() => return,
+        }
+        let monitor_stop = stop.clone().cancelled_owned();
+        let writer_stop = stop.cancelled_owned();
+        tokio::join!(
+            monitor.run(monitor_stop),
+            providerhealth::writer::run(writer, rounds, writer_stop)
+        );
+    });
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! only: the kubernetes provider's Pods stay Pending, which is enough for a
 //! providerID), confined to the test's namespace, which holds the Lease: only the
 //! leader reconciles, and when it is killed the other takes over within the
-//! lease duration; a leader stopped by SIGTERM hands the Lease over at once.
+//! lease duration; a leader stopped by SIGTERM hands the Lease over at once;
+//! a deposed leader stops reconciling but keeps serving the discovery API
+//! and its leases, and leads again later.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -13,59 +15,17 @@ use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
+use support::leader::{self, campaigning, holder, reconciled, scraped, LEASE, TOKEN};
 use support::{eventually, kube_proxy as proxy, Ground, Operator};
 
-const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(4);
 
 fn replica(ground: &Ground, dir: &std::path::Path, name: &str) -> Operator {
     replica_with(ground, dir, name, ["4s", "3s"])
 }
 
-/// A replica with the given lease duration and renew deadline.
-fn replica_with(
-    ground: &Ground,
-    dir: &std::path::Path,
-    name: &str,
-    [lease, renew]: [&str; 2],
-) -> Operator {
-    // The ground's operator keeps its Lease in the test's namespace.
-    let mut cmd = ground.operator(
-        dir,
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-    );
-    cmd.args([
-        "--leader-elect",
-        "--leader-election-lease-duration",
-        lease,
-        "--leader-election-renew-deadline",
-        renew,
-        "--leader-election-retry-period",
-        "500ms",
-    ])
-    .env("POD_NAME", name);
-    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
-}
-
-async fn holder(leases: &Api<Lease>) -> Option<String> {
-    leases.get_opt(LEASE).await.ok()??.spec?.holder_identity
-}
-
-async fn reconciled(proxies: &Api<Proxy>, name: &str) {
-    eventually(
-        &format!("{name} to get a providerID"),
-        Duration::from_secs(60),
-        || async {
-            proxies
-                .get(name)
-                .await
-                .ok()?
-                .status?
-                .provider_id
-                .map(|_| ())
-        },
-    )
-    .await;
+fn replica_with(ground: &Ground, dir: &std::path::Path, name: &str, timing: [&str; 2]) -> Operator {
+    leader::replica(ground, dir, name, timing, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,17 +133,128 @@ async fn a_leader_stopped_gracefully_releases_the_lease() {
     drop(b);
 }
 
-/// Waits until the replica logging to `log` has started to campaign.
-async fn campaigning(log: &std::path::Path) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_keeps_serving_and_leads_again() {
+    let ground = support::ground_without_pods("leader-deposed").await;
+    let dir = tempfile::tempdir().unwrap();
+    let leases: Api<Lease> = ground.api();
+    let proxies: Api<Proxy> = ground.proxies();
+    // The probe target answers every request, so as an External Proxy's
+    // endpoint it is a healthy forward proxy: Ready, and leasable.
+    let target = support::http_target().await;
+    let api: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let log = dir.path().join("a.log");
+    let mut a = leader::replica(
+        &ground,
+        dir.path(),
+        "a",
+        ["4s", "3s"],
+        &[
+            "--discovery-bind-address",
+            &api.to_string(),
+            "--default-probe-url",
+            &format!("http://{target}/"),
+            "--default-probe-expected-status",
+            "200",
+            "--metrics-bind-address",
+            &metrics.to_string(),
+        ],
+    );
+    eventually("a to lead", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    let external = support::proxy(
+        "ext",
+        serde_json::json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": target.port()}}),
+    );
+    proxies
+        .create(&PostParams::default(), &external)
+        .await
+        .unwrap();
+    let lease = eventually("a lease on ext", Duration::from_secs(60), || async {
+        let body = br#"{"ttlSeconds": 600}"#.to_vec();
+        let (s, v) = support::api_call(api, "POST", "/v1/leases", Some(TOKEN), body).await;
+        (s == 201).then_some(v)
+    })
+    .await;
+    assert_eq!(lease["proxy"]["name"], "ext", "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+
+    // Another replica takes the Lease (as one whose renewals a never saw
+    // fail would): a finds another holder at its next renewal.
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = Some("usurper".into());
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace(LEASE, &PostParams::default(), &l)
+        .await
+        .unwrap();
     eventually(
-        "the replica to campaign",
-        Duration::from_secs(30),
+        "a to stop its leader-only work",
+        Duration::from_secs(10),
         || async {
-            std::fs::read_to_string(log)
-                .ok()?
-                .contains("Waiting to become the leader")
-                .then_some(())
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("Stopped leader-only work").then_some(())
         },
     )
     .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("Lost the leader lease to another replica"),
+        "{text}"
+    );
+    assert!(a.0.try_wait().unwrap().is_none(), "a keeps running: {text}");
+    assert_eq!(scraped(metrics, "proxy_operator_leader").await, Some(0.0));
+    let lost = r#"proxy_operator_leader_step_downs_total{reason="lost"}"#;
+    assert_eq!(scraped(metrics, lost).await, Some(1.0));
+
+    // Every-replica work goes on: the discovery API answers from the
+    // cache, and the lease taken while leading is still there.
+    let (s, v) = support::api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["items"][0]["name"], "ext", "{v}");
+    let renew = format!("/v1/leases/{id}/renew");
+    let (s, v) = support::api_call(api, "POST", &renew, Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "the lease survives the step-down: {v}");
+
+    // Leader-only work has stopped: a new Proxy is not reconciled while
+    // the usurper holds the Lease.
+    proxies
+        .create(&PostParams::default(), &proxy("p2"))
+        .await
+        .unwrap();
+    for _ in 0..15 {
+        let p = proxies.get("p2").await.unwrap();
+        assert!(p.status.is_none(), "a deposed replica reconciled p2: {p:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The usurper lets go: a campaigns again, leads and reconciles.
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    leases
+        .replace(LEASE, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    eventually("a to lead again", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    reconciled(&proxies, "p2").await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("Became the leader").count(), 2, "{text}");
+    assert_eq!(scraped(metrics, "proxy_operator_leader").await, Some(1.0));
+    let lease_path = format!("/v1/leases/{id}");
+    let (s, v) = support::api_call(api, "GET", &lease_path, Some(TOKEN), vec![]).await;
+    assert_eq!(s, 200, "the lease is still held: {v}");
+    drop(a);
 }

@@ -6,18 +6,16 @@
 
 use crate::support;
 
-use support::{condition, eventually, free_port, phase, proxy, Ground, Operator};
+use support::{api_call as call, condition, eventually, free_port, phase, proxy, Ground, Operator};
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -34,37 +32,6 @@ async fn sink() -> SocketAddr {
         }
     });
     addr
-}
-
-async fn call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Vec<u8>,
-) -> (u16, Value) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "discovery");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let resp = send
-        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, v)
 }
 
 fn healthy(p: &Proxy) -> Option<(String, String)> {

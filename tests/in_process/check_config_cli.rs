@@ -154,14 +154,19 @@ fn sigterm_stops_the_operator_cleanly() {
     let log = dir.path().join("operator.log");
     // Killed on drop, so a failed assertion leaves nothing running.
     let mut op = support::Operator::spawn(cmd, &log);
-    // Every replica serves plain-ping probes and the metrics registry, even
-    // with the API server unreachable. The signal handler is installed
-    // before the servers start, so once they answer SIGTERM is graceful.
+    // Every replica serves the probes and the metrics registry, even with
+    // the API server unreachable: alive, but not ready, since its Proxy
+    // cache cannot sync. The signal handler is installed before the
+    // servers start, so once they answer SIGTERM is graceful.
     wait_until_listening(probe_port, &log);
-    for path in ["/healthz", "/readyz"] {
-        let (status, body) = http_get(probe_port, path);
-        assert_eq!((status.as_str(), body.trim()), ("200", "ok"), "{path}");
-    }
+    let (status, body) = http_get(probe_port, "/healthz");
+    assert_eq!((status.as_str(), body.trim()), ("200", "ok"), "/healthz");
+    let (status, body) = http_get(probe_port, "/readyz");
+    assert_eq!(
+        (status.as_str(), body.trim()),
+        ("503", "the Proxy cache has not synced yet"),
+        "/readyz before the cache synced"
+    );
     wait_until_listening(metrics_port, &log);
     let (status, body) = http_get(metrics_port, "/metrics");
     assert_eq!(status, "200");

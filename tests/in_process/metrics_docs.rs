@@ -100,6 +100,8 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_gc_deleted",
             "proxy_operator_gc_delete_failures",
             "proxy_operator_gc_last_success_timestamp_seconds",
+            "proxy_operator_leader",
+            "proxy_operator_leader_step_downs",
             "proxy_operator_proxies",
             "proxy_operator_leases_active",
             "proxy_operator_provider_target_up",

@@ -1,6 +1,8 @@
 //! Shared by the tests that run the real operator binary.
 #![allow(dead_code)]
 
+pub mod leader;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -350,6 +352,41 @@ pub fn condition<'a>(
 /// Whether Squid is installed (the test kubelet runs it for Pods).
 pub fn squid_present() -> bool {
     Path::new("/usr/sbin/squid").exists()
+}
+
+/// One HTTP/1.1 request to a JSON API (the discovery API) on `addr`, with
+/// a bearer `token`: the status and the body as JSON (a string when it is
+/// not JSON).
+pub async fn api_call(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "discovery");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = send
+        .send_request(req.body(Full::new(hyper::body::Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
 }
 
 /// Reads an HTTP request or response head (up to the blank line, 64 KiB at

@@ -1,0 +1,119 @@
+//! The Lease's reads and writes: one attempt to acquire or renew, and the
+//! hand-over at shutdown. Every write carries the resourceVersion it read,
+//! so of two candidates only one write succeeds (409 for the other).
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use kube::Client;
+use tokio::time::Instant;
+
+use super::decide::{decide, Decision, Record, Seen};
+use super::Timing;
+
+/// The election record of `lease`.
+pub fn record_of(lease: &Lease) -> Record {
+    let spec = lease.spec.clone().unwrap_or_default();
+    Record {
+        holder: spec.holder_identity,
+        renew_time: spec.renew_time.map(|t| t.0),
+        acquire_time: spec.acquire_time.map(|t| t.0),
+        duration: spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(std::time::Duration::from_secs),
+        transitions: spec.lease_transitions,
+    }
+}
+
+/// One attempt: `Ok(true)` when we hold the Lease afterwards. `seen` is
+/// what this replica saw of the Lease before; it is updated with what the
+/// attempt read.
+pub async fn try_once(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    timing: Timing,
+    seen: &mut Option<Seen>,
+) -> Result<bool, kube::Error> {
+    let seconds = i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let existing = api.get_opt(name).await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(mut lease) = existing else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(me.to_string()),
+                lease_duration_seconds: Some(seconds),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let (decision, observed) = decide(
+        &record_of(&lease),
+        seen.as_ref(),
+        me,
+        Instant::now(),
+        timing.lease_duration,
+    );
+    *seen = Some(observed);
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    match decision {
+        Decision::Follow { .. } => return Ok(false),
+        Decision::Renew => {}
+        Decision::Acquire => {
+            spec.holder_identity = Some(me.to_string());
+            spec.acquire_time = Some(MicroTime(now));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        }
+    }
+    spec.renew_time = Some(MicroTime(now));
+    spec.lease_duration_seconds = Some(seconds);
+    // The read resourceVersion rides along: a concurrent writer makes this 409.
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives the Lease up if `me` holds it, the way client-go's
+/// `ReleaseOnCancel` does: no holder and a one-second duration, so a
+/// follower takes over at its next attempt instead of after a full lease
+/// duration. Call it only once leader-only work has stopped.
+pub async fn release(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    me: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    if record_of(&lease).holder.as_deref() != Some(me) {
+        return Ok(false);
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(now));
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        // Someone else wrote it in between: it is not ours to release.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}

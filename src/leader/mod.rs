@@ -1,0 +1,156 @@
+//! Leader election on a coordination.k8s.io Lease, the way client-go does
+//! it: read the Lease, decide (pure, [`decide`]), write with the read
+//! resourceVersion so that of two candidates only one write succeeds
+//! ([`lease`]). Expiry is judged by the local monotonic clock: another
+//! holder's Lease is taken only once its record has not changed for a
+//! whole lease duration, so wall-clock skew between replicas is harmless.
+//!
+//! Every attempt is bounded: a leader's by what is left of its renew
+//! deadline, a candidate's by the renew deadline. A leader whose deadline
+//! passes steps down however its call ends, and campaigns again once the
+//! composition root has stopped its leader-only work
+//! ([`Campaign::rejoin`]).
+//!
+//! kube-lease-manager was considered; it relies on server-side-apply field
+//! ownership conflicts for mutual exclusion, which the optimistic
+//! concurrency of a plain update provides with fewer moving parts.
+
+pub mod decide;
+pub mod lease;
+pub mod metrics;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube::Client;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use self::decide::{after_attempt, attempt_bound, Outcome, Step, StepDown};
+pub use self::decide::{Decision, Record, Seen};
+pub use self::lease::release;
+pub use self::metrics::LeaderMetrics;
+use crate::provider::error::plain_message;
+
+/// Election timing.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// How long a Lease lasts without renewal.
+    pub lease_duration: Duration,
+    /// How long the leader keeps failing to renew before it steps down.
+    pub renew_deadline: Duration,
+    /// Time between attempts.
+    pub retry_period: Duration,
+}
+
+/// A running campaign.
+pub struct Campaign {
+    /// `true` while leading; see [`campaign`].
+    pub leading: watch::Receiver<bool>,
+    rejoin: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Campaign {
+    /// After a step-down: leader-only work has stopped, campaign again.
+    pub fn rejoin(&self) {
+        self.rejoin.notify_one();
+    }
+
+    /// Stops campaigning (no more renewals) and waits for the task to end.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Campaigns for the Lease `name` in `namespace` as `me`. The returned
+/// channel turns `true` once this replica leads. When it steps down (the
+/// Lease is another's, or no renewal succeeded within the renew deadline)
+/// it turns `false` and the campaign pauses until [`Campaign::rejoin`]:
+/// the caller stops leader-only work first, so it never runs on two
+/// replicas at once.
+pub fn campaign(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    me: String,
+    timing: Timing,
+    metrics: LeaderMetrics,
+) -> Campaign {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let name = name.to_string();
+    let (tx, rx) = watch::channel(false);
+    let rejoin = Arc::new(Notify::new());
+    let resume = rejoin.clone();
+    let task = tokio::spawn(async move {
+        let mut seen: Option<Seen> = None;
+        // While leading: when leader-only work must stop unless renewed.
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let started = Instant::now();
+            let bound = attempt_bound(deadline, started, timing.renew_deadline);
+            let outcome = if bound.is_zero() {
+                Outcome::Failed
+            } else {
+                let attempt = lease::try_once(&api, &name, &me, timing, &mut seen);
+                match tokio::time::timeout(bound, attempt).await {
+                    Ok(Ok(true)) => Outcome::Held,
+                    Ok(Ok(false)) => Outcome::Lost,
+                    Ok(Err(e)) => {
+                        warn!(identity = %me, error = %plain_message(&e), "Leader election request failed");
+                        Outcome::Failed
+                    }
+                    Err(_) => {
+                        warn!(identity = %me, limit = ?bound, "Leader election request did not answer in time");
+                        Outcome::Failed
+                    }
+                }
+            };
+            let now = Instant::now();
+            match deadline {
+                None if outcome == Outcome::Held => {
+                    deadline = Some(started + timing.renew_deadline);
+                    info!(identity = %me, lease = %name, "Became the leader");
+                    let _ = tx.send(true);
+                }
+                None => {}
+                Some(d) => match after_attempt(outcome, started, now, d, timing.renew_deadline) {
+                    Step::Lead { deadline: next } => deadline = Some(next),
+                    Step::StepDown(why) => {
+                        metrics.stepped_down(why);
+                        match why {
+                            StepDown::Lost => {
+                                warn!(identity = %me, lease = %name, "Lost the leader lease to another replica; stepping down")
+                            }
+                            StepDown::DeadlinePassed => {
+                                warn!(identity = %me, lease = %name, renew_deadline = ?timing.renew_deadline, "Could not renew the leader lease in time; stepping down")
+                            }
+                        }
+                        deadline = None;
+                        let _ = tx.send(false);
+                        // Campaign again only once leader-only work stopped.
+                        resume.notified().await;
+                        continue;
+                    }
+                },
+            }
+            if tx.is_closed() {
+                return;
+            }
+            let pause = match deadline {
+                Some(d) => timing.retry_period.min(d.saturating_duration_since(now)),
+                None => timing.retry_period,
+            };
+            tokio::time::sleep(pause).await;
+        }
+    });
+    Campaign {
+        leading: rx,
+        rejoin,
+        task,
+    }
+}

@@ -1,0 +1,100 @@
+//! Replicas with `--leader-elect` on a test's ground, and what their Lease
+//! and logs say (the leader tests and the fault suite share these).
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+use super::{eventually, Ground, Operator};
+
+/// The operator's leader election Lease.
+pub const LEASE: &str = "egress-proxies-operator.crawl.example.com";
+/// The discovery API token of the replicas.
+pub const TOKEN: &str = "leader-test-token";
+
+/// A replica named `name` (its identity starts with `name_`) with the
+/// given lease duration and renew deadline, a 500 ms retry period, the
+/// kubernetes provider, and `extra` flags; its log is `dir/<name>.log`.
+pub fn replica(
+    ground: &Ground,
+    dir: &Path,
+    name: &str,
+    [lease, renew]: [&str; 2],
+    extra: &[&str],
+) -> Operator {
+    // The ground's operator keeps its Lease in the test's namespace.
+    let mut cmd = ground.operator(
+        dir,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+    );
+    cmd.args([
+        "--leader-elect",
+        "--leader-election-lease-duration",
+        lease,
+        "--leader-election-renew-deadline",
+        renew,
+        "--leader-election-retry-period",
+        "500ms",
+    ])
+    .args(extra)
+    .env("DISCOVERY_TOKEN", TOKEN)
+    .env("POD_NAME", name);
+    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
+}
+
+/// The Lease's holder.
+pub async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases.get_opt(LEASE).await.ok()??.spec?.holder_identity
+}
+
+/// Waits until the replica logging to `log` has started to campaign.
+pub async fn campaigning(log: &Path) {
+    eventually(
+        "the replica to campaign",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(log)
+                .ok()?
+                .contains("Waiting to become the leader")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until the Proxy `name` has a providerID: it was reconciled.
+pub async fn reconciled(proxies: &Api<egress_proxies_operator::api::Proxy>, name: &str) {
+    eventually(
+        &format!("{name} to get a providerID"),
+        Duration::from_secs(60),
+        || async {
+            proxies
+                .get(name)
+                .await
+                .ok()?
+                .status?
+                .provider_id
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+/// The log line of a replica that became the leader.
+pub const BECAME: &str = "Became the leader";
+/// The log line of a replica whose leader-only work has stopped.
+pub const STOPPED: &str = "Stopped leader-only work";
+
+/// Whether the replica that wrote `log` leads now, by its log.
+pub fn leads(log: &str) -> bool {
+    log.matches(BECAME).count() > log.matches(STOPPED).count()
+}
+
+/// The value of `series` in the `/metrics` scrape of the server on `addr`.
+pub async fn scraped(addr: std::net::SocketAddr, series: &str) -> Option<f64> {
+    let (status, body) = super::api_call(addr, "GET", "/metrics", None, vec![]).await;
+    assert_eq!(status, 200, "{body}");
+    super::sample(body.as_str()?, series)
+}
