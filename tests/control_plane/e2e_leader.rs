@@ -188,14 +188,20 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
 
     // Another replica takes the Lease (as one whose renewals a never saw
     // fail would): a finds another holder at its next renewal.
-    let mut l = leases.get(LEASE).await.unwrap();
-    let spec = l.spec.as_mut().unwrap();
-    spec.holder_identity = Some("usurper".into());
-    spec.lease_duration_seconds = Some(3600);
-    leases
-        .replace(LEASE, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    // a renews every second or so, so a replace may race a renewal (409):
+    // read again and retry, as a real contender would.
+    eventually(
+        "the usurper to take the Lease",
+        Duration::from_secs(10),
+        || async {
+            let mut l = leases.get(LEASE).await.ok()?;
+            let spec = l.spec.as_mut()?;
+            spec.holder_identity = Some("usurper".into());
+            spec.lease_duration_seconds = Some(3600);
+            leases.replace(LEASE, &PostParams::default(), &l).await.ok()
+        },
+    )
+    .await;
     eventually(
         "a to stop its leader-only work",
         Duration::from_secs(10),
