@@ -11,6 +11,8 @@
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
 //! - [`jitter`]: the spread taken off every requeue delay.
+//! - [`throttle`]: whether a create may go now (the provider's create
+//!   limits).
 
 pub mod delete;
 pub mod end;
@@ -18,6 +20,7 @@ pub mod jitter;
 pub mod managed;
 pub mod phase;
 pub mod status;
+pub mod throttle;
 
 use chrono::{DateTime, Utc};
 
