@@ -17,8 +17,8 @@ use serde::Deserialize;
 pub use gcp::GcpConfig;
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use limits::{
-    CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT, MAX_CREATES_PER_MINUTE,
-    MAX_MAX_CREATES_IN_FLIGHT,
+    CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT,
+    MAX_CREATES_PER_MINUTE, MAX_MAX_CREATES_IN_FLIGHT,
 };
 pub use provider_type::ProviderType;
 pub use validate::http_url;

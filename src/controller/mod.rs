@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 pub mod status_patch;
+pub mod throttle;
 
 use std::future::Future;
 use std::sync::Arc;

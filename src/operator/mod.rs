@@ -258,6 +258,14 @@ impl Operator {
             stop.clone().cancelled_owned(),
         );
         let health_source: Arc<dyn HealthSource> = engine;
+        let throttle = Arc::new(
+            controller::throttle::Throttle::new(&s.providers)
+                .with_metrics(self.metrics.throttle.clone()),
+        );
+        let limiters = throttle.clone();
+        self.metrics
+            .throttle
+            .set_limiters(move || limiters.gauges(chrono::Utc::now()));
         let ctx = Arc::new(
             Context::new(
                 self.client.clone(),
@@ -265,7 +273,8 @@ impl Operator {
                 installation_id,
                 Some(health_source),
             )
-            .with_metrics(self.metrics.reconcile.clone()),
+            .with_metrics(self.metrics.reconcile.clone())
+            .with_throttle(throttle),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;

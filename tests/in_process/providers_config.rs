@@ -444,19 +444,32 @@ fn create_limit_errors_name_the_entry_the_key_and_the_reason() {
     let entry = |kv: &str| format!("providers:\n  - name: k\n    type: kubernetes\n    {kv}\n");
     assert_err(
         &entry("createsPerMinute: 0"),
-        &["providers[0] \"k\"", "createsPerMinute must be at least 1 (got 0)"],
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be at least 1 (got 0)",
+        ],
     );
     assert_err(
         &entry("maxCreatesInFlight: -1"),
-        &["providers[0] \"k\"", "maxCreatesInFlight must be at least 1 (got -1)"],
+        &[
+            "providers[0] \"k\"",
+            "maxCreatesInFlight must be at least 1 (got -1)",
+        ],
     );
     assert_err(
         &entry("createsPerMinute: fast"),
-        &["providers[0] \"k\"", "createsPerMinute must be a whole number", "a string"],
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be a whole number",
+            "a string",
+        ],
     );
     assert_err(
         &entry("createsPerMinute: 100000"),
-        &["providers[0] \"k\"", "createsPerMinute must be at most 6000 (got 100000)"],
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be at most 6000 (got 100000)",
+        ],
     );
     assert_err(
         &entry("maxCreatesInFlight: 2.5"),

@@ -11,6 +11,8 @@
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
 //! - [`jitter`]: the spread taken off every requeue delay.
+//! - [`replace`]: the backoff between re-creates of an instance that
+//!   keeps dying, kept in the status.
 //! - [`throttle`]: whether a create may go now (the provider's create
 //!   limits).
 
@@ -19,6 +21,7 @@ pub mod end;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
+pub mod replace;
 pub mod status;
 pub mod throttle;
 

@@ -16,8 +16,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 
+use super::phase::{phase, Stage};
+use crate::api::condition::{self, Condition, ConditionStatus};
+use crate::api::proxy::conditions::{PROVISIONED, REASON_CREATE_THROTTLED};
+use crate::api::ProxyStatus;
 use crate::config::CreateLimits;
 
 /// How often a create held back by the in-flight cap asks again: an
@@ -198,7 +202,10 @@ impl CreateLimiter {
         let headroom = (now + tolerance(limits) - booked)
             .num_nanoseconds()
             .unwrap_or(i64::MAX);
-        let step = interval(limits).num_nanoseconds().unwrap_or(i64::MAX).max(1);
+        let step = interval(limits)
+            .num_nanoseconds()
+            .unwrap_or(i64::MAX)
+            .max(1);
         let tokens = if headroom < 0 {
             0
         } else {
@@ -239,6 +246,43 @@ pub fn held_requeue(until: DateTime<Utc>, now: DateTime<Utc>, unit: f64) -> Dura
     let spread = (wait / 5).min(MAX_SPREAD);
     // At least a millisecond: a zero requeue would be a busy loop.
     (wait + spread.mul_f64(u)).max(Duration::from_millis(1))
+}
+
+/// The create of a Proxy on `provider` waits until `until` for `hold`:
+/// `Provisioned=False/CreateThrottled` naming the provider's limit and
+/// the next try. The phase is Provisioning (there is no instance).
+pub fn mark_create_throttled(
+    status: &mut ProxyStatus,
+    provider: &str,
+    limits: &CreateLimits,
+    hold: Hold,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    let next = until.to_rfc3339_opts(SecondsFormat::Secs, true);
+    let message = match hold {
+        Hold::Rate => format!(
+            "provider {provider:?} allows {} creates a minute (createsPerMinute): this create waits its turn, next try at {next}",
+            limits.creates_per_minute
+        ),
+        Hold::InFlight => format!(
+            "provider {provider:?} has {} creates in flight, its maxCreatesInFlight: next try at {next}",
+            limits.max_creates_in_flight
+        ),
+    };
+    status.phase = phase(Stage::Provisioning, status.phase);
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            PROVISIONED,
+            ConditionStatus::False,
+            REASON_CREATE_THROTTLED,
+            message,
+            now,
+        )
+        .at_generation(generation),
+    );
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use super::super::tests::t;
 use super::*;
@@ -190,7 +190,11 @@ fn create_limiter_table() {
             limits: limits(60, 1),
             events: vec![
                 Admit("a", 0, Want::Go),
-                Admit("b", 30 * 60_000 - 1, Want::Wait(30 * 60_000 + 9_999, Hold::InFlight)),
+                Admit(
+                    "b",
+                    30 * 60_000 - 1,
+                    Want::Wait(30 * 60_000 + 9_999, Hold::InFlight),
+                ),
                 Admit("b", 30 * 60_000, Want::Go),
             ],
         },
@@ -257,7 +261,9 @@ fn three_hundred_proxies_late_or_not_keep_the_rate() {
     let mut creates: Vec<(i64, usize)> = Vec::new();
     let mut seed: u64 = 7;
     let mut lateness = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         i64::try_from((seed >> 33) % 3000).unwrap()
     };
     let mut asks = 0;
@@ -337,7 +343,12 @@ fn held_requeue_table() {
         },
     ];
     for c in cases {
-        assert_eq!(held_requeue(ms(c.wait_ms), ms(0), c.unit), c.want, "{}", c.name);
+        assert_eq!(
+            held_requeue(ms(c.wait_ms), ms(0), c.unit),
+            c.want,
+            "{}",
+            c.name
+        );
     }
 }
 
@@ -345,4 +356,48 @@ fn held_requeue_table() {
 fn hold_labels_are_bounded() {
     assert_eq!(Hold::Rate.metric_label(), "rate");
     assert_eq!(Hold::InFlight.metric_label(), "in_flight");
+}
+
+#[test]
+fn the_throttled_status_names_the_limit_and_the_next_try() {
+    use crate::api::ProxyPhase;
+    struct Case {
+        name: &'static str,
+        hold: Hold,
+        want: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "rate",
+            hold: Hold::Rate,
+            want: "provider \"gcp-eu\" allows 30 creates a minute (createsPerMinute): this create waits its turn, next try at ",
+        },
+        Case {
+            name: "in flight",
+            hold: Hold::InFlight,
+            want: "provider \"gcp-eu\" has 4 creates in flight, its maxCreatesInFlight: next try at ",
+        },
+    ];
+    for c in cases {
+        let mut s = ProxyStatus::default();
+        mark_create_throttled(
+            &mut s,
+            "gcp-eu",
+            &limits(30, 4),
+            c.hold,
+            ms(61_000),
+            ms(0),
+            Some(1),
+        );
+        assert_eq!(s.phase, Some(ProxyPhase::Provisioning), "{}", c.name);
+        let cond = condition::find(&s.conditions, PROVISIONED).unwrap();
+        assert_eq!(
+            (cond.status, cond.reason.as_str(), cond.observed_generation),
+            (ConditionStatus::False, "CreateThrottled", Some(1)),
+            "{}",
+            c.name
+        );
+        let next = ms(61_000).to_rfc3339_opts(SecondsFormat::Secs, true);
+        assert_eq!(cond.message, format!("{}{next}", c.want), "{}", c.name);
+    }
 }
