@@ -31,6 +31,8 @@ pub struct Context {
     pub random: Arc<dyn plan::Random>,
     /// Every provider's create limiter, shared by all reconciles.
     pub throttle: Arc<super::throttle::Throttle>,
+    /// The statuses passes wrote that the cache may not show yet.
+    pub written: super::written::Written,
 }
 
 impl Context {
@@ -51,6 +53,7 @@ impl Context {
             metrics: None,
             random: Arc::new(plan::SystemRandom),
             throttle: Arc::default(),
+            written: super::written::Written::default(),
         }
     }
 

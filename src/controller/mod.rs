@@ -9,6 +9,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod status_patch;
 pub mod throttle;
+pub mod written;
 
 use std::future::Future;
 use std::sync::Arc;

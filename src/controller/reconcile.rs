@@ -65,7 +65,10 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, E
 }
 
 async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let base = proxy.status.clone().unwrap_or_default();
+    let uid = proxy.uid().unwrap_or_default();
+    let read = proxy.status.clone().unwrap_or_default();
+    // Our own last write when the cache has not caught up with it yet.
+    let base = ctx.written.base(&uid, read, Utc::now());
     let mut status = base.clone();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     let result = match plan::path(deleting, proxy.spec.mode) {
@@ -74,6 +77,9 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
         Path::Managed => managed_path(&proxy, &ctx, &mut status).await,
     };
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
+    if patched.is_ok() && status != base {
+        ctx.written.wrote(&uid, &status, Utc::now());
+    }
     let action = result?;
     patched?;
     ctx.succeeded(&key(&proxy));
@@ -378,6 +384,7 @@ async fn managed_path(
                     info!(providerID = %id, "Instance vanished: replacing it");
                     plan::replace::note(status, now);
                 }
+                ctx.throttle.settle(&provider_name, &uid, false, now);
                 plan::status::clear_instance(status);
                 get = None;
                 continue;

@@ -15,6 +15,8 @@
 //!   keeps dying, kept in the status.
 //! - [`throttle`]: whether a create may go now (the provider's create
 //!   limits).
+//! - [`written`]: whether a pass starts from the status it read or from
+//!   the one the last pass wrote (read your own writes).
 
 pub mod delete;
 pub mod end;
@@ -24,6 +26,7 @@ pub mod phase;
 pub mod replace;
 pub mod status;
 pub mod throttle;
+pub mod written;
 
 use chrono::{DateTime, Utc};
 
