@@ -150,11 +150,6 @@ async fn three_hundred_proxies_applied_at_once_are_created_once_each_within_the_
 async fn an_instance_that_dies_right_after_boot_backs_off() {
     let ground = support::ground_without_pods("backoff").await;
     let standin = StandIn::start_for(Duration::from_secs(300)).await;
-    let dbg = tempfile::Builder::new()
-        .tempdir_in("/tmp/ratedbg")
-        .unwrap()
-        .keep();
-    eprintln!("DEBUG DIR {}", dbg.display());
     standin.with(|st| {
         st.running_after_gets = 1;
         // Gone at the first get after its delete.
@@ -194,10 +189,6 @@ async fn an_instance_that_dies_right_after_boot_backs_off() {
     );
     assert_eq!(support::phase(&held), Some("Provisioning"));
     // Two inserts: the first instance and its immediate replacement.
-    for r in standin.requests() {
-        eprintln!("REQ {r:?}");
-    }
-    std::fs::copy(dir.path().join("operator.log"), dbg.join("operator.log")).unwrap();
     assert_eq!(standin.count("POST", "/instances"), 2);
     let table = ground.kubectl(&["get", "px", "dies", "--no-headers"]);
     assert!(table.contains("ReplaceBackoff"), "{table}");
