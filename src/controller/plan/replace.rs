@@ -10,8 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 
 use super::managed::{ReplaceCause, Step};
-use super::phase::{phase, Stage};
-use crate::api::condition::{self, Condition, ConditionStatus};
+use super::status;
+use crate::api::condition::{self, ConditionStatus};
 use crate::api::proxy::conditions::{PROVISIONED, REASON_INSTANCE_RUNNING, REASON_REPLACE_BACKOFF};
 use crate::api::ProxyStatus;
 
@@ -105,18 +105,7 @@ pub fn mark_replace_backoff(
         "the instance stopped or vanished {n} times in a row (the last at {last}): the next create is at {} (replacements back off from 30s, doubling up to 30m)",
         at(until)
     );
-    status.phase = phase(Stage::Provisioning, status.phase);
-    condition::set(
-        &mut status.conditions,
-        Condition::new(
-            PROVISIONED,
-            ConditionStatus::False,
-            REASON_REPLACE_BACKOFF,
-            message,
-            now,
-        )
-        .at_generation(generation),
-    );
+    status::mark_held(status, REASON_REPLACE_BACKOFF, &message, now, generation);
 }
 
 #[cfg(test)]

@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 
-use super::phase::{phase, Stage};
-use crate::api::condition::{self, Condition, ConditionStatus};
-use crate::api::proxy::conditions::{PROVISIONED, REASON_CREATE_THROTTLED};
+use super::status;
+use crate::api::proxy::conditions::REASON_CREATE_THROTTLED;
 use crate::api::ProxyStatus;
 use crate::config::CreateLimits;
 
@@ -271,18 +270,7 @@ pub fn mark_create_throttled(
             limits.max_creates_in_flight
         ),
     };
-    status.phase = phase(Stage::Provisioning, status.phase);
-    condition::set(
-        &mut status.conditions,
-        Condition::new(
-            PROVISIONED,
-            ConditionStatus::False,
-            REASON_CREATE_THROTTLED,
-            message,
-            now,
-        )
-        .at_generation(generation),
-    );
+    status::mark_held(status, REASON_CREATE_THROTTLED, &message, now, generation);
 }
 
 #[cfg(test)]

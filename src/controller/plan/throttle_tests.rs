@@ -3,6 +3,8 @@ use std::collections::BinaryHeap;
 
 use super::super::tests::t;
 use super::*;
+use crate::api::condition::{self, ConditionStatus};
+use crate::api::proxy::conditions::PROVISIONED;
 
 fn ms(n: i64) -> DateTime<Utc> {
     t(0) + TimeDelta::milliseconds(n)

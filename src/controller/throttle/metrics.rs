@@ -73,6 +73,9 @@ impl ThrottleMetrics {
     }
 }
 
+/// A gauge family: its name, help, and the value it takes from a limiter.
+type GaugeFamily = (&'static str, &'static str, fn(&Gauges) -> u32);
+
 #[derive(Debug)]
 struct LimiterGauges(Scraped<Vec<(String, Gauges)>>);
 
@@ -81,7 +84,7 @@ impl Collector for LimiterGauges {
         let Some(rows) = self.0.read() else {
             return Ok(());
         };
-        let families: [(&str, &str, fn(&Gauges) -> u32); 3] = [
+        let families: [GaugeFamily; 3] = [
             (
                 TOKENS,
                 "Creates the provider's bucket would let go at once (createsPerMinute)",
