@@ -37,6 +37,11 @@ use super::condition::Condition;
         json_path = ".status.conditions[?(@.type==\"Healthy\")].status"
     ),
     printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Provisioned\")].reason"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -256,6 +261,17 @@ pub struct ProxyStatus {
     /// used to avoid resubmitting a delete on every poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_requested_at: Option<DateTime<Utc>>,
+    /// Replacements in a row: instances found stopped, terminated or gone
+    /// without the operator asking. From the second on, each re-create
+    /// waits longer (reason `ReplaceBackoff`); the count resets once an
+    /// instance has run for 10 minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replacements: Option<i32>,
+    /// When the last of those replacements was noticed; the next re-create
+    /// waits from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replaced_at: Option<DateTime<Utc>>,
     /// Conditions: `Provisioned` (instance exists and runs) and `Healthy`
     /// (probes pass through the proxy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -311,4 +327,10 @@ pub mod conditions {
     pub const REASON_CLOUD_INIT_ERROR: &str = "CloudInitError";
     /// Provisioned=False: the spec cannot be acted on (bypassed validation).
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+    /// Provisioned=False: the provider's create limits (`createsPerMinute`,
+    /// `maxCreatesInFlight`) hold this create back until a set time.
+    pub const REASON_CREATE_THROTTLED: &str = "CreateThrottled";
+    /// Provisioned=False: the instance was replaced repeatedly; the next
+    /// re-create waits (30 s doubling, up to 30 minutes).
+    pub const REASON_REPLACE_BACKOFF: &str = "ReplaceBackoff";
 }

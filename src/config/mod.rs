@@ -6,6 +6,7 @@
 mod gcp;
 mod kubernetes;
 mod kvm;
+mod limits;
 mod provider_type;
 mod validate;
 
@@ -17,6 +18,10 @@ use serde::Deserialize;
 pub use gcp::{allowed, GcpConfig};
 pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+pub use limits::{
+    CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT,
+    MAX_CREATES_PER_MINUTE, MAX_MAX_CREATES_IN_FLIGHT,
+};
 pub use provider_type::ProviderType;
 pub use validate::http_url;
 
@@ -36,6 +41,8 @@ pub struct ProviderConfig {
     pub provider_type: ProviderType,
     /// The type's settings.
     pub settings: ProviderSettings,
+    /// `createsPerMinute` and `maxCreatesInFlight` (every type).
+    pub limits: CreateLimits,
 }
 
 /// Per-type settings: exactly the block that matches the type.

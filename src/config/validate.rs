@@ -2,8 +2,8 @@
 //!
 //! Entries are parsed one by one from a generic YAML tree so that each
 //! error can be prefixed with the entry's index and name, and so that the
-//! checks run in the documented order (name, type, blocks, type-specific)
-//! whatever key a typo hit.
+//! checks run in the documented order (name, type, blocks, type-specific,
+//! create limits) whatever key a typo hit.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +32,10 @@ struct RawEntry {
     gcp: Option<Value>,
     #[serde(default)]
     kvm: Option<Value>,
+    #[serde(default, rename = "createsPerMinute")]
+    creates_per_minute: Option<Value>,
+    #[serde(default, rename = "maxCreatesInFlight")]
+    max_creates_in_flight: Option<Value>,
 }
 
 pub(super) fn parse(bytes: &[u8]) -> Result<ProvidersConfig, ConfigError> {
@@ -88,7 +92,7 @@ fn string_field(v: Option<Value>, key: &str) -> Result<String, String> {
     }
 }
 
-fn describe(v: &Value) -> &'static str {
+pub(super) fn describe(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -190,10 +194,12 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             ProviderSettings::Kvm(cfg)
         }
     };
+    let limits = super::CreateLimits::parse(raw.creates_per_minute, raw.max_creates_in_flight)?;
     Ok(ProviderConfig {
         name,
         provider_type,
         settings,
+        limits,
     })
 }
 

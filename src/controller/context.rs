@@ -29,6 +29,10 @@ pub struct Context {
     pub metrics: Option<super::metrics::ReconcileMetrics>,
     /// Where the jitter of every requeue comes from.
     pub random: Arc<dyn plan::Random>,
+    /// Every provider's create limiter, shared by all reconciles.
+    pub throttle: Arc<super::throttle::Throttle>,
+    /// The statuses passes wrote that the cache may not show yet.
+    pub written: super::written::Written,
 }
 
 impl Context {
@@ -48,7 +52,15 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             metrics: None,
             random: Arc::new(plan::SystemRandom),
+            throttle: Arc::default(),
+            written: super::written::Written::default(),
         }
+    }
+
+    /// Limits creates with `throttle` (built from the providers config).
+    pub fn with_throttle(mut self, throttle: Arc<super::throttle::Throttle>) -> Self {
+        self.throttle = throttle;
+        self
     }
 
     /// Takes requeue jitter from `random` (a fixed one makes tests exact).

@@ -8,6 +8,8 @@ pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 pub mod status_patch;
+pub mod throttle;
+pub mod written;
 
 use std::future::Future;
 use std::sync::Arc;

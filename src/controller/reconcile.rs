@@ -18,6 +18,7 @@ use super::plan::{
     self, Backoff, DeleteInput, DeleteStep, End, Ending, Failure, GetOutcome, Health, ManagedInput,
     Path, ReleaseReason, Step,
 };
+use super::throttle::{admit_or_hold, hold, Held};
 use super::{cloud_init, status_patch};
 use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
@@ -64,7 +65,10 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, E
 }
 
 async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let base = proxy.status.clone().unwrap_or_default();
+    let uid = proxy.uid().unwrap_or_default();
+    let read = proxy.status.clone().unwrap_or_default();
+    // Our own last write when the cache has not caught up with it yet.
+    let base = ctx.written.base(&uid, read, Utc::now());
     let mut status = base.clone();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     let result = match plan::path(deleting, proxy.spec.mode) {
@@ -73,6 +77,9 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
         Path::Managed => managed_path(&proxy, &ctx, &mut status).await,
     };
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
+    if patched.is_ok() && status != base {
+        ctx.written.wrote(&uid, &status, Utc::now());
+    }
     let action = result?;
     patched?;
     ctx.succeeded(&key(&proxy));
@@ -263,6 +270,7 @@ async fn managed_path(
     let mut user_data = UserData::default();
     let mut get: Option<GetOutcome> = None;
     let namespace = proxy.namespace().unwrap_or_default();
+    let uid = proxy.uid().unwrap_or_default();
 
     for _ in 0..MANAGED_STEPS {
         let now = Utc::now();
@@ -288,6 +296,7 @@ async fn managed_path(
             })
         };
         let id = status.provider_id.clone().unwrap_or_default();
+        let died = plan::replace::died(&step, status);
         let ending = match step {
             Step::AddFinalizer => {
                 let mut fins = proxy.finalizers().to_vec();
@@ -326,14 +335,27 @@ async fn managed_path(
                 let Some(port) = plan::create_port(proxy.spec.port) else {
                     return finish(ctx, Ending::NoPort, status, now, generation);
                 };
+                let provider = p()?;
+                if let Some(held) =
+                    admit_or_hold(ctx, &provider_name, &uid, status, now, generation)
+                {
+                    return Ok(held);
+                }
                 let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
-                match p()?.create(&req).await {
+                match provider.create(&req).await {
                     Ok(id) => {
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
                         Ending::Created { id }
                     }
-                    Err(e) => return fail(ctx, proxy, e, status, now),
+                    Err(e) => {
+                        ctx.throttle.create_failed(&provider_name, &uid);
+                        return fail(ctx, proxy, e, status, now);
+                    }
                 }
+            }
+            Step::ReplaceBackoff { until } => {
+                let held = Held::ReplaceBackoff { until };
+                return Ok(hold(ctx, &provider_name, held, status, now, generation));
             }
             Step::Get => {
                 get = Some(GetOutcome::of(p()?.get(&id).await));
@@ -341,6 +363,9 @@ async fn managed_path(
             }
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
+                    if died {
+                        plan::replace::note(status, now);
+                    }
                     info!(providerID = %id, reason = ?why, "Replacing instance");
                     Ending::Replacing {
                         why,
@@ -355,6 +380,11 @@ async fn managed_path(
             },
             Step::ClearAndCreate => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
+                if died {
+                    info!(providerID = %id, "Instance vanished: replacing it");
+                    plan::replace::note(status, now);
+                }
+                ctx.throttle.settle(&provider_name, &uid, false, now);
                 plan::status::clear_instance(status);
                 get = None;
                 continue;
@@ -373,6 +403,8 @@ async fn managed_path(
                 return fail(ctx, proxy, err, status, now);
             }
         };
+        let provisioning = matches!(ending, Ending::Created { .. } | Ending::Provisioning);
+        ctx.throttle.settle(&provider_name, &uid, provisioning, now);
         return finish(ctx, ending, status, now, generation);
     }
     finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
@@ -388,6 +420,8 @@ async fn delete_path(
     let provider_name = proxy.spec.provider.clone().unwrap_or_default();
     let provider = ctx.registry.get(&provider_name);
     let id = status.provider_id.clone().unwrap_or_default();
+    ctx.throttle
+        .forget(&provider_name, &proxy.uid().unwrap_or_default());
     let mut get: Option<GetOutcome> = None;
     for _ in 0..DELETE_STEPS {
         let now = Utc::now();

@@ -8,6 +8,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
 use crate::controller::metrics::ReconcileMetrics;
+use crate::controller::throttle::ThrottleMetrics;
 use crate::discovery::metrics::DiscoveryMetrics;
 use crate::gc::metrics::GcMetrics;
 use crate::health::metrics::HealthMetrics;
@@ -24,6 +25,8 @@ pub struct Metrics {
     pub provider: ProviderMetrics,
     /// Reconcile series.
     pub reconcile: ReconcileMetrics,
+    /// Create-limit series.
+    pub throttle: ThrottleMetrics,
     /// Health probe series.
     pub health: HealthMetrics,
     /// Discovery and lease API series, and the active leases.
@@ -54,6 +57,7 @@ impl Metrics {
         let phases = PhaseGauge::register(&mut registry);
         let provider = ProviderMetrics::register(&mut registry);
         let reconcile = ReconcileMetrics::register(&mut registry);
+        let throttle = ThrottleMetrics::register(&mut registry);
         let health = HealthMetrics::register(&mut registry);
         let discovery = DiscoveryMetrics::register(&mut registry);
         let gc = GcMetrics::register(&mut registry);
@@ -63,6 +67,7 @@ impl Metrics {
             exposition: registry.finish(),
             provider,
             reconcile,
+            throttle,
             health,
             discovery,
             gc,

@@ -255,8 +255,10 @@ impl Operator {
                     term.cancel();
                     drain(&mut work, std::future::ready(()), step_down_grace).await;
                     self.metrics.leader.set_leading(false);
-                    // A replica that does not lead exports no provider gauges.
+                    // A replica that does not lead exports no provider or
+                    // create-limit gauges.
                     self.metrics.provider_health.set_targets(Vec::new);
+                    self.metrics.throttle.set_limiters(Vec::new);
                     warn!(identity = %identity, "Stopped leader-only work (controller, GC, health engine, provider checks); still serving the discovery API; campaigning again");
                     if campaign_ended {
                         return Err(StartError::LeaderElection);
@@ -318,6 +320,14 @@ impl Operator {
             stop.clone().cancelled_owned(),
         );
         let health_source: Arc<dyn HealthSource> = engine;
+        let throttle = Arc::new(
+            controller::throttle::Throttle::new(&s.providers)
+                .with_metrics(self.metrics.throttle.clone()),
+        );
+        let limiters = throttle.clone();
+        self.metrics
+            .throttle
+            .set_limiters(move || limiters.gauges(chrono::Utc::now()));
         let ctx = Arc::new(
             Context::new(
                 self.client.clone(),
@@ -325,7 +335,8 @@ impl Operator {
                 installation_id,
                 Some(health_source),
             )
-            .with_metrics(self.metrics.reconcile.clone()),
+            .with_metrics(self.metrics.reconcile.clone())
+            .with_throttle(throttle),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;

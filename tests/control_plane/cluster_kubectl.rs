@@ -144,7 +144,7 @@ async fn every_sample_applies_client_and_server_side_and_lists_with_its_columns(
     let table = ok(Some(&ns), &["get", "px"]);
     assert_eq!(
         header(&table),
-        ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"],
+        ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "REASON", "AGE"],
         "{table}"
     );
     assert_eq!(

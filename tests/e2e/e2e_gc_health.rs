@@ -392,6 +392,10 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         "proxy_operator_reconcile_total{controller=\"proxy\",result=\"success\"}",
         "proxy_operator_reconcile_total{controller=\"providerhealth\",result=\"success\"}",
         "proxy_operator_reconcile_duration_seconds_count{controller=\"proxy\"}",
+        // The create limiter: the one create is over (its Pod runs).
+        "proxy_operator_create_tokens{provider=\"metrics-kube\"} ",
+        "proxy_operator_creates_in_flight{provider=\"metrics-kube\"} 0",
+        "proxy_operator_creates_waiting{provider=\"metrics-kube\"} 0",
         // GC (default interval 10m) has not swept yet: its counters are 0.
         "proxy_operator_gc_sweeps_total{provider=\"metrics-kube\",result=\"ok\"} 0",
         "proxy_operator_gc_deleted_total{provider=\"metrics-kube\"} 0",

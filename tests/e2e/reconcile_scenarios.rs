@@ -13,6 +13,7 @@ use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::plan;
 use egress_proxies_operator::controller::reconcile::{error_policy, reconcile};
+use egress_proxies_operator::controller::throttle::Throttle;
 use egress_proxies_operator::controller::{Context, Error};
 use egress_proxies_operator::operator::Metrics;
 use egress_proxies_operator::provider::fake::FakeProvider;
@@ -84,10 +85,15 @@ impl Scenario {
 
     /// A scenario whose requeue jitter is always `unit`.
     async fn jittered(prefix: &str, fake: FakeProvider, unit: f64) -> Scenario {
+        Scenario::configured(prefix, fake, unit, "").await
+    }
+
+    /// A scenario whose provider entry `fake` also has `keys` (lines of
+    /// the entry, e.g. its create limits).
+    async fn configured(prefix: &str, fake: FakeProvider, unit: f64, keys: &str) -> Scenario {
         let ground = support::ground(prefix).await;
-        let cfg =
-            ProvidersConfig::from_slice(b"providers:\n  - name: fake\n    type: kubernetes\n")
-                .unwrap();
+        let doc = format!("providers:\n  - name: fake\n    type: kubernetes\n{keys}");
+        let cfg = ProvidersConfig::from_slice(doc.as_bytes()).unwrap();
         let metrics = Metrics::new();
         let f = fake.clone();
         let registry = Registry::build(&cfg, &metrics.provider, |_| {
@@ -104,7 +110,8 @@ impl Scenario {
                 ground.ns.clone(),
                 Some(source),
             )
-            .with_random(Arc::new(plan::Fixed(unit))),
+            .with_random(Arc::new(plan::Fixed(unit)))
+            .with_throttle(Arc::new(Throttle::new(&cfg))),
         );
         Scenario {
             fake,
@@ -460,4 +467,87 @@ async fn scenario_requeues_are_jittered() {
         Action::requeue(plan::jitter(plan::REQUEUE_NOW, 1.0))
     );
     assert!(plan::jitter(plan::REQUEUE_NOW, 1.0) < plan::REQUEUE_NOW);
+}
+
+/// The delay of a requeue, read from its Debug form (`Action` keeps it
+/// private): `Action { requeue_after: Some(59.9s) }`.
+fn requeue_of(a: &Action) -> Option<Duration> {
+    let text = format!("{a:?}");
+    let secs = text.split("Some(").nth(1)?.split(')').next()?;
+    let value: f64 = if let Some(ms) = secs.strip_suffix("ms") {
+        ms.parse::<f64>().ok()? / 1000.0
+    } else {
+        secs.strip_suffix('s')?.parse().ok()?
+    };
+    Some(Duration::from_secs_f64(value))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_a_create_waits_for_a_token_without_calling_the_provider() {
+    // One create a minute, a burst of one.
+    let s = Scenario::configured(
+        "sc-throttle",
+        FakeProvider::new("fake"),
+        0.0,
+        "    createsPerMinute: 1\n",
+    )
+    .await;
+    s.running("a").await;
+    assert_eq!(s.fake.calls(Op::Create), 1);
+
+    s.create("b", json!({"provider": "fake", "port": 3128}))
+        .await;
+    s.ok("b").await; // the finalizer
+    let action = s.ok("b").await;
+    let wait = requeue_of(&action).unwrap();
+    assert!(
+        wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
+        "back at its slot, about a minute after the first create: {wait:?}"
+    );
+    let p = s.get("b").await;
+    assert_eq!(phase(&p), Some("Provisioning"));
+    assert_eq!(reason(&p, "Provisioned"), pair("False", "CreateThrottled"));
+    let message = &condition(&p, "Provisioned").unwrap().message;
+    assert!(
+        message.contains("provider \"fake\" allows 1 creates a minute (createsPerMinute)"),
+        "{message}"
+    );
+    assert!(message.contains("next try at"), "{message}");
+    // Asked again early (a watch event), it still waits and still calls
+    // nothing.
+    s.ok("b").await;
+    assert_eq!(s.fake.calls(Op::Create), 1);
+    assert!(p.status.unwrap().provider_id.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_an_instance_that_keeps_vanishing_backs_off() {
+    let s = Scenario::new("sc-replace-backoff").await;
+    let p = s.running("p").await;
+
+    // The first death is replaced at once.
+    assert!(s.fake.vanish(&provider_id(&p)));
+    assert_eq!(s.ok("p").await, Action::requeue(plan::REQUEUE_NOW));
+    assert_eq!(s.fake.calls(Op::Create), 2);
+    let p = s.until("p", 4, |p| phase(p) == Some("Running")).await.0;
+    let status = p.status.clone().unwrap();
+    assert_eq!(status.replacements, Some(1));
+    let first = status.last_replaced_at.unwrap();
+
+    // The second waits 30 s, with no create meanwhile.
+    assert!(s.fake.vanish(&provider_id(&p)));
+    let wait = requeue_of(&s.ok("p").await).unwrap();
+    assert!(
+        wait > Duration::from_secs(29) && wait <= Duration::from_secs(30),
+        "{wait:?}"
+    );
+    let p = s.get("p").await;
+    assert_eq!(reason(&p, "Provisioned"), pair("False", "ReplaceBackoff"));
+    assert_eq!(phase(&p), Some("Provisioning"));
+    let status = p.status.clone().unwrap();
+    assert_eq!(status.replacements, Some(2));
+    assert!(status.last_replaced_at.unwrap() > first);
+    assert!(status.provider_id.is_none());
+    s.ok("p").await;
+    assert_eq!(s.fake.calls(Op::Create), 2, "no create during the backoff");
 }

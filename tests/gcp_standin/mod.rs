@@ -4,7 +4,7 @@
 //! RUNNING with a 127.0.0.N NAT IP after a number of gets, and takes
 //! injected errors, delays, partial lists and failing insert operations.
 //! Binds 127.0.0.1 only and stops by itself (with its runtime, or after
-//! two minutes at most).
+//! two minutes at most, or the lifetime given to [`StandIn::start_for`]).
 
 #![allow(dead_code)]
 
@@ -122,6 +122,9 @@ pub struct Store {
     pub endless_pages: bool,
     /// Every request: (method, path, query).
     pub requests: Vec<(String, String, String)>,
+    /// Every insert that made an instance: when, and how many instances
+    /// were PROVISIONING (not yet seen RUNNING by a get) right after it.
+    pub inserts: Vec<(chrono::DateTime<chrono::Utc>, usize)>,
 }
 
 pub struct StandIn {
@@ -131,6 +134,11 @@ pub struct StandIn {
 
 impl StandIn {
     pub async fn start() -> StandIn {
+        Self::start_for(Duration::from_secs(120)).await
+    }
+
+    /// A stand-in that stops by itself after `lifetime`.
+    pub async fn start_for(lifetime: Duration) -> StandIn {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1");
@@ -146,7 +154,7 @@ impl StandIn {
         let app = Router::new().fallback(handle).with_state(store.clone());
         tokio::spawn(async move {
             let serve = axum::serve(listener, app);
-            let _ = tokio::time::timeout(Duration::from_secs(120), serve).await;
+            let _ = tokio::time::timeout(lifetime, serve).await;
         });
         StandIn { url, store }
     }
@@ -387,6 +395,12 @@ fn insert(s: &mut Store, zone: &str, q: &HashMap<String, String>, body: &[u8]) -
             delete_op: None,
         },
     );
+    let provisioning = s
+        .instances
+        .values()
+        .filter(|i| i.body["status"] == json!("PROVISIONING"))
+        .count();
+    s.inserts.push((chrono::Utc::now(), provisioning));
     ok(op)
 }
 

@@ -436,7 +436,9 @@ fn names_scopes_columns_and_subresources() {
         &px,
         "Namespaced",
         "px",
-        &["Mode", "Provider", "Phase", "IP", "Healthy", "Age"],
+        &[
+            "Mode", "Provider", "Phase", "IP", "Healthy", "Reason", "Age",
+        ],
     );
     let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["properties"]["mode"]["default"], "Managed");

@@ -19,6 +19,17 @@ fn populated() -> Metrics {
     let took = Duration::from_millis(12);
     m.provider.observe("gcp-eu", "create", "ok", took);
     m.reconcile.observe("proxy", false, took);
+    m.throttle.held("gcp-eu", "rate");
+    m.throttle.set_limiters(|| {
+        vec![(
+            "gcp-eu".into(),
+            egress_proxies_operator::controller::plan::throttle::Gauges {
+                tokens: 1,
+                in_flight: 2,
+                waiting: 3,
+            },
+        )]
+    });
     m.health.observe("crawl/px-1", Some("timeout"), took);
     m.discovery.observe_request("POST /v1/leases", 201, took);
     m.discovery.lease_event("granted", 1);
@@ -91,6 +102,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_reconcile",
             "proxy_operator_reconcile_errors",
             "proxy_operator_reconcile_duration_seconds",
+            "proxy_operator_creates_throttled",
             "proxy_operator_healthcheck_duration_seconds",
             "proxy_operator_healthcheck_failures",
             "proxy_operator_discovery_requests",
@@ -103,6 +115,9 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_leader",
             "proxy_operator_leader_step_downs",
             "proxy_operator_proxies",
+            "proxy_operator_create_tokens",
+            "proxy_operator_creates_in_flight",
+            "proxy_operator_creates_waiting",
             "proxy_operator_leases_active",
             "proxy_operator_provider_target_up",
             "proxy_operator_provider_check_duration_seconds",

@@ -440,3 +440,63 @@ fn the_shipped_providers_files_are_valid() {
         ["kubernetes"]
     );
 }
+
+/// `createsPerMinute` and `maxCreatesInFlight` sit on every entry, next to
+/// `name` and `type`, whatever the type; absent, they take the defaults.
+#[test]
+fn create_limits_on_every_type() {
+    let doc = format!(
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n    createsPerMinute: 120\n  - name: gcp-eu\n    type: gcp\n    maxCreatesInFlight: 7\n    gcp:\n      project: my-project\n  - name: kvm-home\n    type: kvm\n    createsPerMinute: 6\n    maxCreatesInFlight: 2{KVM_OK}"
+    );
+    let cfg = ProvidersConfig::from_slice(doc.as_bytes()).unwrap();
+    let limits = |name: &str| {
+        let l = cfg.get(name).unwrap().limits;
+        (l.creates_per_minute, l.max_creates_in_flight, l.burst())
+    };
+    assert_eq!(limits("kubernetes"), (120, 100, 20));
+    assert_eq!(limits("gcp-eu"), (60, 7, 10));
+    assert_eq!(limits("kvm-home"), (6, 2, 1));
+}
+
+#[test]
+fn create_limit_errors_name_the_entry_the_key_and_the_reason() {
+    let entry = |kv: &str| format!("providers:\n  - name: k\n    type: kubernetes\n    {kv}\n");
+    assert_err(
+        &entry("createsPerMinute: 0"),
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be at least 1 (got 0)",
+        ],
+    );
+    assert_err(
+        &entry("maxCreatesInFlight: -1"),
+        &[
+            "providers[0] \"k\"",
+            "maxCreatesInFlight must be at least 1 (got -1)",
+        ],
+    );
+    assert_err(
+        &entry("createsPerMinute: fast"),
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be a whole number",
+            "a string",
+        ],
+    );
+    assert_err(
+        &entry("createsPerMinute: 100000"),
+        &[
+            "providers[0] \"k\"",
+            "createsPerMinute must be at most 6000 (got 100000)",
+        ],
+    );
+    assert_err(
+        &entry("maxCreatesInFlight: 2.5"),
+        &["providers[0] \"k\"", "maxCreatesInFlight", "(got 2.5)"],
+    );
+    // A key in the type's block is not where the limits go.
+    assert_err(
+        "providers:\n  - name: k\n    type: kubernetes\n    kubernetes:\n      createsPerMinute: 5\n",
+        &["providers[0] \"k\"", "unknown field `createsPerMinute`"],
+    );
+}

@@ -537,3 +537,22 @@ impl Ground {
         self.cluster.host_ip()
     }
 }
+
+/// Panics unless the events at `times_ms` (sorted, in milliseconds) keep a
+/// token bucket of `burst` refilled one token per `interval_ms`: no window
+/// holds more than the burst plus one per interval of its length, which
+/// is stretched by `slack_ms` for the way from the operator to where the
+/// events are seen.
+pub fn assert_within_rate(times_ms: &[i64], burst: usize, interval_ms: i64, slack_ms: i64) {
+    for i in 0..times_ms.len() {
+        for j in i..times_ms.len() {
+            let span = times_ms[j] - times_ms[i];
+            let allowed = burst + usize::try_from((span + slack_ms) / interval_ms).unwrap();
+            assert!(
+                j - i < allowed,
+                "{} creates within {span} ms: more than the {allowed} the bucket allows",
+                j - i + 1
+            );
+        }
+    }
+}

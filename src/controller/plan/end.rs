@@ -161,6 +161,7 @@ pub fn end(
         }
         Ending::Running { ip, health } => {
             status::mark_running(status, &ip, &health, now, generation);
+            super::replace::settle_running(status, now);
             End::RequeueAfter(RUNNING_RESYNC)
         }
         Ending::External { host: None, .. } => {

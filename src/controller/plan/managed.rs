@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::end::is_latched;
-use super::{recently_requested, GetOutcome};
+use super::{recently_requested, replace, GetOutcome};
 use crate::api::ProxyStatus;
 use crate::provider::{ErrorClass, InstanceState};
 
@@ -43,6 +43,12 @@ pub enum Step {
     ResolveCloudInit,
     /// Nothing recorded yet: record the hash if needed, then create.
     Create,
+    /// A create is due, but the instance was replaced repeatedly: wait
+    /// until then ([`super::replace`]).
+    ReplaceBackoff {
+        /// When the create may go.
+        until: DateTime<Utc>,
+    },
     /// Record the current hash without replacing (adopted instance).
     RecordHash,
     /// Ask the provider for the instance.
@@ -108,7 +114,10 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
     };
     let provider_id = input.status.provider_id.as_deref().unwrap_or("");
     if provider_id.is_empty() {
-        return Step::Create;
+        return match replace::backoff_until(input.status) {
+            Some(until) if until > input.now => Step::ReplaceBackoff { until },
+            _ => Step::Create,
+        };
     }
     let hash_matches = input.recorded_hash == Some(spec_hash);
     let Some(get) = input.get else {

@@ -11,13 +11,22 @@
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
 //! - [`jitter`]: the spread taken off every requeue delay.
+//! - [`replace`]: the backoff between re-creates of an instance that
+//!   keeps dying, kept in the status.
+//! - [`throttle`]: whether a create may go now (the provider's create
+//!   limits).
+//! - [`written`]: whether a pass starts from the status it read or from
+//!   the one the last pass wrote (read your own writes).
 
 pub mod delete;
 pub mod end;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
+pub mod replace;
 pub mod status;
+pub mod throttle;
+pub mod written;
 
 use chrono::{DateTime, Utc};
 

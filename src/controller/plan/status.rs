@@ -197,7 +197,19 @@ fn mark_failed(
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) {
-    set_phase(status, Stage::Failed);
+    not_provisioned(status, Stage::Failed, reason, message, now, generation);
+}
+
+/// The phase of `stage` with `Provisioned=False/reason`.
+fn not_provisioned(
+    status: &mut ProxyStatus,
+    stage: Stage,
+    reason: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    set_phase(status, stage);
     provisioned(
         status,
         ConditionStatus::False,
@@ -260,6 +272,20 @@ pub fn mark_replacing(
         now,
         generation,
     );
+}
+
+/// A create is held back (the provider's create limits, or replace
+/// backoff) for `reason`: Provisioning, `Provisioned=False` saying why and
+/// until when.
+pub fn mark_held(
+    status: &mut ProxyStatus,
+    reason: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    let stage = Stage::Provisioning;
+    not_provisioned(status, stage, reason, message, now, generation);
 }
 
 /// Forget the old instance before creating its replacement.
