@@ -82,7 +82,7 @@ pub async fn serve_on(
 ) -> std::io::Result<()> {
     if !state.authenticated() {
         warn!(
-            "DISCOVERY_TOKEN is not set: the discovery and lease API serves WITHOUT authentication"
+            "DISCOVERY_TOKEN is not set and --allow-unauthenticated-discovery is given: the discovery and lease API serves WITHOUT authentication"
         );
     }
     let (tx, rx) = tokio::sync::watch::channel(false);

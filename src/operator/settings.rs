@@ -97,6 +97,9 @@ impl Settings {
         {
             problems.push(e);
         }
+        if let Err(e) = discovery_auth(flags, discovery_token.as_deref()) {
+            problems.push(e);
+        }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
             .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
             .ok();
@@ -162,6 +165,23 @@ impl Settings {
     }
 }
 
+/// The discovery API fails closed: with it on, a token (`DISCOVERY_TOKEN`)
+/// is required unless `--allow-unauthenticated-discovery` says otherwise.
+fn discovery_auth(flags: &Flags, token: Option<&str>) -> Result<(), String> {
+    let api_on = !matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None));
+    let has_token = token.is_some_and(|t| !t.is_empty());
+    if api_on && !has_token && !flags.allow_unauthenticated_discovery {
+        return Err(
+            "DISCOVERY_TOKEN is not set: the discovery API refuses to serve without a \
+            bearer token; set it (in the cluster: Secret discovery-token, key token), pass \
+            --allow-unauthenticated-discovery to serve everyone, or turn the API off with \
+            --discovery-bind-address=0"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
 /// `--check-config`: the one-line verdict on the providers file, for a
 /// human at a terminal (stdout on success, stderr on failure).
 pub fn check_config(path: Option<&PathBuf>) -> Result<String, String> {
@@ -205,6 +225,8 @@ mod tests {
     struct Case {
         name: &'static str,
         args: &'static [&'static str],
+        /// `DISCOVERY_TOKEN`.
+        token: Option<&'static str>,
         /// Substrings of the problems, one per expected problem; empty: valid.
         problems: &'static [&'static str],
     }
@@ -215,13 +237,39 @@ mod tests {
         let providers = providers_file(&dir);
         let cases = [
             Case {
-                name: "defaults",
+                name: "defaults, with a token",
                 args: &[],
+                token: Some("t"),
+                problems: &[],
+            },
+            Case {
+                name: "no token: the API refuses to serve everyone",
+                args: &[],
+                token: None,
+                problems: &["DISCOVERY_TOKEN is not set"],
+            },
+            Case {
+                name: "an empty token is no token",
+                args: &[],
+                token: Some(""),
+                problems: &["--allow-unauthenticated-discovery"],
+            },
+            Case {
+                name: "no token, explicitly allowed",
+                args: &["--allow-unauthenticated-discovery"],
+                token: None,
+                problems: &[],
+            },
+            Case {
+                name: "no token, the API off",
+                args: &["--discovery-bind-address", "0"],
+                token: None,
                 problems: &[],
             },
             Case {
                 name: "a missing CA file is found at startup",
                 args: &["--probe-ca-file", "/nonexistent/ca.pem"],
+                token: Some("t"),
                 problems: &["--probe-ca-file"],
             },
             Case {
@@ -234,6 +282,7 @@ mod tests {
                     "--provider-check-interval",
                     "5s",
                 ],
+                token: Some("t"),
                 problems: &[
                     "--metrics-bind-address",
                     "--provider-check-interval",
@@ -242,7 +291,10 @@ mod tests {
             },
         ];
         for c in cases {
-            match Settings::from_flags_and_env(&flags(c.args, &providers), None) {
+            match Settings::from_flags_and_env(
+                &flags(c.args, &providers),
+                c.token.map(String::from),
+            ) {
                 Ok(_) => assert!(c.problems.is_empty(), "{}: accepted", c.name),
                 Err(got) => {
                     assert_eq!(got.len(), c.problems.len(), "{}: {got:?}", c.name);
