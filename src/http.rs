@@ -1,6 +1,8 @@
 //! The small HTTP endpoints every replica serves: `/healthz` and `/readyz`
 //! (plain pings: provider health deliberately never makes the operator
-//! unready) and Prometheus `/metrics`.
+//! unready) and Prometheus `/metrics`, each within
+//! [`server::PROBE_LIMITS`] (connection cap, header, body and request
+//! timeouts).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,6 +13,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::metrics::Exposition;
+use crate::server;
 
 /// Serves `/healthz` and `/readyz` until `shutdown` resolves.
 pub async fn serve_probes(
@@ -21,9 +24,7 @@ pub async fn serve_probes(
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
 }
 
 /// Serves `/metrics` until `shutdown` resolves.
@@ -63,7 +64,5 @@ pub async fn serve_metrics(
         }),
     );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
 }
