@@ -8,6 +8,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+mod bounds;
+use bounds::{digest, later, Caps, Cooldowns, StickyMap};
+pub use bounds::{
+    MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY, MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
+    STICKY_IDLE,
+};
+
 /// Wall clock of the store; tests drive a [`FakeClock`].
 pub trait Clock: Send + Sync {
     /// The current time.
@@ -37,7 +44,7 @@ impl FakeClock {
     /// Moves the clock forward.
     pub fn advance(&self, d: Duration) {
         let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *t += chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        *t = later(*t, d);
     }
 }
 
@@ -164,34 +171,36 @@ struct ProxyState {
     last_granted: Option<(DateTime<Utc>, u64)>,
 }
 
-#[derive(Debug, Default)]
-struct Cooldown {
-    global: Option<DateTime<Utc>>,
-    sites: HashMap<String, DateTime<Utc>>,
-}
-
-impl Cooldown {
-    fn blocks(&self, site: Option<&str>, now: DateTime<Utc>) -> bool {
-        if self.global.is_some_and(|t| t > now) {
-            return true;
-        }
-        site.and_then(|s| self.sites.get(s))
-            .is_some_and(|t| *t > now)
-    }
-}
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     leases: HashMap<String, Lease>,
     proxies: HashMap<ProxyKey, ProxyState>,
-    cooldowns: HashMap<ProxyKey, Cooldown>,
-    sticky: HashMap<String, ProxyKey>,
+    cooldowns: Cooldowns,
+    sticky: StickyMap,
     grants: u64,
 }
 
 impl State {
-    /// Removes expired leases and cooldowns; returns how many leases ended.
-    fn sweep(&mut self, now: DateTime<Utc>) -> usize {
+    fn new() -> Self {
+        State {
+            leases: HashMap::new(),
+            proxies: HashMap::new(),
+            cooldowns: Cooldowns::new(Caps {
+                total: MAX_COOLDOWN_SITES,
+                per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
+            }),
+            sticky: StickyMap::new(Caps {
+                total: MAX_STICKY_KEYS,
+                per_proxy: MAX_STICKY_KEYS_PER_PROXY,
+            }),
+            grants: 0,
+        }
+    }
+
+    /// Removes expired leases (their capacity comes back at once); returns
+    /// how many ended. Cooldowns and sticky keys are left to
+    /// [`LeaseStore::sweep`]: requests only compare their ends with now.
+    fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
         let expired: Vec<String> = self
             .leases
             .values()
@@ -201,11 +210,6 @@ impl State {
         for id in &expired {
             self.end(id);
         }
-        self.cooldowns.retain(|_, c| {
-            c.global = c.global.filter(|t| *t > now);
-            c.sites.retain(|_, t| *t > now);
-            c.global.is_some() || !c.sites.is_empty()
-        });
         expired.len()
     }
 
@@ -217,9 +221,6 @@ impl State {
         Some(lease)
     }
 }
-
-/// Sticky keys remembered at most (then the map starts over).
-pub const MAX_STICKY_KEYS: usize = 100_000;
 
 /// Lease ids: 128 random bits, base32 (lowercase, unpadded).
 pub type IdSource = Box<dyn Fn() -> String + Send + Sync>;
@@ -265,7 +266,7 @@ impl LeaseStore {
             config,
             clock,
             ids,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new()),
         }
     }
 
@@ -296,7 +297,7 @@ impl LeaseStore {
     ) -> Result<Lease, AcquireError> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         if eligible.is_empty() {
             return Err(AcquireError::NoProxy);
         }
@@ -304,10 +305,11 @@ impl LeaseStore {
         let site = req.site.as_deref();
         let (mut at_capacity, mut cooling) = (0, 0);
         let any_cooldown = !st.cooldowns.is_empty();
+        let site = site.map(digest);
         let sticky: Option<ProxyKey> = req
             .sticky_key
             .as_ref()
-            .and_then(|s| st.sticky.get(s))
+            .and_then(|s| st.sticky.get(s, now))
             .cloned();
         let mut sticky_open = false;
         // One pass, one lookup per map per candidate: this runs under the
@@ -322,7 +324,7 @@ impl LeaseStore {
                 at_capacity += 1;
                 continue;
             }
-            if any_cooldown && st.cooldowns.get(k).is_some_and(|c| c.blocks(site, now)) {
+            if any_cooldown && st.cooldowns.blocks(k, site.as_ref(), now) {
                 cooling += 1;
                 continue;
             }
@@ -350,18 +352,18 @@ impl LeaseStore {
         let p = st.proxies.entry(chosen.clone()).or_default();
         p.active += 1;
         p.last_granted = Some((now, seq));
+        let expires_at = later(now, req.ttl);
         if let Some(s) = &req.sticky_key {
-            if st.sticky.len() >= MAX_STICKY_KEYS && !st.sticky.contains_key(s) {
-                // Bounded memory: forgetting mappings only costs stickiness.
-                st.sticky.clear();
-            }
-            st.sticky.insert(s.clone(), chosen.clone());
+            // Bounded: a key the map has no room for only loses stickiness.
+            let _ = st
+                .sticky
+                .remember(s, &chosen, later(expires_at, STICKY_IDLE));
         }
         let lease = Lease {
             id: (self.ids)(),
             proxy: chosen,
             granted_at: now,
-            expires_at: now + to_chrono(req.ttl),
+            expires_at,
             site: req.site.clone(),
         };
         st.leases.insert(lease.id.clone(), lease.clone());
@@ -372,9 +374,9 @@ impl LeaseStore {
     pub fn renew(&self, id: &str, ttl: Duration) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         let lease = st.leases.get_mut(id)?;
-        lease.expires_at = now + to_chrono(ttl);
+        lease.expires_at = later(now, ttl);
         Some(lease.clone())
     }
 
@@ -382,7 +384,7 @@ impl LeaseStore {
     pub fn get(&self, id: &str) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         st.leases.get(id).cloned()
     }
 
@@ -391,7 +393,7 @@ impl LeaseStore {
     pub fn release(&self, id: &str) -> bool {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         st.end(id).is_some()
     }
 
@@ -401,25 +403,35 @@ impl LeaseStore {
     pub fn report(&self, id: &str, outcome: Outcome, site: Option<&str>) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         let lease = st.leases.get(id)?.clone();
         if outcome != Outcome::Ok {
-            let until = now + to_chrono(self.config.cooldown);
-            let c = st.cooldowns.entry(lease.proxy.clone()).or_default();
+            let until = later(now, self.config.cooldown);
             match site {
+                // Bounded: past the caps the site cooldown is not kept.
                 Some(s) => {
-                    c.sites.insert(s.to_string(), until);
+                    let _ = st.cooldowns.put_site(&lease.proxy, s, until);
                 }
-                None => c.global = Some(until),
+                None => st.cooldowns.put_global(&lease.proxy, until),
             }
         }
         Some(lease)
     }
 
-    /// Removes expired leases and cooldowns; returns the leases that ended.
+    /// The background sweep: removes expired leases, cooldowns and sticky
+    /// keys; returns the leases that ended.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.lock().sweep(now)
+        let mut st = self.lock();
+        st.cooldowns.sweep(now);
+        st.sticky.sweep(now);
+        st.expire_leases(now)
+    }
+
+    /// Sticky keys and site cooldowns held (the abuse test's figures).
+    pub fn held(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.sticky.len(), st.cooldowns.sites())
     }
 
     /// Live leases (expired ones not yet swept are not counted).
@@ -441,15 +453,11 @@ impl LeaseStore {
     /// their sticky mappings and cooldowns. Leases run out on their own.
     pub fn retain_proxies(&self, present: &std::collections::HashSet<ProxyKey>) {
         let mut st = self.lock();
-        st.sticky.retain(|_, k| present.contains(k));
-        st.cooldowns.retain(|k, _| present.contains(k));
+        st.sticky.retain_proxies(present);
+        st.cooldowns.retain_proxies(present);
         st.proxies
             .retain(|k, p| present.contains(k) || p.active > 0);
     }
-}
-
-fn to_chrono(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// TTL rule: absent → `default`; must be 1..=`max` seconds.
