@@ -2,7 +2,7 @@
 //! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
 //! and cooldown rules are pure; the HTTP layer only translates.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -174,6 +174,8 @@ struct ProxyState {
 #[derive(Debug)]
 struct State {
     leases: HashMap<String, Lease>,
+    /// Every lease by its end, so expiring is O(expired), not O(leases).
+    ends: BTreeSet<(DateTime<Utc>, String)>,
     proxies: HashMap<ProxyKey, ProxyState>,
     cooldowns: Cooldowns,
     sticky: StickyMap,
@@ -184,6 +186,7 @@ impl State {
     fn new() -> Self {
         State {
             leases: HashMap::new(),
+            ends: BTreeSet::new(),
             proxies: HashMap::new(),
             cooldowns: Cooldowns::new(Caps {
                 total: MAX_COOLDOWN_SITES,
@@ -201,20 +204,18 @@ impl State {
     /// how many ended. Cooldowns and sticky keys are left to
     /// [`LeaseStore::sweep`]: requests only compare their ends with now.
     fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
-        let expired: Vec<String> = self
-            .leases
-            .values()
-            .filter(|l| l.expires_at <= now)
-            .map(|l| l.id.clone())
-            .collect();
-        for id in &expired {
-            self.end(id);
+        let mut n = 0;
+        while self.ends.first().is_some_and(|(end, _)| *end <= now) {
+            if let Some((_, id)) = self.ends.pop_first() {
+                n += usize::from(self.end(&id).is_some());
+            }
         }
-        expired.len()
+        n
     }
 
     fn end(&mut self, id: &str) -> Option<Lease> {
         let lease = self.leases.remove(id)?;
+        self.ends.remove(&(lease.expires_at, lease.id.clone()));
         if let Some(p) = self.proxies.get_mut(&lease.proxy) {
             p.active = p.active.saturating_sub(1);
         }
@@ -366,6 +367,7 @@ impl LeaseStore {
             expires_at,
             site: req.site.clone(),
         };
+        st.ends.insert((lease.expires_at, lease.id.clone()));
         st.leases.insert(lease.id.clone(), lease.clone());
         Ok(lease)
     }
@@ -376,8 +378,12 @@ impl LeaseStore {
         let mut st = self.lock();
         st.expire_leases(now);
         let lease = st.leases.get_mut(id)?;
+        let old = (lease.expires_at, lease.id.clone());
         lease.expires_at = later(now, ttl);
-        Some(lease.clone())
+        let (new, lease) = ((lease.expires_at, lease.id.clone()), lease.clone());
+        st.ends.remove(&old);
+        st.ends.insert(new);
+        Some(lease)
     }
 
     /// A live lease.
