@@ -38,8 +38,7 @@ pub struct Limits {
 }
 
 /// The discovery API: crawlers keep connections alive and send small
-/// bodies (the body itself is capped at
-/// [`BODY_LIMIT`](crate::discovery::BODY_LIMIT)).
+/// bodies (the body itself is capped by the API's router, at 64 KiB).
 pub const DISCOVERY_LIMITS: Limits = Limits {
     max_connections: 4096,
     header_read_timeout: Duration::from_secs(10),
