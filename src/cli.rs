@@ -116,6 +116,23 @@ pub struct Flags {
     #[arg(long)]
     pub allow_unauthenticated_discovery: bool,
 
+    /// Directory of named discovery tokens, one file per client: the file's
+    /// name is the client's name, its content the token (a Secret mounted
+    /// as a volume). Read at startup; with `DISCOVERY_TOKEN` the client
+    /// `default` is added.
+    #[arg(long, value_name = "DIR")]
+    pub discovery_tokens_dir: Option<PathBuf>,
+
+    /// Leases one client (one token name) may hold at once; 0: no limit.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub max_leases_per_client: u32,
+
+    /// Distinct clients whose reports put a proxy in cooldown for every site
+    /// and every client; a client's own report always withholds the proxy
+    /// from itself.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub global_cooldown_min_clients: u16,
+
     /// Longest lease a client may ask for (at most 24h).
     #[arg(long, default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
     pub max_lease_ttl: Duration,

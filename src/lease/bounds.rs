@@ -170,8 +170,11 @@ impl StickyMap {
 /// Cooldowns of one proxy.
 #[derive(Debug, Default)]
 struct ProxyCooldown {
-    /// Fleet-wide: until when.
-    global: Option<DateTime<Utc>>,
+    /// For every site, by reporting client: until when. A client's own
+    /// report withholds the proxy from that client; reports from
+    /// `min_clients` distinct clients withhold it from everyone. At most
+    /// `min_clients` entries.
+    global: Vec<(Arc<str>, DateTime<Utc>)>,
     /// Per site: until when.
     sites: HashMap<KeyDigest, DateTime<Utc>>,
 }
@@ -180,15 +183,18 @@ struct ProxyCooldown {
 #[derive(Debug)]
 pub struct Cooldowns {
     caps: Caps,
+    min_clients: usize,
     proxies: HashMap<ProxyKey, ProxyCooldown>,
     sites: usize,
 }
 
 impl Cooldowns {
-    /// No cooldowns.
-    pub fn new(caps: Caps) -> Self {
+    /// No cooldowns; a global one withholds a proxy from everyone once
+    /// `min_clients` distinct clients reported it (at least 1).
+    pub fn new(caps: Caps, min_clients: usize) -> Self {
         Cooldowns {
             caps,
+            min_clients: min_clients.max(1),
             proxies: HashMap::new(),
             sites: 0,
         }
@@ -204,19 +210,37 @@ impl Cooldowns {
         self.sites
     }
 
-    /// Whether `proxy` is withheld at `now`: globally, or for `site`.
-    pub fn blocks(&self, proxy: &ProxyKey, site: Option<&KeyDigest>, now: DateTime<Utc>) -> bool {
+    /// Whether `proxy` is withheld from `client` at `now`: globally (by its
+    /// own report, or by enough clients' reports), or for `site`.
+    pub fn blocks(
+        &self,
+        proxy: &ProxyKey,
+        site: Option<&KeyDigest>,
+        client: &str,
+        now: DateTime<Utc>,
+    ) -> bool {
         let Some(c) = self.proxies.get(proxy) else {
             return false;
         };
-        c.global.is_some_and(|t| t > now)
+        let live = || c.global.iter().filter(|(_, t)| *t > now);
+        live().count() >= self.min_clients
+            || live().any(|(who, _)| who.as_ref() == client)
             || site.and_then(|s| c.sites.get(s)).is_some_and(|t| *t > now)
     }
 
-    /// Withholds `proxy` from every site until `until` (or later).
-    pub fn put_global(&mut self, proxy: &ProxyKey, until: DateTime<Utc>) {
+    /// Records `client`'s report that `proxy` fails for every site, until
+    /// `until` (or later).
+    pub fn put_global(&mut self, proxy: &ProxyKey, client: &Arc<str>, until: DateTime<Utc>) {
         let c = self.proxies.entry(proxy.clone()).or_default();
-        c.global = Some(c.global.map_or(until, |t| t.max(until)));
+        if let Some((_, t)) = c.global.iter_mut().find(|(who, _)| who == client) {
+            *t = (*t).max(until);
+        } else if c.global.len() < self.min_clients {
+            c.global.push((client.clone(), until));
+        } else if let Some(first) = c.global.iter_mut().min_by_key(|(_, t)| *t) {
+            // Full: min_clients reports are held; the one ending first
+            // makes room (a quorum of live reports stays a quorum).
+            *first = (client.clone(), until);
+        }
     }
 
     /// Withholds `proxy` from `site` until `until` (or later).
@@ -255,10 +279,10 @@ impl Cooldowns {
     pub fn sweep(&mut self, now: DateTime<Utc>) {
         let mut sites = 0;
         self.proxies.retain(|_, c| {
-            c.global = c.global.filter(|t| *t > now);
+            c.global.retain(|(_, t)| *t > now);
             c.sites.retain(|_, t| *t > now);
             sites += c.sites.len();
-            c.global.is_some() || !c.sites.is_empty()
+            !c.global.is_empty() || !c.sites.is_empty()
         });
         self.sites = sites;
     }

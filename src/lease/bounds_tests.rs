@@ -128,7 +128,7 @@ fn sticky_keys_are_bounded_and_swept() {
 #[test]
 fn site_cooldowns_are_bounded_and_swept() {
     for c in CASES {
-        let mut m = Cooldowns::new(SMALL);
+        let mut m = Cooldowns::new(SMALL, 2);
         for (i, p) in c.puts.iter().enumerate() {
             assert_eq!(
                 m.put_site(&k(p.proxy), p.key, at(p.until)),
@@ -168,18 +168,18 @@ fn ended_entries_answer_no_before_any_sweep() {
     m.remember("a", &k("p"), at(10)).unwrap();
     assert_eq!(m.get("a", at(9)), Some(&k("p")));
     assert_eq!(m.get("a", at(10)), None);
-    let mut c = Cooldowns::new(SMALL);
+    let mut c = Cooldowns::new(SMALL, 1);
     c.put_site(&k("p"), "site", at(10)).unwrap();
-    c.put_global(&k("q"), at(10));
+    c.put_global(&k("q"), &"a".into(), at(10));
     let site = digest("site");
-    assert!(c.blocks(&k("p"), Some(&site), at(9)));
-    assert!(!c.blocks(&k("p"), Some(&site), at(10)));
+    assert!(c.blocks(&k("p"), Some(&site), "a", at(9)));
+    assert!(!c.blocks(&k("p"), Some(&site), "a", at(10)));
     assert!(
-        !c.blocks(&k("p"), None, at(9)),
+        !c.blocks(&k("p"), None, "b", at(9)),
         "a site cooldown is not global"
     );
-    assert!(c.blocks(&k("q"), Some(&site), at(9)));
-    assert!(!c.blocks(&k("q"), None, at(10)));
+    assert!(c.blocks(&k("q"), Some(&site), "a", at(9)));
+    assert!(!c.blocks(&k("q"), None, "b", at(10)));
 }
 
 #[test]
@@ -199,4 +199,72 @@ fn digests_are_16_bytes_and_distinct() {
     assert_ne!(digest("a"), digest("b"));
     assert_ne!(digest(&long), digest("a"));
     assert_eq!(digest("a"), digest("a"));
+}
+
+#[test]
+fn a_global_cooldown_for_everyone_needs_reports_from_enough_clients() {
+    struct Case {
+        name: &'static str,
+        min_clients: usize,
+        /// (client, until) reports on one proxy.
+        reports: &'static [(&'static str, i64)],
+        /// (client, at second, withheld?).
+        checks: &'static [(&'static str, i64, bool)],
+    }
+    let cases = [
+        Case {
+            name: "one client withholds the proxy from itself only",
+            min_clients: 2,
+            reports: &[("a", 10)],
+            checks: &[("a", 0, true), ("b", 0, false), ("a", 10, false)],
+        },
+        Case {
+            name: "the same client twice is still one client",
+            min_clients: 2,
+            reports: &[("a", 10), ("a", 20)],
+            checks: &[("a", 15, true), ("b", 0, false)],
+        },
+        Case {
+            name: "two clients withhold it from everyone",
+            min_clients: 2,
+            reports: &[("a", 10), ("b", 20)],
+            checks: &[
+                ("c", 0, true),
+                ("c", 10, false),
+                ("a", 10, false),
+                ("b", 10, true),
+            ],
+        },
+        Case {
+            name: "with a quorum of one, any report counts for everyone",
+            min_clients: 1,
+            reports: &[("a", 10)],
+            checks: &[("b", 0, true), ("b", 10, false)],
+        },
+        Case {
+            name: "a new client replaces the report ending first",
+            min_clients: 2,
+            reports: &[("a", 5), ("b", 20), ("c", 30)],
+            checks: &[
+                ("d", 0, true),
+                ("a", 0, true),
+                ("d", 20, false),
+                ("c", 20, true),
+            ],
+        },
+    ];
+    for c in cases {
+        let mut m = Cooldowns::new(SMALL, c.min_clients);
+        for (who, until) in c.reports {
+            m.put_global(&k("p"), &Arc::from(*who), at(*until));
+        }
+        for (who, t, want) in c.checks {
+            assert_eq!(
+                m.blocks(&k("p"), None, who, at(*t)),
+                *want,
+                "{}: {who} at {t}",
+                c.name
+            );
+        }
+    }
 }

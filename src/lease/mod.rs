@@ -96,6 +96,8 @@ pub struct Lease {
     pub expires_at: DateTime<Utc>,
     /// The site the client said it would crawl, if any.
     pub site: Option<String>,
+    /// Who holds it: the name of the caller's token.
+    pub client: Arc<str>,
 }
 
 /// Why a TTL was refused.
@@ -120,6 +122,12 @@ pub enum AcquireError {
     /// No healthy proxy matches the filters.
     #[error("no healthy proxy matches the request")]
     NoProxy,
+    /// The client holds `--max-leases-per-client` leases already.
+    #[error("this client holds {max} leases, the most one client may hold")]
+    ClientLimit {
+        /// The cap.
+        max: u32,
+    },
     /// Matching proxies exist but all are at capacity or cooling down.
     #[error("all {matching} matching proxies are at capacity ({at_capacity}) or cooling down ({cooling})")]
     NoCapacity {
@@ -163,6 +171,29 @@ pub struct AcquireRequest {
     pub sticky_key: Option<String>,
     /// Site to be crawled: proxies cooling down for it are skipped.
     pub site: Option<String>,
+    /// The caller: the name of its token.
+    pub client: Arc<str>,
+}
+
+/// Limits per client (per token name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Leases one client may hold at once; 0: no limit.
+    pub max_leases: u32,
+    /// Distinct clients whose global reports withhold a proxy from every
+    /// client; a client's own report always withholds it from itself.
+    pub global_cooldown_min_clients: usize,
+}
+
+impl Default for ClientLimits {
+    /// No per-client cap; one report puts a proxy in global cooldown (the
+    /// behaviour with one token).
+    fn default() -> Self {
+        ClientLimits {
+            max_leases: 0,
+            global_cooldown_min_clients: 1,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -179,19 +210,25 @@ struct State {
     proxies: HashMap<ProxyKey, ProxyState>,
     cooldowns: Cooldowns,
     sticky: StickyMap,
+    /// Live leases per client.
+    clients: HashMap<Arc<str>, u32>,
     grants: u64,
 }
 
 impl State {
-    fn new() -> Self {
+    fn new(limits: ClientLimits) -> Self {
         State {
+            clients: HashMap::new(),
             leases: HashMap::new(),
             ends: BTreeSet::new(),
             proxies: HashMap::new(),
-            cooldowns: Cooldowns::new(Caps {
-                total: MAX_COOLDOWN_SITES,
-                per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
-            }),
+            cooldowns: Cooldowns::new(
+                Caps {
+                    total: MAX_COOLDOWN_SITES,
+                    per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
+                },
+                limits.global_cooldown_min_clients,
+            ),
             sticky: StickyMap::new(Caps {
                 total: MAX_STICKY_KEYS,
                 per_proxy: MAX_STICKY_KEYS_PER_PROXY,
@@ -218,6 +255,12 @@ impl State {
         self.ends.remove(&(lease.expires_at, lease.id.clone()));
         if let Some(p) = self.proxies.get_mut(&lease.proxy) {
             p.active = p.active.saturating_sub(1);
+        }
+        if let Some(n) = self.clients.get_mut(&lease.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.clients.remove(&lease.client);
+            }
         }
         Some(lease)
     }
@@ -250,6 +293,7 @@ pub fn random_id() -> String {
 /// The lease store.
 pub struct LeaseStore {
     config: LeaseConfig,
+    limits: ClientLimits,
     clock: Arc<dyn Clock>,
     ids: IdSource,
     state: Mutex<State>,
@@ -265,9 +309,19 @@ impl LeaseStore {
     pub fn with(config: LeaseConfig, clock: Arc<dyn Clock>, ids: IdSource) -> Self {
         LeaseStore {
             config,
+            limits: ClientLimits::default(),
             clock,
             ids,
-            state: Mutex::new(State::new()),
+            state: Mutex::new(State::new(ClientLimits::default())),
+        }
+    }
+
+    /// The same (empty) store with per-client limits.
+    pub fn with_client_limits(self, limits: ClientLimits) -> Self {
+        LeaseStore {
+            limits,
+            state: Mutex::new(State::new(limits)),
+            ..self
         }
     }
 
@@ -302,6 +356,11 @@ impl LeaseStore {
         if eligible.is_empty() {
             return Err(AcquireError::NoProxy);
         }
+        let client = &req.client;
+        let max_own = self.limits.max_leases;
+        if max_own > 0 && st.clients.get(client).copied().unwrap_or(0) >= max_own {
+            return Err(AcquireError::ClientLimit { max: max_own });
+        }
         let max = self.config.max_leases_per_proxy;
         let site = req.site.as_deref();
         let (mut at_capacity, mut cooling) = (0, 0);
@@ -325,7 +384,7 @@ impl LeaseStore {
                 at_capacity += 1;
                 continue;
             }
-            if any_cooldown && st.cooldowns.blocks(k, site.as_ref(), now) {
+            if any_cooldown && st.cooldowns.blocks(k, site.as_ref(), client, now) {
                 cooling += 1;
                 continue;
             }
@@ -366,7 +425,9 @@ impl LeaseStore {
             granted_at: now,
             expires_at,
             site: req.site.clone(),
+            client: client.clone(),
         };
+        *st.clients.entry(client.clone()).or_default() += 1;
         st.ends.insert((lease.expires_at, lease.id.clone()));
         st.leases.insert(lease.id.clone(), lease.clone());
         Ok(lease)
@@ -405,7 +466,9 @@ impl LeaseStore {
 
     /// Records a client's report on a live lease (which it keeps). Blocked
     /// or failed puts the proxy in cooldown: for `site` when given, for all
-    /// sites otherwise. Returns the lease, or `None` when unknown.
+    /// sites otherwise (for the lease's client at once, for every client
+    /// once `global_cooldown_min_clients` distinct clients reported it).
+    /// Returns the lease, or `None` when unknown.
     pub fn report(&self, id: &str, outcome: Outcome, site: Option<&str>) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
@@ -418,7 +481,7 @@ impl LeaseStore {
                 Some(s) => {
                     let _ = st.cooldowns.put_site(&lease.proxy, s, until);
                 }
-                None => st.cooldowns.put_global(&lease.proxy, until),
+                None => st.cooldowns.put_global(&lease.proxy, &lease.client, until),
             }
         }
         Some(lease)

@@ -8,6 +8,7 @@
 pub mod metrics;
 pub mod runnables;
 pub mod settings;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tokens;
 use crate::cli::{self, Flags};
 use crate::config::ProvidersConfig;
 use crate::health;
 use crate::leader;
-use crate::lease::LeaseConfig;
+use crate::lease::{ClientLimits, LeaseConfig};
 
 /// What the operator runs with. Not `Debug`: it carries the discovery
 /// token.
@@ -39,8 +40,11 @@ pub struct Settings {
     pub health: HealthSettings,
     /// The lease store's limits.
     pub leases: LeaseConfig,
-    /// `DISCOVERY_TOKEN`: the bearer token of the discovery API.
-    pub discovery_token: Option<String>,
+    /// The discovery API's clients and their bearer tokens:
+    /// `DISCOVERY_TOKEN` as `default`, then `--discovery-tokens-dir`.
+    pub discovery_tokens: Vec<(String, String)>,
+    /// Per-client lease caps and the global-cooldown quorum.
+    pub client_limits: ClientLimits,
     /// Orphan GC: interval, minimum age, deletes per sweep.
     pub gc: GcSettings,
     /// Provider checks (`--provider-check-interval`, effective timeout);
@@ -97,7 +101,13 @@ impl Settings {
         {
             problems.push(e);
         }
-        if let Err(e) = discovery_auth(flags, discovery_token.as_deref()) {
+        let discovery_tokens = tokens::gather(
+            discovery_token.as_deref(),
+            flags.discovery_tokens_dir.as_deref(),
+        )
+        .map_err(|e| problems.push(format!("--discovery-tokens-dir: {e}")))
+        .unwrap_or_default();
+        if let Err(e) = discovery_auth(flags, !discovery_tokens.is_empty()) {
             problems.push(e);
         }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
@@ -150,7 +160,11 @@ impl Settings {
                 max_ttl: flags.max_lease_ttl,
                 cooldown: flags.lease_cooldown,
             },
-            discovery_token,
+            discovery_tokens,
+            client_limits: ClientLimits {
+                max_leases: flags.max_leases_per_client,
+                global_cooldown_min_clients: usize::from(flags.global_cooldown_min_clients),
+            },
             gc: GcSettings {
                 interval: flags.gc_interval,
                 min_age: flags.gc_min_age,
@@ -167,9 +181,8 @@ impl Settings {
 
 /// The discovery API fails closed: with it on, a token (`DISCOVERY_TOKEN`)
 /// is required unless `--allow-unauthenticated-discovery` says otherwise.
-fn discovery_auth(flags: &Flags, token: Option<&str>) -> Result<(), String> {
+fn discovery_auth(flags: &Flags, has_token: bool) -> Result<(), String> {
     let api_on = !matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None));
-    let has_token = token.is_some_and(|t| !t.is_empty());
     if api_on && !has_token && !flags.allow_unauthenticated_discovery {
         return Err(
             "DISCOVERY_TOKEN is not set: the discovery API refuses to serve without a \
@@ -330,7 +343,10 @@ mod tests {
         assert_eq!(s.discovery_bind, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(s.provider_checks, None, "0 turns checks off");
         assert!(s.leader.is_some());
-        assert_eq!(s.discovery_token.as_deref(), Some("t"));
+        assert_eq!(
+            s.discovery_tokens,
+            [("default".to_string(), "t".to_string())]
+        );
         assert_eq!(s.providers.names(), vec!["k"]);
     }
 
