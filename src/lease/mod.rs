@@ -15,44 +15,8 @@ pub use bounds::{
     STICKY_IDLE,
 };
 
-/// Wall clock of the store; tests drive a [`FakeClock`].
-pub trait Clock: Send + Sync {
-    /// The current time.
-    fn now(&self) -> DateTime<Utc>;
-}
-
-/// The system clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-}
-
-/// A clock that moves only when told to.
-#[derive(Debug, Clone)]
-pub struct FakeClock(Arc<Mutex<DateTime<Utc>>>);
-
-impl FakeClock {
-    /// A clock at `t`.
-    pub fn at(t: DateTime<Utc>) -> Self {
-        FakeClock(Arc::new(Mutex::new(t)))
-    }
-
-    /// Moves the clock forward.
-    pub fn advance(&self, d: Duration) {
-        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *t = later(*t, d);
-    }
-}
-
-impl Clock for FakeClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+mod clock;
+pub use clock::{Clock, FakeClock, SystemClock};
 
 /// Store limits, from the flags.
 #[derive(Debug, Clone, Copy)]
@@ -266,29 +230,8 @@ impl State {
     }
 }
 
-/// Lease ids: 128 random bits, base32 (lowercase, unpadded).
-pub type IdSource = Box<dyn Fn() -> String + Send + Sync>;
-
-/// Random lease ids from the TLS provider's secure random source.
-pub fn random_id() -> String {
-    let mut buf = [0u8; 16];
-    let rng = rustls::crypto::ring::default_provider().secure_random;
-    if rng.fill(&mut buf).is_err() {
-        // Never observed on Linux; a time-and-counter id keeps the API up
-        // (leases are also bound to the bearer token).
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let t = Utc::now().timestamp_nanos_opt().unwrap_or_default();
-        buf[..8].copy_from_slice(&n.to_le_bytes());
-        buf[8..].copy_from_slice(&t.to_le_bytes());
-    }
-    format!(
-        "l-{}",
-        data_encoding::BASE32_NOPAD
-            .encode(&buf)
-            .to_ascii_lowercase()
-    )
-}
+mod ids;
+pub use ids::{random_id, IdSource};
 
 /// The lease store.
 pub struct LeaseStore {
