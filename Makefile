@@ -77,17 +77,18 @@ check-config: ## Validate a providers file: make check-config PROVIDERS=path.yam
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --check-config
 
-run: ## Run the operator against the current kubeconfig (PROVIDERS=config/samples/providers-dev.yaml; ARGS=extra flags).
+run: ## Run the operator against the current kubeconfig (PROVIDERS=config/samples/providers-dev.yaml; ARGS=extra flags). The discovery API is on loopback, without a token.
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --health-probe-bind-address 127.0.0.1:8081 \
-		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 $(ARGS)
+		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 \
+		--allow-unauthenticated-discovery $(ARGS)
 
 run-local: test-cluster ## Run the operator against the local test cluster (real Kubernetes, Squid Pods as processes; needs root): no cluster of your own needed (KUBECONFIG=target/run-local/admin.kubeconfig; ARGS=extra flags, @GATEWAY@ in them is the Pods' gateway).
 	$(if $(OPERATOR_BIN),,$(CARGO) build --quiet --bin egress-proxies-operator)
 	$(CLUSTER_BIN)/test-cluster --dir $(RUN_LOCAL_DIR) --image ubuntu/squid --apply crds -- \
 		$(or $(OPERATOR_BIN),$(BIN)) --providers-config $(PROVIDERS) --installation-id run-local \
 		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
-		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) $(ARGS)
+		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --allow-unauthenticated-discovery $(ARGS)
 
 test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date), and our launcher.
 	$(CARGO) build -p test-cluster

@@ -110,7 +110,30 @@ pub struct Flags {
     #[arg(long, default_value = ":8090", value_name = "ADDR")]
     pub discovery_bind_address: String,
 
-    /// Longest lease a client may ask for.
+    /// Serve the discovery API without a bearer token when
+    /// `DISCOVERY_TOKEN` is unset. Without this flag the operator refuses to
+    /// start with the API on and no token.
+    #[arg(long)]
+    pub allow_unauthenticated_discovery: bool,
+
+    /// Directory of named discovery tokens, one file per client: the file's
+    /// name is the client's name, its content the token (a Secret mounted
+    /// as a volume). Read at startup; with `DISCOVERY_TOKEN` the client
+    /// `default` is added.
+    #[arg(long, value_name = "DIR")]
+    pub discovery_tokens_dir: Option<PathBuf>,
+
+    /// Leases one client (one token name) may hold at once; 0: no limit.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub max_leases_per_client: u32,
+
+    /// Distinct clients whose reports put a proxy in cooldown for every site
+    /// and every client; a client's own report always withholds the proxy
+    /// from itself.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub global_cooldown_min_clients: u16,
+
+    /// Longest lease a client may ask for (at most 24h).
     #[arg(long, default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
     pub max_lease_ttl: Duration,
 
@@ -119,7 +142,7 @@ pub struct Flags {
     pub default_lease_ttl: Duration,
 
     /// How long a proxy is not leased after a client reports it blocked or
-    /// failing (for that site, or for all sites).
+    /// failing (for that site, or for all sites); at most 24h.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_cooldown: Duration,
 
@@ -191,6 +214,22 @@ pub fn parse_bind(s: &str) -> Result<Option<SocketAddr>, String> {
         .map_err(|e| format!("invalid address {s:?}: {e} (use :PORT, HOST:PORT or 0)"))
 }
 
+/// Upper bound of `--max-lease-ttl` and `--lease-cooldown`: far below what
+/// date arithmetic can overflow on, and longer than any crawl needs.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Checks that `value` of `flag` is at most [`MAX_LEASE_DURATION`].
+pub fn validate_lease_duration(flag: &str, value: Duration) -> Result<(), String> {
+    if value > MAX_LEASE_DURATION {
+        return Err(format!(
+            "{flag} must be at most {}, got {}",
+            humantime::format_duration(MAX_LEASE_DURATION),
+            humantime::format_duration(value)
+        ));
+    }
+    Ok(())
+}
+
 /// Minimum provider check interval: keeps one status write per provider
 /// per round cheap.
 pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -252,6 +291,14 @@ impl Flags {
                 humantime::format_duration(self.max_lease_ttl),
                 humantime::format_duration(self.default_lease_ttl)
             ));
+        }
+        for (flag, value) in [
+            ("--max-lease-ttl", self.max_lease_ttl),
+            ("--lease-cooldown", self.lease_cooldown),
+        ] {
+            if let Err(e) = validate_lease_duration(flag, value) {
+                problems.push(e);
+            }
         }
         let url_ok = crate::config::http_url(&self.default_probe_url).is_ok();
         if !url_ok {
@@ -378,6 +425,48 @@ mod tests {
             msg.contains("--provider-check-timeout must be at most the interval (20s), got 30s"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn lease_durations_are_capped_naming_the_flag() {
+        struct Case {
+            name: &'static str,
+            args: &'static [&'static str],
+            problem: Option<&'static str>,
+        }
+        let cases = [
+            Case {
+                name: "the bound itself",
+                args: &["--max-lease-ttl", "24h", "--lease-cooldown", "24h"],
+                problem: None,
+            },
+            Case {
+                name: "a TTL over the bound",
+                args: &["--max-lease-ttl", "25h"],
+                problem: Some("--max-lease-ttl must be at most 1day, got 1day 1h"),
+            },
+            Case {
+                name: "a cooldown that would overflow date arithmetic",
+                args: &["--lease-cooldown", "300000000years"],
+                problem: Some("--lease-cooldown must be at most 1day"),
+            },
+        ];
+        for c in cases {
+            let mut args = vec!["x"];
+            args.extend_from_slice(c.args);
+            let got = Flags::parse_from(args).validate();
+            match c.problem {
+                None => assert!(got.is_ok(), "{}: {got:?}", c.name),
+                Some(want) => {
+                    let problems = got.unwrap_err();
+                    assert!(
+                        problems.iter().any(|p| p.starts_with(want)),
+                        "{}: {problems:?}",
+                        c.name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The small HTTP endpoints every replica serves: `/healthz` (a plain
 //! ping), `/readyz` (ready once the Proxy cache has synced; provider health
-//! deliberately never makes the operator unready) and Prometheus `/metrics`.
+//! deliberately never makes the operator unready) and Prometheus `/metrics`,
+//! each within [`server::PROBE_LIMITS`] (connection cap, header, body and
+//! request timeouts).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,6 +15,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::metrics::Exposition;
+use crate::server;
 
 /// Whether `/readyz` answers ready: once the Proxy cache has synced for
 /// the first time (the discovery API serves from it), and from then on.
@@ -62,9 +65,7 @@ pub async fn serve_probes(
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
 }
 
 /// Serves `/metrics` until `shutdown` resolves.
@@ -104,7 +105,5 @@ pub async fn serve_metrics(
         }),
     );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
 }

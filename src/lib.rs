@@ -15,4 +15,5 @@ pub mod metrics;
 pub mod operator;
 pub mod provider;
 pub mod providerhealth;
+pub mod server;
 pub mod telemetry;

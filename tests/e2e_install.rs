@@ -119,7 +119,18 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     let client = c.client().await;
     let target = http_target_on(c.host_ip()).await;
 
-    // 1. Install exactly as the README says.
+    // 1. Install exactly as the README says: the discovery token first
+    // (docs/operations.md), then the manifests.
+    c.kubectl_ok(&["create", "namespace", NS]);
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "create",
+        "secret",
+        "generic",
+        "discovery-token",
+        "--from-literal=token=install-test-token",
+    ]);
     c.kubectl_ok(&[
         "apply",
         "--server-side",

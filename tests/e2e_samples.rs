@@ -268,6 +268,8 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .env("KUBECONFIG", &kubeconfig)
         .env("POD_NAMESPACE", NS)
         .env("POD_NAME", "manager-0")
+        // The Deployment's discovery API refuses to serve without its token.
+        .env("DISCOVERY_TOKEN", "samples-token")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("INSTALLATION_ID");
     let log = dir.path().join("operator.log");

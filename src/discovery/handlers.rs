@@ -7,13 +7,13 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ApiResult};
 use super::middleware::BODY_LIMIT;
 use super::model::*;
-use super::state::ApiState;
+use super::state::{ApiState, Client, ANONYMOUS};
 use crate::lease::{AcquireError, AcquireRequest, Lease, Outcome, ProxyKey, TtlError};
 
 /// Longest `stickyKey` and `site`.
@@ -153,11 +153,12 @@ pub(super) async fn list_proxies(
         (status = 201, body = LeaseResponse),
         (status = 400, description = "Malformed JSON or invalid ttlSeconds", body = ErrorBody),
         (status = 401, body = ErrorBody),
-        (status = 409, description = "No healthy proxy matches (no_proxy) or all are at capacity or cooling down (no_capacity)", body = ErrorBody),
+        (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody),
         (status = 413, body = ErrorBody),
         (status = 422, description = "Unknown field or wrong type", body = ErrorBody)))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
+    client: Option<Extension<Client>>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let b: AcquireBody = parse_body(body, true)?;
@@ -174,6 +175,9 @@ pub(super) async fn acquire(
         ttl,
         sticky_key: b.sticky_key,
         site: b.site,
+        client: client
+            .map(|Extension(c)| c.0)
+            .unwrap_or_else(|| ANONYMOUS.into()),
     };
     match s.leases.acquire(&keys, &req) {
         Ok(lease) => {
@@ -201,6 +205,7 @@ pub(super) async fn acquire(
             let code = match e {
                 AcquireError::NoProxy => "no_proxy",
                 AcquireError::NoCapacity { .. } => "no_capacity",
+                AcquireError::ClientLimit { .. } => "client_limit",
             };
             Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()))
         }

@@ -7,6 +7,7 @@
 //! known here: span names and metric labels never carry a lease id.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -23,7 +24,7 @@ use subtle::ConstantTimeEq;
 use tracing::{info, warn, Instrument};
 
 use super::error::ApiError;
-use super::state::ApiState;
+use super::state::{ApiState, Client, ANONYMOUS};
 
 /// Request bodies above this answer 413.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -104,18 +105,28 @@ fn exempt(path: &str) -> bool {
     path == "/healthz" || path == "/openapi.json"
 }
 
-/// Bearer auth against `DISCOVERY_TOKEN` (401 otherwise), when one is set.
-pub(super) async fn auth(State(s): State<ApiState>, req: Request, next: Next) -> Response {
-    let Some(want) = &s.token_digest else {
+/// Bearer auth against the configured tokens (401 otherwise), when any is
+/// set; the request carries the [`Client`] named by its token.
+pub(super) async fn auth(State(s): State<ApiState>, mut req: Request, next: Next) -> Response {
+    if s.tokens.is_empty() {
+        req.extensions_mut().insert(Client(ANONYMOUS.into()));
         return next.run(req).await;
-    };
+    }
     if exempt(req.uri().path()) {
         return next.run(req).await;
     }
     let given = bearer(req.headers()).unwrap_or("");
-    // Hash first so the comparison is constant-time in the length too.
+    // Hash first so the comparison is constant-time in the length too;
+    // every token is compared, so the time does not tell which matched.
     let got: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    if bool::from(got.ct_eq(want)) && !given.is_empty() {
+    let mut found: Option<Arc<str>> = None;
+    for (name, want) in s.tokens.iter() {
+        if bool::from(got.ct_eq(want)) {
+            found = Some(name.clone());
+        }
+    }
+    if let (Some(name), false) = (found, given.is_empty()) {
+        req.extensions_mut().insert(Client(name));
         next.run(req).await
     } else {
         let mut resp = ApiError::new(

@@ -20,8 +20,8 @@ pub use handlers::MAX_KEY_LEN;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};
 pub use model::*;
 pub use openapi::openapi_json;
-pub use serving::{router, serve, serve_on, sweep, SWEEP_EVERY};
-pub use state::{ApiState, ProxySource, LISTING_MAX_AGE};
+pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
+pub use state::{ApiState, Client, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE};
 
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@ use super::handlers::*;
 use super::middleware::{auth, observe, BODY_LIMIT};
 use super::openapi::openapi_json;
 use super::state::ApiState;
+use crate::server::{Limits, DISCOVERY_LIMITS};
 
 /// How often expired leases are swept.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -80,9 +81,19 @@ pub async fn serve_on(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_within(listener, state, DISCOVERY_LIMITS, shutdown).await
+}
+
+/// As [`serve_on`], within given connection limits (tests shorten them).
+pub async fn serve_within(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     if !state.authenticated() {
         warn!(
-            "DISCOVERY_TOKEN is not set: the discovery and lease API serves WITHOUT authentication"
+            "DISCOVERY_TOKEN is not set and --allow-unauthenticated-discovery is given: the discovery and lease API serves WITHOUT authentication"
         );
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -94,12 +105,11 @@ pub async fn serve_on(
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stop));
     let app = router(state);
-    let res = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = tx.send(true);
-        })
-        .await;
+    let res = crate::server::serve(listener, app, limits, async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    })
+    .await;
     drop(rx);
     let _ = sweeper.await;
     res

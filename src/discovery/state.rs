@@ -37,6 +37,17 @@ impl ProxySource for Vec<Arc<Proxy>> {
     }
 }
 
+/// The client a request comes from: the name of its token, set by the
+/// auth middleware.
+#[derive(Debug, Clone)]
+pub struct Client(pub Arc<str>);
+
+/// The client name of `DISCOVERY_TOKEN`.
+pub const DEFAULT_CLIENT: &str = "default";
+
+/// The one client of an API without tokens.
+pub const ANONYMOUS: &str = "anonymous";
+
 /// Eligible proxies with their lease-store keys, sorted by namespace/name.
 pub(super) type Listing = Arc<Vec<(ProxyKey, ProxyItem)>>;
 
@@ -45,30 +56,49 @@ pub(super) type Listing = Arc<Vec<(ProxyKey, ProxyItem)>>;
 pub struct ApiState {
     pub(super) source: Arc<dyn ProxySource>,
     pub(super) leases: Arc<LeaseStore>,
-    pub(super) token_digest: Option<[u8; 32]>,
+    /// Client names and the SHA-256 of their tokens; empty: open API.
+    pub(super) tokens: Arc<Vec<(Arc<str>, [u8; 32])>>,
     pub(super) metrics: DiscoveryMetrics,
     listing: Arc<Mutex<Option<(Instant, Listing)>>>,
     rebuilding: Arc<AtomicBool>,
 }
 
 impl ApiState {
-    /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API).
+    /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API),
+    /// the client named [`DEFAULT_CLIENT`].
     pub fn new(
         source: Arc<dyn ProxySource>,
         leases: Arc<LeaseStore>,
         token: Option<&str>,
         metrics: &DiscoveryMetrics,
     ) -> Self {
-        let token_digest = token
+        let named: Vec<(String, String)> = token
             .filter(|t| !t.is_empty())
-            .map(|t| Sha256::digest(t.as_bytes()).into());
+            .map(|t| (DEFAULT_CLIENT.to_string(), t.to_string()))
+            .into_iter()
+            .collect();
+        Self::with_clients(source, leases, &named, metrics)
+    }
+
+    /// The state with named tokens, (client name, token); none: open API.
+    pub fn with_clients(
+        source: Arc<dyn ProxySource>,
+        leases: Arc<LeaseStore>,
+        tokens: &[(String, String)],
+        metrics: &DiscoveryMetrics,
+    ) -> Self {
+        let tokens = tokens
+            .iter()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(n, t)| (Arc::from(n.as_str()), Sha256::digest(t.as_bytes()).into()))
+            .collect();
         let l = leases.clone();
         metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
         let metrics = metrics.clone();
         ApiState {
             source,
             leases,
-            token_digest,
+            tokens: Arc::new(tokens),
             metrics,
             listing: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
@@ -77,7 +107,7 @@ impl ApiState {
 
     /// Whether a token is required.
     pub fn authenticated(&self) -> bool {
-        self.token_digest.is_some()
+        !self.tokens.is_empty()
     }
 
     /// Every eligible proxy, sorted; rebuilt at most every

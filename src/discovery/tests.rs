@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::api::Proxy;
-use crate::lease::{LeaseConfig, LeaseStore};
+use crate::lease::{ClientLimits, LeaseConfig, LeaseStore};
 use crate::metrics::{Exposition, Registrar};
 
 fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
@@ -33,21 +33,33 @@ struct Api {
 
 impl Api {
     async fn start(token: Option<&str>, max: u32) -> Api {
+        let tokens: Vec<(&str, &str)> = token.map(|t| ("default", t)).into_iter().collect();
+        Api::start_clients(&tokens, max, ClientLimits::default()).await
+    }
+
+    async fn start_clients(tokens: &[(&str, &str)], max: u32, limits: ClientLimits) -> Api {
         let source: Vec<Arc<Proxy>> = vec![
             proxy("a", "z1", "True", json!({"geo": "home"})),
             proxy("b", "z2", "True", json!({"geo": "away"})),
             proxy("sick", "z1", "False", json!({"geo": "home"})),
         ];
-        let leases = Arc::new(LeaseStore::new(LeaseConfig {
-            max_leases_per_proxy: max,
-            default_ttl: Duration::from_secs(300),
-            max_ttl: Duration::from_secs(3600),
-            cooldown: Duration::from_secs(300),
-        }));
+        let leases = Arc::new(
+            LeaseStore::new(LeaseConfig {
+                max_leases_per_proxy: max,
+                default_ttl: Duration::from_secs(300),
+                max_ttl: Duration::from_secs(3600),
+                cooldown: Duration::from_secs(300),
+            })
+            .with_client_limits(limits),
+        );
         let mut registry = Registrar::new();
         let discovery = metrics::DiscoveryMetrics::register(&mut registry);
         let metrics = registry.finish();
-        let state = ApiState::new(Arc::new(source), leases, token, &discovery);
+        let tokens: Vec<(String, String)> = tokens
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect();
+        let state = ApiState::with_clients(Arc::new(source), leases, &tokens, &discovery);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -681,4 +693,51 @@ async fn an_incoming_traceparent_parents_the_server_span() {
     );
     assert_eq!(server.parent_span_id.to_string(), "b7ad6b7169203331");
     assert!(server.parent_span_is_remote, "{server:?}");
+}
+
+#[tokio::test]
+async fn each_token_is_a_client_with_its_own_lease_cap() {
+    let api = Api::start_clients(
+        &[("greedy", "tok-g"), ("polite", "tok-p")],
+        10,
+        ClientLimits {
+            max_leases: 1,
+            global_cooldown_min_clients: 2,
+        },
+    )
+    .await;
+    let acquire = |t: &'static str| {
+        let api = &api;
+        async move {
+            api.call("POST", "/v1/leases", Some(t), Some(b"{}".to_vec()))
+                .await
+        }
+    };
+    let (s, first) = acquire("tok-g").await;
+    assert_eq!(s, 201, "{first}");
+    let (s, v) = acquire("tok-g").await;
+    assert_eq!((s, code(&v)), (409, "client_limit"), "{v}");
+    let (s, v) = acquire("tok-p").await;
+    assert_eq!(s, 201, "another client is not held back: {v}");
+    // One client's global report keeps the proxy from itself only.
+    let id = first["id"].as_str().unwrap();
+    let name = first["proxy"]["name"].as_str().unwrap().to_string();
+    let (s, _) = api
+        .call(
+            "POST",
+            &format!("/v1/leases/{id}/report"),
+            Some("tok-g"),
+            Some(br#"{"result":"failed"}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(s, 204);
+    let (s, _) = api
+        .call("DELETE", &format!("/v1/leases/{id}"), Some("tok-g"), None)
+        .await;
+    assert_eq!(s, 204);
+    let (_, v) = acquire("tok-g").await;
+    assert_ne!(v["proxy"]["name"].as_str(), Some(name.as_str()), "{v}");
+    let (s, v) = api.call("GET", "/v1/proxies", Some("wrong"), None).await;
+    assert_eq!((s, code(&v)), (401, "unauthorized"));
+    api.stop().await;
 }

@@ -2,50 +2,21 @@
 //! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
 //! and cooldown rules are pure; the HTTP layer only translates.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-/// Wall clock of the store; tests drive a [`FakeClock`].
-pub trait Clock: Send + Sync {
-    /// The current time.
-    fn now(&self) -> DateTime<Utc>;
-}
+mod bounds;
+use bounds::{digest, later, Caps, Cooldowns, StickyMap};
+pub use bounds::{
+    MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY, MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
+    STICKY_IDLE,
+};
 
-/// The system clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-}
-
-/// A clock that moves only when told to.
-#[derive(Debug, Clone)]
-pub struct FakeClock(Arc<Mutex<DateTime<Utc>>>);
-
-impl FakeClock {
-    /// A clock at `t`.
-    pub fn at(t: DateTime<Utc>) -> Self {
-        FakeClock(Arc::new(Mutex::new(t)))
-    }
-
-    /// Moves the clock forward.
-    pub fn advance(&self, d: Duration) {
-        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *t += chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
-    }
-}
-
-impl Clock for FakeClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+mod clock;
+pub use clock::{Clock, FakeClock, SystemClock};
 
 /// Store limits, from the flags.
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +60,8 @@ pub struct Lease {
     pub expires_at: DateTime<Utc>,
     /// The site the client said it would crawl, if any.
     pub site: Option<String>,
+    /// Who holds it: the name of the caller's token.
+    pub client: Arc<str>,
 }
 
 /// Why a TTL was refused.
@@ -113,6 +86,12 @@ pub enum AcquireError {
     /// No healthy proxy matches the filters.
     #[error("no healthy proxy matches the request")]
     NoProxy,
+    /// The client holds `--max-leases-per-client` leases already.
+    #[error("this client holds {max} leases, the most one client may hold")]
+    ClientLimit {
+        /// The cap.
+        max: u32,
+    },
     /// Matching proxies exist but all are at capacity or cooling down.
     #[error("all {matching} matching proxies are at capacity ({at_capacity}) or cooling down ({cooling})")]
     NoCapacity {
@@ -156,6 +135,29 @@ pub struct AcquireRequest {
     pub sticky_key: Option<String>,
     /// Site to be crawled: proxies cooling down for it are skipped.
     pub site: Option<String>,
+    /// The caller: the name of its token.
+    pub client: Arc<str>,
+}
+
+/// Limits per client (per token name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Leases one client may hold at once; 0: no limit.
+    pub max_leases: u32,
+    /// Distinct clients whose global reports withhold a proxy from every
+    /// client; a client's own report always withholds it from itself.
+    pub global_cooldown_min_clients: usize,
+}
+
+impl Default for ClientLimits {
+    /// No per-client cap; one report puts a proxy in global cooldown (the
+    /// behaviour with one token).
+    fn default() -> Self {
+        ClientLimits {
+            max_leases: 0,
+            global_cooldown_min_clients: 1,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -164,90 +166,77 @@ struct ProxyState {
     last_granted: Option<(DateTime<Utc>, u64)>,
 }
 
-#[derive(Debug, Default)]
-struct Cooldown {
-    global: Option<DateTime<Utc>>,
-    sites: HashMap<String, DateTime<Utc>>,
-}
-
-impl Cooldown {
-    fn blocks(&self, site: Option<&str>, now: DateTime<Utc>) -> bool {
-        if self.global.is_some_and(|t| t > now) {
-            return true;
-        }
-        site.and_then(|s| self.sites.get(s))
-            .is_some_and(|t| *t > now)
-    }
-}
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     leases: HashMap<String, Lease>,
+    /// Every lease by its end, so expiring is O(expired), not O(leases).
+    ends: BTreeSet<(DateTime<Utc>, String)>,
     proxies: HashMap<ProxyKey, ProxyState>,
-    cooldowns: HashMap<ProxyKey, Cooldown>,
-    sticky: HashMap<String, ProxyKey>,
+    cooldowns: Cooldowns,
+    sticky: StickyMap,
+    /// Live leases per client.
+    clients: HashMap<Arc<str>, u32>,
     grants: u64,
 }
 
 impl State {
-    /// Removes expired leases and cooldowns; returns how many leases ended.
-    fn sweep(&mut self, now: DateTime<Utc>) -> usize {
-        let expired: Vec<String> = self
-            .leases
-            .values()
-            .filter(|l| l.expires_at <= now)
-            .map(|l| l.id.clone())
-            .collect();
-        for id in &expired {
-            self.end(id);
+    fn new(limits: ClientLimits) -> Self {
+        State {
+            clients: HashMap::new(),
+            leases: HashMap::new(),
+            ends: BTreeSet::new(),
+            proxies: HashMap::new(),
+            cooldowns: Cooldowns::new(
+                Caps {
+                    total: MAX_COOLDOWN_SITES,
+                    per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
+                },
+                limits.global_cooldown_min_clients,
+            ),
+            sticky: StickyMap::new(Caps {
+                total: MAX_STICKY_KEYS,
+                per_proxy: MAX_STICKY_KEYS_PER_PROXY,
+            }),
+            grants: 0,
         }
-        self.cooldowns.retain(|_, c| {
-            c.global = c.global.filter(|t| *t > now);
-            c.sites.retain(|_, t| *t > now);
-            c.global.is_some() || !c.sites.is_empty()
-        });
-        expired.len()
+    }
+
+    /// Removes expired leases (their capacity comes back at once); returns
+    /// how many ended. Cooldowns and sticky keys are left to
+    /// [`LeaseStore::sweep`]: requests only compare their ends with now.
+    fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
+        let mut n = 0;
+        while self.ends.first().is_some_and(|(end, _)| *end <= now) {
+            if let Some((_, id)) = self.ends.pop_first() {
+                n += usize::from(self.end(&id).is_some());
+            }
+        }
+        n
     }
 
     fn end(&mut self, id: &str) -> Option<Lease> {
         let lease = self.leases.remove(id)?;
+        self.ends.remove(&(lease.expires_at, lease.id.clone()));
         if let Some(p) = self.proxies.get_mut(&lease.proxy) {
             p.active = p.active.saturating_sub(1);
+        }
+        if let Some(n) = self.clients.get_mut(&lease.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.clients.remove(&lease.client);
+            }
         }
         Some(lease)
     }
 }
 
-/// Sticky keys remembered at most (then the map starts over).
-pub const MAX_STICKY_KEYS: usize = 100_000;
-
-/// Lease ids: 128 random bits, base32 (lowercase, unpadded).
-pub type IdSource = Box<dyn Fn() -> String + Send + Sync>;
-
-/// Random lease ids from the TLS provider's secure random source.
-pub fn random_id() -> String {
-    let mut buf = [0u8; 16];
-    let rng = rustls::crypto::ring::default_provider().secure_random;
-    if rng.fill(&mut buf).is_err() {
-        // Never observed on Linux; a time-and-counter id keeps the API up
-        // (leases are also bound to the bearer token).
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let t = Utc::now().timestamp_nanos_opt().unwrap_or_default();
-        buf[..8].copy_from_slice(&n.to_le_bytes());
-        buf[8..].copy_from_slice(&t.to_le_bytes());
-    }
-    format!(
-        "l-{}",
-        data_encoding::BASE32_NOPAD
-            .encode(&buf)
-            .to_ascii_lowercase()
-    )
-}
+mod ids;
+pub use ids::{random_id, IdSource};
 
 /// The lease store.
 pub struct LeaseStore {
     config: LeaseConfig,
+    limits: ClientLimits,
     clock: Arc<dyn Clock>,
     ids: IdSource,
     state: Mutex<State>,
@@ -263,9 +252,19 @@ impl LeaseStore {
     pub fn with(config: LeaseConfig, clock: Arc<dyn Clock>, ids: IdSource) -> Self {
         LeaseStore {
             config,
+            limits: ClientLimits::default(),
             clock,
             ids,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(ClientLimits::default())),
+        }
+    }
+
+    /// The same (empty) store with per-client limits.
+    pub fn with_client_limits(self, limits: ClientLimits) -> Self {
+        LeaseStore {
+            limits,
+            state: Mutex::new(State::new(limits)),
+            ..self
         }
     }
 
@@ -296,18 +295,24 @@ impl LeaseStore {
     ) -> Result<Lease, AcquireError> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         if eligible.is_empty() {
             return Err(AcquireError::NoProxy);
+        }
+        let client = &req.client;
+        let max_own = self.limits.max_leases;
+        if max_own > 0 && st.clients.get(client).copied().unwrap_or(0) >= max_own {
+            return Err(AcquireError::ClientLimit { max: max_own });
         }
         let max = self.config.max_leases_per_proxy;
         let site = req.site.as_deref();
         let (mut at_capacity, mut cooling) = (0, 0);
         let any_cooldown = !st.cooldowns.is_empty();
+        let site = site.map(digest);
         let sticky: Option<ProxyKey> = req
             .sticky_key
             .as_ref()
-            .and_then(|s| st.sticky.get(s))
+            .and_then(|s| st.sticky.get(s, now))
             .cloned();
         let mut sticky_open = false;
         // One pass, one lookup per map per candidate: this runs under the
@@ -322,7 +327,7 @@ impl LeaseStore {
                 at_capacity += 1;
                 continue;
             }
-            if any_cooldown && st.cooldowns.get(k).is_some_and(|c| c.blocks(site, now)) {
+            if any_cooldown && st.cooldowns.blocks(k, site.as_ref(), client, now) {
                 cooling += 1;
                 continue;
             }
@@ -350,20 +355,23 @@ impl LeaseStore {
         let p = st.proxies.entry(chosen.clone()).or_default();
         p.active += 1;
         p.last_granted = Some((now, seq));
+        let expires_at = later(now, req.ttl);
         if let Some(s) = &req.sticky_key {
-            if st.sticky.len() >= MAX_STICKY_KEYS && !st.sticky.contains_key(s) {
-                // Bounded memory: forgetting mappings only costs stickiness.
-                st.sticky.clear();
-            }
-            st.sticky.insert(s.clone(), chosen.clone());
+            // Bounded: a key the map has no room for only loses stickiness.
+            let _ = st
+                .sticky
+                .remember(s, &chosen, later(expires_at, STICKY_IDLE));
         }
         let lease = Lease {
             id: (self.ids)(),
             proxy: chosen,
             granted_at: now,
-            expires_at: now + to_chrono(req.ttl),
+            expires_at,
             site: req.site.clone(),
+            client: client.clone(),
         };
+        *st.clients.entry(client.clone()).or_default() += 1;
+        st.ends.insert((lease.expires_at, lease.id.clone()));
         st.leases.insert(lease.id.clone(), lease.clone());
         Ok(lease)
     }
@@ -372,17 +380,21 @@ impl LeaseStore {
     pub fn renew(&self, id: &str, ttl: Duration) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         let lease = st.leases.get_mut(id)?;
-        lease.expires_at = now + to_chrono(ttl);
-        Some(lease.clone())
+        let old = (lease.expires_at, lease.id.clone());
+        lease.expires_at = later(now, ttl);
+        let (new, lease) = ((lease.expires_at, lease.id.clone()), lease.clone());
+        st.ends.remove(&old);
+        st.ends.insert(new);
+        Some(lease)
     }
 
     /// A live lease.
     pub fn get(&self, id: &str) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         st.leases.get(id).cloned()
     }
 
@@ -391,35 +403,47 @@ impl LeaseStore {
     pub fn release(&self, id: &str) -> bool {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         st.end(id).is_some()
     }
 
     /// Records a client's report on a live lease (which it keeps). Blocked
     /// or failed puts the proxy in cooldown: for `site` when given, for all
-    /// sites otherwise. Returns the lease, or `None` when unknown.
+    /// sites otherwise (for the lease's client at once, for every client
+    /// once `global_cooldown_min_clients` distinct clients reported it).
+    /// Returns the lease, or `None` when unknown.
     pub fn report(&self, id: &str, outcome: Outcome, site: Option<&str>) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.sweep(now);
+        st.expire_leases(now);
         let lease = st.leases.get(id)?.clone();
         if outcome != Outcome::Ok {
-            let until = now + to_chrono(self.config.cooldown);
-            let c = st.cooldowns.entry(lease.proxy.clone()).or_default();
+            let until = later(now, self.config.cooldown);
             match site {
+                // Bounded: past the caps the site cooldown is not kept.
                 Some(s) => {
-                    c.sites.insert(s.to_string(), until);
+                    let _ = st.cooldowns.put_site(&lease.proxy, s, until);
                 }
-                None => c.global = Some(until),
+                None => st.cooldowns.put_global(&lease.proxy, &lease.client, until),
             }
         }
         Some(lease)
     }
 
-    /// Removes expired leases and cooldowns; returns the leases that ended.
+    /// The background sweep: removes expired leases, cooldowns and sticky
+    /// keys; returns the leases that ended.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.lock().sweep(now)
+        let mut st = self.lock();
+        st.cooldowns.sweep(now);
+        st.sticky.sweep(now);
+        st.expire_leases(now)
+    }
+
+    /// Sticky keys and site cooldowns held (the abuse test's figures).
+    pub fn held(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.sticky.len(), st.cooldowns.sites())
     }
 
     /// Live leases (expired ones not yet swept are not counted).
@@ -441,15 +465,11 @@ impl LeaseStore {
     /// their sticky mappings and cooldowns. Leases run out on their own.
     pub fn retain_proxies(&self, present: &std::collections::HashSet<ProxyKey>) {
         let mut st = self.lock();
-        st.sticky.retain(|_, k| present.contains(k));
-        st.cooldowns.retain(|k, _| present.contains(k));
+        st.sticky.retain_proxies(present);
+        st.cooldowns.retain_proxies(present);
         st.proxies
             .retain(|k, p| present.contains(k) || p.active > 0);
     }
-}
-
-fn to_chrono(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// TTL rule: absent → `default`; must be 1..=`max` seconds.

@@ -365,3 +365,63 @@ fn deleted_proxies_lose_cooldowns_and_sticky() {
     s.retain_proxies(&HashSet::new());
     s.acquire(&keys(&["a"]), &req()).unwrap();
 }
+
+#[test]
+fn per_client_lease_caps() {
+    let (s, _) = store(10);
+    let s = s.with_client_limits(ClientLimits {
+        max_leases: 2,
+        global_cooldown_min_clients: 2,
+    });
+    let all = keys(&["a", "b"]);
+    let by = |c: &str| AcquireRequest {
+        client: c.into(),
+        ..req()
+    };
+    let first = s.acquire(&all, &by("greedy")).unwrap();
+    s.acquire(&all, &by("greedy")).unwrap();
+    assert_eq!(
+        s.acquire(&all, &by("greedy")),
+        Err(AcquireError::ClientLimit { max: 2 })
+    );
+    // Another client is not held back by the greedy one.
+    assert_eq!(
+        s.acquire(&all, &by("polite")).unwrap().client.as_ref(),
+        "polite"
+    );
+    // A release gives the greedy client room again.
+    assert!(s.release(&first.id));
+    s.acquire(&all, &by("greedy")).unwrap();
+}
+
+#[test]
+fn one_client_cannot_put_the_fleet_in_global_cooldown() {
+    let (s, _) = store(10);
+    let s = s.with_client_limits(ClientLimits {
+        max_leases: 0,
+        global_cooldown_min_clients: 2,
+    });
+    let one = keys(&["a"]);
+    let by = |c: &str| AcquireRequest {
+        client: c.into(),
+        ..req()
+    };
+    let l = s.acquire(&one, &by("x")).unwrap();
+    s.report(&l.id, Outcome::Failed, None).unwrap();
+    assert!(
+        matches!(
+            s.acquire(&one, &by("x")),
+            Err(AcquireError::NoCapacity { cooling: 1, .. })
+        ),
+        "the reporter itself is kept off the proxy"
+    );
+    let l = s.acquire(&one, &by("y")).unwrap();
+    s.report(&l.id, Outcome::Failed, None).unwrap();
+    assert!(
+        matches!(
+            s.acquire(&one, &by("z")),
+            Err(AcquireError::NoCapacity { cooling: 1, .. })
+        ),
+        "two clients' reports withhold it from everyone"
+    );
+}

@@ -10,6 +10,7 @@ pub mod client;
 pub mod metrics;
 pub mod runnables;
 pub mod settings;
+mod tokens;
 
 use std::future::Future;
 use std::sync::Arc;

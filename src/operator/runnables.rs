@@ -63,11 +63,12 @@ pub fn spawn_discovery(
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let leases = Arc::new(LeaseStore::new(settings.leases));
-    let state = discovery::ApiState::new(
+    let leases =
+        Arc::new(LeaseStore::new(settings.leases).with_client_limits(settings.client_limits));
+    let state = discovery::ApiState::with_clients(
         Arc::new(cache),
         leases,
-        settings.discovery_token.as_deref(),
+        &settings.discovery_tokens,
         &metrics.discovery,
     );
     tasks.spawn(async move {

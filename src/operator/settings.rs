@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tokens;
 use crate::cli::{self, Flags};
 use crate::config::ProvidersConfig;
 use crate::health;
 use crate::leader;
-use crate::lease::LeaseConfig;
+use crate::lease::{ClientLimits, LeaseConfig};
 
 /// What the operator runs with. Not `Debug`: it carries the discovery
 /// token.
@@ -39,8 +40,11 @@ pub struct Settings {
     pub health: HealthSettings,
     /// The lease store's limits.
     pub leases: LeaseConfig,
-    /// `DISCOVERY_TOKEN`: the bearer token of the discovery API.
-    pub discovery_token: Option<String>,
+    /// The discovery API's clients and their bearer tokens:
+    /// `DISCOVERY_TOKEN` as `default`, then `--discovery-tokens-dir`.
+    pub discovery_tokens: Vec<(String, String)>,
+    /// Per-client lease caps and the global-cooldown quorum.
+    pub client_limits: ClientLimits,
     /// Orphan GC: interval, minimum age, deletes per sweep.
     pub gc: GcSettings,
     /// Provider checks (`--provider-check-interval`, effective timeout);
@@ -97,6 +101,15 @@ impl Settings {
         {
             problems.push(e);
         }
+        let discovery_tokens = tokens::gather(
+            discovery_token.as_deref(),
+            flags.discovery_tokens_dir.as_deref(),
+        )
+        .map_err(|e| problems.push(format!("--discovery-tokens-dir: {e}")))
+        .unwrap_or_default();
+        if let Err(e) = discovery_auth(flags, !discovery_tokens.is_empty()) {
+            problems.push(e);
+        }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
             .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
             .ok();
@@ -147,7 +160,11 @@ impl Settings {
                 max_ttl: flags.max_lease_ttl,
                 cooldown: flags.lease_cooldown,
             },
-            discovery_token,
+            discovery_tokens,
+            client_limits: ClientLimits {
+                max_leases: flags.max_leases_per_client,
+                global_cooldown_min_clients: usize::from(flags.global_cooldown_min_clients),
+            },
             gc: GcSettings {
                 interval: flags.gc_interval,
                 min_age: flags.gc_min_age,
@@ -160,6 +177,22 @@ impl Settings {
             gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
         })
     }
+}
+
+/// The discovery API fails closed: with it on, a token (`DISCOVERY_TOKEN`)
+/// is required unless `--allow-unauthenticated-discovery` says otherwise.
+fn discovery_auth(flags: &Flags, has_token: bool) -> Result<(), String> {
+    let api_on = !matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None));
+    if api_on && !has_token && !flags.allow_unauthenticated_discovery {
+        return Err(
+            "DISCOVERY_TOKEN is not set: the discovery API refuses to serve without a \
+            bearer token; set it (in the cluster: Secret discovery-token, key token), pass \
+            --allow-unauthenticated-discovery to serve everyone, or turn the API off with \
+            --discovery-bind-address=0"
+                .to_string(),
+        );
+    }
+    Ok(())
 }
 
 /// `--check-config`: the one-line verdict on the providers file, for a
@@ -205,6 +238,8 @@ mod tests {
     struct Case {
         name: &'static str,
         args: &'static [&'static str],
+        /// `DISCOVERY_TOKEN`.
+        token: Option<&'static str>,
         /// Substrings of the problems, one per expected problem; empty: valid.
         problems: &'static [&'static str],
     }
@@ -215,13 +250,39 @@ mod tests {
         let providers = providers_file(&dir);
         let cases = [
             Case {
-                name: "defaults",
+                name: "defaults, with a token",
                 args: &[],
+                token: Some("t"),
+                problems: &[],
+            },
+            Case {
+                name: "no token: the API refuses to serve everyone",
+                args: &[],
+                token: None,
+                problems: &["DISCOVERY_TOKEN is not set"],
+            },
+            Case {
+                name: "an empty token is no token",
+                args: &[],
+                token: Some(""),
+                problems: &["--allow-unauthenticated-discovery"],
+            },
+            Case {
+                name: "no token, explicitly allowed",
+                args: &["--allow-unauthenticated-discovery"],
+                token: None,
+                problems: &[],
+            },
+            Case {
+                name: "no token, the API off",
+                args: &["--discovery-bind-address", "0"],
+                token: None,
                 problems: &[],
             },
             Case {
                 name: "a missing CA file is found at startup",
                 args: &["--probe-ca-file", "/nonexistent/ca.pem"],
+                token: Some("t"),
                 problems: &["--probe-ca-file"],
             },
             Case {
@@ -234,6 +295,7 @@ mod tests {
                     "--provider-check-interval",
                     "5s",
                 ],
+                token: Some("t"),
                 problems: &[
                     "--metrics-bind-address",
                     "--provider-check-interval",
@@ -242,7 +304,10 @@ mod tests {
             },
         ];
         for c in cases {
-            match Settings::from_flags_and_env(&flags(c.args, &providers), None) {
+            match Settings::from_flags_and_env(
+                &flags(c.args, &providers),
+                c.token.map(String::from),
+            ) {
                 Ok(_) => assert!(c.problems.is_empty(), "{}: accepted", c.name),
                 Err(got) => {
                     assert_eq!(got.len(), c.problems.len(), "{}: {got:?}", c.name);
@@ -278,7 +343,10 @@ mod tests {
         assert_eq!(s.discovery_bind, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(s.provider_checks, None, "0 turns checks off");
         assert!(s.leader.is_some());
-        assert_eq!(s.discovery_token.as_deref(), Some("t"));
+        assert_eq!(
+            s.discovery_tokens,
+            [("default".to_string(), "t".to_string())]
+        );
         assert_eq!(s.providers.names(), vec!["k"]);
     }
 

@@ -249,3 +249,27 @@ fn http_get(port: u16, path: &str) -> (String, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+#[test]
+fn the_discovery_api_refuses_to_start_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
+    let port = free_port();
+    // support::operator turns the API off; turn it on, with no token.
+    let out = support::operator(dir.path(), doc, &dir.path().join("absent"))
+        .args(["--discovery-bind-address", &format!("127.0.0.1:{port}")])
+        .env_remove("DISCOVERY_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(
+        err.contains("DISCOVERY_TOKEN is not set")
+            && err.contains("--allow-unauthenticated-discovery"),
+        "{err}"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nothing may listen on the discovery port"
+    );
+}

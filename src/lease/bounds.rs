@@ -1,0 +1,299 @@
+//! The two maps clients can grow, bounded: sticky keys and per-site
+//! cooldowns. Each holds at most a fixed number of entries per proxy and
+//! in total; keys are kept as 128-bit digests (a 256-byte key costs 16
+//! bytes); entries expire with time, removed by the background sweep
+//! ([`StickyMap::sweep`], [`Cooldowns::sweep`]), never by a request: a
+//! request only compares an entry's end with the clock. Pure: time is an
+//! argument.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest as _, Sha256};
+
+use super::ProxyKey;
+
+/// Sticky keys remembered at most, in total.
+pub const MAX_STICKY_KEYS: usize = 100_000;
+/// Sticky keys remembered at most for one proxy.
+pub const MAX_STICKY_KEYS_PER_PROXY: usize = 10_000;
+/// A sticky key is forgotten this long after the end of the last lease
+/// granted under it.
+pub const STICKY_IDLE: Duration = Duration::from_secs(3600);
+/// Site cooldowns held at most, in total.
+pub const MAX_COOLDOWN_SITES: usize = 50_000;
+/// Site cooldowns held at most for one proxy.
+pub const MAX_COOLDOWN_SITES_PER_PROXY: usize = 1_000;
+
+/// A key or site as stored: the first 128 bits of its SHA-256.
+pub type KeyDigest = [u8; 16];
+
+/// The stored form of a sticky key or site.
+pub fn digest(s: &str) -> KeyDigest {
+    let full = Sha256::digest(s.as_bytes());
+    let mut d = [0u8; 16];
+    d.copy_from_slice(&full[..16]);
+    d
+}
+
+/// How many entries a map holds at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// In total.
+    pub total: usize,
+    /// For one proxy.
+    pub per_proxy: usize,
+}
+
+/// Why an entry was not stored (the caller loses only stickiness or that
+/// one cooldown; nothing else changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The map holds `Caps::total` entries.
+    Total,
+    /// The proxy holds `Caps::per_proxy` entries.
+    PerProxy,
+}
+
+/// `now + d`, saturating at the largest date instead of overflowing.
+pub fn later(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// Sticky key → proxy, with the time the mapping is forgotten.
+#[derive(Debug)]
+pub struct StickyMap {
+    caps: Caps,
+    map: HashMap<KeyDigest, (Arc<ProxyKey>, DateTime<Utc>)>,
+    per_proxy: HashMap<Arc<ProxyKey>, usize>,
+}
+
+impl StickyMap {
+    /// An empty map.
+    pub fn new(caps: Caps) -> Self {
+        StickyMap {
+            caps,
+            map: HashMap::new(),
+            per_proxy: HashMap::new(),
+        }
+    }
+
+    /// Mappings held (expired ones not yet swept included).
+    #[allow(clippy::len_without_is_empty)] // only counted, never tested for empty
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The live mapping of `key`.
+    pub fn get(&self, key: &str, now: DateTime<Utc>) -> Option<&ProxyKey> {
+        self.map
+            .get(&digest(key))
+            .filter(|(_, until)| *until > now)
+            .map(|(p, _)| p.as_ref())
+    }
+
+    /// Maps `key` to `proxy` until `until` (a later end never shortens).
+    /// A key that moves to a full proxy is forgotten.
+    pub fn remember(
+        &mut self,
+        key: &str,
+        proxy: &ProxyKey,
+        until: DateTime<Utc>,
+    ) -> Result<(), Full> {
+        let d = digest(key);
+        if let Some((p, end)) = self.map.get_mut(&d) {
+            if p.as_ref() == proxy {
+                *end = (*end).max(until);
+                return Ok(());
+            }
+            let old = p.clone();
+            self.map.remove(&d);
+            self.uncount(&old);
+        }
+        if self.map.len() >= self.caps.total {
+            return Err(Full::Total);
+        }
+        let held = self.per_proxy.get(proxy).copied().unwrap_or(0);
+        if held >= self.caps.per_proxy {
+            return Err(Full::PerProxy);
+        }
+        let p = match self.per_proxy.get_key_value(proxy) {
+            Some((p, _)) => p.clone(),
+            None => Arc::new(proxy.clone()),
+        };
+        *self.per_proxy.entry(p.clone()).or_default() += 1;
+        self.map.insert(d, (p, until));
+        Ok(())
+    }
+
+    fn uncount(&mut self, p: &ProxyKey) {
+        if let Some(n) = self.per_proxy.get_mut(p) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_proxy.remove(p);
+            }
+        }
+    }
+
+    /// Forgets mappings that ended by `now`; returns how many.
+    pub fn sweep(&mut self, now: DateTime<Utc>) -> usize {
+        self.retain(|_, until| until > now)
+    }
+
+    /// Forgets mappings to proxies not in `present`.
+    pub fn retain_proxies(&mut self, present: &HashSet<ProxyKey>) {
+        self.retain(|p, _| present.contains(p));
+    }
+
+    fn retain(&mut self, keep: impl Fn(&ProxyKey, DateTime<Utc>) -> bool) -> usize {
+        let before = self.map.len();
+        let per_proxy = &mut self.per_proxy;
+        self.map.retain(|_, (p, until)| {
+            let k = keep(p, *until);
+            if !k {
+                if let Some(n) = per_proxy.get_mut(p.as_ref()) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            k
+        });
+        per_proxy.retain(|_, n| *n > 0);
+        before - self.map.len()
+    }
+}
+
+/// Cooldowns of one proxy.
+#[derive(Debug, Default)]
+struct ProxyCooldown {
+    /// For every site, by reporting client: until when. A client's own
+    /// report withholds the proxy from that client; reports from
+    /// `min_clients` distinct clients withhold it from everyone. At most
+    /// `min_clients` entries.
+    global: Vec<(Arc<str>, DateTime<Utc>)>,
+    /// Per site: until when.
+    sites: HashMap<KeyDigest, DateTime<Utc>>,
+}
+
+/// Per-proxy cooldowns, globally or per site.
+#[derive(Debug)]
+pub struct Cooldowns {
+    caps: Caps,
+    min_clients: usize,
+    proxies: HashMap<ProxyKey, ProxyCooldown>,
+    sites: usize,
+}
+
+impl Cooldowns {
+    /// No cooldowns; a global one withholds a proxy from everyone once
+    /// `min_clients` distinct clients reported it (at least 1).
+    pub fn new(caps: Caps, min_clients: usize) -> Self {
+        Cooldowns {
+            caps,
+            min_clients: min_clients.max(1),
+            proxies: HashMap::new(),
+            sites: 0,
+        }
+    }
+
+    /// Whether any proxy has a cooldown entry (live or not yet swept).
+    pub fn is_empty(&self) -> bool {
+        self.proxies.is_empty()
+    }
+
+    /// Site entries held.
+    pub fn sites(&self) -> usize {
+        self.sites
+    }
+
+    /// Whether `proxy` is withheld from `client` at `now`: globally (by its
+    /// own report, or by enough clients' reports), or for `site`.
+    pub fn blocks(
+        &self,
+        proxy: &ProxyKey,
+        site: Option<&KeyDigest>,
+        client: &str,
+        now: DateTime<Utc>,
+    ) -> bool {
+        let Some(c) = self.proxies.get(proxy) else {
+            return false;
+        };
+        let live = || c.global.iter().filter(|(_, t)| *t > now);
+        live().count() >= self.min_clients
+            || live().any(|(who, _)| who.as_ref() == client)
+            || site.and_then(|s| c.sites.get(s)).is_some_and(|t| *t > now)
+    }
+
+    /// Records `client`'s report that `proxy` fails for every site, until
+    /// `until` (or later).
+    pub fn put_global(&mut self, proxy: &ProxyKey, client: &Arc<str>, until: DateTime<Utc>) {
+        let c = self.proxies.entry(proxy.clone()).or_default();
+        if let Some((_, t)) = c.global.iter_mut().find(|(who, _)| who == client) {
+            *t = (*t).max(until);
+        } else if c.global.len() < self.min_clients {
+            c.global.push((client.clone(), until));
+        } else if let Some(first) = c.global.iter_mut().min_by_key(|(_, t)| *t) {
+            // Full: min_clients reports are held; the one ending first
+            // makes room (a quorum of live reports stays a quorum).
+            *first = (client.clone(), until);
+        }
+    }
+
+    /// Withholds `proxy` from `site` until `until` (or later).
+    pub fn put_site(
+        &mut self,
+        proxy: &ProxyKey,
+        site: &str,
+        until: DateTime<Utc>,
+    ) -> Result<(), Full> {
+        let d = digest(site);
+        if let Some(t) = self
+            .proxies
+            .get_mut(proxy)
+            .and_then(|c| c.sites.get_mut(&d))
+        {
+            *t = (*t).max(until);
+            return Ok(());
+        }
+        if self.sites >= self.caps.total {
+            return Err(Full::Total);
+        }
+        let held = self.proxies.get(proxy).map_or(0, |c| c.sites.len());
+        if held >= self.caps.per_proxy {
+            return Err(Full::PerProxy);
+        }
+        self.proxies
+            .entry(proxy.clone())
+            .or_default()
+            .sites
+            .insert(d, until);
+        self.sites += 1;
+        Ok(())
+    }
+
+    /// Removes cooldowns that ended by `now`.
+    pub fn sweep(&mut self, now: DateTime<Utc>) {
+        let mut sites = 0;
+        self.proxies.retain(|_, c| {
+            c.global.retain(|(_, t)| *t > now);
+            c.sites.retain(|_, t| *t > now);
+            sites += c.sites.len();
+            !c.global.is_empty() || !c.sites.is_empty()
+        });
+        self.sites = sites;
+    }
+
+    /// Forgets the cooldowns of proxies not in `present`.
+    pub fn retain_proxies(&mut self, present: &HashSet<ProxyKey>) {
+        self.proxies.retain(|k, _| present.contains(k));
+        self.sites = self.proxies.values().map(|c| c.sites.len()).sum();
+    }
+}
+
+#[cfg(test)]
+#[path = "bounds_tests.rs"]
+mod tests;

@@ -1,0 +1,124 @@
+//! The accept loop every HTTP server of the operator runs (the discovery
+//! API, the probe and metrics servers): a cap on open connections, hyper's
+//! timer-backed header-read timeout (which also closes a connection that
+//! waits idle for its next request), and tower-http's request and
+//! request-body timeouts. A half-sent or idle connection therefore holds a
+//! slot for a bounded time, and the number of slots is bounded, so no
+//! client can grow the process's memory by opening connections.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower_http::timeout::{RequestBodyTimeout, Timeout};
+use tracing::debug;
+
+/// The bounds of one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once; one more is closed as soon as it is
+    /// accepted.
+    pub max_connections: usize,
+    /// Time a connection has to send a request's whole header, counted from
+    /// when the server waits for it: a new connection, and a kept-alive one
+    /// between requests (so this is also the idle timeout).
+    pub header_read_timeout: Duration,
+    /// Time a request's body has to arrive (between its chunks, tower-http's
+    /// rule); the handler then sees a failed read.
+    pub body_read_timeout: Duration,
+    /// Time a whole request may take; then the answer is an empty 408.
+    pub request_timeout: Duration,
+}
+
+/// The discovery API: crawlers keep connections alive and send small
+/// bodies (the body itself is capped by the API's router, at 64 KiB).
+pub const DISCOVERY_LIMITS: Limits = Limits {
+    max_connections: 4096,
+    header_read_timeout: Duration::from_secs(10),
+    body_read_timeout: Duration::from_secs(10),
+    request_timeout: Duration::from_secs(30),
+};
+
+/// `/healthz`, `/readyz` and `/metrics`: a kubelet and a scraper or two.
+/// Their handlers read no body, so none is ever buffered.
+pub const PROBE_LIMITS: Limits = Limits {
+    max_connections: 256,
+    header_read_timeout: Duration::from_secs(10),
+    body_read_timeout: Duration::from_secs(10),
+    request_timeout: Duration::from_secs(30),
+};
+
+/// How long in-flight requests get to finish once `shutdown` resolves.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Pause after a failed accept (out of file descriptors, say) so the loop
+/// does not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves `app` on `listener` within `limits` until `shutdown` resolves,
+/// then lets open requests finish for a few seconds.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let service = Timeout::with_status_code(
+        RequestBodyTimeout::new(app, limits.body_read_timeout),
+        StatusCode::REQUEST_TIMEOUT,
+        limits.request_timeout,
+    );
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    debug!(error = %e, "Accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(
+                max = limits.max_connections,
+                "Connection refused: too many open"
+            );
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(
+                TokioIo::new(stream),
+                TowerToHyperService::new(service.clone()),
+            );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "Connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

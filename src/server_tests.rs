@@ -1,0 +1,193 @@
+//! The accept loop against raw TCP clients on 127.0.0.1: what a slow,
+//! idle or greedy client gets. Limits are short so the tests are quick;
+//! every wait has a generous deadline, none asserts a duration.
+
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::routing::{get, post};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+
+const SHORT: Limits = Limits {
+    max_connections: 2,
+    header_read_timeout: Duration::from_millis(300),
+    body_read_timeout: Duration::from_millis(300),
+    request_timeout: Duration::from_millis(600),
+};
+
+/// Long enough for any of the short limits to fire on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Server {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    async fn start(limits: Limits) -> Server {
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    "late"
+                }),
+            )
+            .route("/echo", post(|b: Bytes| async move { b }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, app, limits, async move {
+            let _ = rx.await;
+        }));
+        Server {
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+/// Reads until the server closes the connection (or `DEADLINE` passes:
+/// then `None`); returns what it sent.
+async fn until_closed(c: &mut TcpStream) -> Option<String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, read).await.ok()?;
+    Some(String::from_utf8_lossy(&got).into_owned())
+}
+
+async fn get_ok(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    until_closed(&mut c).await.expect("an answer")
+}
+
+#[tokio::test]
+async fn a_client_sending_its_header_a_byte_at_a_time_is_dropped() {
+    let s = Server::start(SHORT).await;
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    // A header that never ends, one byte at a time, for longer than the
+    // deadline: only the header timeout can end the connection.
+    let writer = tokio::spawn(async move {
+        let _ = c.write_all(b"GET / HTTP/1.1\r\nX-Slow: ").await;
+        for _ in 0..400 {
+            if c.write_all(b"a").await.is_err() {
+                return Some(c);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    });
+    let mut c = writer
+        .await
+        .unwrap()
+        .expect("the server closed the slow connection");
+    assert!(until_closed(&mut c).await.is_some());
+    // The server goes on answering.
+    assert!(get_ok(s.addr, "/").await.starts_with("HTTP/1.1 200"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_new_or_kept_alive() {
+    let s = Server::start(SHORT).await;
+    let mut fresh = TcpStream::connect(s.addr).await.unwrap();
+    let mut kept = TcpStream::connect(s.addr).await.unwrap();
+    kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(until_closed(&mut fresh).await.is_some(), "a silent new one");
+    let answer = until_closed(&mut kept).await.expect("a kept-alive one");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_at_once_and_slots_come_back() {
+    let s = Server::start(Limits {
+        header_read_timeout: Duration::from_secs(3600),
+        ..SHORT
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..SHORT.max_connections {
+        let mut c = TcpStream::connect(s.addr).await.unwrap();
+        // A request in flight proves the connection has its slot.
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        held.push(c);
+    }
+    let mut extra = TcpStream::connect(s.addr).await.unwrap();
+    let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(
+        until_closed(&mut extra).await.as_deref(),
+        Some(""),
+        "over the cap: closed without an answer"
+    );
+    drop(held);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let answer = get_ok(s.addr, "/").await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no slot came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_over_its_time_is_answered_408() {
+    let s = Server::start(SHORT).await;
+    let answer = get_ok(s.addr, "/slow").await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_fails_the_read() {
+    let s = Server::start(Limits {
+        request_timeout: Duration::from_secs(3600),
+        ..SHORT
+    })
+    .await;
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        .await
+        .unwrap();
+    let answer = until_closed(&mut c).await.expect("an answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 4"),
+        "a client error, not the echo: {answer}"
+    );
+    s.stop().await;
+}

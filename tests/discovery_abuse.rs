@@ -1,0 +1,381 @@
+//! Discovery abuse, against the API served in a process of its own (this
+//! test binary re-run as `serve_for_abuse`: the real router, lease store
+//! and accept loop on 127.0.0.1, ten healthy Proxies, a bearer token):
+//! 5,000 idle connections, a client sending its header a byte a second,
+//! 10,000 distinct cooldown sites and 100,000 sticky keys. The server's
+//! peak RSS must stay under the pod's 128 MiB limit and the API must go on
+//! answering. It prints what was injected and what was measured (the
+//! "Discovery abuse" table of docs/reliability.md).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const TOKEN: &str = "abuse-token";
+const PROXIES: usize = 10;
+const IDLE: usize = 5_000;
+const SITES: usize = 10_000;
+const STICKY: usize = 100_000;
+const POD_LIMIT_KIB: u64 = 128 * 1024;
+const DEADLINE: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the server of discovery_abuse_stays_within_the_pod_limit"]
+async fn serve_for_abuse() {
+    use egress_proxies_operator::api::Proxy;
+    use egress_proxies_operator::discovery::{serve_on, ApiState};
+    use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
+    use egress_proxies_operator::operator::Metrics;
+    let addr: SocketAddr = std::env::var("ABUSE_ADDR").unwrap().parse().unwrap();
+    assert!(addr.ip().is_loopback());
+    let proxies: Vec<Arc<Proxy>> = (0..PROXIES)
+        .map(|i| {
+            Arc::new(
+                serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                    "metadata": {"name": format!("p{i}"), "namespace": "abuse"},
+                    "spec": {"provider": "kubernetes", "port": 3128},
+                    "status": {"phase": "Ready", "ip": format!("127.0.0.{}", i + 2),
+                        "conditions": [{"type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
+                        "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
+                .unwrap(),
+            )
+        })
+        .collect();
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 10_000,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(300),
+    }));
+    let state = ApiState::new(
+        Arc::new(proxies),
+        leases,
+        Some(TOKEN),
+        &Metrics::new().discovery,
+    );
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    // Stops by itself should the test that started it die.
+    serve_on(
+        listener,
+        state,
+        tokio::time::sleep(Duration::from_secs(900)),
+    )
+    .await
+    .unwrap();
+}
+
+/// The server process, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The soft open-files limit, raised to `want` (within the hard limit)
+/// with util-linux's prlimit when lower; the server inherits it.
+fn raise_nofile(want: u64) -> u64 {
+    let soft = || -> u64 {
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap();
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    if soft() < want {
+        let out = Command::new("prlimit")
+            .args([
+                "--pid",
+                &std::process::id().to_string(),
+                &format!("--nofile={want}:"),
+            ])
+            .output()
+            .expect("prlimit (util-linux) raises the open-files limit");
+        assert!(
+            out.status.success(),
+            "cannot raise the open-files limit to {want}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let now = soft();
+    assert!(now >= want, "open-files limit {now}, need {want}");
+    now
+}
+
+/// Sends `requests` pipelined on one connection; returns the statuses and
+/// bodies of the answers, in order (fewer when the server closes first).
+async fn pipeline(addr: SocketAddr, requests: Vec<Vec<u8>>) -> Vec<(u16, Vec<u8>)> {
+    let n = requests.len();
+    let Ok(conn) = TcpStream::connect(addr).await else {
+        return Vec::new();
+    };
+    let (mut rd, mut wr) = conn.into_split();
+    let writer = tokio::spawn(async move {
+        for chunk in requests.chunks(64) {
+            if wr.write_all(&chunk.concat()).await.is_err() {
+                break;
+            }
+        }
+        wr
+    });
+    let mut out = Vec::with_capacity(n);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut tmp = vec![0u8; 64 * 1024];
+    while out.len() < n {
+        // One whole answer in the buffer?
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let status: u16 = head[9..12].parse().unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                out.push((status, buf[end + 4..end + 4 + len].to_vec()));
+                buf.drain(..end + 4 + len);
+                continue;
+            }
+        }
+        match rd.read(&mut tmp).await {
+            Ok(0) | Err(_) => break,
+            Ok(got) => buf.extend_from_slice(&tmp[..got]),
+        }
+    }
+    drop(writer.await.unwrap());
+    out
+}
+
+/// Spreads `requests` over `conns` pipelined connections.
+async fn spread(addr: SocketAddr, requests: Vec<Vec<u8>>, conns: usize) -> Vec<(u16, Vec<u8>)> {
+    let per = requests.len().div_ceil(conns);
+    let mut tasks = Vec::new();
+    let mut rest = requests;
+    while !rest.is_empty() {
+        let tail = rest.split_off(per.min(rest.len()));
+        tasks.push(tokio::spawn(pipeline(addr, rest)));
+        rest = tail;
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+fn request(method: &str, path: &str, body: Option<Value>) -> Vec<u8> {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: abuse\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn one(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    match pipeline(addr, vec![request(method, path, body)])
+        .await
+        .pop()
+    {
+        Some((status, body)) => (status, serde_json::from_slice(&body).unwrap_or(Value::Null)),
+        None => (0, Value::Null),
+    }
+}
+
+/// Waits until the API answers `GET /v1/proxies` with every proxy;
+/// returns how long that took.
+async fn answers(addr: SocketAddr) -> Duration {
+    let start = Instant::now();
+    loop {
+        let ok = tokio::time::timeout(
+            Duration::from_secs(5),
+            one(addr, "GET", "/v1/proxies", None),
+        )
+        .await;
+        if let Ok((200, v)) = ok {
+            assert_eq!(v["items"].as_array().unwrap().len(), PROXIES);
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < DEADLINE, "the API stopped answering");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// 200 bytes: keys and sites near the API's 256-byte cap.
+fn padded(prefix: &str, i: usize) -> String {
+    format!("{prefix}-{i:06}-{}", "x".repeat(190 - prefix.len()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_abuse_stays_within_the_pod_limit() {
+    let nofile = raise_nofile(3 * IDLE as u64);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = Server(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["serve_for_abuse", "--exact", "--ignored", "--nocapture"])
+            .env("ABUSE_ADDR", addr.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = server.0.id();
+    answers(addr).await;
+    let rss = || status_kib(pid, "VmRSS:");
+    let mut rows: Vec<(String, String)> = Vec::new();
+    rows.push(("server started".into(), format!("RSS {} KiB", rss())));
+
+    // 1. 5,000 connections that never send a byte.
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let with_idle = rss();
+    let back = answers(addr).await;
+    drop(idle);
+    rows.push((
+        format!("{IDLE} idle connections (open-files limit {nofile})"),
+        format!(
+            "RSS {with_idle} KiB with them open (4096 admitted, the rest closed at once); the API answered again after {:.1} s (the idle timeout freed the slots)",
+            back.as_secs_f64()
+        ),
+    ));
+
+    // 2. A header sent one byte a second.
+    let start = Instant::now();
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let mut sent = 0;
+    let dropped = loop {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the slow client was never dropped"
+        );
+        let byte = if sent < 16 {
+            &b"GET / HTTP/1.1\r\nX"[sent..=sent]
+        } else {
+            b"a"
+        };
+        if slow.write_all(byte).await.is_err() {
+            break start.elapsed();
+        }
+        sent += 1;
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(Duration::from_secs(1), slow.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break start.elapsed(),
+            _ => {}
+        }
+    };
+    rows.push((
+        "a header sent one byte a second".into(),
+        format!(
+            "dropped after {:.1} s ({sent} bytes sent)",
+            dropped.as_secs_f64()
+        ),
+    ));
+
+    // 3. 10,000 distinct cooldown sites, reported on ten leases.
+    let mut ids = Vec::new();
+    for _ in 0..PROXIES {
+        let (status, v) = one(
+            addr,
+            "POST",
+            "/v1/leases",
+            Some(json!({"ttlSeconds": 3600})),
+        )
+        .await;
+        assert_eq!(status, 201, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let reports: Vec<Vec<u8>> = (0..SITES)
+        .map(|i| {
+            let id = &ids[i % ids.len()];
+            request(
+                "POST",
+                &format!("/v1/leases/{id}/report"),
+                Some(json!({"result": "blocked", "site": padded("site", i)})),
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    let answers_3 = spread(addr, reports, 4).await;
+    assert_eq!(answers_3.len(), SITES);
+    assert!(answers_3.iter().all(|(s, _)| *s == 204));
+    rows.push((
+        format!("{SITES} distinct cooldown sites (200 bytes each)"),
+        format!(
+            "all answered 204 in {:.1} s; RSS {} KiB",
+            start.elapsed().as_secs_f64(),
+            rss()
+        ),
+    ));
+
+    // 4. 100,000 sticky keys, each on a one-second lease.
+    let acquires: Vec<Vec<u8>> = (0..STICKY)
+        .map(|i| {
+            request(
+                "POST",
+                "/v1/leases",
+                Some(json!({"ttlSeconds": 1, "stickyKey": padded("key", i)})),
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    let answers_4 = spread(addr, acquires, 8).await;
+    assert_eq!(answers_4.len(), STICKY);
+    let granted = answers_4.iter().filter(|(s, _)| *s == 201).count();
+    assert!(
+        answers_4.iter().all(|(s, _)| *s == 201 || *s == 409),
+        "every acquire is granted or refused"
+    );
+    rows.push((
+        format!("{STICKY} sticky keys (200 bytes each)"),
+        format!(
+            "{granted} granted in {:.1} s; RSS {} KiB",
+            start.elapsed().as_secs_f64(),
+            rss()
+        ),
+    ));
+
+    // The API still answers and still grants.
+    answers(addr).await;
+    let (status, v) = one(addr, "POST", "/v1/leases", Some(json!({"ttlSeconds": 60}))).await;
+    assert_eq!(status, 201, "{v}");
+    let peak = status_kib(pid, "VmHWM:");
+    rows.push((
+        "afterwards".into(),
+        format!("the API lists and grants; peak RSS {peak} KiB (limit {POD_LIMIT_KIB} KiB)"),
+    ));
+
+    println!("\n| Injected | Measured |\n|---|---|");
+    for (what, got) in &rows {
+        println!("| {what} | {got} |");
+    }
+    assert!(
+        peak < POD_LIMIT_KIB,
+        "peak RSS {peak} KiB is over the pod's 128 MiB"
+    );
+}
