@@ -249,7 +249,7 @@ pub async fn ensure_base(
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
         let (p, base, fmt) = (pool.to_string(), img.base_volume.clone(), img.format);
-        let upload = op.call_unbounded("uploading image to base volume", move |c| {
+        let upload = op.call_transfer("uploading image to base volume", move |c| {
             let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
             let xml = volume_xml(&base, len, fmt, None);
             let vol = rpc("virStorageVolCreateXML", || StorageVol::create_xml(&pool, &xml, NO_FLAGS))?;

@@ -23,6 +23,7 @@ pub mod ids;
 pub mod image;
 pub mod iso;
 pub mod pending;
+mod permits;
 pub mod placement;
 pub mod seed;
 pub mod ssh;
