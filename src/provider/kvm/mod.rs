@@ -19,6 +19,7 @@ pub mod classify;
 pub mod conn;
 mod create;
 pub mod domain;
+mod download;
 pub mod ids;
 pub mod image;
 pub mod iso;
