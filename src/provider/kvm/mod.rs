@@ -28,6 +28,7 @@ mod permits;
 pub mod placement;
 pub mod seed;
 pub mod ssh;
+mod urls;
 pub mod xml;
 
 use std::collections::HashMap;
