@@ -28,6 +28,10 @@ pub struct KvmConfig {
     /// Ship the vendor-data script that installs qemu-guest-agent (absent = true).
     #[serde(default)]
     pub install_guest_agent: Option<bool>,
+    /// URL prefixes a direct `placement.image` URL must fall under; empty
+    /// (the default) refuses direct URLs, only catalogue keys work.
+    #[serde(default)]
+    pub allowed_image_urls: Vec<String>,
     /// Image catalogue; `placement.image` names a key.
     #[serde(default)]
     pub images: BTreeMap<String, KvmImage>,
@@ -173,6 +177,9 @@ impl KvmConfig {
                 "kvm.diskSizeGb must not be negative (got {})",
                 self.disk_size_gb
             ));
+        }
+        for (i, p) in self.allowed_image_urls.iter().enumerate() {
+            http_url(p).map_err(|why| format!("kvm.allowedImageUrls[{i}] {why} (got {p:?})"))?;
         }
         for (key, img) in &self.images {
             if !is_identifier(key) {

@@ -289,6 +289,13 @@ fn kvm_block() {
         &["kvm.diskSizeGb must not be negative"],
     );
     assert_err(
+        &with(
+            "      images:\n",
+            "      allowedImageUrls: [\"ftp://mirror.example/\"]\n      images:\n",
+        ),
+        &["kvm.allowedImageUrls[0] must be an http(s) URL", "ftp://"],
+    );
+    assert_err(
         &with("        debian-13: {url:", "        ../etc/x: {url:"),
         &[
             "kvm.images[\"../etc/x\"]",

@@ -40,6 +40,7 @@ async fn base_image_cached_once_and_checksums_enforced() {
     let (conc_url, _) = env.serve_qcow2("conc.qcow2", "32M");
     let (direct_url, _) = env.serve_qcow2("direct.qcow2", "32M");
     let mut cfg = env.config();
+    cfg.allowed_image_urls = vec![format!("{}/direct", env.http.url)];
     cfg.images
         .insert("good".into(), image(&url, Some(sum.to_uppercase())));
     cfg.images.insert("conc".into(), image(&conc_url, None));

@@ -468,6 +468,7 @@ impl Env {
             disk_size_gb: 1,
             vendor_data: String::new(),
             install_guest_agent: None,
+            allowed_image_urls: Vec::new(),
             images: Default::default(),
             machine_types: [(
                 "small".to_string(),

@@ -39,7 +39,7 @@ impl Observation {
                 code: code_of(source),
                 domain: domain_of(source),
             },
-            LinkError::TimedOut(_) => Observation::CallTimedOut,
+            LinkError::TimedOut(_) | LinkError::Busy { .. } => Observation::CallTimedOut,
             LinkError::Aborted(_) => Observation::Aborted,
         }
     }

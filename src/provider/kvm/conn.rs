@@ -5,7 +5,9 @@
 //! unix socket under the scratch directory. Cancelling (dropping) an
 //! operation closes only its channel, which makes its blocked libvirt call
 //! return; other operations on the host are untouched. Blocking libvirt
-//! calls run on the blocking pool, at most [`BLOCKING_PER_HOST`] per host.
+//! calls run on the blocking pool, at most [`BLOCKING_PER_HOST`] per host,
+//! and image transfers on their own [`TRANSFERS_PER_HOST`] slots; a wait for
+//! a slot is bounded by the call timeout (permits.rs).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,11 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, Instrument};
 use virt::connect::Connect;
 
+use super::permits::{SlotKind, Slots};
+pub use super::permits::{BLOCKING_PER_HOST, TRANSFERS_PER_HOST};
 use super::ssh::{self, DialError, Session, SshSettings, Stage, Stamp};
 use crate::config::KvmHost;
 use crate::provider::ErrorClass;
@@ -30,9 +34,6 @@ pub const NO_FLAGS: u32 = 0;
 /// zero length as "to the end").
 pub const WHOLE_VOLUME: (u64, u64) = (0, 0);
 
-/// Concurrent blocking libvirt calls per host.
-pub const BLOCKING_PER_HOST: usize = 4;
-
 struct Live {
     session: Arc<Session>,
     stamp: Stamp,
@@ -44,7 +45,7 @@ pub struct HostLink {
     pub host: KvmHost,
     ssh: Arc<SshSettings>,
     slot: Mutex<Option<Live>>,
-    blocking: Arc<Semaphore>,
+    slots: Slots,
     scratch: PathBuf,
     seq: AtomicU64,
     call_timeout_ms: AtomicU64,
@@ -79,6 +80,16 @@ pub enum LinkError {
     /// libvirt did not answer within the call timeout.
     #[error("{0}")]
     TimedOut(String),
+    /// No slot of the host freed up within the bound.
+    #[error("host {host} is busy: no {slot} slot free within {waited:?}")]
+    Busy {
+        /// Host name.
+        host: String,
+        /// Which slot ("libvirt call", "image transfer").
+        slot: &'static str,
+        /// How long the caller waited.
+        waited: Duration,
+    },
     /// The blocking task died (panic) or the pool is shut down.
     #[error("libvirt call aborted: {0}")]
     Aborted(String),
@@ -101,7 +112,7 @@ pub struct OpConn {
     conn: Option<Arc<Connect>>,
     pump: JoinHandle<()>,
     path: PathBuf,
-    blocking: Arc<Semaphore>,
+    slots: Slots,
     host: String,
     call_timeout: Duration,
 }
@@ -131,22 +142,26 @@ impl OpConn {
         T: Send + 'static,
         F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
     {
-        self.call_within(what, Some(self.call_timeout), f).await
+        self.call_within(what, SlotKind::Call, Some(self.call_timeout), f)
+            .await
     }
 
-    /// Like [`OpConn::call`] with no time limit (streams whose pace is set
-    /// by the other side, which has its own stall timeout).
-    pub async fn call_unbounded<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
+    /// Like [`OpConn::call`] on one of the host's transfer slots, with no
+    /// time limit on the call itself (streams whose pace is set by the
+    /// other side, which has its own stall, rate and overall limits). The
+    /// wait for the slot is still bounded by the call timeout.
+    pub async fn call_transfer<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
     where
         T: Send + 'static,
         F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
     {
-        self.call_within(what, None, f).await
+        self.call_within(what, SlotKind::Transfer, None, f).await
     }
 
     async fn call_within<T, F>(
         &self,
         what: &str,
+        kind: SlotKind,
         limit: Option<Duration>,
         f: F,
     ) -> Result<T, LinkError>
@@ -158,12 +173,7 @@ impl OpConn {
             .conn
             .clone()
             .ok_or_else(|| LinkError::Aborted("connection closed".into()))?;
-        let permit = self
-            .blocking
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| LinkError::Aborted(e.to_string()))?;
+        let permit = self.slots.acquire(kind, self.call_timeout).await?;
         let parent = tracing::Span::current();
         let host = self.host.clone();
         let task = tokio::task::spawn_blocking(move || {
@@ -223,10 +233,10 @@ impl HostLink {
     /// A link that has not dialled yet.
     pub fn new(host: KvmHost, ssh: Arc<SshSettings>, scratch: PathBuf) -> Self {
         HostLink {
+            slots: Slots::new(&host.name, BLOCKING_PER_HOST, TRANSFERS_PER_HOST),
             host,
             ssh,
             slot: Mutex::new(None),
-            blocking: Arc::new(Semaphore::new(BLOCKING_PER_HOST)),
             scratch,
             seq: AtomicU64::new(0),
             call_timeout_ms: AtomicU64::new(DEFAULT_CALL_TIMEOUT.as_millis() as u64),
@@ -366,16 +376,14 @@ impl HostLink {
         });
         let uri = format!("qemu+unix:///system?socket={}", path.display());
         let permit = self
-            .blocking
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| LinkError::Aborted(e.to_string()))?;
+            .slots
+            .acquire(SlotKind::Call, self.call_timeout())
+            .await?;
         let mut op = OpConn {
             conn: None,
             pump,
             path,
-            blocking: self.blocking.clone(),
+            slots: self.slots.clone(),
             host: self.host.name.clone(),
             call_timeout: self.call_timeout(),
         };

@@ -13,6 +13,9 @@ use super::conn::HostLink;
 use super::image::{ensure_base, ImageSource};
 use super::pending::JobState;
 use super::{seed, ImageLock, KvmProvider};
+
+/// Redirect hops an image download follows at most.
+const MAX_REDIRECTS: usize = 10;
 use crate::config::MachineType;
 use crate::provider::{BoxError, CreateRequest, ErrorClass, Op, ProviderError, Tagged};
 
@@ -79,6 +82,9 @@ impl KvmProvider {
             .clone()
     }
 
+    /// The image HTTP client: no redirect to another scheme, none out of
+    /// `kvm.allowedImageUrls` from a URL inside it, at most
+    /// [`MAX_REDIRECTS`] hops.
     async fn http(&self) -> Result<&reqwest::Client, BoxError> {
         self.inner
             .http
@@ -86,7 +92,21 @@ impl KvmProvider {
                 // The process installs ring as the rustls provider; make sure
                 // one is there when this runs first (tests, tools).
                 let _ = rustls::crypto::ring::default_provider().install_default();
+                let allow = self.inner.cfg.allowed_image_urls.clone();
+                let policy = reqwest::redirect::Policy::custom(move |attempt| {
+                    let Some(first) = attempt.previous().first().cloned() else {
+                        return attempt.follow();
+                    };
+                    if attempt.previous().len() > MAX_REDIRECTS {
+                        return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+                    }
+                    match super::urls::redirect(&allow, &first, attempt.url()) {
+                        Ok(()) => attempt.follow(),
+                        Err(why) => attempt.error(why),
+                    }
+                });
                 reqwest::Client::builder()
+                    .redirect(policy)
                     .connect_timeout(Duration::from_secs(10))
                     .build()
                     .map_err(|e| -> BoxError { format!("building the HTTP client: {e}").into() })

@@ -3,9 +3,8 @@
 //! upload (never whole in memory), SHA-256 computed on the way, the digest
 //! marker written last.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tracing::{info, info_span, warn, Instrument};
 use virt::storage_vol::StorageVol;
@@ -13,13 +12,13 @@ use virt::stream::Stream;
 
 use super::classify::code;
 use super::conn::{rpc, OpConn, NO_FLAGS, WHOLE_VOLUME};
+use super::download;
 use super::ids::marker_volume;
 use super::xml::volume_xml;
 use crate::config::{Firmware, ImageFormat};
 use crate::provider::{BoxError, ErrorClass, Tagged};
 
-/// How long the download may stall between two chunks.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+pub use super::download::STALL_TIMEOUT;
 /// Chunks in flight between the HTTP reader and the libvirt stream.
 const CHANNEL_CHUNKS: usize = 4;
 
@@ -249,7 +248,7 @@ pub async fn ensure_base(
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
         let (p, base, fmt) = (pool.to_string(), img.base_volume.clone(), img.format);
-        let upload = op.call_unbounded("uploading image to base volume", move |c| {
+        let upload = op.call_transfer("uploading image to base volume", move |c| {
             let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
             let xml = volume_xml(&base, len, fmt, None);
             let vol = rpc("virStorageVolCreateXML", || StorageVol::create_xml(&pool, &xml, NO_FLAGS))?;
@@ -287,41 +286,7 @@ pub async fn ensure_base(
                 }
             }
         });
-        let feed = async {
-            let mut resp = resp;
-            let mut hasher = Sha256::new();
-            let mut got = 0u64;
-            loop {
-                let chunk = match tokio::time::timeout(STALL_TIMEOUT, resp.chunk()).await {
-                    Err(_) => {
-                        let _ = tx.send(None).await;
-                        return Err(format!("fetching image {}: stalled for {STALL_TIMEOUT:?}", img.url));
-                    }
-                    Ok(Err(e)) => {
-                        let _ = tx.send(None).await;
-                        return Err(format!("fetching image {}: {e}", img.url));
-                    }
-                    Ok(Ok(None)) => break,
-                    Ok(Ok(Some(c))) => c,
-                };
-                got += chunk.len() as u64;
-                hasher.update(&chunk);
-                if got > len {
-                    let _ = tx.send(None).await;
-                    return Err(format!("fetching image {}: body longer than Content-Length", img.url));
-                }
-                if tx.send(Some(chunk.to_vec())).await.is_err() {
-                    // The upload side ended; its error is the one to report.
-                    return Ok(None);
-                }
-            }
-            if got != len {
-                let _ = tx.send(None).await;
-                return Err(format!("fetching image {}: body ended after {got} of {len} bytes", img.url));
-            }
-            let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-            Ok(Some(hex))
-        };
+        let feed = download::feed(resp, tx, len, download::Limits::default(), &img.url);
         let (uploaded, fed) = tokio::join!(upload, feed);
         let digest = match (uploaded, fed) {
             (Err(e), _) => return Err(e.into()),

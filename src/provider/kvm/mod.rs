@@ -19,13 +19,16 @@ pub mod classify;
 pub mod conn;
 mod create;
 pub mod domain;
+mod download;
 pub mod ids;
 pub mod image;
 pub mod iso;
 pub mod pending;
+mod permits;
 pub mod placement;
 pub mod seed;
 pub mod ssh;
+mod urls;
 pub mod xml;
 
 use std::collections::HashMap;

@@ -53,6 +53,12 @@ pub fn resolve<'a>(cfg: &'a KvmConfig, p: &Placement) -> Result<Resolved<'a>, St
             base_volume: ids::base_volume_for_key(&p.image, i.image_format()),
         }
     } else if crate::config::http_url(&p.image).is_ok() {
+        if !super::urls::allowed(&cfg.allowed_image_urls, &p.image) {
+            return Err(format!(
+                "placement.image {:?} is a direct URL outside kvm.allowedImageUrls (direct image URLs are refused unless a prefix there covers them)",
+                p.image
+            ));
+        }
         ImageSource {
             label: p.image.clone(),
             url: p.image.clone(),

@@ -8,6 +8,7 @@ fn cfg(hosts: &[&str]) -> KvmConfig {
     serde_json::from_value(serde_json::json!({
         "sshKeyFile": "/k",
         "knownHostsFile": "/kh",
+        "allowedImageUrls": ["http://example.com/", "https://example.com/"],
         "images": {
             "deb": {"url": "https://example.com/deb.raw", "sha256": "ABCDEF", "format": "raw", "firmware": "bios"},
         },
@@ -151,4 +152,19 @@ fn catalogue_and_direct_images() {
         r.image.base_volume,
         ids::base_volume_for_url(url, ImageFormat::Qcow2)
     );
+}
+
+#[test]
+fn direct_urls_outside_the_allowlist_are_refused() {
+    let mut c = cfg(&["a"]);
+    let url = "http://example.com/x.qcow2";
+    c.allowed_image_urls.clear();
+    let err = resolve(&c, &placement("a", "small", url)).unwrap_err();
+    assert!(
+        err.contains("placement.image \"http://example.com/x.qcow2\""),
+        "{err}"
+    );
+    assert!(err.contains("kvm.allowedImageUrls"), "{err}");
+    c.allowed_image_urls = vec!["http://other.example/".into()];
+    assert!(resolve(&c, &placement("a", "small", url)).is_err());
 }
