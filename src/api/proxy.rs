@@ -106,6 +106,11 @@ pub struct ProxySpec {
     /// Per-proxy probe settings; unset fields take the operator's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheckSpec>,
+
+    /// When the instance is replaced on purpose (unhealthy too long, too
+    /// old); off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recycle: Option<super::RecycleSpec>,
 }
 
 /// How the proxy comes to exist.
@@ -256,6 +261,10 @@ pub struct ProxyStatus {
     /// used to avoid resubmitting a delete on every poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_requested_at: Option<DateTime<Utc>>,
+    /// When the Proxy began draining for a recycle (no new leases); unset
+    /// when not draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining_since: Option<DateTime<Utc>>,
     /// Conditions: `Provisioned` (instance exists and runs) and `Healthy`
     /// (probes pass through the proxy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -311,4 +320,10 @@ pub mod conditions {
     pub const REASON_CLOUD_INIT_ERROR: &str = "CloudInitError";
     /// Provisioned=False: the spec cannot be acted on (bypassed validation).
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+
+    /// Recycling (True while a recycle runs): the Proxy gets no new leases
+    /// while its held leases run out.
+    pub const RECYCLING: &str = "Recycling";
+    /// Recycling=True: draining before the instance is replaced.
+    pub const REASON_DRAINING: &str = "Draining";
 }
