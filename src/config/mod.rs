@@ -3,6 +3,7 @@
 //! the entry (index and name), the key and the reason, and all entries are
 //! checked before anything dials a backend.
 
+mod fleet;
 mod gcp;
 mod kvm;
 mod provider_type;
@@ -34,6 +35,9 @@ pub struct ProviderConfig {
     pub provider_type: ProviderType,
     /// The type's settings.
     pub settings: ProviderSettings,
+    /// `maxUnavailable`: how many of the provider's proxies may be
+    /// recycled at once (default 1).
+    pub max_unavailable: crate::fleet::MaxUnavailable,
 }
 
 /// Per-type settings: exactly the block that matches the type.

@@ -32,6 +32,8 @@ struct RawEntry {
     gcp: Option<Value>,
     #[serde(default)]
     kvm: Option<Value>,
+    #[serde(default, rename = "maxUnavailable")]
+    max_unavailable: Option<Value>,
 }
 
 pub(super) fn parse(bytes: &[u8]) -> Result<ProvidersConfig, ConfigError> {
@@ -189,10 +191,12 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             ProviderSettings::Kvm(cfg)
         }
     };
+    let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
     Ok(ProviderConfig {
         name,
         provider_type,
         settings,
+        max_unavailable,
     })
 }
 
