@@ -26,7 +26,10 @@ pub enum DrainStep {
 pub enum DrainDone {
     /// No lease is held on the proxy.
     NoLeases,
-    /// The drain timeout passed with leases still held.
+    /// Every lease held when the drain began has run out (leases of a
+    /// draining proxy cannot be renewed).
+    LeasesExpired,
+    /// The drain timeout passed with leases possibly still held.
     TimedOut,
 }
 
@@ -35,10 +38,11 @@ pub enum DrainDone {
 pub struct DrainInput {
     /// When the drain began (status), `None` if not yet.
     pub draining_since: Option<DateTime<Utc>>,
-    /// Leases held on the proxy now.
-    pub active_leases: usize,
-    /// The latest expiry among them.
-    pub last_expiry: Option<DateTime<Utc>>,
+    /// The latest time a lease held on the proxy can run to; `None` when
+    /// none is held. Where the holders are not known (leases live in every
+    /// replica's memory), it is the drain start plus the longest lease TTL,
+    /// since a draining proxy's leases are not renewed.
+    pub leases_end: Option<DateTime<Utc>>,
     /// `spec.recycle.drainTimeout`.
     pub timeout: Duration,
     /// Now.
@@ -50,21 +54,22 @@ pub fn next_drain_step(input: &DrainInput) -> DrainStep {
     let Some(since) = input.draining_since else {
         return DrainStep::Start;
     };
-    if input.active_leases == 0 {
+    let Some(leases_end) = input.leases_end else {
         return DrainStep::Replace(DrainDone::NoLeases);
-    }
+    };
     let timeout = chrono::Duration::from_std(input.timeout).unwrap_or(chrono::Duration::MAX);
     let deadline = since
         .checked_add_signed(timeout)
         .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    if leases_end <= input.now && leases_end <= deadline {
+        return DrainStep::Replace(DrainDone::LeasesExpired);
+    }
     if input.now >= deadline {
         return DrainStep::Replace(DrainDone::TimedOut);
     }
-    let until = input
-        .last_expiry
-        .map_or(deadline, |e| e.min(deadline))
-        .max(input.now);
-    DrainStep::Wait { until }
+    DrainStep::Wait {
+        until: leases_end.min(deadline),
+    }
 }
 
 #[cfg(test)]

@@ -25,3 +25,6 @@ pub use recycle::{
     parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,
     DEFAULT_DRAIN_TIMEOUT,
 };
+pub mod view;
+
+pub use view::{recycle_step, summarize, FleetState, RecycleStep, Summary};
