@@ -326,4 +326,7 @@ pub mod conditions {
     pub const RECYCLING: &str = "Recycling";
     /// Recycling=True: draining before the instance is replaced.
     pub const REASON_DRAINING: &str = "Draining";
+    /// Provisioned=False: the instance is gone or stopped, but the
+    /// provider's circuit breaker is open, so it is not replaced yet.
+    pub const REASON_CIRCUIT_OPEN: &str = "CircuitOpen";
 }

@@ -29,6 +29,8 @@ pub struct Context {
     pub metrics: Option<super::metrics::ReconcileMetrics>,
     /// Where the jitter of every requeue comes from.
     pub random: Arc<dyn plan::Random>,
+    /// The per-provider fleet view: breaker, budget, recycles.
+    pub fleet: Arc<super::fleet::Fleet>,
 }
 
 impl Context {
@@ -48,7 +50,18 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             metrics: None,
             random: Arc::new(plan::SystemRandom),
+            fleet: Arc::new(super::fleet::Fleet::new(
+                None,
+                Default::default(),
+                Duration::ZERO,
+            )),
         }
+    }
+
+    /// Consults `fleet` for the breaker and recycling.
+    pub fn with_fleet(mut self, fleet: Arc<super::fleet::Fleet>) -> Self {
+        self.fleet = fleet;
+        self
     }
 
     /// Takes requeue jitter from `random` (a fixed one makes tests exact).

@@ -16,13 +16,14 @@ use super::context::Context;
 use super::error::Error;
 use super::plan::{
     self, Backoff, DeleteInput, DeleteStep, End, Ending, Failure, GetOutcome, Health, ManagedInput,
-    Path, ReleaseReason, Step,
+    Path, ReleaseReason, ReplaceCause, Step,
 };
-use super::{cloud_init, status_patch};
+use super::{cloud_init, fleet, status_patch};
 use crate::api::constants::{
     is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use crate::api::{Proxy, ProxyStatus};
+use crate::fleet::RecycleStep;
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
@@ -339,6 +340,16 @@ async fn managed_path(
                 get = Some(GetOutcome::of(p()?.get(&id).await));
                 continue;
             }
+            Step::Delete {
+                why: ReplaceCause::Stopped(_),
+            }
+            | Step::ClearAndCreate
+                if recorded == hash && ctx.fleet.breaker_open(&provider_name, now) =>
+            {
+                fleet::mark_circuit_open(status, now, generation);
+                plan::status::health_unknown(status, now);
+                return Ok(action(ctx, End::RequeueAfter(fleet::CIRCUIT_RETRY)));
+            }
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
                     info!(providerID = %id, reason = ?why, "Replacing instance");
@@ -356,13 +367,38 @@ async fn managed_path(
             Step::ClearAndCreate => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 plan::status::clear_instance(status);
+                fleet::clear_drain(status);
                 get = None;
                 continue;
             }
             Step::WaitProvisioning => Ending::Provisioning,
-            Step::Running { ip } => Ending::Running {
-                ip,
-                health: health_of(ctx, proxy),
+            Step::Running { ip } => match ctx.fleet.step(proxy, status, now) {
+                RecycleStep::Replace(done)
+                    if !plan::recently_requested(status.delete_requested_at, now) =>
+                {
+                    match p()?.delete(&id).await {
+                        Ok(()) => {
+                            info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
+                            Ending::Replacing {
+                                why: ReplaceCause::Recycled,
+                                requested: true,
+                            }
+                        }
+                        Err(e) => return fail(ctx, proxy, e, status, now),
+                    }
+                }
+                RecycleStep::Replace(_) => Ending::Replacing {
+                    why: ReplaceCause::Recycled,
+                    requested: false,
+                },
+                rs => {
+                    let ending = Ending::Running {
+                        ip,
+                        health: health_of(ctx, proxy),
+                    };
+                    let end = plan::end(ending, status, now, generation);
+                    return Ok(action(ctx, fleet::after_running(rs, status, end, now)));
+                }
             },
             Step::Failed { class, message } => {
                 let err = get_error(class, &provider_name, &id, message);

@@ -240,6 +240,15 @@ impl Operator {
         );
         let gc_stop = stop.clone().cancelled_owned();
         tasks.spawn(async move { gc.run(gc_stop).await });
+        let fleet = Arc::new(controller::fleet::Fleet::new(
+            Some(proxy_cache.clone()),
+            s.providers
+                .providers
+                .iter()
+                .map(|p| (p.name.clone(), p.max_unavailable))
+                .collect(),
+            s.leases.max_ttl,
+        ));
         runnables::spawn_provider_health(
             tasks,
             s.provider_checks,
@@ -265,7 +274,8 @@ impl Operator {
                 installation_id,
                 Some(health_source),
             )
-            .with_metrics(self.metrics.reconcile.clone()),
+            .with_metrics(self.metrics.reconcile.clone())
+            .with_fleet(fleet),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;
