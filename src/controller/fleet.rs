@@ -123,6 +123,20 @@ impl Fleet {
         }
     }
 
+    /// Every configured provider and whether its breaker is open.
+    pub fn states(&self) -> Vec<(String, bool)> {
+        let inner = self.lock();
+        inner
+            .state
+            .providers()
+            .into_iter()
+            .map(|p| {
+                let open = inner.state.breaker_open(&p);
+                (p, open)
+            })
+            .collect()
+    }
+
     /// Providers whose breaker is open, with when it opened and the share.
     pub fn open(&self) -> Vec<(String, DateTime<Utc>, usize, usize)> {
         let inner = self.lock();
@@ -248,3 +262,7 @@ pub fn after_running(
         RecycleStep::HoldCircuitOpen => soon(CIRCUIT_RETRY),
     }
 }
+
+#[cfg(test)]
+#[path = "fleet_tests.rs"]
+mod tests;

@@ -173,6 +173,11 @@ impl FleetState {
         self.providers.get_mut(provider)?.breaker.reset()
     }
 
+    /// Names of the configured providers (those given a budget).
+    pub fn providers(&self) -> Vec<String> {
+        self.budgets.keys().cloned().collect()
+    }
+
     /// Names of the providers whose breaker is open.
     pub fn open_providers(&self) -> Vec<String> {
         self.providers

@@ -249,6 +249,8 @@ impl Operator {
                 .collect(),
             s.leases.max_ttl,
         ));
+        let states = fleet.clone();
+        self.metrics.circuit.set_states(move || states.states());
         runnables::spawn_provider_health(
             tasks,
             s.provider_checks,
