@@ -7,6 +7,7 @@ pub mod crd;
 pub mod health;
 pub mod provider_health;
 pub mod proxy;
+pub mod recycle;
 
 pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
@@ -14,3 +15,4 @@ pub use proxy::{
     CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,
     ProxyStatus, SecretKeyRef,
 };
+pub use recycle::RecycleSpec;

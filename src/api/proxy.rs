@@ -111,6 +111,11 @@ pub struct ProxySpec {
     /// Per-proxy probe settings; unset fields take the operator's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheckSpec>,
+
+    /// When the instance is replaced on purpose (unhealthy too long, too
+    /// old); off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recycle: Option<super::RecycleSpec>,
 }
 
 /// How the proxy comes to exist.
@@ -272,6 +277,10 @@ pub struct ProxyStatus {
     /// waits from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_replaced_at: Option<DateTime<Utc>>,
+    /// When the Proxy began draining for a recycle (no new leases); unset
+    /// when not draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining_since: Option<DateTime<Utc>>,
     /// Conditions: `Provisioned` (instance exists and runs) and `Healthy`
     /// (probes pass through the proxy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -333,4 +342,13 @@ pub mod conditions {
     /// Provisioned=False: the instance was replaced repeatedly; the next
     /// re-create waits (30 s doubling, up to 30 minutes).
     pub const REASON_REPLACE_BACKOFF: &str = "ReplaceBackoff";
+
+    /// Recycling (True while a recycle runs): the Proxy gets no new leases
+    /// while its held leases run out.
+    pub const RECYCLING: &str = "Recycling";
+    /// Recycling=True: draining before the instance is replaced.
+    pub const REASON_DRAINING: &str = "Draining";
+    /// Provisioned=False: the instance is gone or stopped, but the
+    /// provider's circuit breaker is open, so it is not replaced yet.
+    pub const REASON_CIRCUIT_OPEN: &str = "CircuitOpen";
 }

@@ -3,6 +3,7 @@
 //! the entry (index and name), the key and the reason, and all entries are
 //! checked before anything dials a backend.
 
+mod fleet;
 mod gcp;
 mod kubernetes;
 mod kvm;
@@ -43,6 +44,9 @@ pub struct ProviderConfig {
     pub settings: ProviderSettings,
     /// `createsPerMinute` and `maxCreatesInFlight` (every type).
     pub limits: CreateLimits,
+    /// `maxUnavailable`: how many of the provider's proxies may be
+    /// recycled at once (default 1).
+    pub max_unavailable: crate::fleet::MaxUnavailable,
 }
 
 /// Per-type settings: exactly the block that matches the type.

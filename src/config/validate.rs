@@ -36,6 +36,8 @@ struct RawEntry {
     creates_per_minute: Option<Value>,
     #[serde(default, rename = "maxCreatesInFlight")]
     max_creates_in_flight: Option<Value>,
+    #[serde(default, rename = "maxUnavailable")]
+    max_unavailable: Option<Value>,
 }
 
 pub(super) fn parse(bytes: &[u8]) -> Result<ProvidersConfig, ConfigError> {
@@ -195,11 +197,13 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
         }
     };
     let limits = super::CreateLimits::parse(raw.creates_per_minute, raw.max_creates_in_flight)?;
+    let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
     Ok(ProviderConfig {
         name,
         provider_type,
         settings,
         limits,
+        max_unavailable,
     })
 }
 

@@ -33,6 +33,8 @@ pub struct Context {
     pub throttle: Arc<super::throttle::Throttle>,
     /// The statuses passes wrote that the cache may not show yet.
     pub written: super::written::Written,
+    /// The per-provider fleet view: breaker, budget, recycles.
+    pub fleet: Arc<super::fleet::Fleet>,
 }
 
 impl Context {
@@ -54,12 +56,23 @@ impl Context {
             random: Arc::new(plan::SystemRandom),
             throttle: Arc::default(),
             written: super::written::Written::default(),
+            fleet: Arc::new(super::fleet::Fleet::new(
+                None,
+                Default::default(),
+                Duration::ZERO,
+            )),
         }
     }
 
     /// Limits creates with `throttle` (built from the providers config).
     pub fn with_throttle(mut self, throttle: Arc<super::throttle::Throttle>) -> Self {
         self.throttle = throttle;
+        self
+    }
+
+    /// Consults `fleet` for the breaker and recycling.
+    pub fn with_fleet(mut self, fleet: Arc<super::fleet::Fleet>) -> Self {
+        self.fleet = fleet;
         self
     }
 

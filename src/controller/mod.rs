@@ -4,6 +4,7 @@
 pub mod cloud_init;
 pub mod context;
 pub mod error;
+pub mod fleet;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;

@@ -15,24 +15,23 @@ use tracing::{info, instrument, warn};
 use super::context::Context;
 use super::error::Error;
 use super::plan::{
-    self, Backoff, DeleteInput, DeleteStep, End, Ending, Failure, GetOutcome, Health, ManagedInput,
-    Path, ReleaseReason, Step,
+    self, Backoff, End, Ending, Failure, GetOutcome, Health, ManagedInput, Path, ReplaceCause, Step,
 };
+mod delete;
+
 use super::throttle::{admit_or_hold, hold, Held};
-use super::{cloud_init, status_patch};
-use crate::api::constants::{
-    is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
-};
+use super::{cloud_init, fleet, status_patch};
+use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{Proxy, ProxyStatus};
+use crate::fleet::RecycleStep;
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
+use delete::delete_path;
 
 /// Steps of one managed pass; every step either ends the pass or adds an
 /// observation, so the bound is never reached in practice.
 const MANAGED_STEPS: usize = 16;
-/// Steps of one deletion pass (get, delete after a permanent get, release).
-const DELETE_STEPS: usize = 4;
 
 fn key(p: &Proxy) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -361,6 +360,16 @@ async fn managed_path(
                 get = Some(GetOutcome::of(p()?.get(&id).await));
                 continue;
             }
+            Step::Delete {
+                why: ReplaceCause::Stopped(_),
+            }
+            | Step::ClearAndCreate
+                if recorded == hash && ctx.fleet.breaker_open(&provider_name, now) =>
+            {
+                fleet::mark_circuit_open(status, now, generation);
+                plan::status::health_unknown(status, now);
+                return Ok(action(ctx, End::RequeueAfter(fleet::CIRCUIT_RETRY)));
+            }
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
                     if died {
@@ -386,13 +395,38 @@ async fn managed_path(
                 }
                 ctx.throttle.settle(&provider_name, &uid, false, now);
                 plan::status::clear_instance(status);
+                fleet::clear_drain(status);
                 get = None;
                 continue;
             }
             Step::WaitProvisioning => Ending::Provisioning,
-            Step::Running { ip } => Ending::Running {
-                ip,
-                health: health_of(ctx, proxy),
+            Step::Running { ip } => match ctx.fleet.step(proxy, status, now) {
+                RecycleStep::Replace(done)
+                    if !plan::recently_requested(status.delete_requested_at, now) =>
+                {
+                    match p()?.delete(&id).await {
+                        Ok(()) => {
+                            info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
+                            Ending::Replacing {
+                                why: ReplaceCause::Recycled,
+                                requested: true,
+                            }
+                        }
+                        Err(e) => return fail(ctx, proxy, e, status, now),
+                    }
+                }
+                RecycleStep::Replace(_) => Ending::Replacing {
+                    why: ReplaceCause::Recycled,
+                    requested: false,
+                },
+                rs => {
+                    let ending = Ending::Running {
+                        ip,
+                        health: health_of(ctx, proxy),
+                    };
+                    let end = plan::end(ending, status, now, generation);
+                    return Ok(action(ctx, fleet::after_running(rs, status, end, now)));
+                }
             },
             Step::Failed { class, message } => {
                 let err = get_error(class, &provider_name, &id, message);
@@ -405,87 +439,6 @@ async fn managed_path(
         };
         let provisioning = matches!(ending, Ending::Created { .. } | Ending::Provisioning);
         ctx.throttle.settle(&provider_name, &uid, provisioning, now);
-        return finish(ctx, ending, status, now, generation);
-    }
-    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
-}
-
-#[instrument(name = "reconcile.delete", skip_all)]
-async fn delete_path(
-    proxy: &Proxy,
-    ctx: &Context,
-    status: &mut ProxyStatus,
-) -> Result<Action, Error> {
-    let generation = proxy.metadata.generation;
-    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
-    let provider = ctx.registry.get(&provider_name);
-    let id = status.provider_id.clone().unwrap_or_default();
-    ctx.throttle
-        .forget(&provider_name, &proxy.uid().unwrap_or_default());
-    let mut get: Option<GetOutcome> = None;
-    for _ in 0..DELETE_STEPS {
-        let now = Utc::now();
-        let step = plan::next_delete_step(&DeleteInput {
-            has_finalizer: proxy.finalizers().iter().any(|f| f == FINALIZER),
-            provider_id: status.provider_id.as_deref(),
-            skip_cleanup: is_true_annotation(
-                proxy
-                    .annotations()
-                    .get(SKIP_CLEANUP_ANNOTATION)
-                    .map(String::as_str),
-            ),
-            provider_configured: provider.is_some(),
-            get: get.as_ref(),
-            delete_requested_at: status.delete_requested_at,
-            now,
-        });
-        let not_configured = || Error::NotConfigured {
-            provider: provider_name.clone(),
-            id: id.clone(),
-        };
-        let p = || provider.clone().ok_or_else(not_configured);
-        let ending = match step {
-            DeleteStep::Nothing => Ending::NotHeld,
-            DeleteStep::Release { why } => {
-                if why == ReleaseReason::SkipCleanup {
-                    info!(providerID = %id, provider = %provider_name, "skip-cleanup set: abandoning the instance");
-                }
-                let fins: Vec<String> = proxy
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != FINALIZER)
-                    .cloned()
-                    .collect();
-                patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
-                Ending::Released
-            }
-            DeleteStep::ProviderNotConfigured => return Err(not_configured()),
-            DeleteStep::Get => {
-                get = Some(GetOutcome::of(p()?.get(&id).await));
-                continue;
-            }
-            DeleteStep::Delete => match p()?.delete(&id).await {
-                Ok(()) => Ending::CleanupRequested,
-                Err(e) => return fail_delete(ctx, e),
-            },
-            DeleteStep::DeleteAfterPermanentGet { get_error } => match p()?.delete(&id).await {
-                Ok(()) => {
-                    info!(providerID = %id, error = %get_error, "Instance unreachable but cleanup succeeded");
-                    get = Some(GetOutcome::NotFound);
-                    continue;
-                }
-                Err(delete_error) => {
-                    return Err(Error::Cleanup {
-                        get_error,
-                        delete_error,
-                    })
-                }
-            },
-            DeleteStep::Wait => Ending::CleanupPending,
-            DeleteStep::Failed { class, message } => {
-                return fail_delete(ctx, get_error(class, &provider_name, &id, message))
-            }
-        };
         return finish(ctx, ending, status, now, generation);
     }
     finish(ctx, Ending::StepLimit, status, Utc::now(), generation)

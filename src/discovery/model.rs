@@ -215,13 +215,14 @@ pub struct ErrorDetail {
 }
 
 /// A listed Proxy, or `None` when it is not eligible: being deleted, not
-/// Ready, Healthy not True, or without an address.
+/// Ready, draining for a recycle (no new leases, no renewals), Healthy not
+/// True, or without an address.
 pub fn item_of(p: &Proxy) -> Option<ProxyItem> {
     if p.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let st = p.status.as_ref()?;
-    if st.phase != Some(ProxyPhase::Ready) {
+    if st.phase != Some(ProxyPhase::Ready) || st.draining_since.is_some() {
         return None;
     }
     let healthy = st
@@ -363,6 +364,12 @@ mod tests {
         let mut running = ok.clone();
         running.status.as_mut().unwrap().phase = Some(ProxyPhase::Running);
         assert!(item_of(&running).is_none());
+        let mut draining = ok.clone();
+        draining.status.as_mut().unwrap().draining_since = Some(chrono::Utc::now());
+        assert!(
+            item_of(&draining).is_none(),
+            "a draining proxy gets no new lease"
+        );
         let json = serde_json::to_value(&item).unwrap();
         assert_eq!(json["attributes"]["geo"], "home");
         assert!(json.get("latencyMillis").is_none());

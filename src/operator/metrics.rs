@@ -39,6 +39,8 @@ pub struct Metrics {
     pub leader: LeaderMetrics,
     /// Proxies by phase.
     pub phases: PhaseGauge,
+    /// Circuit breaker state per provider.
+    pub circuit: CircuitGauge,
 }
 
 impl Default for Metrics {
@@ -63,6 +65,7 @@ impl Metrics {
         let gc = GcMetrics::register(&mut registry);
         let provider_health = ProviderHealthMetrics::register(&mut registry);
         let leader = LeaderMetrics::register(&mut registry);
+        let circuit = CircuitGauge::register(&mut registry);
         Metrics {
             exposition: registry.finish(),
             provider,
@@ -74,6 +77,7 @@ impl Metrics {
             provider_health,
             leader,
             phases,
+            circuit,
         }
     }
 
@@ -141,6 +145,51 @@ impl Collector for PhaseGauge {
     }
 }
 
+const CIRCUIT_OPEN: &str = "proxy_operator_provider_circuit_open";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabel {
+    provider: String,
+}
+
+/// `proxy_operator_provider_circuit_open{provider}`: 1 while the
+/// provider's circuit breaker is open, else 0, for every configured
+/// provider (leader only; nothing prints until its source is set).
+#[derive(Clone, Debug)]
+pub struct CircuitGauge(Scraped<Vec<(String, bool)>>);
+
+impl CircuitGauge {
+    fn register(registry: &mut Registrar) -> Self {
+        let gauge = CircuitGauge(Scraped::default());
+        registry.register_collector(&[CIRCUIT_OPEN], gauge.clone());
+        gauge
+    }
+
+    /// Where the breaker states are read from (the controller's fleet view).
+    pub fn set_states(&self, f: impl Fn() -> Vec<(String, bool)> + Send + Sync + 'static) {
+        self.0.set(f);
+    }
+}
+
+impl Collector for CircuitGauge {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(states) = self.0.read() else {
+            return Ok(());
+        };
+        let mut m = encoder.encode_descriptor(
+            CIRCUIT_OPEN,
+            "Whether the provider's circuit breaker is open (1): replacing and recycling on it are held.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (provider, open) in states {
+            ConstGauge::new(i64::from(open))
+                .encode(m.encode_family(&ProviderLabel { provider })?)?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,8 +203,16 @@ mod tests {
         m.phases
             .set_phases(|| vec![("Ready".into(), 2), ("Pending".into(), 1)]);
         m.discovery.set_leases(|| 3);
+        assert!(
+            !empty.contains("proxy_operator_provider_circuit_open"),
+            "{empty}"
+        );
+        m.circuit
+            .set_states(|| vec![("gcp-eu".into(), true), ("k8s".into(), false)]);
         let text = m.encode().unwrap();
         for want in [
+            "proxy_operator_provider_circuit_open{provider=\"gcp-eu\"} 1",
+            "proxy_operator_provider_circuit_open{provider=\"k8s\"} 0",
             "proxy_operator_proxies{phase=\"Ready\"} 2",
             "proxy_operator_proxies{phase=\"Pending\"} 1",
             "proxy_operator_leases_active 3",

@@ -304,6 +304,17 @@ impl Operator {
         );
         let gc_stop = stop.clone().cancelled_owned();
         tasks.spawn(async move { gc.run(gc_stop).await });
+        let fleet = Arc::new(controller::fleet::Fleet::new(
+            Some(proxy_cache.clone()),
+            s.providers
+                .providers
+                .iter()
+                .map(|p| (p.name.clone(), p.max_unavailable))
+                .collect(),
+            s.leases.max_ttl,
+        ));
+        let states = fleet.clone();
+        self.metrics.circuit.set_states(move || states.states());
         runnables::spawn_provider_health(
             tasks,
             s.provider_checks,
@@ -337,7 +348,8 @@ impl Operator {
                 Some(health_source),
             )
             .with_metrics(self.metrics.reconcile.clone())
-            .with_throttle(throttle),
+            .with_throttle(throttle)
+            .with_fleet(fleet),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;

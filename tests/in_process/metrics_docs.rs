@@ -39,6 +39,7 @@ fn populated() -> Metrics {
     m.gc.delete_failed("gcp-eu");
     m.phases.set_phases(|| vec![("Ready".into(), 1)]);
     m.discovery.set_leases(|| 1);
+    m.circuit.set_states(|| vec![("gcp-eu".into(), true)]);
     m.provider_health.set_targets(|| {
         vec![TargetSample {
             provider: "kvm-home".into(),
@@ -122,6 +123,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_provider_target_up",
             "proxy_operator_provider_check_duration_seconds",
             "proxy_operator_provider_check_timestamp_seconds",
+            "proxy_operator_provider_circuit_open",
         ]
     );
 }

@@ -96,6 +96,8 @@ pub enum ReplaceCause {
     SpecChanged,
     /// The instance is Stopped or Terminated.
     Stopped(InstanceState),
+    /// `spec.recycle` asked for a new instance and the drain is over.
+    Recycled,
 }
 
 /// The next step of the managed path.

@@ -97,7 +97,7 @@ pub fn path(deleting: bool, mode: ProxyMode) -> Path {
 
 /// Whether a delete requested at `at` is recent enough at `now` not to be
 /// resubmitted ([`DELETE_RESUBMIT_AFTER`]).
-fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+pub(crate) fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
     at.is_some_and(|t| {
         now.signed_duration_since(t)
             .to_std()

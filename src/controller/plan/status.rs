@@ -263,6 +263,7 @@ pub fn mark_replacing(
     let msg = match why {
         ReplaceCause::SpecChanged => "spec changed: replacing the instance".to_string(),
         ReplaceCause::Stopped(s) => format!("instance is {}: replacing it", s.as_str()),
+        ReplaceCause::Recycled => "recycled: drained, replacing the instance".to_string(),
     };
     provisioned(
         status,

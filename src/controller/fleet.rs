@@ -1,0 +1,268 @@
+//! The controller's side of fleet policy ([`crate::fleet`]): the shared
+//! fleet view (refreshed from the Proxy cache at most once a second), the
+//! breaker gate before a replace, and the recycle of a running Proxy
+//! (drain, then replace). Decisions are the fleet module's; this file
+//! only gathers their inputs and writes what they say into the status.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::runtime::reflector::Store;
+use kube::ResourceExt;
+
+use super::plan::{End, RUNNING_RESYNC};
+use crate::api::condition::{self, Condition};
+use crate::api::proxy::conditions::{PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRAINING, RECYCLING};
+use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
+use crate::fleet::{
+    recycle_step, summarize, BreakerPolicy, DrainInput, FleetState, MaxUnavailable, RecyclePolicy,
+    RecycleStep, Transition,
+};
+
+/// How often the view is rebuilt from the cache at most.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How long a drain started here counts as draining before the cache
+/// shows it (so two passes never both take the last budget slot).
+const PENDING_FOR: Duration = Duration::from_secs(60);
+/// When a Proxy held by the open breaker looks again.
+pub const CIRCUIT_RETRY: Duration = Duration::from_secs(30);
+
+/// The fleet view every reconcile consults.
+pub struct Fleet {
+    cache: Option<Store<Proxy>>,
+    max_lease_ttl: Duration,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    state: FleetState,
+    refreshed: Option<DateTime<Utc>>,
+    /// Drains started by this process, by key, not yet seen in the cache.
+    pending: HashMap<String, DateTime<Utc>>,
+    /// The last transitions, for the provider health writer and metrics.
+    transitions: Vec<(String, Transition, DateTime<Utc>)>,
+}
+
+impl Fleet {
+    /// A view over `cache`, with each provider's budget; leases run at
+    /// most `max_lease_ttl` (the drain bound where holders are unknown).
+    pub fn new(
+        cache: Option<Store<Proxy>>,
+        budgets: BTreeMap<String, MaxUnavailable>,
+        max_lease_ttl: Duration,
+    ) -> Self {
+        Fleet {
+            cache,
+            max_lease_ttl,
+            inner: Mutex::new(Inner {
+                state: FleetState::new(BreakerPolicy::default(), budgets),
+                refreshed: None,
+                pending: HashMap::new(),
+                transitions: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rebuilds the view from the cache unless that happened within a second.
+    fn refresh(&self, inner: &mut Inner, now: DateTime<Utc>) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let fresh = inner.refreshed.is_some_and(|t| {
+            now.signed_duration_since(t)
+                .to_std()
+                .is_ok_and(|d| d < REFRESH_EVERY)
+        });
+        if fresh {
+            return;
+        }
+        inner.refreshed = Some(now);
+        let pending_for = chrono::Duration::from_std(PENDING_FOR).unwrap_or(chrono::Duration::MAX);
+        let mut summaries: Vec<_> = cache
+            .state()
+            .iter()
+            .filter_map(|p| summarize(p, now))
+            .collect();
+        for s in summaries.iter_mut() {
+            match inner.pending.get(&s.key) {
+                Some(_) if s.draining => {
+                    inner.pending.remove(&s.key);
+                }
+                Some(t) if now.signed_duration_since(*t) < pending_for => s.draining = true,
+                Some(_) => {
+                    inner.pending.remove(&s.key);
+                }
+                None => {}
+            }
+        }
+        for (provider, t) in inner.state.refresh(now, &summaries) {
+            log_transition(&provider, t);
+            inner.transitions.push((provider, t, now));
+        }
+    }
+
+    /// Whether `provider`'s breaker is open (refreshing first).
+    pub fn breaker_open(&self, provider: &str, now: DateTime<Utc>) -> bool {
+        let mut inner = self.lock();
+        self.refresh(&mut inner, now);
+        inner.state.breaker_open(provider)
+    }
+
+    /// An operator's reset of `provider`'s breaker.
+    pub fn reset(&self, provider: &str, now: DateTime<Utc>) {
+        let mut inner = self.lock();
+        if let Some(t) = inner.state.reset(provider) {
+            log_transition(provider, t);
+            inner.transitions.push((provider.to_string(), t, now));
+        }
+    }
+
+    /// Every configured provider and whether its breaker is open.
+    pub fn states(&self) -> Vec<(String, bool)> {
+        let inner = self.lock();
+        inner
+            .state
+            .providers()
+            .into_iter()
+            .map(|p| {
+                let open = inner.state.breaker_open(&p);
+                (p, open)
+            })
+            .collect()
+    }
+
+    /// Providers whose breaker is open, with when it opened and the share.
+    pub fn open(&self) -> Vec<(String, DateTime<Utc>, usize, usize)> {
+        let inner = self.lock();
+        inner
+            .state
+            .open_providers()
+            .into_iter()
+            .filter_map(|p| {
+                let (t, lost, seen) = inner.state.open_since(&p)?;
+                Some((p, t, lost, seen))
+            })
+            .collect()
+    }
+
+    /// The recycle step of the running Proxy `proxy` at `now`.
+    pub fn step(&self, proxy: &Proxy, status: &ProxyStatus, now: DateTime<Utc>) -> RecycleStep {
+        let provider = proxy.spec.provider.clone().unwrap_or_default();
+        let key = format!(
+            "{}/{}",
+            proxy.namespace().unwrap_or_default(),
+            proxy.name_any()
+        );
+        let policy = RecyclePolicy::of(proxy.spec.recycle.as_ref()).unwrap_or_default();
+        let mut inner = self.lock();
+        self.refresh(&mut inner, now);
+        let admitted = inner.state.admitted(&provider, &key) && !inner.pending.contains_key(&key);
+        let ttl = chrono::Duration::from_std(self.max_lease_ttl).unwrap_or(chrono::Duration::MAX);
+        let drain = DrainInput {
+            draining_since: status.draining_since,
+            // Leases live in every replica's memory: the bound is the
+            // longest TTL, as a draining proxy's leases are not renewed.
+            leases_end: status
+                .draining_since
+                .and_then(|t| t.checked_add_signed(ttl)),
+            timeout: policy.drain_timeout,
+            now,
+        };
+        let step = recycle_step(admitted, inner.state.breaker_open(&provider), &drain);
+        if step == RecycleStep::StartDrain {
+            inner.pending.insert(key, now);
+        }
+        step
+    }
+}
+
+fn log_transition(provider: &str, t: Transition) {
+    match t {
+        Transition::Opened { lost, seen } => tracing::warn!(
+            provider,
+            lost,
+            seen,
+            "Circuit breaker open: too many of the provider's proxies failed at once; not replacing or recycling on it until it closes"
+        ),
+        Transition::Closed => tracing::info!(provider, "Circuit breaker closed"),
+        Transition::Reset => tracing::info!(provider, "Circuit breaker reset by an operator"),
+    }
+}
+
+/// Records that the drain began at `now`: no new leases from here on.
+pub fn mark_draining(status: &mut ProxyStatus, now: DateTime<Utc>) {
+    status.draining_since.get_or_insert(now);
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            RECYCLING,
+            ConditionStatus::True,
+            REASON_DRAINING,
+            "recycling: draining, no new leases; held leases run to their expiry or the drain timeout, then the instance is replaced",
+            now,
+        ),
+    );
+}
+
+/// The instance is gone or stopped but the provider's breaker is open:
+/// it is not replaced until the breaker closes.
+pub fn mark_circuit_open(status: &mut ProxyStatus, now: DateTime<Utc>, generation: Option<i64>) {
+    status.phase = Some(ProxyPhase::Provisioning);
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            PROVISIONED,
+            ConditionStatus::False,
+            REASON_CIRCUIT_OPEN,
+            "the provider's circuit breaker is open (too many of its proxies failed at once): not replacing the instance until it closes",
+            now,
+        )
+        .at_generation(generation),
+    );
+}
+
+/// The recycle is over (the old instance is gone): forget the drain.
+pub fn clear_drain(status: &mut ProxyStatus) {
+    status.draining_since = None;
+    condition::remove(&mut status.conditions, RECYCLING);
+}
+
+/// How a running pass ends once its recycle step is known: a drain that
+/// starts is recorded and looked at again soon; a drain in progress comes
+/// back when it can end.
+pub fn after_running(
+    step: RecycleStep,
+    status: &mut ProxyStatus,
+    end: End,
+    now: DateTime<Utc>,
+) -> End {
+    let soon = |d: Duration| match end {
+        End::RequeueAfter(e) => End::RequeueAfter(e.min(d)),
+        End::AwaitChange => End::RequeueAfter(d),
+    };
+    match step {
+        RecycleStep::Serve | RecycleStep::Replace(_) => end,
+        RecycleStep::StartDrain => {
+            mark_draining(status, now);
+            soon(Duration::from_secs(5))
+        }
+        RecycleStep::Drain { until } => {
+            let d = until
+                .signed_duration_since(now)
+                .to_std()
+                .unwrap_or_default();
+            soon(d.clamp(Duration::from_secs(1), RUNNING_RESYNC))
+        }
+        RecycleStep::HoldCircuitOpen => soon(CIRCUIT_RETRY),
+    }
+}
+
+#[cfg(test)]
+#[path = "fleet_tests.rs"]
+mod tests;

@@ -1,0 +1,98 @@
+use super::*;
+use crate::fleet::DrainDone;
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a valid timestamp")
+}
+
+#[test]
+fn after_running_table() {
+    struct Case {
+        name: &'static str,
+        step: RecycleStep,
+        want: End,
+        draining: bool,
+    }
+    let s = Duration::from_secs;
+    let cases = [
+        Case {
+            name: "serving: the running resync, nothing recorded",
+            step: RecycleStep::Serve,
+            want: End::RequeueAfter(RUNNING_RESYNC),
+            draining: false,
+        },
+        Case {
+            name: "a drain starts: recorded, looked at again soon",
+            step: RecycleStep::StartDrain,
+            want: End::RequeueAfter(s(5)),
+            draining: true,
+        },
+        Case {
+            name: "draining: back when the leases can have run out",
+            step: RecycleStep::Drain { until: at(40) },
+            want: End::RequeueAfter(s(30)),
+            draining: false,
+        },
+        Case {
+            name: "draining long: at most the running resync",
+            step: RecycleStep::Drain { until: at(4000) },
+            want: End::RequeueAfter(RUNNING_RESYNC),
+            draining: false,
+        },
+        Case {
+            name: "drained but the breaker is open: back after the circuit retry",
+            step: RecycleStep::HoldCircuitOpen,
+            want: End::RequeueAfter(CIRCUIT_RETRY),
+            draining: false,
+        },
+        Case {
+            name: "replace is not decided here",
+            step: RecycleStep::Replace(DrainDone::NoLeases),
+            want: End::RequeueAfter(RUNNING_RESYNC),
+            draining: false,
+        },
+    ];
+    for c in cases {
+        let mut status = ProxyStatus::default();
+        let got = after_running(
+            c.step,
+            &mut status,
+            End::RequeueAfter(RUNNING_RESYNC),
+            at(10),
+        );
+        assert_eq!(got, c.want, "{}", c.name);
+        assert_eq!(status.draining_since.is_some(), c.draining, "{}", c.name);
+        let recycling = condition::find(&status.conditions, RECYCLING).map(|c| c.reason.clone());
+        assert_eq!(
+            recycling,
+            c.draining.then(|| REASON_DRAINING.to_string()),
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn circuit_open_and_clear_drain() {
+    let mut status = ProxyStatus {
+        phase: Some(ProxyPhase::Ready),
+        ..ProxyStatus::default()
+    };
+    mark_draining(&mut status, at(0));
+    mark_draining(&mut status, at(50));
+    assert_eq!(
+        status.draining_since,
+        Some(at(0)),
+        "the drain start is kept"
+    );
+    mark_circuit_open(&mut status, at(60), Some(3));
+    assert_eq!(status.phase, Some(ProxyPhase::Provisioning));
+    let p = condition::find(&status.conditions, PROVISIONED).expect("Provisioned");
+    assert_eq!(
+        (p.status, p.reason.as_str()),
+        (ConditionStatus::False, REASON_CIRCUIT_OPEN)
+    );
+    clear_drain(&mut status);
+    assert_eq!(status.draining_since, None);
+    assert!(condition::find(&status.conditions, RECYCLING).is_none());
+}

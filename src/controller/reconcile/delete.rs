@@ -1,0 +1,99 @@
+//! The deletion path of a reconcile: clean up the instance (unless
+//! skip-cleanup), then release the finalizer.
+
+use chrono::Utc;
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+use serde_json::json;
+use tracing::{info, instrument};
+
+use super::{fail_delete, finish, get_error, patch_metadata};
+use crate::api::constants::{is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATION};
+use crate::api::{Proxy, ProxyStatus};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::controller::plan::{self, DeleteInput, DeleteStep, Ending, GetOutcome, ReleaseReason};
+
+/// Steps of one deletion pass (get, delete after a permanent get, release).
+const DELETE_STEPS: usize = 4;
+
+#[instrument(name = "reconcile.delete", skip_all)]
+pub(super) async fn delete_path(
+    proxy: &Proxy,
+    ctx: &Context,
+    status: &mut ProxyStatus,
+) -> Result<Action, Error> {
+    let generation = proxy.metadata.generation;
+    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
+    let provider = ctx.registry.get(&provider_name);
+    let id = status.provider_id.clone().unwrap_or_default();
+    ctx.throttle
+        .forget(&provider_name, &proxy.uid().unwrap_or_default());
+    let mut get: Option<GetOutcome> = None;
+    for _ in 0..DELETE_STEPS {
+        let now = Utc::now();
+        let step = plan::next_delete_step(&DeleteInput {
+            has_finalizer: proxy.finalizers().iter().any(|f| f == FINALIZER),
+            provider_id: status.provider_id.as_deref(),
+            skip_cleanup: is_true_annotation(
+                proxy
+                    .annotations()
+                    .get(SKIP_CLEANUP_ANNOTATION)
+                    .map(String::as_str),
+            ),
+            provider_configured: provider.is_some(),
+            get: get.as_ref(),
+            delete_requested_at: status.delete_requested_at,
+            now,
+        });
+        let not_configured = || Error::NotConfigured {
+            provider: provider_name.clone(),
+            id: id.clone(),
+        };
+        let p = || provider.clone().ok_or_else(not_configured);
+        let ending = match step {
+            DeleteStep::Nothing => Ending::NotHeld,
+            DeleteStep::Release { why } => {
+                if why == ReleaseReason::SkipCleanup {
+                    info!(providerID = %id, provider = %provider_name, "skip-cleanup set: abandoning the instance");
+                }
+                let fins: Vec<String> = proxy
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != FINALIZER)
+                    .cloned()
+                    .collect();
+                patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
+                Ending::Released
+            }
+            DeleteStep::ProviderNotConfigured => return Err(not_configured()),
+            DeleteStep::Get => {
+                get = Some(GetOutcome::of(p()?.get(&id).await));
+                continue;
+            }
+            DeleteStep::Delete => match p()?.delete(&id).await {
+                Ok(()) => Ending::CleanupRequested,
+                Err(e) => return fail_delete(ctx, e),
+            },
+            DeleteStep::DeleteAfterPermanentGet { get_error } => match p()?.delete(&id).await {
+                Ok(()) => {
+                    info!(providerID = %id, error = %get_error, "Instance unreachable but cleanup succeeded");
+                    get = Some(GetOutcome::NotFound);
+                    continue;
+                }
+                Err(delete_error) => {
+                    return Err(Error::Cleanup {
+                        get_error,
+                        delete_error,
+                    })
+                }
+            },
+            DeleteStep::Wait => Ending::CleanupPending,
+            DeleteStep::Failed { class, message } => {
+                return fail_delete(ctx, get_error(class, &provider_name, &id, message))
+            }
+        };
+        return finish(ctx, ending, status, now, generation);
+    }
+    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
+}

@@ -1,0 +1,138 @@
+//! The disruption budget of a provider (`maxUnavailable` in its providers
+//! entry, a count or a percent, default 1): at most that many of the
+//! provider's proxies are being recycled at once, and recycling for age
+//! waits while fewer than the budget's Ready proxies are left.
+//!
+//! Recycling an unhealthy proxy does not lower availability (it serves
+//! nothing already), so it is bounded by the number being recycled alone;
+//! recycling a healthy one for age is bounded by everything unavailable
+//! (recycling, draining, or simply not Ready).
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use super::RecycleReason;
+
+/// `maxUnavailable`: a count, or a percent of the provider's Managed
+/// Proxies (rounded up, as a PodDisruptionBudget does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    /// At most this many.
+    Count(u32),
+    /// At most this percent (0 to 100).
+    Percent(u32),
+}
+
+/// The default budget: one at a time.
+pub const DEFAULT_MAX_UNAVAILABLE: MaxUnavailable = MaxUnavailable::Count(1);
+
+impl Default for MaxUnavailable {
+    fn default() -> Self {
+        DEFAULT_MAX_UNAVAILABLE
+    }
+}
+
+impl fmt::Display for MaxUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MaxUnavailable::Count(n) => write!(f, "{n}"),
+            MaxUnavailable::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl MaxUnavailable {
+    /// Parses `3` or `"25%"`; the message names what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let bad = || format!("{text:?} must be a count such as 2 or a percent such as 25%");
+        if let Some(p) = t.strip_suffix('%') {
+            let p: u32 = p.trim().parse().map_err(|_| bad())?;
+            if p > 100 {
+                return Err(format!("{text:?} is more than 100%"));
+            }
+            Ok(MaxUnavailable::Percent(p))
+        } else {
+            t.parse().map(MaxUnavailable::Count).map_err(|_| bad())
+        }
+    }
+
+    /// How many of a fleet of `size` may be unavailable.
+    pub fn allowance(self, size: usize) -> usize {
+        match self {
+            MaxUnavailable::Count(n) => n as usize,
+            MaxUnavailable::Percent(p) => (size * p as usize).div_ceil(100),
+        }
+    }
+}
+
+/// The provider's Managed Proxies, counted now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FleetCounts {
+    /// Every Managed Proxy of the provider.
+    pub size: usize,
+    /// Of those, Ready and not draining.
+    pub ready: usize,
+    /// Of those, being recycled (draining, or replaced after a drain).
+    pub recycling: usize,
+}
+
+/// A Proxy that wants recycling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its namespace/name.
+    pub key: String,
+    /// Why.
+    pub reason: RecycleReason,
+    /// Its instance's creation time (oldest go first).
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+/// Which candidates may start recycling now, in order: unhealthy first,
+/// then oldest first, then by name. Nothing starts while `breaker_open`.
+pub fn admit(
+    budget: MaxUnavailable,
+    counts: FleetCounts,
+    breaker_open: bool,
+    mut candidates: Vec<Candidate>,
+) -> Vec<String> {
+    if breaker_open {
+        return Vec::new();
+    }
+    let allowance = budget.allowance(counts.size);
+    candidates.sort_by(|a, b| {
+        (a.reason, a.created_at.is_none(), a.created_at, &a.key).cmp(&(
+            b.reason,
+            b.created_at.is_none(),
+            b.created_at,
+            &b.key,
+        ))
+    });
+    let mut recycling = counts.recycling;
+    let mut unavailable = counts
+        .size
+        .saturating_sub(counts.ready)
+        .max(counts.recycling);
+    let mut out = Vec::new();
+    for c in candidates {
+        let fits = match c.reason {
+            RecycleReason::Unhealthy => recycling < allowance,
+            RecycleReason::MaxAge => recycling < allowance && unavailable < allowance,
+        };
+        if !fits {
+            continue;
+        }
+        recycling += 1;
+        if c.reason == RecycleReason::MaxAge {
+            // A Ready proxy leaves the pool; an unhealthy one had already.
+            unavailable += 1;
+        }
+        out.push(c.key);
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "budget_tests.rs"]
+mod tests;

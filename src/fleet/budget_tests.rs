@@ -1,0 +1,216 @@
+use super::*;
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a valid timestamp")
+}
+
+fn old(key: &str, created: i64) -> Candidate {
+    Candidate {
+        key: key.into(),
+        reason: RecycleReason::MaxAge,
+        created_at: Some(at(created)),
+    }
+}
+
+fn sick(key: &str) -> Candidate {
+    Candidate {
+        key: key.into(),
+        reason: RecycleReason::Unhealthy,
+        created_at: Some(at(0)),
+    }
+}
+
+fn counts(size: usize, ready: usize, recycling: usize) -> FleetCounts {
+    FleetCounts {
+        size,
+        ready,
+        recycling,
+    }
+}
+
+#[test]
+fn admit_table() {
+    struct Case {
+        name: &'static str,
+        budget: MaxUnavailable,
+        counts: FleetCounts,
+        breaker_open: bool,
+        candidates: Vec<Candidate>,
+        want: Vec<&'static str>,
+    }
+    let cases = [
+        Case {
+            name: "default budget: one at a time, the oldest first",
+            budget: MaxUnavailable::default(),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: vec![old("b", 20), old("a", 30), old("c", 10)],
+            want: vec!["c"],
+        },
+        Case {
+            name: "budget 2 of 10 all due: two start",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: (0..10)
+                .map(|i| {
+                    old(
+                        ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"][i],
+                        i as i64,
+                    )
+                })
+                .collect(),
+            want: vec!["p0", "p1"],
+        },
+        Case {
+            name: "budget used up by one already recycling: only one more",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 9, 1),
+            breaker_open: false,
+            candidates: vec![old("a", 1), old("b", 2)],
+            want: vec!["a"],
+        },
+        Case {
+            name: "budget full: none start",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 8, 2),
+            breaker_open: false,
+            candidates: vec![old("a", 1)],
+            want: vec![],
+        },
+        Case {
+            name: "age recycling waits while proxies are not Ready for other reasons",
+            budget: MaxUnavailable::Count(1),
+            counts: counts(10, 9, 0),
+            breaker_open: false,
+            candidates: vec![old("a", 1)],
+            want: vec![],
+        },
+        Case {
+            name: "an unhealthy proxy is recycled even when others are not Ready",
+            budget: MaxUnavailable::Count(1),
+            counts: counts(10, 7, 0),
+            breaker_open: false,
+            candidates: vec![sick("s"), old("a", 1)],
+            want: vec!["s"],
+        },
+        Case {
+            name: "unhealthy go before old ones",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 9, 0),
+            breaker_open: false,
+            candidates: vec![old("a", 1), sick("z")],
+            // z is not Ready already (9 of 10); a would make 2 unavailable.
+            want: vec!["z", "a"],
+        },
+        Case {
+            name: "an unhealthy one does not exceed the recycling count either",
+            budget: MaxUnavailable::Count(1),
+            counts: counts(10, 8, 1),
+            breaker_open: false,
+            candidates: vec![sick("s")],
+            want: vec![],
+        },
+        Case {
+            name: "percent rounds up: 25% of 10 is 3",
+            budget: MaxUnavailable::Percent(25),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: vec![old("a", 1), old("b", 2), old("c", 3), old("d", 4)],
+            want: vec!["a", "b", "c"],
+        },
+        Case {
+            name: "percent of a small fleet is still one",
+            budget: MaxUnavailable::Percent(10),
+            counts: counts(3, 3, 0),
+            breaker_open: false,
+            candidates: vec![old("a", 1), old("b", 2)],
+            want: vec!["a"],
+        },
+        Case {
+            name: "0 disables recycling",
+            budget: MaxUnavailable::Count(0),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: vec![sick("s"), old("a", 1)],
+            want: vec![],
+        },
+        Case {
+            name: "an open breaker blocks all recycling",
+            budget: MaxUnavailable::Count(5),
+            counts: counts(10, 10, 0),
+            breaker_open: true,
+            candidates: vec![sick("s"), old("a", 1)],
+            want: vec![],
+        },
+        Case {
+            name: "unknown creation time goes last, then by name",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: vec![
+                Candidate {
+                    key: "n".into(),
+                    reason: RecycleReason::MaxAge,
+                    created_at: None,
+                },
+                old("y", 5),
+                old("x", 5),
+            ],
+            want: vec!["x", "y"],
+        },
+    ];
+    for c in cases {
+        let got = admit(c.budget, c.counts, c.breaker_open, c.candidates);
+        assert_eq!(got, c.want, "{}", c.name);
+    }
+}
+
+#[test]
+fn max_unavailable_parse_table() {
+    struct Case {
+        name: &'static str,
+        text: &'static str,
+        want: Result<MaxUnavailable, &'static str>,
+    }
+    let cases = [
+        Case {
+            name: "a count",
+            text: "2",
+            want: Ok(MaxUnavailable::Count(2)),
+        },
+        Case {
+            name: "a percent",
+            text: "25%",
+            want: Ok(MaxUnavailable::Percent(25)),
+        },
+        Case {
+            name: "zero is allowed (recycling off)",
+            text: "0",
+            want: Ok(MaxUnavailable::Count(0)),
+        },
+        Case {
+            name: "over 100%",
+            text: "150%",
+            want: Err("\"150%\" is more than 100%"),
+        },
+        Case {
+            name: "negative",
+            text: "-1",
+            want: Err("\"-1\" must be a count such as 2 or a percent such as 25%"),
+        },
+        Case {
+            name: "words",
+            text: "two",
+            want: Err("\"two\" must be a count such as 2 or a percent such as 25%"),
+        },
+    ];
+    for c in cases {
+        assert_eq!(
+            MaxUnavailable::parse(c.text),
+            c.want.map_err(String::from),
+            "{}",
+            c.name
+        );
+    }
+}

@@ -1,0 +1,84 @@
+use super::*;
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a valid timestamp")
+}
+
+#[test]
+fn drain_table() {
+    struct Case {
+        name: &'static str,
+        since: Option<i64>,
+        leases_end: Option<i64>,
+        timeout: u64,
+        now: i64,
+        want: DrainStep,
+    }
+    let cases = [
+        Case {
+            name: "not draining yet: start (never replace before a drain)",
+            since: None,
+            leases_end: None,
+            timeout: 600,
+            now: 0,
+            want: DrainStep::Start,
+        },
+        Case {
+            name: "no lease held: replace at once",
+            since: Some(0),
+            leases_end: None,
+            timeout: 600,
+            now: 1,
+            want: DrainStep::Replace(DrainDone::NoLeases),
+        },
+        Case {
+            name: "a lease held: wait for its expiry, not cut",
+            since: Some(0),
+            leases_end: Some(120),
+            timeout: 600,
+            now: 10,
+            want: DrainStep::Wait { until: at(120) },
+        },
+        Case {
+            name: "a second before the lease ends: still wait",
+            since: Some(0),
+            leases_end: Some(120),
+            timeout: 600,
+            now: 119,
+            want: DrainStep::Wait { until: at(120) },
+        },
+        Case {
+            name: "the lease ran out: replace",
+            since: Some(0),
+            leases_end: Some(120),
+            timeout: 600,
+            now: 120,
+            want: DrainStep::Replace(DrainDone::LeasesExpired),
+        },
+        Case {
+            name: "a lease outliving the timeout: wait for the timeout only",
+            since: Some(0),
+            leases_end: Some(5000),
+            timeout: 600,
+            now: 10,
+            want: DrainStep::Wait { until: at(600) },
+        },
+        Case {
+            name: "timeout reached with a lease still held: replace",
+            since: Some(0),
+            leases_end: Some(5000),
+            timeout: 600,
+            now: 600,
+            want: DrainStep::Replace(DrainDone::TimedOut),
+        },
+    ];
+    for c in cases {
+        let input = DrainInput {
+            draining_since: c.since.map(at),
+            leases_end: c.leases_end.map(at),
+            timeout: Duration::from_secs(c.timeout),
+            now: at(c.now),
+        };
+        assert_eq!(next_drain_step(&input), c.want, "{}", c.name);
+    }
+}

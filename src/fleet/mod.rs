@@ -1,0 +1,30 @@
+//! Fleet policy per provider, as pure decisions (issue 18, items 3 and 4):
+//! when to stop replacing because too much failed at once, which Proxies to
+//! recycle and when, how many at a time, and when a draining Proxy may lose
+//! its instance. Nothing here does I/O; the controller feeds it what the
+//! Proxy cache and the health verdicts say.
+//!
+//! - [`breaker`]: the per-provider circuit breaker (share of Ready proxies
+//!   lost within a window).
+//! - [`recycle`]: whether one Proxy wants a new instance (unhealthy too
+//!   long, too old) and the `spec.recycle` durations.
+//! - [`budget`]: the disruption budget (`maxUnavailable`) and which of the
+//!   wanting Proxies may start now.
+//! - [`drain`]: drain before replace (no new leases, existing leases run to
+//!   expiry or the drain timeout).
+
+pub mod breaker;
+pub mod budget;
+pub mod drain;
+pub mod recycle;
+
+pub use breaker::{Breaker, BreakerPolicy, Member, Transition};
+pub use budget::{admit, Candidate, FleetCounts, MaxUnavailable};
+pub use drain::{next_drain_step, DrainDone, DrainInput, DrainStep};
+pub use recycle::{
+    parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,
+    DEFAULT_DRAIN_TIMEOUT,
+};
+pub mod view;
+
+pub use view::{recycle_step, summarize, FleetState, RecycleStep, Summary};

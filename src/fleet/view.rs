@@ -1,0 +1,231 @@
+//! The per-provider fleet view the controller consults: built from the
+//! Proxy cache (phase, health condition, drain mark), it feeds each
+//! provider's [`Breaker`] and decides which Proxies may start recycling
+//! under the provider's budget. Pure: the caller passes the Proxies and the
+//! time; the shell holds it behind a lock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+
+use super::{
+    admit, next_drain_step, wants_recycle, Breaker, BreakerPolicy, Candidate, DrainDone,
+    DrainInput, DrainStep, FleetCounts, MaxUnavailable, Member, RecycleInput, RecyclePolicy,
+    RecycleReason, Transition,
+};
+use crate::api::condition::find;
+use crate::api::proxy::conditions::{HEALTHY, PROVISIONED};
+use crate::api::{ConditionStatus, Proxy, ProxyMode, ProxyPhase};
+
+/// What the view takes from one Managed Proxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// namespace/name.
+    pub key: String,
+    /// `spec.provider`.
+    pub provider: String,
+    /// Phase Ready.
+    pub ready: bool,
+    /// `status.drainingSince` is set: a recycle runs.
+    pub draining: bool,
+    /// Why it wants recycling now, if it does.
+    pub wants: Option<RecycleReason>,
+    /// When its instance came up (Provisioned turned True).
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+/// When a condition of `p` last turned to `status`, if it is so now.
+fn since(p: &Proxy, type_: &str, status: ConditionStatus) -> Option<DateTime<Utc>> {
+    let st = p.status.as_ref()?;
+    find(&st.conditions, type_)
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time)
+}
+
+/// The summary of a Managed Proxy that is not being deleted. A
+/// `spec.recycle` that does not parse counts as off (the CRD's pattern
+/// refuses most such values first).
+pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
+    if p.spec.mode != ProxyMode::Managed || p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let st = p.status.clone().unwrap_or_default();
+    let created_at = since(p, PROVISIONED, ConditionStatus::True);
+    let policy = RecyclePolicy::of(p.spec.recycle.as_ref()).unwrap_or_default();
+    let wants = wants_recycle(&RecycleInput {
+        policy,
+        instance_created_at: created_at,
+        unhealthy_since: since(p, HEALTHY, ConditionStatus::False),
+        now,
+    });
+    Some(Summary {
+        key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+        provider: p.spec.provider.clone().unwrap_or_default(),
+        ready: st.phase == Some(ProxyPhase::Ready),
+        draining: st.draining_since.is_some(),
+        wants,
+        created_at,
+    })
+}
+
+/// One provider's breaker and its Proxies admitted to start recycling.
+#[derive(Clone, Debug, Default)]
+struct ProviderFleet {
+    breaker: Breaker,
+    admitted: BTreeSet<String>,
+}
+
+/// Every provider's fleet state.
+#[derive(Clone, Debug, Default)]
+pub struct FleetState {
+    policy: BreakerPolicy,
+    budgets: BTreeMap<String, MaxUnavailable>,
+    providers: BTreeMap<String, ProviderFleet>,
+}
+
+impl FleetState {
+    /// A state with each provider's budget (absent ones get the default).
+    pub fn new(policy: BreakerPolicy, budgets: BTreeMap<String, MaxUnavailable>) -> Self {
+        FleetState {
+            policy,
+            budgets,
+            providers: BTreeMap::new(),
+        }
+    }
+
+    /// Folds in every Managed Proxy at `now`; returns the breaker
+    /// transitions, per provider.
+    pub fn refresh(&mut self, now: DateTime<Utc>, all: &[Summary]) -> Vec<(String, Transition)> {
+        let mut by_provider: BTreeMap<&str, Vec<&Summary>> = BTreeMap::new();
+        for s in all {
+            by_provider.entry(s.provider.as_str()).or_default().push(s);
+        }
+        for name in self.budgets.keys() {
+            by_provider.entry(name.as_str()).or_default();
+        }
+        let mut transitions = Vec::new();
+        for (name, proxies) in by_provider {
+            let policy = self.policy;
+            let fleet = self
+                .providers
+                .entry(name.to_string())
+                .or_insert_with(|| ProviderFleet {
+                    breaker: Breaker::new(policy),
+                    admitted: BTreeSet::new(),
+                });
+            // A Proxy being recycled leaves on purpose: not a loss.
+            let members: Vec<Member> = proxies
+                .iter()
+                .filter(|s| !s.draining)
+                .map(|s| Member::new(s.key.clone(), s.ready))
+                .collect();
+            if let Some(t) = fleet.breaker.observe(now, &members) {
+                transitions.push((name.to_string(), t));
+            }
+            let counts = FleetCounts {
+                size: proxies.len(),
+                ready: proxies.iter().filter(|s| s.ready && !s.draining).count(),
+                recycling: proxies.iter().filter(|s| s.draining).count(),
+            };
+            let candidates = proxies
+                .iter()
+                .filter(|s| !s.draining)
+                .filter_map(|s| {
+                    s.wants.map(|reason| Candidate {
+                        key: s.key.clone(),
+                        reason,
+                        created_at: s.created_at,
+                    })
+                })
+                .collect();
+            let budget = self.budgets.get(name).copied().unwrap_or_default();
+            fleet.admitted = admit(budget, counts, fleet.breaker.is_open(), candidates)
+                .into_iter()
+                .collect();
+        }
+        transitions
+    }
+
+    /// Whether `provider`'s breaker is open.
+    pub fn breaker_open(&self, provider: &str) -> bool {
+        self.providers
+            .get(provider)
+            .is_some_and(|f| f.breaker.is_open())
+    }
+
+    /// When `provider`'s breaker opened and its share (lost, seen), while open.
+    pub fn open_since(&self, provider: &str) -> Option<(DateTime<Utc>, usize, usize)> {
+        let f = self.providers.get(provider)?;
+        let (lost, seen) = f.breaker.share();
+        f.breaker.opened_at().map(|t| (t, lost, seen))
+    }
+
+    /// Whether the Proxy `key` of `provider` may start a recycle now.
+    pub fn admitted(&self, provider: &str, key: &str) -> bool {
+        self.providers
+            .get(provider)
+            .is_some_and(|f| f.admitted.contains(key))
+    }
+
+    /// An operator reset of `provider`'s breaker.
+    pub fn reset(&mut self, provider: &str) -> Option<Transition> {
+        self.providers.get_mut(provider)?.breaker.reset()
+    }
+
+    /// Names of the configured providers (those given a budget).
+    pub fn providers(&self) -> Vec<String> {
+        self.budgets.keys().cloned().collect()
+    }
+
+    /// Names of the providers whose breaker is open.
+    pub fn open_providers(&self) -> Vec<String> {
+        self.providers
+            .iter()
+            .filter(|(_, f)| f.breaker.is_open())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// What a running Managed Proxy does about recycling this pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecycleStep {
+    /// Nothing: it serves as usual.
+    Serve,
+    /// Start draining now (record `drainingSince`).
+    StartDrain,
+    /// Draining: come back at `until`.
+    Drain {
+        /// When to look again at the latest.
+        until: DateTime<Utc>,
+    },
+    /// The drain is over: replace the instance.
+    Replace(DrainDone),
+    /// The drain is over but the provider's breaker is open: keep the
+    /// instance (out of the pool) until it closes.
+    HoldCircuitOpen,
+}
+
+/// The recycle step of one running Proxy: `admitted` by the view,
+/// `drain` its drain state, `breaker_open` its provider's breaker.
+pub fn recycle_step(admitted: bool, breaker_open: bool, drain: &DrainInput) -> RecycleStep {
+    if drain.draining_since.is_none() {
+        return if admitted && !breaker_open {
+            RecycleStep::StartDrain
+        } else {
+            RecycleStep::Serve
+        };
+    }
+    match next_drain_step(drain) {
+        // Not reached: draining_since is set.
+        DrainStep::Start => RecycleStep::StartDrain,
+        DrainStep::Wait { until } => RecycleStep::Drain { until },
+        DrainStep::Replace(_) if breaker_open => RecycleStep::HoldCircuitOpen,
+        DrainStep::Replace(done) => RecycleStep::Replace(done),
+    }
+}
+
+#[cfg(test)]
+#[path = "view_tests.rs"]
+mod tests;

@@ -1,0 +1,255 @@
+use std::time::Duration;
+
+use super::*;
+use crate::api::{Condition, ProxySpec, ProxyStatus, RecycleSpec};
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("a valid timestamp")
+}
+
+fn s(i: usize, ready: bool, draining: bool, wants: Option<RecycleReason>) -> Summary {
+    Summary {
+        key: format!("ns/p{i}"),
+        provider: "k".into(),
+        ready,
+        draining,
+        wants,
+        created_at: Some(at(i as i64)),
+    }
+}
+
+const AGE: Option<RecycleReason> = Some(RecycleReason::MaxAge);
+
+#[test]
+fn refresh_table() {
+    struct Case {
+        name: &'static str,
+        budget: MaxUnavailable,
+        /// Observed first (a healthy baseline), then `now`.
+        before: Vec<Summary>,
+        now: Vec<Summary>,
+        want_admitted: Vec<usize>,
+        want_open: bool,
+    }
+    let all_ready = |n| (0..n).map(|i| s(i, true, false, None)).collect::<Vec<_>>();
+    let cases = [
+        Case {
+            name: "ten due for age, budget 2: the two oldest start",
+            budget: MaxUnavailable::Count(2),
+            before: all_ready(10),
+            now: (0..10).map(|i| s(i, true, false, AGE)).collect(),
+            want_admitted: vec![0, 1],
+            want_open: false,
+        },
+        Case {
+            name: "two already draining use the budget: none start",
+            budget: MaxUnavailable::Count(2),
+            before: all_ready(10),
+            now: (0..10).map(|i| s(i, i >= 2, i < 2, AGE)).collect(),
+            want_admitted: vec![],
+            want_open: false,
+        },
+        Case {
+            name: "recycled proxies going down do not trip the breaker",
+            budget: MaxUnavailable::Percent(60),
+            before: all_ready(5),
+            now: (0..5).map(|i| s(i, i >= 3, i < 3, None)).collect(),
+            want_admitted: vec![],
+            want_open: false,
+        },
+        Case {
+            name: "80% failing opens the breaker and blocks even unhealthy recycling",
+            budget: MaxUnavailable::Count(5),
+            before: all_ready(10),
+            now: (0..10)
+                .map(|i| {
+                    if i < 8 {
+                        s(i, false, false, Some(RecycleReason::Unhealthy))
+                    } else {
+                        s(i, true, false, None)
+                    }
+                })
+                .collect(),
+            want_admitted: vec![],
+            want_open: true,
+        },
+        Case {
+            name: "one unhealthy of ten is recycled under the default budget",
+            budget: MaxUnavailable::default(),
+            before: all_ready(10),
+            now: (0..10)
+                .map(|i| {
+                    if i == 3 {
+                        s(i, false, false, Some(RecycleReason::Unhealthy))
+                    } else {
+                        s(i, true, false, None)
+                    }
+                })
+                .collect(),
+            want_admitted: vec![3],
+            want_open: false,
+        },
+    ];
+    for c in cases {
+        let mut f = FleetState::new(
+            BreakerPolicy::default(),
+            BTreeMap::from([("k".to_string(), c.budget)]),
+        );
+        f.refresh(at(0), &c.before);
+        f.refresh(at(10), &c.now);
+        let admitted: Vec<usize> = (0..c.now.len())
+            .filter(|i| f.admitted("k", &format!("ns/p{i}")))
+            .collect();
+        assert_eq!(admitted, c.want_admitted, "{}", c.name);
+        assert_eq!(f.breaker_open("k"), c.want_open, "{}: open", c.name);
+    }
+}
+
+#[test]
+fn breaker_reports_open_then_closed_and_reset() {
+    let mut f = FleetState::new(BreakerPolicy::default(), BTreeMap::new());
+    let fleet = |bad: usize| {
+        (0..5)
+            .map(|i| s(i, i >= bad, false, None))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(f.refresh(at(0), &fleet(0)), vec![]);
+    assert_eq!(
+        f.refresh(at(1), &fleet(4)),
+        vec![("k".to_string(), Transition::Opened { lost: 4, seen: 5 })]
+    );
+    assert_eq!(f.open_since("k"), Some((at(1), 4, 5)));
+    assert_eq!(f.open_providers(), vec!["k".to_string()]);
+    assert_eq!(f.reset("k"), Some(Transition::Reset));
+    assert!(!f.breaker_open("k"));
+    assert_eq!(f.refresh(at(2), &fleet(4)), vec![], "lost before the reset");
+    assert_eq!(f.reset("nowhere"), None);
+}
+
+#[test]
+fn recycle_step_table() {
+    struct Case {
+        name: &'static str,
+        admitted: bool,
+        open: bool,
+        since: Option<i64>,
+        leases_end: Option<i64>,
+        now: i64,
+        want: RecycleStep,
+    }
+    let cases = [
+        Case {
+            name: "not chosen: serve",
+            admitted: false,
+            open: false,
+            since: None,
+            leases_end: None,
+            now: 0,
+            want: RecycleStep::Serve,
+        },
+        Case {
+            name: "chosen: drain first, never replace at once",
+            admitted: true,
+            open: false,
+            since: None,
+            leases_end: None,
+            now: 0,
+            want: RecycleStep::StartDrain,
+        },
+        Case {
+            name: "chosen but the breaker is open: serve",
+            admitted: true,
+            open: true,
+            since: None,
+            leases_end: None,
+            now: 0,
+            want: RecycleStep::Serve,
+        },
+        Case {
+            name: "draining with a lease held: wait for it",
+            admitted: false,
+            open: false,
+            since: Some(0),
+            leases_end: Some(300),
+            now: 10,
+            want: RecycleStep::Drain { until: at(300) },
+        },
+        Case {
+            name: "drained: replace",
+            admitted: false,
+            open: false,
+            since: Some(0),
+            leases_end: Some(300),
+            now: 300,
+            want: RecycleStep::Replace(DrainDone::LeasesExpired),
+        },
+        Case {
+            name: "drained but the breaker opened meanwhile: hold",
+            admitted: false,
+            open: true,
+            since: Some(0),
+            leases_end: Some(300),
+            now: 300,
+            want: RecycleStep::HoldCircuitOpen,
+        },
+    ];
+    for c in cases {
+        let drain = DrainInput {
+            draining_since: c.since.map(at),
+            leases_end: c.leases_end.map(at),
+            timeout: Duration::from_secs(600),
+            now: at(c.now),
+        };
+        assert_eq!(
+            recycle_step(c.admitted, c.open, &drain),
+            c.want,
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn summarize_reads_age_and_health_from_the_conditions() {
+    let mut p = Proxy::new(
+        "p",
+        ProxySpec {
+            provider: Some("k".into()),
+            port: Some(3128),
+            recycle: Some(RecycleSpec {
+                max_age: Some("1h".into()),
+                ..RecycleSpec::default()
+            }),
+            ..ProxySpec::default()
+        },
+    );
+    p.metadata.namespace = Some("ns".into());
+    p.status = Some(ProxyStatus {
+        phase: Some(ProxyPhase::Ready),
+        conditions: vec![
+            Condition::new(
+                PROVISIONED,
+                ConditionStatus::True,
+                "InstanceRunning",
+                "",
+                at(0),
+            ),
+            Condition::new(HEALTHY, ConditionStatus::True, "ProbeSucceeded", "", at(5)),
+        ],
+        ..ProxyStatus::default()
+    });
+    let young = summarize(&p, at(3599)).expect("a Managed Proxy");
+    assert_eq!(young.wants, None);
+    assert!(young.ready && !young.draining);
+    assert_eq!(young.created_at, Some(at(0)));
+    let old = summarize(&p, at(3600)).expect("a Managed Proxy");
+    assert_eq!(old.wants, AGE);
+    assert_eq!(old.key, "ns/p");
+
+    p.spec.mode = ProxyMode::External;
+    assert_eq!(
+        summarize(&p, at(3600)),
+        None,
+        "External Proxies are not recycled"
+    );
+}
