@@ -420,6 +420,8 @@ async fn managed_path(
                     requested: false,
                 },
                 rs => {
+                    // The instance runs: its create no longer counts in flight.
+                    ctx.throttle.settle(&provider_name, &uid, false, now);
                     let ending = Ending::Running {
                         ip,
                         health: health_of(ctx, proxy),

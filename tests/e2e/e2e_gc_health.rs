@@ -374,7 +374,10 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         let b = scrape(&addr).await?;
         let done = b.contains("proxy_operator_provider_target_up{")
             && b.contains("op=\"create\"")
-            && b.contains("proxy_operator_proxies{phase=\"Running\"} 1");
+            && b.contains("proxy_operator_proxies{phase=\"Running\"} 1")
+            // The create limiter lets the create go once a pass has seen
+            // the Pod run; under load that pass can trail the phase.
+            && b.contains("proxy_operator_creates_in_flight{provider=\"metrics-kube\"} 0");
         done.then_some(b)
     })
     .await;
