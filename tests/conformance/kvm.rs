@@ -141,8 +141,7 @@ impl Backend for Kvm {
             self.env
                 .tiny_pool(&format!("{}-tiny", self.env.pool), "8m")
                 .unwrap_or_else(|| {
-                    kvm_support::unavailable("a tmpfs for a tiny pool cannot be mounted");
-                    String::new()
+                    kvm_support::unavailable("a tmpfs for a tiny pool cannot be mounted")
                 })
         });
         let big = self.env.dir.path().join("big16.raw");

@@ -111,7 +111,6 @@ async fn the_kvm_sample_reaches_running_with_an_address_from_arp() {
     check_sample();
     if let Some(why) = guest_tools_missing() {
         kvm_support::unavailable(&why);
-        return;
     }
     let Some(env) = Env::start("smp") else { return };
     let started = Instant::now();

@@ -269,18 +269,14 @@ fn libvirt_answers() -> bool {
     virsh(&["version"]).0
 }
 
-/// A part of the kvm suite is missing: under `CI=true` the test fails with
-/// the reason (a skip there would hide a broken install); elsewhere the
-/// suite is skipped with the reason.
-pub fn unavailable(why: &str) {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("the kvm suite cannot run: {why} (CI=true: .ci/run must install it)");
-    }
-    eprintln!("SKIPPING kvm suite: {why} (run .ci/run to install it)");
+/// A part of the kvm suite is missing: the test fails with the reason, as
+/// every other missing part does (a skip would hide a broken install).
+pub fn unavailable(why: &str) -> ! {
+    panic!("the kvm suite cannot run: {why} (.ci/run installs and starts it)");
 }
 
 impl Env {
-    /// Starts everything, or prints why the suite is skipped and returns None.
+    /// Starts everything; a missing part fails the test with the reason.
     pub fn start(tag: &str) -> Option<Env> {
         let turn = Turn::take();
         if let Some(why) = installed(&[
@@ -292,7 +288,6 @@ impl Env {
             "/usr/bin/qemu-img",
         ]) {
             unavailable(&why);
-            return None;
         }
         let dir = tempfile::Builder::new()
             .prefix("epo-kvm-")
@@ -322,11 +317,10 @@ impl Env {
             daemons.push(lv);
             daemons.push(vl);
             if !ok1 || !ok2 || !wait_for("libvirtd", Duration::from_secs(15), libvirt_answers) {
-                unavailable(&format!("libvirtd did not start: {o1} {o2}"));
                 for p in &daemons {
                     kill_pidfile(p);
                 }
-                return None;
+                unavailable(&format!("libvirtd did not start: {o1} {o2}"));
             }
         }
 
@@ -359,11 +353,10 @@ impl Env {
         let mut sshd = match sshd {
             Ok(c) => c,
             Err(e) => {
-                unavailable(&format!("sshd did not start: {e}"));
                 for p in &daemons {
                     kill_pidfile(p);
                 }
-                return None;
+                unavailable(&format!("sshd did not start: {e}"));
             }
         };
         if !wait_for("sshd", Duration::from_secs(10), || {
@@ -375,7 +368,6 @@ impl Env {
                 kill_pidfile(p);
             }
             unavailable("sshd is not listening");
-            return None;
         }
         let known_hosts = d.join("known_hosts");
         let mut parts = host_pub.split_whitespace();
@@ -532,9 +524,8 @@ impl Env {
             ],
         );
         if !ok {
-            // Under CI=true this fails the test: the case must really run.
+            // The case must really run.
             unavailable(&format!("no tmpfs for the tiny-pool case: {out}"));
-            return None;
         }
         self.mounts.lock().unwrap().push(dir.clone());
         let (ok, out) = virsh(&["pool-create-as", name, "dir", "--target", dir.to_str()?]);
