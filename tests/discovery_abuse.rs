@@ -8,6 +8,9 @@
 //! "Discovery abuse" table of docs/reliability.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
+#[path = "served_api/mod.rs"]
+mod served_api;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -28,31 +31,12 @@ const DEADLINE: Duration = Duration::from_secs(120);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the server of discovery_abuse_stays_within_the_pod_limit"]
 async fn serve_for_abuse() {
-    use egress_proxies_operator::api::Proxy;
     use egress_proxies_operator::discovery::{serve_on, ApiState};
-    use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
     use egress_proxies_operator::operator::Metrics;
     let addr: SocketAddr = std::env::var("ABUSE_ADDR").unwrap().parse().unwrap();
     assert!(addr.ip().is_loopback());
-    let proxies: Vec<Arc<Proxy>> = (0..PROXIES)
-        .map(|i| {
-            Arc::new(
-                serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-                    "metadata": {"name": format!("p{i}"), "namespace": "abuse"},
-                    "spec": {"provider": "kubernetes", "port": 3128},
-                    "status": {"phase": "Ready", "ip": format!("127.0.0.{}", i + 2),
-                        "conditions": [{"type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
-                        "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
-                .unwrap(),
-            )
-        })
-        .collect();
-    let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: 10_000,
-        default_ttl: Duration::from_secs(300),
-        max_ttl: Duration::from_secs(3600),
-        cooldown: Duration::from_secs(300),
-    }));
+    let proxies = served_api::ready_proxies(PROXIES, "abuse", json!({}));
+    let leases = served_api::leases(10_000);
     let state = ApiState::new(
         Arc::new(proxies),
         leases,

@@ -4,12 +4,13 @@
 //! it from /openapi.json. It stops by itself.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
+#[path = "served_api/mod.rs"]
+mod served_api;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::discovery::{serve_on, ApiState};
-use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
 use egress_proxies_operator::operator::Metrics;
 use serde_json::json;
 
@@ -27,26 +28,12 @@ async fn serve_for_fuzzing() {
         .unwrap_or(120)
         .min(900);
     let token = std::env::var("FUZZ_TOKEN").unwrap_or_else(|_| "fuzz-token".into());
-    let proxies: Vec<Arc<Proxy>> = (0..4)
-        .map(|i| {
-            Arc::new(
-                serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-                    "metadata": {"name": format!("p{i}"), "namespace": "fuzz"},
-                    "spec": {"provider": "kubernetes", "port": 3128, "placement": {"zone": "z1"},
-                        "attributes": {"geo": "home"}},
-                    "status": {"phase": "Ready", "ip": format!("127.0.0.{}", i + 2),
-                        "conditions": [{"type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
-                        "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
-                .unwrap(),
-            )
-        })
-        .collect();
-    let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: 2,
-        default_ttl: Duration::from_secs(300),
-        max_ttl: Duration::from_secs(3600),
-        cooldown: Duration::from_secs(300),
-    }));
+    let proxies = served_api::ready_proxies(
+        4,
+        "fuzz",
+        json!({"placement": {"zone": "z1"}, "attributes": {"geo": "home"}}),
+    );
+    let leases = served_api::leases(2);
     let state = ApiState::new(
         Arc::new(proxies),
         leases,

@@ -27,6 +27,12 @@ struct Scripted {
     fail_delete: bool,
     instances: Vec<Instance>,
     deleted: Arc<Mutex<Vec<String>>>,
+    /// How long a list takes.
+    list_delay: Duration,
+    /// While instances are listed, a Proxy is created here (as a user's
+    /// `kubectl apply` racing the sweep would) and its instance, already
+    /// older than min-age, is listed too.
+    born_during_list: Option<kube::Api<egress_proxies_operator::api::Proxy>>,
 }
 
 #[async_trait]
@@ -75,8 +81,20 @@ impl Provider for Scripted {
                 "backend down",
             ));
         }
+        tokio::time::sleep(self.list_delay).await;
+        let mut instances = self.instances.clone();
+        if let Some(api) = &self.born_during_list {
+            let born = api
+                .create(&Default::default(), &support::kube_proxy("born-mid-sweep"))
+                .await
+                .unwrap();
+            instances.push(Instance {
+                uid: born.uid().unwrap(),
+                ..orphan("born-mid-sweep")
+            });
+        }
         Ok(Listing {
-            instances: self.instances.clone(),
+            instances,
             unread_scopes: Vec::new(),
         })
     }
@@ -133,6 +151,8 @@ async fn setup(
             fail_delete: e.name.contains("stuck"),
             instances: vec![orphan("x"), orphan("y"), orphan("z")],
             deleted: d.clone(),
+            list_delay: Duration::ZERO,
+            born_during_list: None,
         });
         Ok(p)
     })
@@ -270,60 +290,6 @@ fn assert_sweep_counters(text: &str, sweeps: f64) {
     }
 }
 
-/// A provider that, while its instances are listed, has a Proxy created
-/// (as a user's `kubectl apply` racing the sweep would) and lists that
-/// Proxy's instance, already older than min-age; or whose list takes
-/// `list_delay`.
-struct Racing {
-    proxies: Option<kube::Api<egress_proxies_operator::api::Proxy>>,
-    list_delay: Duration,
-    deleted: Arc<Mutex<Vec<String>>>,
-}
-
-#[async_trait]
-impl Provider for Racing {
-    fn name(&self) -> &str {
-        "racing"
-    }
-    fn provider_type(&self) -> ProviderType {
-        ProviderType::Kubernetes
-    }
-    async fn create(&self, _req: &CreateRequest) -> Result<String, ProviderError> {
-        unreachable!("GC never creates")
-    }
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        Err(ProviderError::new(
-            ErrorClass::NotFound,
-            Op::Get,
-            "racing",
-            id,
-            "gone",
-        ))
-    }
-    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
-        self.deleted.lock().unwrap().push(id.to_string());
-        Ok(())
-    }
-    async fn list_by_tag(&self) -> Result<Listing, ProviderError> {
-        tokio::time::sleep(self.list_delay).await;
-        let mut instances = vec![orphan("orphan")];
-        if let Some(api) = &self.proxies {
-            let born = api
-                .create(&Default::default(), &support::kube_proxy("born-mid-sweep"))
-                .await
-                .unwrap();
-            instances.push(Instance {
-                uid: born.uid().unwrap(),
-                ..orphan("born-mid-sweep")
-            });
-        }
-        Ok(Listing {
-            instances,
-            unread_scopes: Vec::new(),
-        })
-    }
-}
-
 async fn racing_gc(
     proxies: Option<kube::Api<egress_proxies_operator::api::Proxy>>,
     list_delay: Duration,
@@ -338,10 +304,14 @@ async fn racing_gc(
     let metrics = Metrics::new();
     let d = deleted.clone();
     let registry = Registry::build(&cfg, &metrics.provider, move |_| {
-        let p: Arc<dyn Provider> = Arc::new(Racing {
-            proxies: proxies.clone(),
-            list_delay,
+        let p: Arc<dyn Provider> = Arc::new(Scripted {
+            name: "racing".into(),
+            fail_list: false,
+            fail_delete: false,
+            instances: vec![orphan("orphan")],
             deleted: d.clone(),
+            list_delay,
+            born_during_list: proxies.clone(),
         });
         Ok(p)
     })
@@ -374,7 +344,7 @@ async fn a_proxy_created_while_instances_are_listed_keeps_its_instance() {
     assert!(!report.aborted);
     // The true orphan goes; the instance of the Proxy that appeared during
     // the listing stays, although it is older than min-age.
-    assert_eq!(*deleted.lock().unwrap(), ["orphan"]);
+    assert_eq!(*deleted.lock().unwrap(), ["racing:orphan"]);
     assert_eq!(report.deleted, 1);
 }
 
