@@ -273,6 +273,7 @@ async fn managed_path(
 
     for _ in 0..MANAGED_STEPS {
         let now = Utc::now();
+        let mut recycle = None;
         let step = plan::next_managed_step(&ManagedInput {
             generation,
             has_finalizer,
@@ -420,14 +421,11 @@ async fn managed_path(
                     requested: false,
                 },
                 rs => {
-                    // The instance runs: its create no longer counts in flight.
-                    ctx.throttle.settle(&provider_name, &uid, false, now);
-                    let ending = Ending::Running {
+                    recycle = Some(rs);
+                    Ending::Running {
                         ip,
                         health: health_of(ctx, proxy),
-                    };
-                    let end = plan::end(ending, status, now, generation);
-                    return Ok(action(ctx, fleet::after_running(rs, status, end, now)));
+                    }
                 }
             },
             Step::Failed { class, message } => {
@@ -441,7 +439,13 @@ async fn managed_path(
         };
         let provisioning = matches!(ending, Ending::Created { .. } | Ending::Provisioning);
         ctx.throttle.settle(&provider_name, &uid, provisioning, now);
-        return finish(ctx, ending, status, now, generation);
+        let end = plan::end(ending, status, now, generation);
+        // A running instance's pass ends as the fleet's recycle step says.
+        let end = match recycle {
+            Some(rs) => fleet::after_running(rs, status, end, now),
+            None => end,
+        };
+        return Ok(action(ctx, end));
     }
     finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
 }

@@ -157,18 +157,31 @@ async fn setup(
         Ok(p)
     })
     .unwrap();
-    let gc = Gc::new(
+    let gc = gc_of(
         client,
         registry,
-        Settings {
-            interval: Duration::from_secs(3600),
-            min_age: Duration::from_secs(60),
-            max_deletes,
-            installation_id: "ours".into(),
-        },
-        metrics.gc.clone(),
+        Duration::from_secs(60),
+        max_deletes,
+        &metrics,
     );
     (gc, deleted, metrics)
+}
+
+/// A GC of installation `ours` over `registry`, sweeping only when asked.
+fn gc_of(
+    client: kube::Client,
+    registry: Registry,
+    min_age: Duration,
+    max_deletes: u32,
+    metrics: &Metrics,
+) -> Gc {
+    let settings = Settings {
+        interval: Duration::from_secs(3600),
+        min_age,
+        max_deletes,
+        installation_id: "ours".into(),
+    };
+    Gc::new(client, registry, settings, metrics.gc.clone())
 }
 
 fn now_seconds() -> f64 {
@@ -316,17 +329,7 @@ async fn racing_gc(
         Ok(p)
     })
     .unwrap();
-    let gc = Gc::new(
-        client,
-        registry,
-        Settings {
-            interval: Duration::from_secs(3600),
-            min_age,
-            max_deletes: 20,
-            installation_id: "ours".into(),
-        },
-        metrics.gc.clone(),
-    );
+    let gc = gc_of(client, registry, min_age, 20, &metrics);
     (gc, deleted, metrics)
 }
 
