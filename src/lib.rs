@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod discovery;
+pub mod events;
 pub mod fleet;
 pub mod gc;
 pub mod health;

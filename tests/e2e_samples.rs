@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::Value;
 use support::{eventually, free_port, phase, Ground, Operator};
@@ -30,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "egress-proxies-operator-system";
 const SA: &str = "egress-proxies-operator-controller-manager";
+const RESET: &str = "crawl.example.com/reset-circuit-breaker";
 
 /// The samples' providers file, with the gcp entry aimed at the stand-in
 /// and the kvm entry left to e2e_samples_kvm.rs.
@@ -401,6 +403,51 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         "the retired ProviderHealth deleted",
         Duration::from_secs(30),
         || async { ph.get_opt("retired").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+
+    // Resetting the circuit breaker twice under the shipped RBAC: the
+    // operator removes the annotation (a patch of the ProviderHealth) and
+    // records Event CircuitReset (a create, then a patch of its series).
+    for round in 1..=2 {
+        ph.patch(
+            "gcp-eu",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {RESET: round.to_string()}}}),
+            ),
+        )
+        .await
+        .unwrap();
+        eventually(
+            "the reset annotation removed",
+            Duration::from_secs(30),
+            || async {
+                let o = ph.get("gcp-eu").await.ok()?;
+                (!o.metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .contains_key(RESET))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    eventually(
+        "Event CircuitReset seen twice",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?.items;
+            list.into_iter().find(|e| {
+                e.reason.as_deref() == Some("CircuitReset")
+                    && e.regarding
+                        .as_ref()
+                        .is_some_and(|r| r.name.as_deref() == Some("gcp-eu"))
+                    && e.reporting_controller.as_deref() == Some("egress-proxies-operator")
+                    && e.series.as_ref().is_some_and(|s| s.count >= 2)
+            })
+        },
     )
     .await;
 

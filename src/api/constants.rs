@@ -17,6 +17,9 @@ pub const SPEC_HASH_ANNOTATION: &str = "crawl.example.com/spec-hash";
 /// Annotation that lets deletion drop the finalizer without cleanup;
 /// honoured only when its value is exactly `"true"`.
 pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+/// Annotation on a ProviderHealth that resets the provider's circuit
+/// breaker (any value); the operator removes it once it has acted.
+pub const RESET_CIRCUIT_BREAKER_ANNOTATION: &str = "crawl.example.com/reset-circuit-breaker";
 /// Label a Secret must carry before the operator reads cloud-init from it.
 pub const CLOUD_INIT_SECRET_LABEL: &str = "crawl.example.com/cloud-init";
 /// Standard ownership label on objects the operator creates.

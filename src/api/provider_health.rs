@@ -115,7 +115,8 @@ pub struct ProviderHealthStatus {
     /// The provider's type from the config: kubernetes, gcp or kvm.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub type_: Option<String>,
-    /// Holds `Ready`: True when every target passed the last check.
+    /// Holds `Ready` (True when every target passed the last check) and
+    /// `Replacing` (False while the provider's circuit breaker is open).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -172,4 +173,13 @@ pub mod conditions {
     pub const REASON_CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";
     /// Ready=Unknown: the check found nothing to check.
     pub const REASON_NO_TARGETS: &str = "NoTargets";
+    /// Whether the operator replaces and recycles the provider's proxies:
+    /// False while its circuit breaker is open.
+    pub const REPLACING: &str = "Replacing";
+    /// Replacing=True: the breaker is closed; also the Event when it closes.
+    pub const REASON_CIRCUIT_CLOSED: &str = "CircuitClosed";
+    /// Replacing=False: the breaker is open; also the Event when it opens.
+    pub const REASON_CIRCUIT_OPEN: &str = "CircuitOpen";
+    /// The Event when an operator reset the breaker with the annotation.
+    pub const REASON_CIRCUIT_RESET: &str = "CircuitReset";
 }

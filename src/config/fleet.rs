@@ -1,8 +1,14 @@
-//! Fleet policy keys of a provider entry: `maxUnavailable`.
+//! Fleet policy keys of a provider entry: `maxUnavailable` and
+//! `circuitBreaker`.
 
 use serde_norway::Value;
 
-use crate::fleet::MaxUnavailable;
+use super::validate::describe;
+use crate::fleet::breaker::{DEFAULT_MIN_FLEET, DEFAULT_THRESHOLD_PERCENT, DEFAULT_WINDOW};
+use crate::fleet::{parse_duration, BreakerPolicy, MaxUnavailable};
+
+/// The largest `circuitBreaker.minReadyProxies` accepted.
+pub const MAX_MIN_READY_PROXIES: u32 = 100_000;
 
 /// `maxUnavailable`: a count (`2`) or a percent (`"25%"`); default 1.
 pub(super) fn max_unavailable(v: Option<Value>) -> Result<MaxUnavailable, String> {
@@ -19,61 +25,93 @@ pub(super) fn max_unavailable(v: Option<Value>) -> Result<MaxUnavailable, String
     MaxUnavailable::parse(&text).map_err(|why| format!("maxUnavailable {why}"))
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::config::ProvidersConfig;
-    use crate::fleet::MaxUnavailable;
-
-    #[test]
-    fn max_unavailable_key_table() {
-        struct Case {
-            name: &'static str,
-            value: &'static str,
-            want: Result<MaxUnavailable, &'static str>,
+/// `circuitBreaker: {threshold, window, minReadyProxies}`; absent keys
+/// (or the whole block absent) take the defaults.
+pub(super) fn circuit_breaker(v: Option<Value>) -> Result<BreakerPolicy, String> {
+    let map = match v {
+        None | Some(Value::Null) => return Ok(BreakerPolicy::default()),
+        Some(Value::Mapping(m)) => m,
+        Some(other) => {
+            return Err(format!(
+            "circuitBreaker must be a mapping with threshold, window and minReadyProxies (got {})",
+            describe(&other)
+        ))
         }
-        let cases = [
-            Case {
-                name: "absent: 1",
-                value: "",
-                want: Ok(MaxUnavailable::Count(1)),
-            },
-            Case {
-                name: "a count",
-                value: "maxUnavailable: 3",
-                want: Ok(MaxUnavailable::Count(3)),
-            },
-            Case {
-                name: "a quoted percent",
-                value: "maxUnavailable: \"20%\"",
-                want: Ok(MaxUnavailable::Percent(20)),
-            },
-            Case {
-                name: "a negative count names the key",
-                value: "maxUnavailable: -2",
-                want: Err("providers[0] \"k\": maxUnavailable \"-2\" must be a count such as 2 or a percent such as 25%"),
-            },
-            Case {
-                name: "a fraction names the key",
-                value: "maxUnavailable: 1.5",
-                want: Err("providers[0] \"k\": maxUnavailable \"1.5\" must be a count such as 2 or a percent such as 25%"),
-            },
-            Case {
-                name: "a list names the key",
-                value: "maxUnavailable: [1]",
-                want: Err("providers[0] \"k\": maxUnavailable must be a count such as 2 or a percent such as \"25%\""),
-            },
-            Case {
-                name: "over 100% names the key",
-                value: "maxUnavailable: 101%",
-                want: Err("providers[0] \"k\": maxUnavailable \"101%\" is more than 100%"),
-            },
-        ];
-        for c in cases {
-            let doc = format!("providers:\n- name: k\n  type: kubernetes\n  {}\n", c.value);
-            let got = ProvidersConfig::from_slice(doc.as_bytes())
-                .map(|cfg| cfg.providers[0].max_unavailable)
-                .map_err(|e| e.to_string());
-            assert_eq!(got, c.want.map_err(String::from), "{}", c.name);
+    };
+    let mut policy = BreakerPolicy::default();
+    for (k, v) in map {
+        let key = k.as_str().unwrap_or_default();
+        match key {
+            "threshold" => policy.threshold_percent = threshold(v)?,
+            "window" => policy.window = window(v)?,
+            "minReadyProxies" => policy.min_fleet = min_ready(v)?,
+            _ => {
+                return Err(format!(
+                    "circuitBreaker: unknown field {:?}, expected one of threshold, window, minReadyProxies",
+                    k.as_str().map_or_else(|| format!("{k:?}"), str::to_string)
+                ))
+            }
         }
     }
+    Ok(policy)
 }
+
+/// `"50%"`: the share of lost proxies above which it opens, 0% to 100%
+/// (100% never opens).
+fn threshold(v: Value) -> Result<u32, String> {
+    let bad = |got: &str| {
+        format!(
+            "circuitBreaker.threshold must be a percent from 0% to 100% such as \"{DEFAULT_THRESHOLD_PERCENT}%\" (got {got})"
+        )
+    };
+    let text = match v {
+        Value::Null => return Ok(DEFAULT_THRESHOLD_PERCENT),
+        Value::String(s) => s,
+        other => return Err(bad(describe(&other))),
+    };
+    let n = text
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .ok_or_else(|| bad(&format!("{text:?}")))?;
+    if n > 100 {
+        return Err(format!(
+            "circuitBreaker.threshold {text:?} is more than 100%"
+        ));
+    }
+    Ok(n)
+}
+
+/// `5m`: how far back Ready sightings and losses count.
+fn window(v: Value) -> Result<std::time::Duration, String> {
+    let bad = |got: &str| {
+        format!("circuitBreaker.window must be a duration such as 5m or 90s (got {got})")
+    };
+    match v {
+        Value::Null => Ok(DEFAULT_WINDOW),
+        Value::String(s) => parse_duration("window", &s).map_err(|_| bad(&format!("{s:?}"))),
+        other => Err(bad(describe(&other))),
+    }
+}
+
+/// `3`: fewest proxies Ready within the window for it to open.
+fn min_ready(v: Value) -> Result<usize, String> {
+    let bad = |got: &str| {
+        format!(
+            "circuitBreaker.minReadyProxies must be a whole number from 1 to {MAX_MIN_READY_PROXIES} (got {got})"
+        )
+    };
+    let n = match v {
+        Value::Null => return Ok(DEFAULT_MIN_FLEET),
+        Value::Number(n) => n,
+        other => return Err(bad(describe(&other))),
+    };
+    n.as_u64()
+        .filter(|i| (1..=u64::from(MAX_MIN_READY_PROXIES)).contains(i))
+        .and_then(|i| usize::try_from(i).ok())
+        .ok_or_else(|| bad(&n.to_string()))
+}
+
+#[cfg(test)]
+#[path = "fleet_tests.rs"]
+mod tests;

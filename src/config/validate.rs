@@ -38,6 +38,8 @@ struct RawEntry {
     max_creates_in_flight: Option<Value>,
     #[serde(default, rename = "maxUnavailable")]
     max_unavailable: Option<Value>,
+    #[serde(default, rename = "circuitBreaker")]
+    circuit_breaker: Option<Value>,
 }
 
 pub(super) fn parse(bytes: &[u8]) -> Result<ProvidersConfig, ConfigError> {
@@ -198,12 +200,14 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
     };
     let limits = super::CreateLimits::parse(raw.creates_per_minute, raw.max_creates_in_flight)?;
     let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
+    let circuit_breaker = super::fleet::circuit_breaker(raw.circuit_breaker)?;
     Ok(ProviderConfig {
         name,
         provider_type,
         settings,
         limits,
         max_unavailable,
+        circuit_breaker,
     })
 }
 

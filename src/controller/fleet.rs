@@ -11,11 +11,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
+use tokio::sync::watch;
 
 use super::plan::{End, RUNNING_RESYNC};
 use crate::api::condition::{self, Condition};
 use crate::api::proxy::conditions::{PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRAINING, RECYCLING};
 use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
+use crate::fleet::breaker::Report;
 use crate::fleet::{
     recycle_step, summarize, BreakerPolicy, DrainInput, FleetState, MaxUnavailable, RecyclePolicy,
     RecycleStep, Transition,
@@ -28,12 +30,28 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 const PENDING_FOR: Duration = Duration::from_secs(60);
 /// When a Proxy held by the open breaker looks again.
 pub const CIRCUIT_RETRY: Duration = Duration::from_secs(30);
+/// Transitions kept for the ProviderHealth writer at most; without a
+/// writer (provider checks off) nobody takes them, and the oldest go.
+const KEEP_TRANSITIONS: usize = 64;
+
+/// A breaker transition of one provider, and when it was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// The provider's configured name.
+    pub provider: String,
+    /// What changed.
+    pub transition: Transition,
+    /// When.
+    pub at: DateTime<Utc>,
+}
 
 /// The fleet view every reconcile consults.
 pub struct Fleet {
     cache: Option<Store<Proxy>>,
     max_lease_ttl: Duration,
     inner: Mutex<Inner>,
+    /// Counts transitions, so the ProviderHealth writer wakes on each.
+    changed: watch::Sender<u64>,
 }
 
 struct Inner {
@@ -41,8 +59,8 @@ struct Inner {
     refreshed: Option<DateTime<Utc>>,
     /// Drains started by this process, by key, not yet seen in the cache.
     pending: HashMap<String, DateTime<Utc>>,
-    /// The last transitions, for the provider health writer and metrics.
-    transitions: Vec<(String, Transition, DateTime<Utc>)>,
+    /// Transitions not yet taken by the ProviderHealth writer.
+    transitions: Vec<Seen>,
 }
 
 impl Fleet {
@@ -62,7 +80,43 @@ impl Fleet {
                 pending: HashMap::new(),
                 transitions: Vec::new(),
             }),
+            changed: watch::channel(0).0,
         }
+    }
+
+    /// Each provider's breaker policy (`circuitBreaker` in its entry).
+    pub fn with_breaker_policies(mut self, policies: BTreeMap<String, BreakerPolicy>) -> Self {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        inner.state = std::mem::take(&mut inner.state).with_breaker_policies(policies);
+        self
+    }
+
+    /// Ticks once per breaker transition (see [`Fleet::take_transitions`]).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The transitions since the last call, oldest first.
+    pub fn take_transitions(&self) -> Vec<Seen> {
+        std::mem::take(&mut self.lock().transitions)
+    }
+
+    /// `provider`'s breaker as of the last refresh.
+    pub fn report(&self, provider: &str) -> Report {
+        self.lock().state.report(provider)
+    }
+
+    fn record(&self, inner: &mut Inner, provider: &str, transition: Transition, at: DateTime<Utc>) {
+        log_transition(provider, transition);
+        if inner.transitions.len() >= KEEP_TRANSITIONS {
+            inner.transitions.remove(0);
+        }
+        inner.transitions.push(Seen {
+            provider: provider.to_string(),
+            transition,
+            at,
+        });
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -102,8 +156,7 @@ impl Fleet {
             }
         }
         for (provider, t) in inner.state.refresh(now, &summaries) {
-            log_transition(&provider, t);
-            inner.transitions.push((provider, t, now));
+            self.record(inner, &provider, t, now);
         }
     }
 
@@ -114,13 +167,13 @@ impl Fleet {
         inner.state.breaker_open(provider)
     }
 
-    /// An operator's reset of `provider`'s breaker.
+    /// An operator's reset of `provider`'s breaker: losses so far are
+    /// forgotten. Recorded as a [`Transition::Reset`] whether or not it
+    /// was open, so the reset is reported either way.
     pub fn reset(&self, provider: &str, now: DateTime<Utc>) {
         let mut inner = self.lock();
-        if let Some(t) = inner.state.reset(provider) {
-            log_transition(provider, t);
-            inner.transitions.push((provider.to_string(), t, now));
-        }
+        inner.state.reset(provider);
+        self.record(&mut inner, provider, Transition::Reset, now);
     }
 
     /// Every configured provider and whether its breaker is open.

@@ -79,6 +79,31 @@ pub enum Transition {
     Reset,
 }
 
+/// What a breaker says about itself, for the ProviderHealth status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// When it opened, while open.
+    pub open_since: Option<DateTime<Utc>>,
+    /// Proxies lost within the window (or since it opened).
+    pub lost: usize,
+    /// Proxies Ready within the window.
+    pub seen: usize,
+    /// The policy it trips by.
+    pub policy: BreakerPolicy,
+}
+
+impl Report {
+    /// A closed breaker of `policy` that has seen nothing.
+    pub fn closed(policy: BreakerPolicy) -> Self {
+        Report {
+            open_since: None,
+            lost: 0,
+            seen: 0,
+            policy,
+        }
+    }
+}
+
 /// Per-proxy memory: last seen Ready, and when it was lost since.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Track {
@@ -112,6 +137,17 @@ impl Breaker {
     /// When it opened, while open.
     pub fn opened_at(&self) -> Option<DateTime<Utc>> {
         self.opened_at
+    }
+
+    /// Its state and share now.
+    pub fn report(&self) -> Report {
+        let (lost, seen) = self.share();
+        Report {
+            open_since: self.opened_at,
+            lost,
+            seen,
+            policy: self.policy,
+        }
     }
 
     /// (lost, seen): proxies lost within the window (or since it opened),

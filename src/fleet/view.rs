@@ -80,6 +80,7 @@ struct ProviderFleet {
 #[derive(Clone, Debug, Default)]
 pub struct FleetState {
     policy: BreakerPolicy,
+    policies: BTreeMap<String, BreakerPolicy>,
     budgets: BTreeMap<String, MaxUnavailable>,
     providers: BTreeMap<String, ProviderFleet>,
 }
@@ -89,9 +90,29 @@ impl FleetState {
     pub fn new(policy: BreakerPolicy, budgets: BTreeMap<String, MaxUnavailable>) -> Self {
         FleetState {
             policy,
+            policies: BTreeMap::new(),
             budgets,
             providers: BTreeMap::new(),
         }
+    }
+
+    /// Each provider's own breaker policy (absent ones get the one given
+    /// to [`FleetState::new`]).
+    pub fn with_breaker_policies(mut self, policies: BTreeMap<String, BreakerPolicy>) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    fn policy_of(&self, provider: &str) -> BreakerPolicy {
+        self.policies.get(provider).copied().unwrap_or(self.policy)
+    }
+
+    /// `provider`'s breaker: open or not, since when, and its share.
+    pub fn report(&self, provider: &str) -> super::breaker::Report {
+        self.providers.get(provider).map_or_else(
+            || super::breaker::Report::closed(self.policy_of(provider)),
+            |f| f.breaker.report(),
+        )
     }
 
     /// Folds in every Managed Proxy at `now`; returns the breaker
@@ -106,7 +127,7 @@ impl FleetState {
         }
         let mut transitions = Vec::new();
         for (name, proxies) in by_provider {
-            let policy = self.policy;
+            let policy = self.policy_of(name);
             let fleet = self
                 .providers
                 .entry(name.to_string())

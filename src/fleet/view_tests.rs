@@ -253,3 +253,70 @@ fn summarize_reads_age_and_health_from_the_conditions() {
         "External Proxies are not recycled"
     );
 }
+
+#[test]
+fn each_provider_trips_by_its_own_policy_and_reports_it() {
+    struct Case {
+        name: &'static str,
+        /// Of five Ready proxies, how many turn not Ready.
+        lost: usize,
+        policy: Option<BreakerPolicy>,
+        want: super::super::breaker::Report,
+    }
+    let strict = BreakerPolicy {
+        threshold_percent: 20,
+        window: Duration::from_secs(60),
+        min_fleet: 2,
+    };
+    let report = |open_since: Option<i64>, lost, policy| super::super::breaker::Report {
+        open_since: open_since.map(at),
+        lost,
+        seen: 5,
+        policy,
+    };
+    let cases = [
+        Case {
+            name: "the default: 2 of 5 is not more than 50%",
+            lost: 2,
+            policy: None,
+            want: report(None, 2, BreakerPolicy::default()),
+        },
+        Case {
+            name: "the provider's 20%: 2 of 5 opens it",
+            lost: 2,
+            policy: Some(strict),
+            want: report(Some(10), 2, strict),
+        },
+        Case {
+            name: "the provider's 20%: 1 of 5 is not more",
+            lost: 1,
+            policy: Some(strict),
+            want: report(None, 1, strict),
+        },
+    ];
+    for c in cases {
+        let f = FleetState::new(BreakerPolicy::default(), BTreeMap::new());
+        let mut f = match c.policy {
+            Some(p) => f.with_breaker_policies(BTreeMap::from([("k".to_string(), p)])),
+            None => f,
+        };
+        let fleet = |bad: usize| {
+            (0..5)
+                .map(|i| s(i, i >= bad, false, None))
+                .collect::<Vec<_>>()
+        };
+        f.refresh(at(0), &fleet(0));
+        f.refresh(at(10), &fleet(c.lost));
+        assert_eq!(f.report("k"), c.want, "{}", c.name);
+        assert_eq!(
+            f.breaker_open("k"),
+            c.want.open_since.is_some(),
+            "{}",
+            c.name
+        );
+    }
+    // A provider not seen yet reports closed under its own policy.
+    let f = FleetState::new(BreakerPolicy::default(), BTreeMap::new())
+        .with_breaker_policies(BTreeMap::from([("k".to_string(), strict)]));
+    assert_eq!(f.report("k"), super::super::breaker::Report::closed(strict));
+}

@@ -304,26 +304,26 @@ impl Operator {
         );
         let gc_stop = stop.clone().cancelled_owned();
         tasks.spawn(async move { gc.run(gc_stop).await });
-        let fleet = Arc::new(controller::fleet::Fleet::new(
-            Some(proxy_cache.clone()),
-            s.providers
-                .providers
-                .iter()
-                .map(|p| (p.name.clone(), p.max_unavailable))
-                .collect(),
-            s.leases.max_ttl,
-        ));
+        let entries = &s.providers.providers;
+        let fleet = Arc::new(
+            controller::fleet::Fleet::new(
+                Some(proxy_cache.clone()),
+                entries
+                    .iter()
+                    .map(|p| (p.name.clone(), p.max_unavailable))
+                    .collect(),
+                s.leases.max_ttl,
+            )
+            .with_breaker_policies(
+                entries
+                    .iter()
+                    .map(|p| (p.name.clone(), p.circuit_breaker))
+                    .collect(),
+            ),
+        );
         let states = fleet.clone();
         self.metrics.circuit.set_states(move || states.states());
-        runnables::spawn_provider_health(
-            tasks,
-            s.provider_checks,
-            &self.client,
-            &self.providers,
-            &self.metrics,
-            &installation_id,
-            stop,
-        );
+        runnables::spawn_provider_health(tasks, self, &installation_id, fleet.clone(), stop);
         let (engine, health_events) = runnables::spawn_health_engine(
             tasks,
             &s.health,

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kube::runtime::reflector::Store;
-use kube::Client;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -16,10 +15,10 @@ use tracing::{error, info};
 use super::metrics::Metrics;
 use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::{Proxy, ProxyPhase};
+use crate::controller::fleet::Fleet;
 use crate::discovery;
 use crate::health;
 use crate::lease::LeaseStore;
-use crate::provider::registry::Registry;
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
@@ -103,19 +102,24 @@ pub fn spawn_health_engine(
     (engine, events)
 }
 
-/// The provider health monitor and the ProviderHealth writer (leader-only),
-/// after removing objects of unconfigured providers (all of them when
-/// checks are off). The removal runs in the spawned task, so starting a
-/// term of leadership never waits on the API server.
+/// The provider health monitor and the ProviderHealth writer of `op`
+/// (leader-only, reporting `fleet`'s circuit breakers), after removing
+/// objects of unconfigured providers (all of them when checks are off).
+/// The removal runs in the spawned task, so starting a term of leadership
+/// never waits on the API server.
 pub fn spawn_provider_health(
     tasks: &mut JoinSet<()>,
-    checks: Option<ProviderChecks>,
-    client: &Client,
-    providers: &Registry,
-    metrics: &Metrics,
+    op: &super::Operator,
     installation: &str,
+    fleet: Arc<Fleet>,
     stop: &CancellationToken,
 ) {
+    let (checks, client, providers, metrics) = (
+        op.settings.provider_checks,
+        &op.client,
+        &op.providers,
+        &op.metrics,
+    );
     let names: BTreeSet<String> = providers
         .checkers()
         .iter()
@@ -158,7 +162,8 @@ pub fn spawn_provider_health(
         names.clone(),
         &installation_id,
         Some(metrics.reconcile.clone()),
-    );
+    )
+    .with_breakers(fleet);
     let rounds = monitor.subscribe();
     let stop = stop.clone();
     tasks.spawn(async move {

@@ -4,6 +4,7 @@
 //! logs transitions, and tells the ProviderHealth controller ([`writer`])
 //! that a new round is in.
 
+pub mod circuit;
 pub mod metrics;
 pub mod status;
 pub mod writer;

@@ -15,23 +15,29 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::Utc;
 use futures::StreamExt;
 
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use super::circuit;
 use super::status::build_status;
 use super::Snapshot;
-use crate::api::constants::{INSTALLATION_MARK, MANAGED_BY_LABEL, OPERATOR_NAME};
+use crate::api::constants::{
+    INSTALLATION_MARK, MANAGED_BY_LABEL, OPERATOR_NAME, RESET_CIRCUIT_BREAKER_ANNOTATION,
+};
 use crate::api::ProviderHealth;
+use crate::controller::fleet::Fleet;
 use crate::controller::metrics::ReconcileMetrics;
 use crate::controller::status_patch::merge_diff;
+use crate::events::Events;
 use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.
@@ -72,6 +78,9 @@ pub enum Error {
     /// Patching the status failed.
     #[error("patching ProviderHealth {0} status: {msg}", msg = plain_message(.1))]
     Patch(String, #[source] kube::Error),
+    /// Removing the reset annotation failed (the breaker was not reset).
+    #[error("removing the {RESET_CIRCUIT_BREAKER_ANNOTATION} annotation from ProviderHealth {0}: {msg}", msg = plain_message(.1))]
+    Unannotate(String, #[source] kube::Error),
 }
 
 /// What the writer's reconciles share.
@@ -81,6 +90,8 @@ pub struct Writer {
     configured: BTreeSet<String>,
     installation: String,
     metrics: Option<ReconcileMetrics>,
+    breakers: Option<Arc<Fleet>>,
+    events: Events,
 }
 
 impl Writer {
@@ -93,12 +104,22 @@ impl Writer {
         metrics: Option<ReconcileMetrics>,
     ) -> Self {
         Writer {
+            events: Events::new(client.clone()),
             client,
             snapshot,
             configured,
             installation: installation.to_string(),
             metrics,
+            breakers: None,
         }
+    }
+
+    /// Reports the circuit breakers of `fleet` (the leader's fleet view):
+    /// the `Replacing` condition, an Event per transition, and the reset
+    /// annotation.
+    pub fn with_breakers(mut self, fleet: Arc<Fleet>) -> Self {
+        self.breakers = Some(fleet);
+        self
     }
 
     /// Creates the object if missing and patches its status from the latest
@@ -147,7 +168,11 @@ impl Writer {
             info!(provider = %name, "Replacing a ProviderHealth written without an installation label");
             return Box::pin(self.publish(name)).await;
         }
-        let new = build_status(current.status.as_ref(), &result);
+        let mut new = build_status(current.status.as_ref(), &result);
+        if let Some(fleet) = &self.breakers {
+            new.conditions =
+                circuit::with_replacing(new.conditions, &fleet.report(name), Utc::now());
+        }
         if current.status.as_ref() == Some(&new) {
             return Ok(());
         }
@@ -183,6 +208,68 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// The annotation on `obj` asks for a reset: the annotation is removed
+    /// first (so one annotation resets once, even across a restart), then
+    /// the breaker is reset; the fleet view reports the reset as a
+    /// transition (Event `CircuitReset`).
+    async fn reset_if_asked(&self, obj: &ProviderHealth) -> Result<(), Error> {
+        let (Some(fleet), Some(value)) = (
+            &self.breakers,
+            obj.annotations().get(RESET_CIRCUIT_BREAKER_ANNOTATION),
+        ) else {
+            return Ok(());
+        };
+        let name = obj.name_any();
+        let api: Api<ProviderHealth> = Api::all(self.client.clone());
+        let unannotate =
+            json!({"metadata": {"annotations": {RESET_CIRCUIT_BREAKER_ANNOTATION: null}}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(unannotate))
+            .await
+            .map_err(|e| Error::Unannotate(name.clone(), e))?;
+        info!(provider = %name, annotation = RESET_CIRCUIT_BREAKER_ANNOTATION, %value, "Resetting the circuit breaker as the annotation asks");
+        fleet.reset(&name, Utc::now());
+        Ok(())
+    }
+
+    /// Writes the status and records an Event for every breaker
+    /// transition the fleet view has seen since the last call.
+    async fn report_transitions(&self) {
+        let Some(fleet) = &self.breakers else {
+            return;
+        };
+        let api: Api<ProviderHealth> = Api::all(self.client.clone());
+        for seen in fleet.take_transitions() {
+            let name = seen.provider.as_str();
+            if !self.configured.contains(name) {
+                continue;
+            }
+            let note = circuit::transition_note(name, seen.transition, &fleet.report(name));
+            let span = info_span!("providerhealth.circuit", provider = %name, reason = note.reason);
+            async {
+                let _ = self.publish_counted(name).await;
+                match api.get_opt(name).await {
+                    Ok(Some(obj)) => self.events.record(&obj.object_ref(&()), note).await,
+                    Ok(None) => debug!("No ProviderHealth yet to record the Event on"),
+                    Err(e) => warn!(error = %plain_message(&e), "Reading ProviderHealth to record an Event"),
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+    }
+}
+
+/// Resolves when `rx` sees a change; never when there is none to watch.
+async fn changed(rx: &mut Option<watch::Receiver<u64>>) {
+    if let Some(rx) = rx {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// The object `publish` creates for provider `name`: labelled, no status.
 pub fn new_object(name: &str, installation: &str) -> ProviderHealth {
     let mut obj = ProviderHealth::new(name);
@@ -197,6 +284,7 @@ pub fn new_object(name: &str, installation: &str) -> ProviderHealth {
 }
 
 async fn reconcile(obj: Arc<ProviderHealth>, w: Arc<Writer>) -> Result<Action, Error> {
+    w.reset_if_asked(&obj).await?;
     w.publish_counted(&obj.name_any()).await?;
     Ok(Action::await_change())
 }
@@ -215,14 +303,24 @@ pub async fn run(
     let wc = watcher::Config::default().labels(&own_selector(&writer.installation));
     let writer = Arc::new(writer);
     // Each finished round writes every configured object (creating missing
-    // ones); the controller below restores objects changed in between.
+    // ones); the controller below restores objects changed in between. A
+    // breaker transition is written (and its Event recorded) at once.
     let per_round = {
         let w = writer.clone();
         let mut rx = rounds;
+        let mut breakers = w.breakers.as_ref().map(|f| f.subscribe());
         async move {
-            while rx.changed().await.is_ok() {
-                for name in &w.configured {
-                    let _ = w.publish_counted(name).await;
+            loop {
+                tokio::select! {
+                    round = rx.changed() => {
+                        if round.is_err() {
+                            break;
+                        }
+                        for name in &w.configured {
+                            let _ = w.publish_counted(name).await;
+                        }
+                    }
+                    () = changed(&mut breakers) => w.report_transitions().await,
                 }
             }
         }
