@@ -5,7 +5,8 @@
 //! only gathers their inputs and writes what they say into the status.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -157,6 +158,25 @@ impl Fleet {
         }
         for (provider, t) in inner.state.refresh(now, &summaries) {
             self.record(inner, &provider, t, now);
+        }
+    }
+
+    /// Refreshes the view every [`REFRESH_EVERY`] until `stop`, so the
+    /// breaker sees every Proxy's latest status even when no reconcile
+    /// asks after it (a pass reads the cache before its own status write,
+    /// and the passes after a write may all fall within one second).
+    pub async fn keep_fresh(self: Arc<Self>, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut ticks = tokio::time::interval(REFRESH_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = ticks.tick() => {
+                    let mut inner = self.lock();
+                    self.refresh(&mut inner, Utc::now());
+                }
+            }
         }
     }
 

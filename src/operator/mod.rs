@@ -321,6 +321,8 @@ impl Operator {
                     .collect(),
             ),
         );
+        let fresh = fleet.clone().keep_fresh(stop.clone().cancelled_owned());
+        tasks.spawn(fresh);
         let states = fleet.clone();
         self.metrics.circuit.set_states(move || states.states());
         runnables::spawn_provider_health(tasks, self, &installation_id, fleet.clone(), stop);

@@ -36,7 +36,7 @@ const METRICS_KUBE: &str = "metrics-kube";
 #[cfg(feature = "kvm")]
 const KVM_KUBE: &str = "kvm-kube";
 
-static PH_LOCK: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+pub(crate) static PH_LOCK: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// A providers file with one kubernetes provider named `name`.
 fn kube_only(name: &str) -> String {

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod e2e_breaker;
 mod e2e_crash;
 mod e2e_gc_health;
 mod e2e_health;
