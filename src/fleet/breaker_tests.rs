@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn at(secs: i64) -> DateTime<Utc> {
@@ -179,6 +181,40 @@ fn breaker_table() {
                     Some(Transition::Closed),
                     false,
                 ),
+            ],
+        },
+        Case {
+            name: "a configured shorter window: losses a minute apart never add up",
+            policy: BreakerPolicy {
+                window: Duration::from_secs(30),
+                ..BreakerPolicy::default()
+            },
+            steps: vec![
+                step(0, fleet(10, 0), None, false),
+                step(10, fleet(10, 4), None, false),
+                step(70, fleet(10, 7), None, false),
+            ],
+        },
+        Case {
+            name: "a configured minReadyProxies of 5: 3 of 4 failing is an ordinary replace",
+            policy: BreakerPolicy {
+                min_fleet: 5,
+                ..BreakerPolicy::default()
+            },
+            steps: vec![
+                step(0, fleet(4, 0), None, false),
+                step(10, fleet(4, 3), None, false),
+            ],
+        },
+        Case {
+            name: "a configured 100% never opens, even with all lost",
+            policy: BreakerPolicy {
+                threshold_percent: 100,
+                ..BreakerPolicy::default()
+            },
+            steps: vec![
+                step(0, fleet(10, 0), None, false),
+                step(10, fleet(10, 10), None, false),
             ],
         },
         Case {
