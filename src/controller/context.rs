@@ -25,6 +25,8 @@ pub struct Context {
     /// watch; cloud-init is read from here, never with `get`.
     pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
+    /// Creates held after a quota refusal, by Proxy UID.
+    quota_holds: Mutex<HashMap<String, plan::quota::QuotaHold>>,
     /// Reconcile count, error and duration series, when exported.
     pub metrics: Option<super::metrics::ReconcileMetrics>,
     /// Where the jitter of every requeue comes from.
@@ -52,6 +54,7 @@ impl Context {
             health,
             secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
+            quota_holds: Mutex::new(HashMap::new()),
             metrics: None,
             random: Arc::new(plan::SystemRandom),
             throttle: Arc::default(),
@@ -103,5 +106,29 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
+    }
+
+    /// Holds the creates of the Proxy `uid` as `hold` says.
+    pub(super) fn hold_creates(&self, uid: &str, hold: plan::quota::QuotaHold) {
+        self.quota_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.to_string(), hold);
+    }
+
+    /// How much longer the create of the Proxy `uid` at `generation` is
+    /// held ([`plan::quota::waiting`]); a hold that no longer holds goes.
+    pub(super) fn create_wait(
+        &self,
+        uid: &str,
+        generation: Option<i64>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<Duration> {
+        let mut holds = self.quota_holds.lock().unwrap_or_else(|p| p.into_inner());
+        let wait = plan::quota::waiting(holds.get(uid).copied(), generation, now);
+        if wait.is_none() {
+            holds.remove(uid);
+        }
+        wait
     }
 }

@@ -20,8 +20,8 @@ use crate::api::proxy::conditions::{PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRA
 use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
 use crate::fleet::breaker::Report;
 use crate::fleet::{
-    recycle_step, summarize, BreakerPolicy, DrainInput, FleetState, MaxUnavailable, RecyclePolicy,
-    RecycleStep, Transition,
+    recycle_step, summarize, unseen_leases_end, BreakerPolicy, DrainInput, FleetState,
+    MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
 };
 
 /// How often the view is rebuilt from the cache at most.
@@ -236,14 +236,11 @@ impl Fleet {
         let mut inner = self.lock();
         self.refresh(&mut inner, now);
         let admitted = inner.state.admitted(&provider, &key) && !inner.pending.contains_key(&key);
-        let ttl = chrono::Duration::from_std(self.max_lease_ttl).unwrap_or(chrono::Duration::MAX);
         let drain = DrainInput {
             draining_since: status.draining_since,
             // Leases live in every replica's memory: the bound is the
-            // longest TTL, as a draining proxy's leases are not renewed.
-            leases_end: status
-                .draining_since
-                .and_then(|t| t.checked_add_signed(ttl)),
+            // longest TTL from when the replicas saw the drain.
+            leases_end: unseen_leases_end(status.draining_since, self.max_lease_ttl),
             timeout: policy.drain_timeout,
             now,
         };

@@ -136,7 +136,11 @@ fn health_of(ctx: &Context, proxy: &Proxy) -> Health {
 
 /// The controller's action for `end`, its delay jittered.
 fn action(ctx: &Context, end: End) -> Action {
-    match plan::jittered(end, ctx.random.unit()) {
+    controller_action(plan::jittered(end, ctx.random.unit()))
+}
+
+fn controller_action(end: End) -> Action {
+    match end {
         End::AwaitChange => Action::await_change(),
         End::RequeueAfter(d) => Action::requeue(d),
     }
@@ -168,9 +172,15 @@ fn fail(
         message: &message,
     };
     let health = health_of(ctx, proxy);
-    plan::managed_failure(&failure, &health, status, now, proxy.metadata.generation)
-        .map(|end| action(ctx, end))
-        .map_err(|Backoff| err.into())
+    let generation = proxy.metadata.generation;
+    let end = match plan::managed_failure(&failure, &health, status, now, generation) {
+        Ok(end) => plan::jittered(end, ctx.random.unit()),
+        Err(Backoff) => return Err(err.into()),
+    };
+    if let Some(hold) = plan::quota::hold_after(&failure, generation, end, now) {
+        ctx.hold_creates(&proxy.uid().unwrap_or_default(), hold);
+    }
+    Ok(controller_action(end))
 }
 
 /// Ends a deletion pass after `err`, or hands it to the controller's backoff.
@@ -336,6 +346,11 @@ async fn managed_path(
                     return finish(ctx, Ending::NoPort, status, now, generation);
                 };
                 let provider = p()?;
+                // Refused for quota: not again before the quota retry,
+                // whatever started this pass.
+                if let Some(wait) = ctx.create_wait(&uid, generation, now) {
+                    return Ok(Action::requeue(wait));
+                }
                 if let Some(held) =
                     admit_or_hold(ctx, &provider_name, &uid, status, now, generation)
                 {

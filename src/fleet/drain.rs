@@ -40,13 +40,35 @@ pub struct DrainInput {
     pub draining_since: Option<DateTime<Utc>>,
     /// The latest time a lease held on the proxy can run to; `None` when
     /// none is held. Where the holders are not known (leases live in every
-    /// replica's memory), it is the drain start plus the longest lease TTL,
-    /// since a draining proxy's leases are not renewed.
+    /// replica's memory), it is [`unseen_leases_end`]: a draining proxy's
+    /// leases are not renewed once the replicas see the drain.
     pub leases_end: Option<DateTime<Utc>>,
     /// `spec.recycle.drainTimeout`.
     pub timeout: Duration,
     /// Now.
     pub now: DateTime<Utc>,
+}
+
+/// How long after a drain begins a replica's discovery API may still grant
+/// or renew a lease on the proxy: `drainingSince` reaches each replica's
+/// Proxy cache only once the status write has landed and its watch has
+/// delivered it.
+pub const DRAIN_NOTICE: Duration = Duration::from_secs(5);
+
+/// The latest end of a lease on a proxy draining since `since` when its
+/// holders are unknown (leases live in every replica's memory): a lease
+/// granted or renewed before the replicas noticed the drain runs at most
+/// `longest_ttl` from then, and none is renewed after.
+pub fn unseen_leases_end(
+    since: Option<DateTime<Utc>>,
+    longest_ttl: Duration,
+) -> Option<DateTime<Utc>> {
+    let reach = chrono::Duration::from_std(longest_ttl.saturating_add(DRAIN_NOTICE))
+        .unwrap_or(chrono::Duration::MAX);
+    since.map(|t| {
+        t.checked_add_signed(reach)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    })
 }
 
 /// The next step of a drain.

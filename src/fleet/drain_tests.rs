@@ -82,3 +82,39 @@ fn drain_table() {
         assert_eq!(next_drain_step(&input), c.want, "{}", c.name);
     }
 }
+
+#[test]
+fn unseen_leases_end_table() {
+    struct Case {
+        name: &'static str,
+        since: Option<i64>,
+        longest_ttl: u64,
+        want: Option<i64>,
+    }
+    let cases = [
+        Case {
+            name: "not draining: no bound",
+            since: None,
+            longest_ttl: 3600,
+            want: None,
+        },
+        Case {
+            name: "a lease renewed just before the replicas saw the drain runs the longest TTL from then",
+            since: Some(0),
+            longest_ttl: 3600,
+            want: Some(3605),
+        },
+        Case {
+            name: "short leases still get the notice time",
+            since: Some(100),
+            longest_ttl: 15,
+            want: Some(120),
+        },
+    ];
+    for c in cases {
+        let got = unseen_leases_end(c.since.map(at), Duration::from_secs(c.longest_ttl));
+        assert_eq!(got, c.want.map(at), "{}", c.name);
+    }
+    let far = unseen_leases_end(Some(at(0)), Duration::MAX);
+    assert_eq!(far, Some(DateTime::<Utc>::MAX_UTC), "no overflow");
+}

@@ -17,14 +17,17 @@ use serde_json::json;
 use crate::gcp_standin::{StandIn, ZONE};
 use crate::support::{self, eventually, Operator};
 
-fn providers(standin: &StandIn, limits: &str) -> String {
+/// The providers file of one gcp entry, `gcp-eu`, on the stand-in, with
+/// `limits` (lines of the entry) added.
+pub(crate) fn providers(standin: &StandIn, limits: &str) -> String {
     format!(
         "providers:\n  - name: gcp-eu\n    type: gcp\n{limits}    gcp:\n      project: my-project\n      endpoint: {}\n      anonymous: true\n",
         standin.url
     )
 }
 
-fn gcp_proxy(name: &str) -> Proxy {
+/// A Proxy on `gcp-eu` in the stand-in's zone.
+pub(crate) fn gcp_proxy(name: &str) -> Proxy {
     support::proxy(
         name,
         json!({
@@ -35,7 +38,8 @@ fn gcp_proxy(name: &str) -> Proxy {
     )
 }
 
-fn reason(p: &Proxy) -> Option<String> {
+/// The reason of the Proxy's `Provisioned` condition.
+pub(crate) fn reason(p: &Proxy) -> Option<String> {
     support::condition(p, "Provisioned").map(|c| c.reason.clone())
 }
 

@@ -125,6 +125,21 @@ pub struct Store {
     /// Every insert that made an instance: when, and how many instances
     /// were PROVISIONING (not yet seen RUNNING by a get) right after it.
     pub inserts: Vec<(chrono::DateTime<chrono::Utc>, usize)>,
+    /// While set, every call answers with this error (an outage: a rate
+    /// limit, an unavailable API), until the test clears it.
+    pub outage: Option<Inject>,
+    /// Every call: when it arrived, its kind (`insert`, `get`, `delete`,
+    /// `list`, `op`) and the instance it names (the body's name for an
+    /// insert; empty for a list).
+    pub calls: Vec<Call>,
+}
+
+/// One call the stand-in received.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub at: std::time::Instant,
+    pub kind: &'static str,
+    pub instance: String,
 }
 
 pub struct StandIn {
@@ -183,6 +198,47 @@ impl StandIn {
                 .filter(|(m, p, _)| m == method && p.contains(path_contains))
                 .count()
         })
+    }
+
+    /// From now on every call answers `status` with `reason`, until
+    /// [`StandIn::heal`].
+    pub fn outage(&self, status: u16, reason: &str) {
+        self.with(|s| {
+            s.outage = Some(Inject {
+                status,
+                reason: reason.into(),
+                message: format!("injected outage {status} {reason}"),
+            })
+        });
+    }
+
+    /// Ends the outage.
+    pub fn heal(&self) {
+        self.with(|s| s.outage = None);
+    }
+
+    /// Calls of `kind` for `instance` (every instance when empty).
+    pub fn calls(&self, kind: &str, instance: &str) -> Vec<Call> {
+        self.with(|s| {
+            s.calls
+                .iter()
+                .filter(|c| c.kind == kind && (instance.is_empty() || c.instance == instance))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// The instance `name` stops behind the operator's back: every get
+    /// reports it TERMINATED until it is deleted (its replacement, a new
+    /// instance of the same name, boots as usual).
+    pub fn stop(&self, name: &str) {
+        self.with(|s| {
+            for ((_, n), i) in s.instances.iter_mut() {
+                if n == name {
+                    i.body["status"] = json!("TERMINATED");
+                }
+            }
+        });
     }
 
     pub fn requests(&self) -> Vec<(String, String, String)> {
@@ -290,6 +346,14 @@ async fn handle(
         ("POST", ["compute", "v1", "projects", _, "zones", _, "operations", _, "wait"]) => "op",
         _ => "unknown",
     };
+    let instance = match kind {
+        "insert" => serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|b| b["name"].as_str().map(str::to_string))
+            .unwrap_or_default(),
+        "get" | "delete" => segs[7].to_string(),
+        _ => String::new(),
+    };
     let (delay, injected) = {
         let mut s = store.lock().unwrap();
         s.requests.push((
@@ -297,7 +361,15 @@ async fn handle(
             path.clone(),
             uri.query().unwrap_or("").to_string(),
         ));
-        let injected = s.inject.get_mut(kind).and_then(VecDeque::pop_front);
+        s.calls.push(Call {
+            at: std::time::Instant::now(),
+            kind,
+            instance,
+        });
+        let injected = match &s.outage {
+            Some(o) if kind != "unknown" => Some(o.clone()),
+            _ => s.inject.get_mut(kind).and_then(VecDeque::pop_front),
+        };
         (s.delay.get(kind).copied(), injected)
     };
     if let Some(d) = delay {

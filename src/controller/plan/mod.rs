@@ -23,6 +23,7 @@ pub mod end;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
+pub mod quota;
 pub mod replace;
 pub mod status;
 pub mod throttle;

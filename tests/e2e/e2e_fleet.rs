@@ -1,0 +1,491 @@
+//! System tests of fleet policy (issue 18) on the kubernetes provider: the
+//! real operator binary against the real test cluster, whose node agent
+//! runs each Proxy's Pod as a real Squid; probes go through it to a target
+//! on the bridge, and crawlers lease through the real discovery API.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use crate::support::{
+    self, api_call, condition, eventually, free_port, phase, squid_present, Ground, Operator,
+};
+
+const TOKEN: &str = "fleet-test-token";
+
+/// What the test saw of one Pod.
+#[derive(Clone, Debug, Default)]
+struct PodSeen {
+    /// The Proxy that owns it.
+    proxy: String,
+    /// When the operator asked for its deletion: the deletion timestamp
+    /// less the grace period (to the second, rounded down by the API).
+    delete_asked: Option<DateTime<Utc>>,
+}
+
+/// Every Pod of the namespace by UID, kept up to date by a watch.
+type Pods = Arc<Mutex<BTreeMap<String, PodSeen>>>;
+
+fn watch_pods(ground: &Ground) -> (Pods, tokio::task::JoinHandle<()>) {
+    let seen: Pods = Arc::default();
+    let record = seen.clone();
+    let api = ground.api::<Pod>();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
+                continue;
+            };
+            let owner = p
+                .owner_references()
+                .first()
+                .map(|o| o.name.clone())
+                .unwrap_or_default();
+            let asked = p.metadata.deletion_timestamp.as_ref().map(|t| {
+                let grace = p.metadata.deletion_grace_period_seconds.unwrap_or(0);
+                DateTime::<Utc>::from_timestamp(t.0.as_second() - grace, 0).unwrap()
+            });
+            let mut all = record.lock().unwrap();
+            let entry = all.entry(p.uid().unwrap_or_default()).or_default();
+            entry.proxy = owner;
+            if entry.delete_asked.is_none() {
+                entry.delete_asked = asked;
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// The operator with the kubernetes provider (`extra_yaml` added to its
+/// entry), probing `target`, serving the discovery API on `api`.
+fn fleet_operator(
+    ground: &Ground,
+    dir: &std::path::Path,
+    extra_yaml: &str,
+    target: SocketAddr,
+    api: SocketAddr,
+    flags: &[&str],
+) -> Operator {
+    let providers = format!("providers:\n  - name: kubernetes\n    type: kubernetes\n{extra_yaml}");
+    let mut cmd = ground.operator(dir, &providers);
+    cmd.args(["--discovery-bind-address", &api.to_string()])
+        .args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .args(flags)
+        .env("DISCOVERY_TOKEN", TOKEN);
+    Operator::spawn(cmd, &dir.join("operator.log"))
+}
+
+fn operator_log_tail(dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(dir.join("operator.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+    tail.join("\n")
+}
+
+fn expires_at(lease: &Value) -> DateTime<Utc> {
+    lease["expiresAt"].as_str().unwrap().parse().unwrap()
+}
+
+/// A lease one crawler holds on one proxy, renewed until the API refuses.
+struct Held {
+    id: String,
+    /// The end of the lease as last granted.
+    ends: DateTime<Utc>,
+    /// Still being renewed (the API has not refused a renewal yet).
+    renewing: bool,
+}
+
+/// `maxAge` on 10 Proxies with `maxUnavailable: 2`: every Proxy gets a new
+/// Pod, sampling never finds more than 2 unavailable (not Ready, or
+/// draining) once all were Ready, each recycle makes exactly one new Pod,
+/// no Pod whose lease a crawler held (and renewed until refused) is deleted
+/// before that lease's end or the drain timeout, and a draining proxy is
+/// never leased. Short timings: a 45 s `maxAge`, 15 s longest lease (so a
+/// drain lasts 15 s), a drain timeout of 1 minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease() {
+    const N: usize = 10;
+    const BUDGET: usize = 2;
+    const LEASE_TTL_S: i64 = 15;
+    const DRAIN_TIMEOUT_S: i64 = 60;
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground("fleet-age").await;
+    let target = support::http_target_on(ground.host_ip()).await;
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (pods, watch) = watch_pods(&ground);
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = format!("{LEASE_TTL_S}s");
+    let _op = fleet_operator(
+        &ground,
+        dir.path(),
+        &format!("    maxUnavailable: {BUDGET}\n"),
+        target,
+        api,
+        &["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl],
+    );
+    let proxies = ground.proxies();
+    let names: Vec<String> = (0..N).map(|i| format!("age-{i}")).collect();
+    for name in &names {
+        let spec = json!({
+            "provider": "kubernetes",
+            "port": 3128,
+            "attributes": {"slot": name},
+            // Not Ready only when really down: the node's CPUs are shared.
+            "healthCheck": {"failureThreshold": 20},
+            "recycle": {"maxAge": "45s", "drainTimeout": format!("{DRAIN_TIMEOUT_S}s")},
+        });
+        proxies
+            .create(&PostParams::default(), &support::proxy(name, spec))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    eventually("all 10 Ready", Duration::from_secs(150), || async {
+        let list = proxies.list(&Default::default()).await.ok()?.items;
+        (list.iter().filter(|p| phase(p) == Some("Ready")).count() == N).then_some(())
+    })
+    .await;
+    println!("{N} Proxies Ready {:?} after applying", started.elapsed());
+    // The first Pod of each Proxy.
+    let first: BTreeMap<String, String> = pods
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(uid, p)| (p.proxy.clone(), uid.clone()))
+        .collect();
+    assert_eq!(first.len(), N, "one Pod per Proxy: {first:?}");
+
+    // A crawler leases every proxy and renews each lease until refused.
+    let mut held: BTreeMap<String, Held> = BTreeMap::new();
+    for name in &names {
+        let body = json!({"ttlSeconds": LEASE_TTL_S, "filters": {"attributes": {"slot": name}}});
+        let (code, lease) = api_call(
+            api,
+            "POST",
+            "/v1/leases",
+            Some(TOKEN),
+            body.to_string().into(),
+        )
+        .await;
+        if code == 201 {
+            held.insert(
+                name.clone(),
+                Held {
+                    id: lease["id"].as_str().unwrap().into(),
+                    ends: expires_at(&lease),
+                    renewing: true,
+                },
+            );
+        }
+    }
+    println!("leased {} of {N} proxies", held.len());
+
+    let mut most_unavailable = 0;
+    let mut drains: BTreeMap<String, BTreeSet<DateTime<Utc>>> = BTreeMap::new();
+    // Proxies draining in a sample, with when that sample was taken.
+    let mut draining_seen: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut refused_while_draining = 0;
+    let deadline = Instant::now() + Duration::from_secs(420);
+    let mut last_renew = Instant::now();
+    loop {
+        let list = proxies.list(&Default::default()).await.unwrap().items;
+        let now = Instant::now();
+        let unavailable = list
+            .iter()
+            .filter(|p| {
+                phase(p) != Some("Ready")
+                    || p.status
+                        .as_ref()
+                        .is_some_and(|s| s.draining_since.is_some())
+            })
+            .count();
+        most_unavailable = most_unavailable.max(unavailable);
+        let mut draining_now = BTreeSet::new();
+        for p in &list {
+            if let Some(t) = p.status.as_ref().and_then(|s| s.draining_since) {
+                drains.entry(p.name_any()).or_default().insert(t);
+                draining_now.insert(p.name_any());
+            }
+        }
+        draining_seen.retain(|n, _| draining_now.contains(n));
+        for n in &draining_now {
+            draining_seen.entry(n.clone()).or_insert(now);
+        }
+        // A proxy draining for 2 s (well past the operator's cache catching
+        // up with its own write) gets no new lease.
+        for (name, since) in &draining_seen {
+            if now.duration_since(*since) < Duration::from_secs(2) {
+                continue;
+            }
+            let body = json!({"ttlSeconds": 1, "filters": {"attributes": {"slot": name}}});
+            let (code, answer) = api_call(
+                api,
+                "POST",
+                "/v1/leases",
+                Some(TOKEN),
+                body.to_string().into(),
+            )
+            .await;
+            assert_eq!(
+                code, 409,
+                "a lease on {name}, draining since {since:?}: {answer}"
+            );
+            refused_while_draining += 1;
+        }
+        if last_renew.elapsed() >= Duration::from_secs(2) {
+            last_renew = Instant::now();
+            for h in held.values_mut().filter(|h| h.renewing) {
+                let body = json!({"ttlSeconds": LEASE_TTL_S}).to_string();
+                let path = format!("/v1/leases/{}/renew", h.id);
+                let (code, lease) = api_call(api, "POST", &path, Some(TOKEN), body.into()).await;
+                match code {
+                    200 => h.ends = expires_at(&lease),
+                    _ => h.renewing = false,
+                }
+            }
+        }
+        let all_pods = pods.lock().unwrap().clone();
+        let replaced = list
+            .iter()
+            .filter(|p| {
+                let old = &first[&p.name_any()];
+                let old_gone = all_pods.get(old).is_some_and(|s| s.delete_asked.is_some());
+                old_gone
+                    && phase(p) == Some("Ready")
+                    && p.status
+                        .as_ref()
+                        .is_some_and(|s| s.draining_since.is_none())
+            })
+            .count();
+        if replaced == N {
+            break;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "only {replaced} of {N} Proxies have a new, Ready instance after {:?}\nPods: {}\noperator log (newest first):\n{}",
+                started.elapsed(),
+                ground.kubectl(&["get", "pods", "-o", "wide"]),
+                operator_log_tail(dir.path())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    watch.abort();
+    println!(
+        "every Proxy recycled {:?} after applying; at most {most_unavailable} unavailable at once; {refused_while_draining} leases refused on draining proxies",
+        started.elapsed()
+    );
+    assert!(
+        most_unavailable <= BUDGET,
+        "{most_unavailable} Proxies unavailable at once, maxUnavailable is {BUDGET}"
+    );
+    assert!(
+        refused_while_draining > 0,
+        "some draining proxy was asked for a lease"
+    );
+
+    // One new Pod per recycle: never two for one drain.
+    let all_pods = pods.lock().unwrap().clone();
+    for name in &names {
+        let made = all_pods.values().filter(|p| &p.proxy == name).count();
+        let recycles = drains.get(name).map_or(0, BTreeSet::len);
+        assert!(
+            made >= 2 && made <= 1 + recycles,
+            "{name}: {made} Pods for {recycles} recycles"
+        );
+    }
+
+    // No held lease was cut: a Pod is deleted no sooner than the end of the
+    // lease held on it when its drain began, or the drain timeout.
+    let mut checked = 0;
+    for (name, h) in &held {
+        let drain = *drains[name].first().unwrap();
+        if h.ends <= drain {
+            continue;
+        }
+        checked += 1;
+        let asked = all_pods[&first[name]].delete_asked.unwrap();
+        let bound = h
+            .ends
+            .min(drain + chrono::TimeDelta::seconds(DRAIN_TIMEOUT_S));
+        // The deletion time is known to the second, rounded down.
+        assert!(
+            asked + chrono::TimeDelta::seconds(1) > bound,
+            "{name}: its Pod was deleted at {asked}, before the lease held on it ended at {} (drain began {drain})",
+            h.ends
+        );
+    }
+    println!("{checked} leases were held when their proxy's drain began, none cut");
+    assert!(
+        checked > 0,
+        "some lease was held when its proxy's drain began"
+    );
+}
+
+/// The Squid processes of the Pod `uid` (the node agent puts each container
+/// run in a memory cgroup named after the Pod UID).
+fn squid_pids(pod_uid: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "squid" && cgroup.contains(pod_uid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn kill_squid(pod_uid: &str) {
+    let pids = squid_pids(pod_uid);
+    assert!(!pids.is_empty(), "no Squid process of Pod {pod_uid}");
+    for pid in pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+/// The restart count of the Pod's container and its last exit code.
+fn restarts(pod: &Pod) -> (i32, Option<i32>) {
+    let Some(c) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+    else {
+        return (0, None);
+    };
+    let code = c
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| t.exit_code);
+    (c.restart_count, code)
+}
+
+/// A Ready Proxy's Squid is killed (SIGKILL), twice, the second time right
+/// after it came back: the node agent reports the dead container (exit 137,
+/// restart count) and restarts it in the same Pod, the second time after
+/// its crash-loop back-off. The Proxy leaves the pool while Squid is down
+/// (`Healthy=False`, not leased) and is Ready again on the same Pod: the
+/// operator adds no replacement of its own (one Pod in all, no
+/// `status.replacements`), since a Pod that restarts its container
+/// recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_squid_is_restarted_in_its_pod_and_never_replaced_on_top() {
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground("fleet-kill").await;
+    let target = support::http_target_on(ground.host_ip()).await;
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (pods, watch) = watch_pods(&ground);
+    let dir = tempfile::tempdir().unwrap();
+    let _op = fleet_operator(&ground, dir.path(), "", target, api, &[]);
+    let proxies = ground.proxies();
+    proxies
+        .create(&PostParams::default(), &support::kube_proxy("victim"))
+        .await
+        .unwrap();
+    let ready = |want_restarts: i32| {
+        let proxies = proxies.clone();
+        let pod_api = ground.api::<Pod>();
+        async move {
+            let p = proxies.get("victim").await.ok()?;
+            let pod = pod_api
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()?;
+            (phase(&p) == Some("Ready") && restarts(&pod).0 >= want_restarts).then_some(pod)
+        }
+    };
+    let pod = eventually("victim Ready", Duration::from_secs(90), || ready(0)).await;
+    let uid = pod.uid().unwrap();
+
+    // First death: restarted at once.
+    kill_squid(&uid);
+    let pod = eventually(
+        "Ready after the first restart",
+        Duration::from_secs(90),
+        || ready(1),
+    )
+    .await;
+    assert_eq!(
+        restarts(&pod).1,
+        Some(137),
+        "the node agent reports the killed container"
+    );
+    // It dies again right after boot: the node agent backs off (10 s), so
+    // the probes find it down and the Proxy leaves the pool.
+    eventually("Squid running again", Duration::from_secs(30), || async {
+        (!squid_pids(&uid).is_empty()).then_some(())
+    })
+    .await;
+    kill_squid(&uid);
+    eventually(
+        "Healthy=False while Squid is down",
+        Duration::from_secs(30),
+        || async {
+            let p = proxies.get("victim").await.ok()?;
+            (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the dead Squid no longer offered",
+        Duration::from_secs(5),
+        || async { listed(api).await.is_empty().then_some(()) },
+    )
+    .await;
+    let pod = eventually("Ready after the back-off", Duration::from_secs(120), || {
+        ready(2)
+    })
+    .await;
+    watch.abort();
+
+    assert_eq!(pod.uid().unwrap(), uid, "the same Pod");
+    let seen = pods.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "no replacement Pod: {seen:?}");
+    let p = proxies.get("victim").await.unwrap();
+    let status = p.status.unwrap();
+    assert_eq!(status.replacements, None, "{status:?}");
+    eventually(
+        "offered again once Squid is back",
+        Duration::from_secs(5),
+        || async { (listed(api).await == ["victim"]).then_some(()) },
+    )
+    .await;
+}
+
+/// The names the discovery API lists.
+async fn listed(api: SocketAddr) -> Vec<String> {
+    let (code, list) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), Vec::new()).await;
+    assert_eq!(code, 200, "{list}");
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
+}
