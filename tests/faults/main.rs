@@ -5,9 +5,15 @@
 //! and take [`EXCLUSIVE`] for the whole test.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+#[path = "../gcp_standin/mod.rs"]
+mod gcp_standin;
+#[cfg(feature = "kvm")]
+#[path = "../kvm_support/mod.rs"]
+mod kvm_support;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod crash_points;
 mod leader_freeze;
 
 /// Held by every fault test: one fault at a time on the shared cluster.
