@@ -14,6 +14,7 @@ mod kvm_support;
 mod support;
 
 mod crash_points;
+mod credentials;
 mod leader_freeze;
 
 /// Held by every fault test: one fault at a time on the shared cluster.

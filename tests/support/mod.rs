@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod leader;
+pub mod squid;
 
 use std::path::Path;
 use std::process::Command;
