@@ -16,6 +16,7 @@ mod support;
 mod crash_points;
 mod credentials;
 mod leader_freeze;
+mod watch_cut;
 
 /// Held by every fault test: one fault at a time on the shared cluster.
 pub static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
