@@ -13,6 +13,7 @@ mod kvm_support;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod apiserver_restart;
 mod crash_points;
 mod credentials;
 mod leader_freeze;

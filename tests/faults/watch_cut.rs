@@ -86,11 +86,11 @@ impl Relay {
 }
 
 /// What each Proxy should come to: its port, or gone.
-type Want = BTreeMap<String, Option<i32>>;
+pub type Want = BTreeMap<String, Option<i32>>;
 
 /// The transitions not carried out yet: Proxies whose Pod is missing, has
 /// another port, or (deleted) is still there, or whose Proxy lingers.
-async fn unreconciled(proxies: &Api<Proxy>, pods: &Api<Pod>, want: &Want) -> Vec<String> {
+pub async fn unreconciled(proxies: &Api<Proxy>, pods: &Api<Pod>, want: &Want) -> Vec<String> {
     let live: BTreeMap<String, String> = proxies
         .list(&ListParams::default())
         .await
@@ -134,6 +134,30 @@ async fn unreconciled(proxies: &Api<Proxy>, pods: &Api<Pod>, want: &Want) -> Vec
     missing
 }
 
+/// Creates kubernetes Proxies `<prefix>0` to `<prefix><n-1>` (port 3128)
+/// and adds them to `want`.
+pub async fn create_all(proxies: &Api<Proxy>, prefix: &str, n: usize, want: &mut Want) {
+    for i in 0..n {
+        let name = format!("{prefix}{i}");
+        proxies
+            .create(&PostParams::default(), &support::kube_proxy(&name))
+            .await
+            .unwrap();
+        want.insert(name, Some(3128));
+    }
+}
+
+/// Waits (up to 180 s) until every transition in `want` is carried out.
+pub async fn carried_out(what: &str, proxies: &Api<Proxy>, pods: &Api<Pod>, want: &Want) {
+    eventually(what, Duration::from_secs(180), || async {
+        unreconciled(proxies, pods, want)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_watches_cut_lose_no_transition() {
     let _one_fault = crate::EXCLUSIVE.lock().await;
@@ -162,21 +186,8 @@ async fn e2e_watches_cut_lose_no_transition() {
     let pods: Api<Pod> = ground.api();
 
     let mut want = Want::new();
-    for i in 0..PROXIES {
-        let name = format!("w{i}");
-        proxies
-            .create(&PostParams::default(), &support::kube_proxy(&name))
-            .await
-            .unwrap();
-        want.insert(name, Some(3128));
-    }
-    eventually("every Pod made", Duration::from_secs(90), || async {
-        unreconciled(&proxies, &pods, &want)
-            .await
-            .is_empty()
-            .then_some(())
-    })
-    .await;
+    create_all(&proxies, "w", PROXIES, &mut want).await;
+    carried_out("every Pod made", &proxies, &pods, &want).await;
 
     // Cut, then change something, CUTS times; the relay keeps relaying
     // new connections in between.
@@ -223,17 +234,7 @@ async fn e2e_watches_cut_lose_no_transition() {
     relay.refuse(false);
     let back = Instant::now();
     let relayed_before = relay.relayed.load(Ordering::SeqCst);
-    eventually(
-        "every transition carried out",
-        Duration::from_secs(180),
-        || async {
-            unreconciled(&proxies, &pods, &want)
-                .await
-                .is_empty()
-                .then_some(())
-        },
-    )
-    .await;
+    carried_out("every transition carried out", &proxies, &pods, &want).await;
     let recovered = back.elapsed();
     // The operator did reconnect through the relay (it was not idle).
     assert!(relay.relayed.load(Ordering::SeqCst) > relayed_before);
