@@ -5,6 +5,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod crashpoint;
 pub mod discovery;
 pub mod events;
 pub mod fleet;

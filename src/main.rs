@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use egress_proxies_operator::cli::Flags;
+use egress_proxies_operator::crashpoint;
 use egress_proxies_operator::operator::{self, settings, Operator, Settings};
 use egress_proxies_operator::telemetry;
 
@@ -53,6 +54,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run(flags: &Flags) -> ExitCode {
+    match crashpoint::arm_from_env() {
+        Ok(None) => {}
+        Ok(Some(t)) => {
+            warn!(point = %t.point, hit = t.nth, "Test hook armed: the process aborts at this crash point")
+        }
+        Err(e) => {
+            error!(problem = %e, "Invalid settings");
+            return ExitCode::FAILURE;
+        }
+    }
     let settings = match Settings::from_flags(flags) {
         Ok(s) => s,
         Err(problems) => {

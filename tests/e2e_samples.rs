@@ -26,6 +26,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::Value;
+use support::shipped::{apply_rbac, token_kubeconfig};
 use support::{eventually, free_port, phase, Ground, Operator};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -142,56 +143,6 @@ fn audited(events: &[Value], user: &str) -> (Vec<Attributes>, Vec<String>) {
         });
     }
     (allowed, refused)
-}
-
-/// The rendered objects of `kinds`, applied server-side as the admin.
-fn apply_kinds(c: &test_cluster::TestCluster, docs: &[Value], kinds: &[&str]) {
-    let items: Vec<&Value> = docs
-        .iter()
-        .filter(|d| kinds.contains(&d["kind"].as_str().unwrap_or_default()))
-        .collect();
-    assert!(!items.is_empty(), "nothing of {kinds:?} is rendered");
-    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), list.to_string()).unwrap();
-    c.kubectl_ok(&[
-        "apply",
-        "--server-side",
-        "-f",
-        file.path().to_str().unwrap(),
-    ]);
-}
-
-/// The rendered namespace, then the ServiceAccount and its RBAC.
-fn apply_rbac(c: &test_cluster::TestCluster, docs: &[Value]) {
-    apply_kinds(c, docs, &["Namespace"]);
-    apply_kinds(
-        c,
-        docs,
-        &[
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        ],
-    );
-}
-
-/// A kubeconfig for the admin kubeconfig's server and CA, authenticating
-/// with `token`.
-fn token_kubeconfig(c: &test_cluster::TestCluster, token: &str) -> String {
-    let admin: Value =
-        serde_norway::from_str(&std::fs::read_to_string(c.kubeconfig()).unwrap()).unwrap();
-    let cluster = admin["clusters"][0]["cluster"].clone();
-    let kc = serde_json::json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "test-cluster", "cluster": cluster}],
-        "users": [{"name": "manager", "user": {"token": token}}],
-        "contexts": [{"name": "manager", "context": {"cluster": "test-cluster", "user": "manager"}}],
-        "current-context": "manager",
-    });
-    serde_norway::to_string(&kc).unwrap()
 }
 
 fn condition(p: &Proxy, type_: &str) -> Option<(String, String)> {

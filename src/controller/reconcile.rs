@@ -23,6 +23,7 @@ use super::throttle::{admit_or_hold, hold, Held};
 use super::{cloud_init, fleet, status_patch};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{Proxy, ProxyStatus};
+use crate::crashpoint;
 use crate::fleet::RecycleStep;
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
@@ -359,6 +360,7 @@ async fn managed_path(
                 let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
                 match provider.create(&req).await {
                     Ok(id) => {
+                        crashpoint::hit(crashpoint::AFTER_CREATE);
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
                         Ending::Created { id }
                     }
@@ -405,6 +407,7 @@ async fn managed_path(
             },
             Step::ClearAndCreate => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
+                crashpoint::hit(crashpoint::AFTER_RECORD_HASH);
                 if died {
                     info!(providerID = %id, "Instance vanished: replacing it");
                     plan::replace::note(status, now);

@@ -245,6 +245,19 @@ impl StandIn {
         self.with(|s| s.requests.clone())
     }
 
+    /// Every instance the store holds: its name, its labels, and whether
+    /// it is being deleted.
+    pub fn held(&self) -> Vec<(String, Value, bool)> {
+        self.with(|s| {
+            s.instances
+                .iter()
+                .map(|((_, name), i)| {
+                    (name.clone(), i.body["labels"].clone(), i.deleting.is_some())
+                })
+                .collect()
+        })
+    }
+
     pub fn instance_count(&self) -> usize {
         self.with(|s| s.instances.len())
     }

@@ -273,3 +273,27 @@ fn the_discovery_api_refuses_to_start_without_a_token() {
         "nothing may listen on the discovery port"
     );
 }
+
+#[test]
+fn a_misspelt_crash_point_stops_the_start_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = "providers:\n  - name: kubernetes\n    type: kubernetes\n";
+    for (value, says) in [
+        ("after-lunch", "unknown crash point \"after-lunch\""),
+        (
+            "after-create:0",
+            "the count after ':' must be a whole number",
+        ),
+    ] {
+        let out = support::operator(dir.path(), doc, &dir.path().join("absent"))
+            .env("PROXY_OPERATOR_CRASH_AT", value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {err}");
+        assert!(
+            err.contains("PROXY_OPERATOR_CRASH_AT") && err.contains(says),
+            "{value}: {err}"
+        );
+    }
+}

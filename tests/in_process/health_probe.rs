@@ -6,99 +6,20 @@
 
 use crate::support;
 
+use std::net::Ipv4Addr;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::read_head;
+use support::squid::{self, Squid};
 
 use egress_proxies_operator::health::probe::{probe, tls_config, ProbeTarget};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use url::Url;
 
-const SQUID: &str = "/usr/sbin/squid";
-
-/// A squid process; killed (and its shared memory removed) when dropped.
-struct Squid {
-    child: Child,
-    port: u16,
-    service: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Squid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Ok(dir) = std::fs::read_dir("/dev/shm") {
-            for e in dir.flatten() {
-                if e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{}-", self.service))
-                {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn start_squid(tag: &str, access: &str) -> Squid {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::Builder::new()
-        .prefix("probe-squid-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let port = free_port();
-    let d = dir.path().display();
-    let conf = format!(
-        "http_port 127.0.0.1:{port}\n\
-acl me src 127.0.0.0/8\n\
-acl clients src 127.0.0.0/8\n\
-{access}\n\
-http_access deny all\n\
-pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
-coredump_dir {d}\ncache deny all\ncache_mem 8 MB\nicp_port 0\nhtcp_port 0\npinger_enable off\n\
-shutdown_lifetime 0 seconds\nvisible_hostname probe-test\nvia off\nforwarded_for delete\n"
-    );
-    let path = dir.path().join("squid.conf");
-    std::fs::write(&path, conf).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let service = format!("hp{}{tag}", std::process::id());
-    let child = Command::new(SQUID)
-        .args(["-N", "-n", &service, "-f"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let squid = Squid {
-        child,
-        port,
-        service,
-        _dir: dir,
-    };
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return squid;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("squid did not listen on {port} within 10s");
+    squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, access).await
 }
 
 /// A tiny HTTP server answering `status` to every request, recording the
@@ -185,17 +106,9 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
     }
 }
 
-/// Squid is required: a missing one fails the test with the reason.
-fn require_squid() {
-    assert!(
-        std::path::Path::new(SQUID).exists(),
-        "{SQUID} is missing: install it (apt-get install squid); .ci/run does"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_pass_through_squid_to_http_and_https_targets() {
-    require_squid();
+    squid::require();
     let squid = start_squid("ok", "http_access allow me").await;
     let (http, seen) = http_target(204).await;
     let (https, ca_pem) = tls_target().await;
@@ -266,7 +179,7 @@ async fn probes_pass_through_squid_to_http_and_https_targets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_squid_that_denies_everything_is_unhealthy() {
-    require_squid();
+    squid::require();
     let squid = start_squid("deny", "").await;
     let (http, _) = http_target(204).await;
     let (https, ca_pem) = tls_target().await;
@@ -297,7 +210,7 @@ async fn a_squid_that_denies_everything_is_unhealthy() {
 async fn the_generated_destination_rules_refuse_loopback_unless_allowed() {
     use egress_proxies_operator::config::Destinations;
     use egress_proxies_operator::provider::kubernetes::destination_access;
-    require_squid();
+    squid::require();
     let (http, seen) = http_target(204).await;
     let tls = tls_config(None).unwrap();
     let url = format!("http://{http}/");
@@ -357,7 +270,11 @@ async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
     t.timeout = Duration::from_millis(500);
     assert!(!probe(&t, &tls).await.ok);
     // Nothing listening at all.
-    let r = probe(&target(free_port(), "http://127.0.0.1:9/", 204), &tls).await;
+    let r = probe(
+        &target(support::free_port(), "http://127.0.0.1:9/", 204),
+        &tls,
+    )
+    .await;
     let e = r.error.as_ref().unwrap();
     assert!(e.to_string().contains("connecting to the proxy"), "{r:?}");
     assert_eq!(e.reason(), "refused", "{r:?}");

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod leader;
+pub mod shipped;
+pub mod squid;
 
 use std::path::Path;
 use std::process::Command;
@@ -446,22 +448,25 @@ fn start_cluster(no_pods: bool) -> test_cluster::TestCluster {
     .unwrap_or_else(|e| panic!("the test cluster must start: {e:#}"))
 }
 
-/// The operator's CRDs, applied server-side once per test binary and
-/// Established.
+/// The operator's CRDs, applied server-side once per cluster of the test
+/// binary (the fault suite uses both of its clusters) and Established.
 pub fn install_crds(c: &test_cluster::TestCluster) {
-    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| {
-        let dir = repo().join("crds");
-        let dir = dir.to_str().unwrap();
-        c.kubectl_ok(&["apply", "--server-side", "-k", dir]);
-        c.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/proxies.crawl.example.com",
-            "crd/providerhealths.crawl.example.com",
-        ]);
-    });
+    static DONE: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.iter().any(|k| k == c.kubeconfig()) {
+        return;
+    }
+    let dir = repo().join("crds");
+    let dir = dir.to_str().unwrap();
+    c.kubectl_ok(&["apply", "--server-side", "-k", dir]);
+    c.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/proxies.crawl.example.com",
+        "crd/providerhealths.crawl.example.com",
+    ]);
+    done.push(c.kubeconfig().to_path_buf());
 }
 
 /// One test's ground: the binary's cluster (with the CRDs), an admin client

@@ -13,6 +13,7 @@ use crate::api::{Proxy, ProxyStatus};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::plan::{self, DeleteInput, DeleteStep, Ending, GetOutcome, ReleaseReason};
+use crate::crashpoint;
 
 /// Steps of one deletion pass (get, delete after a permanent get, release).
 const DELETE_STEPS: usize = 4;
@@ -63,6 +64,7 @@ pub(super) async fn delete_path(
                     .filter(|f| *f != FINALIZER)
                     .cloned()
                     .collect();
+                crashpoint::hit(crashpoint::BEFORE_RELEASE);
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
                 Ending::Released
             }

@@ -233,7 +233,40 @@ impl TestCluster {
     /// The pid of a control-plane component (`etcd`, `kube-apiserver`,
     /// `kube-controller-manager`, `kube-scheduler`), for fault tests.
     pub fn pid(&self, component: &str) -> Option<u32> {
-        self.info.as_ref()?.pids.get(component).copied()
+        // Read afresh: the launcher rewrites it when it restarts a part.
+        let dir = self._dir.as_ref()?;
+        let text = std::fs::read_to_string(dir.0.join("cluster.json")).ok()?;
+        let info: Info = serde_json::from_str(&text).ok()?;
+        info.pids.get(component).copied()
+    }
+
+    /// Kills kube-apiserver with SIGKILL and has the launcher start it
+    /// again with the same flags, state and port (`SIGUSR1` to the
+    /// launcher); returns once the new one passes `/readyz`. Panics on an
+    /// `E2E_KUBECONFIG` cluster, or after 120 s.
+    pub async fn restart_apiserver(&self) {
+        let old = self
+            .pid("kube-apiserver")
+            .expect("only a cluster of the launcher's can restart its API server");
+        let launcher = self
+            .child
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(Child::id))
+            .expect("the launcher runs");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(launcher as i32),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .expect("signal the launcher");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while self.pid("kube-apiserver") == Some(old) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "kube-apiserver was not restarted within 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The API server's audit events (one JSON object per request).

@@ -295,6 +295,28 @@ impl Cluster {
         Ok(())
     }
 
+    /// Kills kube-apiserver with SIGKILL and starts it again as it was
+    /// (for fault tests: `SIGUSR1` to the launcher); returns once it
+    /// passes `/readyz`, with its new pid in `cluster.json`.
+    pub async fn restart_apiserver(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let c = self
+            .components
+            .iter_mut()
+            .find(|c| c.name == "kube-apiserver")
+            .context("no kube-apiserver")?;
+        c.respawn().await?;
+        if let Some(pid) = c.pid() {
+            self.info.pids.insert(c.name.clone(), pid);
+        }
+        let admin = client(&self.info.kubeconfig).await?;
+        self.wait_readyz(&admin).await?;
+        std::fs::write(
+            dir.join("cluster.json"),
+            serde_json::to_string_pretty(&self.info)?,
+        )?;
+        Ok(())
+    }
+
     fn add(&mut self, c: Component) {
         if let Some(pid) = c.pid() {
             self.info.pids.insert(c.name.clone(), pid);

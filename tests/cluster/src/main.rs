@@ -3,7 +3,7 @@
 //! processes; prints `ready` once the API server is ready and the nodes are
 //! Ready; stops everything on SIGTERM, SIGINT, or when its parent goes away.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -135,7 +135,7 @@ async fn run(args: Args) -> i32 {
     let code = match after_ready(&args, &cluster, parent).await {
         Ok(Some(code)) => code,
         Ok(None) => {
-            let why = stop_requested(parent).await;
+            let why = serve_restarts(&mut cluster, &args.dir, parent).await;
             tracing::info!("{why}: stopping the cluster");
             0
         }
@@ -173,6 +173,28 @@ async fn after_ready(args: &Args, cluster: &Cluster, parent: u32) -> anyhow::Res
         test_cluster::after_ready::command(&cmd, &cluster.info.kubeconfig, stop_requested(parent))
             .await?;
     Ok(Some(code))
+}
+
+/// Restarts kube-apiserver on each SIGUSR1 (a fault test kills it; see
+/// `TestCluster::restart_apiserver`) until a stop is requested.
+async fn serve_restarts(cluster: &mut Cluster, dir: &Path, parent: u32) -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+        return stop_requested(parent).await;
+    };
+    let stop = stop_requested(parent);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            why = &mut stop => return why,
+            _ = usr1.recv() => {
+                match cluster.restart_apiserver(dir).await {
+                    Ok(()) => tracing::info!("kube-apiserver killed and restarted"),
+                    Err(e) => eprintln!("test-cluster: restarting kube-apiserver: {e:#}"),
+                }
+            }
+        }
+    }
 }
 
 /// Resolves on SIGTERM, SIGINT, or when the parent process is gone (this

@@ -15,6 +15,9 @@ pub struct Component {
     pub name: String,
     pub log: PathBuf,
     child: tokio::process::Child,
+    /// What it was started with, to start it again ([`Component::respawn`]).
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 impl Component {
@@ -22,10 +25,30 @@ impl Component {
     /// `logs/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path) -> anyhow::Result<Self> {
         let log = logs.join(format!("{name}.log"));
+        let child = Self::start(program, args, &log)?;
+        Ok(Component {
+            name: name.to_string(),
+            log,
+            child,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+        })
+    }
+
+    /// SIGKILL (a crash: no shutdown of its own), then the same program
+    /// with the same arguments again, its output appended to the same log.
+    pub async fn respawn(&mut self) -> anyhow::Result<()> {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        self.child = Self::start(&self.program, &self.args, &self.log)?;
+        Ok(())
+    }
+
+    fn start(program: &Path, args: &[String], log: &Path) -> anyhow::Result<tokio::process::Child> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log)
+            .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
         let err = out.try_clone()?;
         let mut cmd = tokio::process::Command::new(program);
@@ -47,14 +70,8 @@ impl Component {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
-        Ok(Component {
-            name: name.to_string(),
-            log,
-            child,
-        })
+        cmd.spawn()
+            .with_context(|| format!("starting {}", program.display()))
     }
 
     pub fn pid(&self) -> Option<u32> {
