@@ -18,3 +18,4 @@ pub mod provider;
 pub mod providerhealth;
 pub mod server;
 pub mod telemetry;
+pub mod tenancy;

@@ -38,6 +38,16 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
     cmd
 }
 
+/// A providers file of one kubernetes provider named `name`, with `keys`
+/// (entry keys, indented four spaces, each line ending in a newline), whose
+/// Squid Pods may reach `target`: the tests' probe targets listen on the
+/// cluster bridge, a private address the Pods refuse by default.
+pub fn kubernetes_reaching(name: &str, keys: &str, target: std::net::IpAddr) -> String {
+    format!(
+        "providers:\n  - name: {name}\n    type: kubernetes\n{keys}    kubernetes:\n      destinations:\n        allow: [\"{target}\"]\n"
+    )
+}
+
 /// A running operator process, killed when dropped so no test leaves it
 /// running.
 pub struct Operator(pub std::process::Child);
