@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
-use kvm_support::{init_logs, uid, Env};
+use kvm_support::{init_logs, uid, virsh, Env};
 use sha2::{Digest, Sha256};
 
 fn request(uid: &str, image: &str) -> CreateRequest {
@@ -92,7 +92,7 @@ async fn base_image_cached_once_and_checksums_enforced() {
         "concurrent creates share one download"
     );
 
-    // A direct URL is cached under base-<16 hex>.qcow2.
+    // A direct URL is cached under base-<16 hex of its URL>.qcow2.
     let mut r = request(&uid("direct"), &direct_url);
     r.placement.image = direct_url.clone();
     env.track(&r.name);
@@ -111,7 +111,8 @@ async fn base_image_cached_once_and_checksums_enforced() {
     let msg = e.to_string();
     assert!(msg.contains("image bad") && msg.contains("sha256"), "{msg}");
     let vols = env.volumes();
-    assert!(!vols.iter().any(|v| v.starts_with("base-bad")), "{vols:?}");
+    let bad_base = format!("base-sha256-{}", "0".repeat(64));
+    assert!(!vols.iter().any(|v| v.starts_with(&bad_base)), "{vols:?}");
 
     // 404: Permanent.
     let e = a.create(&request(&uid("nf"), "missing")).await.unwrap_err();
@@ -123,7 +124,88 @@ async fn base_image_cached_once_and_checksums_enforced() {
     }
     let vols = env.volumes();
     assert!(!vols.iter().any(|v| v.starts_with("proxy-")), "{vols:?}");
-    assert!(vols.contains(&"base-good.qcow2".to_string()));
-    assert!(vols.contains(&"base-good.qcow2.sha256".to_string()));
+    // Named by its content: the declared digest.
+    let good_base = format!("base-sha256-{sum}.qcow2");
+    assert!(vols.contains(&good_base), "{vols:?}");
+    assert!(vols.contains(&format!("{good_base}.sha256")), "{vols:?}");
     eprintln!("image cache test took {:?}", started.elapsed());
+}
+
+fn sha256_hex(file: &std::path::Path) -> String {
+    Sha256::digest(std::fs::read(file).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Issue 17: editing a catalogue entry (the operator restarted with a new
+/// image under the same key) never deletes or replaces the base a running
+/// VM's overlay is backed by: the edited entry downloads into a base of its
+/// own, named by its content; the first base and its digest marker stay as
+/// they were, and each VM's overlay is backed by its own base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_a_catalogue_entry_keeps_the_base_running_vms_use() {
+    init_logs();
+    let Some(env) = Env::start("ie") else { return };
+    let (url_a, file_a) = env.serve_qcow2("v1.qcow2", "16M");
+    let (url_b, file_b) = env.serve_qcow2("v2.qcow2", "24M");
+    let (sum_a, sum_b) = (sha256_hex(&file_a), sha256_hex(&file_b));
+    let mut cfg = env.config();
+    cfg.images
+        .insert("distro".into(), image(&url_a, Some(sum_a.clone())));
+    let before = KvmProvider::new("kvm-e1", &cfg)
+        .unwrap()
+        .with_create_wait(Duration::from_secs(600));
+    let first = request(&uid("ie1"), "distro");
+    env.track(&first.name);
+    let first_id = before.create(&first).await.unwrap();
+    let base_a = format!("base-sha256-{sum_a}.qcow2");
+    let marker_a = env.pool_dir.join(format!("{base_a}.sha256"));
+    assert_eq!(std::fs::read_to_string(&marker_a).unwrap(), sum_a);
+
+    cfg.images
+        .insert("distro".into(), image(&url_b, Some(sum_b.clone())));
+    let after = KvmProvider::new("kvm-e2", &cfg)
+        .unwrap()
+        .with_create_wait(Duration::from_secs(600));
+    let second = request(&uid("ie2"), "distro");
+    env.track(&second.name);
+    let second_id = after.create(&second).await.unwrap();
+    let base_b = format!("base-sha256-{sum_b}.qcow2");
+
+    let vols = env.volumes();
+    for v in [&base_a, &base_b] {
+        assert!(vols.contains(v), "{v} not in {vols:?}");
+        assert!(
+            vols.contains(&format!("{v}.sha256")),
+            "{v} marker not in {vols:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&marker_a).unwrap(),
+        sum_a,
+        "the first base was replaced"
+    );
+    assert_eq!(sha256_hex(&env.pool_dir.join(&base_a)), sum_a);
+    for (vm, base) in [(&first, &base_a), (&second, &base_b)] {
+        let (ok, xml) = virsh(&[
+            "vol-dumpxml",
+            "--pool",
+            &env.pool,
+            &format!("{}.qcow2", vm.name),
+        ]);
+        assert!(
+            ok && xml.contains(base.as_str()),
+            "{} not on {base}: {xml}",
+            vm.name
+        );
+    }
+    assert!(env.domain_exists(&first.name));
+    assert_eq!(
+        (env.http.hits("/v1.qcow2"), env.http.hits("/v2.qcow2")),
+        (1, 1)
+    );
+    for id in [&first_id, &second_id] {
+        after.delete(id).await.unwrap();
+    }
 }
