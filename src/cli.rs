@@ -101,6 +101,19 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub probe_ca_file: Option<PathBuf>,
 
+    /// Namespaces whose External Proxies are probed and offered to crawlers,
+    /// comma-separated; `*` for every namespace. Default: the operator's own
+    /// namespace only. An External Proxy elsewhere gets
+    /// `Provisioned=False/ExternalNotAllowed` and is never dialled.
+    #[arg(long, value_name = "NS,...")]
+    pub external_proxy_namespaces: Option<String>,
+
+    /// Addresses and CIDRs an External Proxy's endpoint must not be (or
+    /// resolve to): the health engine does not dial them. Comma-separated;
+    /// empty turns the check off.
+    #[arg(long, default_value = crate::tenancy::DEFAULT_PROBE_DENY, value_name = "CIDR,...")]
+    pub probe_deny_cidrs: String,
+
     /// Give every health probe its own root trace span (off by default:
     /// one probe per proxy per second is a lot of spans).
     #[arg(long)]

@@ -20,3 +20,4 @@ pub mod provider;
 pub mod providerhealth;
 pub mod server;
 pub mod telemetry;
+pub mod tenancy;

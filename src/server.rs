@@ -1,8 +1,8 @@
 //! The accept loop every HTTP server of the operator runs (the discovery
 //! API, the probe and metrics servers): a cap on open connections, hyper's
 //! timer-backed header-read timeout (which also closes a connection that
-//! waits idle for its next request), and tower-http's request and
-//! request-body timeouts. A half-sent or idle connection therefore holds a
+//! waits idle for its next request), tower-http's request-body timeout and
+//! a whole-request timeout (unless the app bounds its requests itself). A half-sent or idle connection therefore holds a
 //! slot for a bounded time, and the number of slots is bounded, so no
 //! client can grow the process's memory by opening connections.
 
@@ -10,14 +10,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tower_http::timeout::{RequestBodyTimeout, Timeout};
+use tower_http::timeout::RequestBodyTimeout;
 use tracing::debug;
 
 /// The bounds of one server.
@@ -34,7 +37,10 @@ pub struct Limits {
     /// rule); the handler then sees a failed read.
     pub body_read_timeout: Duration,
     /// Time a whole request may take; then the answer is an empty 408.
-    pub request_timeout: Duration,
+    /// `None`: the app bounds its requests itself (the discovery API does,
+    /// inside its request log, so that the 408 is logged, counted and
+    /// answered in its JSON error shape).
+    pub request_timeout: Option<Duration>,
 }
 
 /// The discovery API: crawlers keep connections alive and send small
@@ -43,7 +49,7 @@ pub const DISCOVERY_LIMITS: Limits = Limits {
     max_connections: 4096,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
-    request_timeout: Duration::from_secs(30),
+    request_timeout: Some(Duration::from_secs(30)),
 };
 
 /// `/healthz`, `/readyz` and `/metrics`: a kubelet and a scraper or two.
@@ -52,7 +58,7 @@ pub const PROBE_LIMITS: Limits = Limits {
     max_connections: 256,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
-    request_timeout: Duration::from_secs(30),
+    request_timeout: Some(Duration::from_secs(30)),
 };
 
 /// How long in-flight requests get to finish once `shutdown` resolves.
@@ -70,11 +76,11 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let service = Timeout::with_status_code(
-        RequestBodyTimeout::new(app, limits.body_read_timeout),
-        StatusCode::REQUEST_TIMEOUT,
-        limits.request_timeout,
-    );
+    let app = match limits.request_timeout {
+        Some(limit) => app.layer(middleware::from_fn_with_state(limit, bounded)),
+        None => app,
+    };
+    let service = RequestBodyTimeout::new(app, limits.body_read_timeout);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -117,6 +123,14 @@ pub async fn serve(
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     Ok(())
+}
+
+/// A whole request within `limit`, else an empty 408.
+async fn bounded(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ const SHORT: Limits = Limits {
     max_connections: 2,
     header_read_timeout: Duration::from_millis(300),
     body_read_timeout: Duration::from_millis(300),
-    request_timeout: Duration::from_millis(600),
+    request_timeout: Some(Duration::from_millis(600)),
 };
 
 /// Long enough for any of the short limits to fire on a loaded machine.
@@ -176,7 +176,7 @@ async fn a_request_over_its_time_is_answered_408() {
 #[tokio::test]
 async fn a_body_that_stops_arriving_fails_the_read() {
     let s = Server::start(Limits {
-        request_timeout: Duration::from_secs(3600),
+        request_timeout: Some(Duration::from_secs(3600)),
         ..SHORT
     })
     .await;

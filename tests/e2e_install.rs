@@ -146,7 +146,22 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     }
 
     // 3. Point the default probe at the test target (no internet here): a
-    // rollout, as a user changing the Deployment's args would make.
+    // rollout, as a user changing the Deployment's args would make. The
+    // target is on the cluster bridge, a private address the Squid Pods
+    // refuse by default, so the providers file opens it first, as
+    // docs/configuration.md tells a user with an internal target to.
+    let providers = support::kubernetes_reaching("kubernetes", "", target.ip());
+    let cm = serde_json::json!({"data": {"providers.yaml": providers}});
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "patch",
+        "configmap",
+        "egress-proxies-operator-providers-config",
+        "--type=merge",
+        "-p",
+        &cm.to_string(),
+    ]);
     let patch = serde_json::json!([
         {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--default-probe-url=http://{target}/")},
         {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--default-probe-expected-status=200"},

@@ -34,9 +34,11 @@ const NS: &str = "egress-proxies-operator-system";
 const SA: &str = "egress-proxies-operator-controller-manager";
 const RESET: &str = "crawl.example.com/reset-circuit-breaker";
 
-/// The samples' providers file, with the gcp entry aimed at the stand-in
-/// and the kvm entry left to e2e_samples_kvm.rs.
-fn providers(gcp_endpoint: &str) -> String {
+/// The samples' providers file, with the gcp entry aimed at the stand-in,
+/// the kubernetes Pods allowed to reach the probe target (on the cluster
+/// bridge, a private address they refuse by default), and the kvm entry
+/// left to e2e_samples_kvm.rs.
+fn providers(gcp_endpoint: &str, target: std::net::IpAddr) -> String {
     let text =
         std::fs::read_to_string(support::repo().join("config/samples/providers-config.yaml"))
             .unwrap();
@@ -46,6 +48,9 @@ fn providers(gcp_endpoint: &str) -> String {
     for p in list.iter_mut().filter(|p| p["type"] == "gcp") {
         p["gcp"]["endpoint"] = gcp_endpoint.into();
         p["gcp"]["anonymous"] = true.into();
+    }
+    for p in list.iter_mut().filter(|p| p["type"] == "kubernetes") {
+        p["kubernetes"]["destinations"]["allow"] = serde_json::json!([target.to_string()]);
     }
     serde_norway::to_string(&v).unwrap()
 }
@@ -208,7 +213,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     let target = support::http_target_on(ground.host_ip()).await;
     let dir = tempfile::tempdir().unwrap();
     let providers_file = dir.path().join("providers.yaml");
-    std::fs::write(&providers_file, providers(&standin.url)).unwrap();
+    std::fs::write(&providers_file, providers(&standin.url, target.ip())).unwrap();
     let kubeconfig = dir.path().join("manager.kubeconfig");
     std::fs::write(&kubeconfig, token_kubeconfig(c, token.trim())).unwrap();
     let (args, probes) = deployment_args(&docs, &providers_file);
@@ -218,6 +223,9 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .args(["--default-probe-url", &format!("http://{target}/")])
         .args(["--default-probe-expected-status", "200"])
         .args(["--provider-check-interval", "10s"])
+        // The samples' namespace may have External Proxies (the default
+        // allows the operator's own namespace only).
+        .args(["--external-proxy-namespaces", &ground.ns])
         .env("KUBECONFIG", &kubeconfig)
         .env("POD_NAMESPACE", NS)
         .env("POD_NAME", "manager-0")

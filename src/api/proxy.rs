@@ -336,6 +336,12 @@ pub mod conditions {
     pub const REASON_CLOUD_INIT_ERROR: &str = "CloudInitError";
     /// Provisioned=False: the spec cannot be acted on (bypassed validation).
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+    /// Provisioned=False: an External Proxy in a namespace the operator's
+    /// `--external-proxy-namespaces` does not list; never probed nor
+    /// offered.
+    pub const REASON_EXTERNAL_NOT_ALLOWED: &str = "ExternalNotAllowed";
+    /// Healthy=Unknown: the Proxy is not probed (see Provisioned).
+    pub const REASON_NOT_PROBED: &str = "NotProbed";
     /// Provisioned=False: the provider's create limits (`createsPerMinute`,
     /// `maxCreatesInFlight`) hold this create back until a set time.
     pub const REASON_CREATE_THROTTLED: &str = "CreateThrottled";

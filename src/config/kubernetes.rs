@@ -7,9 +7,22 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 /// Ranges a Squid Pod never connects to unless `allow` names them: link-local
-/// (the cloud metadata server at 169.254.169.254 among them) and loopback
-/// (the Pod itself, or the node when the Pod shares its network).
-pub const DEFAULT_DENIED: &[&str] = &["169.254.0.0/16", "fe80::/10", "127.0.0.0/8", "::1/128"];
+/// (the cloud metadata server at 169.254.169.254 among them), loopback (the
+/// Pod itself, or the node when the Pod shares its network), and the
+/// private ranges a cluster's Pods, Services and nodes live in (RFC 1918,
+/// the 100.64.0.0/10 shared range, IPv6 unique-local fc00::/7), so a tenant
+/// cannot crawl the cluster from inside it.
+pub const DEFAULT_DENIED: &[&str] = &[
+    "169.254.0.0/16",
+    "fe80::/10",
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+];
 
 /// `kubernetes.destinations`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -142,11 +155,83 @@ mod tests {
     }
 
     #[test]
-    fn the_default_denies_metadata_and_loopback() {
+    fn the_default_denies_metadata_loopback_and_private_ranges() {
+        struct Case {
+            name: &'static str,
+            addr: &'static str,
+            denied: bool,
+        }
+        let cases = [
+            Case {
+                name: "cloud metadata",
+                addr: "169.254.169.254",
+                denied: true,
+            },
+            Case {
+                name: "loopback",
+                addr: "127.0.0.1",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 loopback",
+                addr: "::1",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 link-local",
+                addr: "fe80::1",
+                denied: true,
+            },
+            Case {
+                name: "a Pod in 10/8",
+                addr: "10.244.1.7",
+                denied: true,
+            },
+            Case {
+                name: "a Service in 172.16/12",
+                addr: "172.20.0.10",
+                denied: true,
+            },
+            Case {
+                name: "a node in 192.168/16",
+                addr: "192.168.1.20",
+                denied: true,
+            },
+            Case {
+                name: "shared address space (GKE, CGNAT)",
+                addr: "100.64.3.4",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 unique-local",
+                addr: "fd12:3456::1",
+                denied: true,
+            },
+            Case {
+                name: "just outside 172.16/12",
+                addr: "172.32.0.1",
+                denied: false,
+            },
+            Case {
+                name: "a public address",
+                addr: "93.184.216.34",
+                denied: false,
+            },
+            Case {
+                name: "a public IPv6 address",
+                addr: "2606:4700::1111",
+                denied: false,
+            },
+        ];
         let r = Destinations::default().rules().unwrap();
-        for addr in ["169.254.169.254", "127.0.0.1", "::1", "fe80::1"] {
-            let a: IpAddr = addr.parse().unwrap();
-            assert!(r.deny.iter().any(|n| n.contains(&a)), "{addr}");
+        for c in cases {
+            let a: IpAddr = c.addr.parse().unwrap();
+            assert_eq!(
+                r.deny.iter().any(|n| n.contains(&a)),
+                c.denied,
+                "{}",
+                c.name
+            );
         }
         assert!(r.allow.is_empty());
         let broken = Destinations {

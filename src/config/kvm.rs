@@ -184,7 +184,7 @@ impl KvmConfig {
         for (key, img) in &self.images {
             if !is_identifier(key) {
                 return Err(format!(
-                    "kvm.images[{key:?}]: key must be {KEY_RULE}: it becomes the cached volume name base-<key>.<format>"
+                    "kvm.images[{key:?}]: key must be {KEY_RULE}: it names the image in Proxies and messages"
                 ));
             }
             http_url(&img.url)

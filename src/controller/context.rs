@@ -10,6 +10,7 @@ use kube::Client;
 use super::{cloud_init, plan};
 use crate::api::health::HealthSource;
 use crate::provider::registry::Registry;
+use crate::tenancy::ExternalNamespaces;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -37,6 +38,8 @@ pub struct Context {
     pub written: super::written::Written,
     /// The per-provider fleet view: breaker, budget, recycles.
     pub fleet: Arc<super::fleet::Fleet>,
+    /// `--external-proxy-namespaces`: where External Proxies are served.
+    pub external: Arc<ExternalNamespaces>,
 }
 
 impl Context {
@@ -64,7 +67,16 @@ impl Context {
                 Default::default(),
                 Duration::ZERO,
             )),
+            // None until the operator says which: an External Proxy is
+            // only ever served where an administrator allowed it.
+            external: Arc::new(ExternalNamespaces::only([])),
         }
+    }
+
+    /// Serves External Proxies in the namespaces `external` allows.
+    pub fn with_external_namespaces(mut self, external: Arc<ExternalNamespaces>) -> Self {
+        self.external = external;
+        self
     }
 
     /// Limits creates with `throttle` (built from the providers config).

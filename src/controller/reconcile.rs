@@ -192,9 +192,16 @@ fn fail_delete(ctx: &Context, err: ProviderError) -> Result<Action, Error> {
 }
 
 fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Action {
-    let ending = Ending::External {
-        host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
-        health: health_of(ctx, proxy),
+    let namespace = proxy.namespace().unwrap_or_default();
+    let ending = if ctx.external.allows(&namespace) {
+        Ending::External {
+            host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
+            health: health_of(ctx, proxy),
+        }
+    } else {
+        Ending::ExternalNotAllowed {
+            message: ctx.external.refusal(&namespace),
+        }
     };
     action(
         ctx,

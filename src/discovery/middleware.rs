@@ -1,6 +1,7 @@
 //! The outer layer of every route, outermost first: panic recovery, one
 //! server span and one `request` log line per request, the route metrics
-//! (all in [`observe`]); the body cap; bearer auth ([`auth`]).
+//! (all in [`observe`]); the whole-request timeout ([`bounded`]); the body
+//! cap; bearer auth ([`auth`]).
 //!
 //! The router applies these with `Router::layer`, which wraps each route
 //! after routing, so the matched route pattern (axum's [`MatchedPath`]) is
@@ -8,7 +9,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -98,6 +99,24 @@ pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next)
         );
     }
     resp
+}
+
+/// A whole request within `limit`, else `408 request_timeout`. Inside
+/// [`observe`], so a timed-out request is logged and counted like any other
+/// answer.
+pub(super) async fn bounded(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request was not answered within {}s (a body that arrives too slowly, or a busy server); retry",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
+    }
 }
 
 /// Paths served without a token: liveness and the API's description.

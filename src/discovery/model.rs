@@ -11,6 +11,7 @@ use crate::api::condition::ConditionStatus;
 use crate::api::proxy::conditions::HEALTHY;
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
 use crate::lease::ProxyKey;
+use crate::tenancy::ExternalNamespaces;
 
 /// A healthy proxy a crawler may use: connect to `url` (`http://ip:port`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -216,9 +217,14 @@ pub struct ErrorDetail {
 
 /// A listed Proxy, or `None` when it is not eligible: being deleted, not
 /// Ready, draining for a recycle (no new leases, no renewals), Healthy not
-/// True, or without an address.
-pub fn item_of(p: &Proxy) -> Option<ProxyItem> {
+/// True, without an address, or External in a namespace `external` does
+/// not allow (whatever its status says: whoever may write it could claim
+/// Ready).
+pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
     if p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    if p.spec.mode == ProxyMode::External && !external.allows(&p.namespace().unwrap_or_default()) {
         return None;
     }
     let st = p.status.as_ref()?;
@@ -338,6 +344,52 @@ mod tests {
         )
     }
 
+    fn any() -> ExternalNamespaces {
+        ExternalNamespaces::Any
+    }
+
+    #[test]
+    fn external_proxies_are_offered_only_from_allowed_namespaces() {
+        struct Case {
+            name: &'static str,
+            spec: serde_json::Value,
+            allowed: ExternalNamespaces,
+            listed: bool,
+        }
+        let external = json!({"mode": "External", "endpoint": {"host": "127.0.0.9", "port": 8080}});
+        let managed = json!({"provider": "k", "port": 3128});
+        let cases = [
+            Case {
+                name: "External, its namespace allowed",
+                spec: external.clone(),
+                allowed: ExternalNamespaces::only(["ns"]),
+                listed: true,
+            },
+            Case {
+                name: "External, Ready and Healthy by its status, its namespace not allowed",
+                spec: external.clone(),
+                allowed: ExternalNamespaces::only(["crawl"]),
+                listed: false,
+            },
+            Case {
+                name: "External, nothing allowed",
+                spec: external,
+                allowed: ExternalNamespaces::only([]),
+                listed: false,
+            },
+            Case {
+                name: "Managed: the allowlist is for External only",
+                spec: managed,
+                allowed: ExternalNamespaces::only([]),
+                listed: true,
+            },
+        ];
+        for c in cases {
+            let p = ready("p", c.spec, "True");
+            assert_eq!(item_of(&p, &c.allowed).is_some(), c.listed, "{}", c.name);
+        }
+    }
+
     #[test]
     fn eligibility() {
         let ok = ready(
@@ -346,28 +398,32 @@ mod tests {
             "placement": {"zone": "z1", "region": "r1"}, "attributes": {"geo": "home"}}),
             "True",
         );
-        let item = item_of(&ok).unwrap();
+        let item = item_of(&ok, &any()).unwrap();
         assert_eq!(item.url, "http://127.0.0.9:3128");
         assert_eq!(item.zone.as_deref(), Some("z1"));
         assert_eq!(item.provider.as_deref(), Some("kubernetes"));
-        assert!(item_of(&ready("b", json!({"provider": "k", "port": 3128}), "False")).is_none());
+        assert!(item_of(
+            &ready("b", json!({"provider": "k", "port": 3128}), "False"),
+            &any()
+        )
+        .is_none());
         let ext = ready(
             "c",
             json!({"mode": "External", "endpoint": {"host": "127.0.0.9", "port": 8080}}),
             "True",
         );
-        let e = item_of(&ext).unwrap();
+        let e = item_of(&ext, &any()).unwrap();
         assert_eq!(
             (e.port, e.provider.clone(), e.mode.as_str()),
             (8080, None, "External")
         );
         let mut running = ok.clone();
         running.status.as_mut().unwrap().phase = Some(ProxyPhase::Running);
-        assert!(item_of(&running).is_none());
+        assert!(item_of(&running, &any()).is_none());
         let mut draining = ok.clone();
         draining.status.as_mut().unwrap().draining_since = Some(chrono::Utc::now());
         assert!(
-            item_of(&draining).is_none(),
+            item_of(&draining, &any()).is_none(),
             "a draining proxy gets no new lease"
         );
         let json = serde_json::to_value(&item).unwrap();
@@ -377,12 +433,15 @@ mod tests {
 
     #[test]
     fn filters_and_queries() {
-        let item = item_of(&ready(
-            "a",
-            json!({"provider": "kubernetes", "port": 3128,
-            "placement": {"zone": "z1"}, "attributes": {"geo": "home", "tier": "1"}}),
-            "True",
-        ))
+        let item = item_of(
+            &ready(
+                "a",
+                json!({"provider": "kubernetes", "port": 3128,
+                "placement": {"zone": "z1"}, "attributes": {"geo": "home", "tier": "1"}}),
+                "True",
+            ),
+            &any(),
+        )
         .unwrap();
         let cases: [(&str, Result<bool, ()>); 11] = [
             ("", Ok(true)),

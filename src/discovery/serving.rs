@@ -13,7 +13,7 @@ use axum::Router;
 use tracing::warn;
 
 use super::handlers::*;
-use super::middleware::{auth, observe, BODY_LIMIT};
+use super::middleware::{auth, bounded, observe, BODY_LIMIT};
 use super::openapi::openapi_json;
 use super::state::ApiState;
 use crate::server::{Limits, DISCOVERY_LIMITS};
@@ -21,10 +21,11 @@ use crate::server::{Limits, DISCOVERY_LIMITS};
 /// How often expired leases are swept.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// The API's router.
-pub fn router(state: ApiState) -> Router {
+/// The API's router; a request taking longer than `request_timeout` is
+/// answered `408 request_timeout`.
+pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
     let doc = openapi_json(state.leases.config().max_ttl);
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route(
             "/openapi.json",
@@ -43,7 +44,12 @@ pub fn router(state: ApiState) -> Router {
         // `layer` wraps every route and the fallback after routing, so
         // `observe` sees the matched route pattern (none for the fallback).
         .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT));
+    let router = match request_timeout {
+        Some(limit) => router.layer(middleware::from_fn_with_state(limit, bounded)),
+        None => router,
+    };
+    router
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -104,8 +110,14 @@ pub async fn serve_within(
         }
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stop));
-    let app = router(state);
-    let res = crate::server::serve(listener, app, limits, async move {
+    // The router bounds each request itself (its JSON 408 is logged and
+    // counted); the accept loop keeps the connection bounds.
+    let app = router(state, limits.request_timeout);
+    let server_limits = Limits {
+        request_timeout: None,
+        ..limits
+    };
+    let res = crate::server::serve(listener, app, server_limits, async move {
         shutdown.await;
         let _ = tx.send(true);
     })

@@ -13,6 +13,7 @@ use super::metrics::DiscoveryMetrics;
 use super::model::{item_of, matches, Filters, ProxyItem};
 use crate::api::Proxy;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
+use crate::tenancy::ExternalNamespaces;
 
 /// How long the eligible-proxy listing is reused before it is rebuilt from
 /// the cache (the cache itself lags the API server by about as much).
@@ -61,6 +62,8 @@ pub struct ApiState {
     pub(super) metrics: DiscoveryMetrics,
     listing: Arc<Mutex<Option<(Instant, Listing)>>>,
     rebuilding: Arc<AtomicBool>,
+    /// Where External Proxies may be offered from.
+    external: Arc<ExternalNamespaces>,
 }
 
 impl ApiState {
@@ -102,7 +105,16 @@ impl ApiState {
             metrics,
             listing: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
+            // None until told: a namespace that may write a Proxy's status
+            // must still not get its own endpoint into the pool.
+            external: Arc::new(ExternalNamespaces::only([])),
         }
+    }
+
+    /// Offers External Proxies from the namespaces `external` allows only.
+    pub fn with_external_namespaces(mut self, external: Arc<ExternalNamespaces>) -> Self {
+        self.external = external;
+        self
     }
 
     /// Whether a token is required.
@@ -138,7 +150,7 @@ impl ApiState {
             .source
             .proxies()
             .iter()
-            .filter_map(|p| item_of(p))
+            .filter_map(|p| item_of(p, &self.external))
             .map(|i| (i.key(), i))
             .collect();
         items.sort_by(|a, b| a.0.cmp(&b.0));

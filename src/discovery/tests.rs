@@ -38,6 +38,15 @@ impl Api {
     }
 
     async fn start_clients(tokens: &[(&str, &str)], max: u32, limits: ClientLimits) -> Api {
+        Api::start_within(tokens, max, limits, crate::server::DISCOVERY_LIMITS).await
+    }
+
+    async fn start_within(
+        tokens: &[(&str, &str)],
+        max: u32,
+        limits: ClientLimits,
+        server: crate::server::Limits,
+    ) -> Api {
         let source: Vec<Arc<Proxy>> = vec![
             proxy("a", "z1", "True", json!({"geo": "home"})),
             proxy("b", "z2", "True", json!({"geo": "away"})),
@@ -63,7 +72,7 @@ impl Api {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve_on(listener, state, async move {
+        let task = tokio::spawn(serve_within(listener, state, server, async move {
             let _ = rx.await;
         }));
         Api {
@@ -378,6 +387,65 @@ async fn bad_requests_are_json_errors() {
         )
         .await;
     assert_eq!(status, 201, "{v}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_over_its_time_is_a_json_408_logged_and_counted() {
+    let api = Api::start_within(
+        &[("default", "t0k")],
+        1,
+        ClientLimits::default(),
+        crate::server::Limits {
+            request_timeout: Some(Duration::from_millis(300)),
+            ..crate::server::DISCOVERY_LIMITS
+        },
+    )
+    .await;
+    // A body announced but never finished: the handler waits on it (the
+    // body-read timeout is 10s) until the whole-request timeout answers.
+    let mut c = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    c.write_all(
+        b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\nContent-Length: 100\r\n\r\n{\"fil",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let answer = loop {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("an answer before the deadline")
+            .unwrap();
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if n == 0 || text.ends_with('}') {
+            break text;
+        }
+    };
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{answer}"
+    );
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(code(&v), "request_timeout", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("0.3s"),
+        "the message names the limit: {v}"
+    );
+    let text = api.metrics.encode().unwrap();
+    assert!(
+        text.contains("route=\"POST /v1/leases\",status=\"408\""),
+        "the 408 is counted:\n{text}"
+    );
     api.stop().await;
 }
 

@@ -46,11 +46,16 @@ pub enum ProbeError {
     /// The probe URL cannot be probed (no host or port, another scheme).
     #[error("{0}")]
     Url(String),
+    /// An External endpoint is, or resolves to, an address in
+    /// `--probe-deny-cidrs`: not dialled. The message is the same whatever
+    /// listens there (nothing was sent).
+    #[error("spec.endpoint.host {0:?} is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local and the like); not dialled")]
+    Denied(String),
 }
 
 impl ProbeError {
     /// Every [`ProbeError::reason`], for forgetting a proxy's series.
-    pub const REASONS: [&'static str; 10] = [
+    pub const REASONS: [&'static str; 11] = [
         "refused",
         "connect",
         "proxy_refused",
@@ -61,6 +66,7 @@ impl ProbeError {
         "io",
         "protocol",
         "url",
+        "denied",
     ];
 
     /// The bounded class of the failure (a metric label value).
@@ -76,6 +82,7 @@ impl ProbeError {
             ProbeError::Io(_) => "io",
             ProbeError::Protocol(_) => "protocol",
             ProbeError::Url(_) => "url",
+            ProbeError::Denied(_) => "denied",
         }
     }
 
@@ -185,6 +192,12 @@ mod tests {
                 error: ProbeError::Url("unsupported probe URL scheme \"ftp\"".into()),
                 reason: "url",
                 message: "unsupported probe URL scheme \"ftp\"",
+            },
+            Case {
+                name: "a denied destination",
+                error: ProbeError::Denied("metadata.internal".into()),
+                reason: "denied",
+                message: "spec.endpoint.host \"metadata.internal\" is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local and the like); not dialled",
             },
         ];
         for c in cases {

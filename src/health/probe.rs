@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use url::Url;
 
 pub use super::error::ProbeError;
+use crate::tenancy::ProbeDenylist;
 
 /// Longest response head (status line and headers) read.
 const MAX_HEAD: usize = 16 * 1024;
@@ -30,6 +31,9 @@ pub struct ProbeTarget {
     pub proxy_host: String,
     /// Port of the proxy.
     pub proxy_port: u16,
+    /// Addresses the proxy's host must not be or resolve to (External
+    /// Proxies); `None`: any.
+    pub deny: Option<Arc<ProbeDenylist>>,
     /// The URL fetched through it.
     pub url: Url,
     /// The status the URL must answer with.
@@ -121,8 +125,27 @@ fn host_header(url: &Url) -> Result<String, ProbeError> {
     })
 }
 
+/// The proxy's addresses, resolved once and checked against the target's
+/// denylist before anything is dialled: the connection goes to exactly the
+/// addresses checked (a name cannot resolve to another one in between),
+/// and a denied one fails the probe without a packet sent, so its message
+/// says nothing of what listens there.
+async fn resolve(target: &ProbeTarget) -> Result<Vec<std::net::SocketAddr>, ProbeError> {
+    let addrs: Vec<_> = tokio::net::lookup_host((target.proxy_host.as_str(), target.proxy_port))
+        .await
+        .map_err(|e| ProbeError::connect(&e))?
+        .collect();
+    if let Some(deny) = &target.deny {
+        if addrs.iter().any(|a| deny.denies(a.ip())) {
+            return Err(ProbeError::Denied(target.proxy_host.clone()));
+        }
+    }
+    Ok(addrs)
+}
+
 async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), ProbeError> {
-    let mut conn = TcpStream::connect((target.proxy_host.as_str(), target.proxy_port))
+    let addrs = resolve(target).await?;
+    let mut conn = TcpStream::connect(&addrs[..])
         .await
         .map_err(|e| ProbeError::connect(&e))?;
     let _ = conn.set_nodelay(true);

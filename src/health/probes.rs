@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -17,6 +18,7 @@ use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
 use crate::api::health::HealthReport;
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
+use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
 
 /// Operator-wide probe defaults (flags).
 #[derive(Debug, Clone)]
@@ -25,6 +27,11 @@ pub struct Defaults {
     pub url: Url,
     /// `--default-probe-expected-status`.
     pub expected_status: u16,
+    /// `--external-proxy-namespaces`: External Proxies elsewhere are never
+    /// probed.
+    pub external: Arc<ExternalNamespaces>,
+    /// `--probe-deny-cidrs`: what an External endpoint must not resolve to.
+    pub deny: Arc<ProbeDenylist>,
 }
 
 /// Default seconds between probes.
@@ -52,24 +59,33 @@ fn positive(v: Option<i32>, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// What to probe for a Proxy, or `None` when it has nothing to probe yet:
+/// What to probe for a Proxy, or `None` when it has nothing to probe:
 /// being deleted, a Managed Proxy without a running instance (phase Running
-/// or Ready with an IP), or an invalid endpoint or URL.
+/// or Ready with an IP), an External Proxy in a namespace not allowed to
+/// have one, or an invalid endpoint or URL. An External target carries the
+/// destination denylist, checked when its address is resolved.
 pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
     if p.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let (host, port) = match p.spec.mode {
+    let (host, port, deny) = match p.spec.mode {
         ProxyMode::External => {
+            if !d.external.allows(&p.namespace().unwrap_or_default()) {
+                return None;
+            }
             let ep = p.spec.endpoint.as_ref()?;
-            (ep.host.clone(), ep.port)
+            (ep.host.clone(), ep.port, Some(d.deny.clone()))
         }
         ProxyMode::Managed => {
             let st = p.status.as_ref()?;
             if !matches!(st.phase, Some(ProxyPhase::Running | ProxyPhase::Ready)) {
                 return None;
             }
-            (st.ip.clone().filter(|ip| !ip.is_empty())?, p.spec.port?)
+            (
+                st.ip.clone().filter(|ip| !ip.is_empty())?,
+                p.spec.port?,
+                None,
+            )
         }
     };
     let port = u16::try_from(port).ok().filter(|p| *p > 0)?;
@@ -90,6 +106,7 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
         target: ProbeTarget {
             proxy_host: host,
             proxy_port: port,
+            deny,
             url,
             expected_status,
             timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),

@@ -6,6 +6,8 @@ pub(crate) fn defaults() -> Defaults {
     Defaults {
         url: Url::parse("https://www.gstatic.com/generate_204").unwrap(),
         expected_status: 204,
+        external: std::sync::Arc::new(crate::tenancy::ExternalNamespaces::Any),
+        deny: std::sync::Arc::new(crate::tenancy::ProbeDenylist::default_list()),
     }
 }
 
@@ -89,6 +91,66 @@ fn probe_spec_table() {
         });
         let want = want.map(|(h, p, u, e, i, s, f)| (h.to_string(), p, u.to_string(), e, i, s, f));
         assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn external_proxies_outside_the_allowlist_are_never_probed() {
+    struct Case {
+        name: &'static str,
+        namespace: &'static str,
+        spec: serde_json::Value,
+        probed: bool,
+        denylist_checked: bool,
+    }
+    let external = json!({"mode": "External", "endpoint": {"host": "10.9.9.9", "port": 3128}});
+    let managed = json!({"provider": "k", "port": 3128});
+    let cases = [
+        Case {
+            name: "External in an allowed namespace",
+            namespace: "crawl",
+            spec: external.clone(),
+            probed: true,
+            denylist_checked: true,
+        },
+        Case {
+            name: "External in another namespace",
+            namespace: "tenant-a",
+            spec: external,
+            probed: false,
+            denylist_checked: false,
+        },
+        Case {
+            name: "Managed anywhere: its address is the provider's",
+            namespace: "tenant-a",
+            spec: managed,
+            probed: true,
+            denylist_checked: false,
+        },
+    ];
+    let d = Defaults {
+        external: Arc::new(crate::tenancy::ExternalNamespaces::only(["crawl"])),
+        ..defaults()
+    };
+    for c in cases {
+        let p = proxy(
+            json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "p", "namespace": c.namespace, "uid": "u1"},
+            "spec": c.spec, "status": {"phase": "Running", "ip": "10.0.0.1"}}),
+        );
+        let spec = probe_spec(&p, &d);
+        assert_eq!(spec.is_some(), c.probed, "{}", c.name);
+        if let Some(spec) = spec {
+            assert_eq!(spec.target.deny.is_some(), c.denylist_checked, "{}", c.name);
+        }
+        let mut probes = Probes::new(d.clone());
+        probes.sync([&p], 0);
+        assert_eq!(
+            probes.due(u64::MAX / 2, 10).len(),
+            usize::from(c.probed),
+            "{}: due",
+            c.name
+        );
     }
 }
 

@@ -351,7 +351,8 @@ impl Operator {
             )
             .with_metrics(self.metrics.reconcile.clone())
             .with_throttle(throttle)
-            .with_fleet(fleet),
+            .with_fleet(fleet)
+            .with_external_namespaces(s.health.defaults.external.clone()),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;

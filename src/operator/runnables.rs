@@ -69,7 +69,8 @@ pub fn spawn_discovery(
         leases,
         &settings.discovery_tokens,
         &metrics.discovery,
-    );
+    )
+    .with_external_namespaces(settings.health.defaults.external.clone());
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
             error!(%addr, error = %e, "Discovery API failed");

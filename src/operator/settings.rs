@@ -14,6 +14,7 @@ use crate::config::ProvidersConfig;
 use crate::health;
 use crate::leader;
 use crate::lease::{ClientLimits, LeaseConfig};
+use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
 
 /// What the operator runs with. Not `Debug`: it carries the discovery
 /// token.
@@ -114,6 +115,15 @@ impl Settings {
             .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
             .ok();
         let url = url::Url::parse(&flags.default_probe_url).ok();
+        let external = ExternalNamespaces::parse(
+            flags.external_proxy_namespaces.as_deref(),
+            &flags.operator_namespace,
+        )
+        .map_err(|e| problems.push(e))
+        .ok();
+        let deny = ProbeDenylist::parse(&flags.probe_deny_cidrs)
+            .map_err(|e| problems.push(e))
+            .ok();
         let providers = match &flags.providers_config {
             None => {
                 problems.push("--providers-config is required".to_string());
@@ -125,8 +135,8 @@ impl Settings {
         };
         // validate() has already named a bad bind address or probe URL.
         let bind = |s: &str| cli::parse_bind(s).ok().flatten();
-        let (Some(providers), Some(tls), Some(url), true) =
-            (providers, tls, url, problems.is_empty())
+        let (Some(providers), Some(tls), Some(url), Some(external), Some(deny), true) =
+            (providers, tls, url, external, deny, problems.is_empty())
         else {
             return Err(problems);
         };
@@ -149,6 +159,8 @@ impl Settings {
                 defaults: health::Defaults {
                     url,
                     expected_status: flags.default_probe_expected_status,
+                    external: Arc::new(external),
+                    deny: Arc::new(deny),
                 },
                 workers: usize::from(flags.health_workers),
                 tls,

@@ -15,3 +15,4 @@ mod e2e_leader;
 mod gc_sweep;
 mod manifests;
 mod providerhealth_writer;
+mod secret_sentinel;

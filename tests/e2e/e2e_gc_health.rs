@@ -454,46 +454,31 @@ fn hex(b: &[u8]) -> String {
 
 /// A tiny OTLP/HTTP receiver on loopback collecting protobuf span exports.
 async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Span>>>) {
-    use axum::body::Bytes;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message;
     let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
     let sink = spans.clone();
-    let app = axum::Router::new().route(
-        "/v1/traces",
-        axum::routing::post(move |body: Bytes| {
-            let sink = sink.clone();
-            async move {
-                if let Ok(req) = ExportTraceServiceRequest::decode(body) {
-                    let mut s = sink.lock().unwrap();
-                    for rs in req.resource_spans {
-                        for ss in rs.scope_spans {
-                            for sp in ss.spans {
-                                s.push(Span {
-                                    name: sp.name.clone(),
-                                    trace_id: hex(&sp.trace_id),
-                                    span_id: hex(&sp.span_id),
-                                    parent: hex(&sp.parent_span_id),
-                                    attrs: sp.attributes.iter().map(|a| a.key.clone()).collect(),
-                                });
-                            }
-                        }
-                    }
+    let endpoint = support::otlp_receiver(move |body| {
+        let Ok(req) = ExportTraceServiceRequest::decode(body) else {
+            return;
+        };
+        let mut s = sink.lock().unwrap();
+        for rs in req.resource_spans {
+            for ss in rs.scope_spans {
+                for sp in ss.spans {
+                    s.push(Span {
+                        name: sp.name.clone(),
+                        trace_id: hex(&sp.trace_id),
+                        span_id: hex(&sp.span_id),
+                        parent: hex(&sp.parent_span_id),
+                        attrs: sp.attributes.iter().map(|a| a.key.clone()).collect(),
+                    });
                 }
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
-                    Vec::<u8>::new(),
-                )
             }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    // Served on the test's runtime: it stops with the test.
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), spans)
+        }
+    })
+    .await;
+    (endpoint, spans)
 }
 
 /// The operator exporting to a loopback OTLP receiver every 200 ms, with

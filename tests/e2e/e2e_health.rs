@@ -49,7 +49,7 @@ fn probing_operator(
 ) -> Operator {
     let mut cmd = ground.operator(
         dir,
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+        &support::kubernetes_reaching("kubernetes", "", target.ip()),
     );
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--default-probe-url", &format!("http://{target}/")])
@@ -328,12 +328,16 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
     let pods: Api<Pod> = ground.api();
 
     // The provider's own Squid config, once denying all egress and once as
-    // it is (it allows the private ranges, the host's bridge address too).
+    // it is with the probe target allowed (the host's bridge address is
+    // private, denied by default).
     let conf = egress_proxies_operator::provider::kubernetes::squid_conf(
         3128,
-        &egress_proxies_operator::config::Destinations::default()
-            .rules()
-            .unwrap(),
+        &egress_proxies_operator::config::Destinations {
+            allow: vec![target.ip().to_string()],
+            ..Default::default()
+        }
+        .rules()
+        .unwrap(),
     );
     let denying = squid_pod(
         &pods,
@@ -467,4 +471,116 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
             .then_some(())
     })
     .await;
+}
+
+/// A "proxy" that counts the connections it gets and answers each request
+/// 200: healthy as soon as it is probed.
+async fn counting_proxy() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let _ = support::read_head(&mut c).await;
+                let _ = c
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// Issue 17: an External Proxy in a namespace `--external-proxy-namespaces`
+/// does not list says so in its status (the field, the namespace, the
+/// flag), is never dialled and never offered by the discovery API; the
+/// same Proxy under an operator that allows its namespace (the default:
+/// the operator's own) is probed, Ready and listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_proxy_in_a_namespace_not_allowed_is_never_dialled_nor_listed() {
+    use std::sync::atomic::Ordering;
+    let ground = support::ground("ext-allow").await;
+    let (endpoint, dialled) = counting_proxy().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let op = probing_operator(
+        &ground,
+        dir.path(),
+        endpoint,
+        api_addr,
+        &["--external-proxy-namespaces", "crawl-only"],
+    );
+    let proxies: Api<Proxy> = ground.proxies();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy(
+                "outsider",
+                json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": endpoint.port()}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let refused = eventually(
+        "outsider refused in its status",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("outsider").await.ok()?;
+            let c = condition(&p, "Provisioned")?;
+            (c.reason == "ExternalNotAllowed").then_some((p.clone(), c.message.clone()))
+        },
+    )
+    .await;
+    let (p, message) = refused;
+    assert_eq!(phase(&p), Some("Failed"));
+    assert!(
+        message.starts_with("spec.mode:")
+            && message.contains(&format!("{:?}", ground.ns))
+            && message.contains("--external-proxy-namespaces allows: crawl-only"),
+        "{message}"
+    );
+    assert_eq!(p.status.as_ref().and_then(|s| s.ip.clone()), None);
+    // Nothing announces "not probed", so give the engine several of its
+    // 1 s sync-and-probe rounds to do it wrongly.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (s, list) = call(api_addr, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        assert_eq!(
+            (s, list["items"].as_array().map(Vec::len)),
+            (200, Some(0)),
+            "{list}"
+        );
+    }
+    assert_eq!(
+        dialled.load(Ordering::SeqCst),
+        0,
+        "the refused endpoint was dialled"
+    );
+    drop(op);
+
+    // The default allowlist is the operator's namespace, this one.
+    let _op = probing_operator(&ground, dir.path(), endpoint, api_addr, &[]);
+    let listed = eventually(
+        "outsider listed once allowed",
+        Duration::from_secs(60),
+        || async {
+            // The new operator's API may not listen yet.
+            tokio::net::TcpStream::connect(api_addr).await.ok()?;
+            let (s, list) = call(api_addr, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+            (s == 200 && list["items"].as_array().is_some_and(|i| i.len() == 1)).then_some(list)
+        },
+    )
+    .await;
+    assert_eq!(listed["items"][0]["name"], "outsider");
+    assert!(dialled.load(Ordering::SeqCst) > 0);
+    let p = proxies.get("outsider").await.unwrap();
+    assert_eq!(phase(&p), Some("Ready"));
+    assert!(
+        condition(&p, "Provisioned").is_none(),
+        "the refusal is gone"
+    );
 }

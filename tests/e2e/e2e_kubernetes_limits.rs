@@ -56,8 +56,10 @@ async fn proxies_applied_at_once_get_one_pod_each_at_the_configured_rate() {
     });
 
     let dir = tempfile::tempdir().unwrap();
-    let providers = format!(
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n    createsPerMinute: {PER_MINUTE}\n    maxCreatesInFlight: 4\n"
+    let providers = support::kubernetes_reaching(
+        "kubernetes",
+        &format!("    createsPerMinute: {PER_MINUTE}\n    maxCreatesInFlight: 4\n"),
+        target.ip(),
     );
     let mut cmd = ground.operator(dir.path(), &providers);
     cmd.args(["--default-probe-url", &format!("http://{target}/")])

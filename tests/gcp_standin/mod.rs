@@ -258,6 +258,11 @@ impl StandIn {
         })
     }
 
+    /// The instances held, as inserted (plus the stand-in's own fields).
+    pub fn instance_bodies(&self) -> Vec<Value> {
+        self.with(|s| s.instances.values().map(|i| i.body.clone()).collect())
+    }
+
     pub fn instance_count(&self) -> usize {
         self.with(|s| s.instances.len())
     }

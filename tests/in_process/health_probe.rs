@@ -100,6 +100,7 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
     ProbeTarget {
         proxy_host: "127.0.0.1".into(),
         proxy_port: port,
+        deny: None,
         url: Url::parse(url).unwrap(),
         expected_status: expected,
         timeout: Duration::from_secs(3),
@@ -278,4 +279,64 @@ async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
     let e = r.error.as_ref().unwrap();
     assert!(e.to_string().contains("connecting to the proxy"), "{r:?}");
     assert_eq!(e.reason(), "refused", "{r:?}");
+}
+
+/// An External endpoint in `--probe-deny-cidrs` is never dialled, whether
+/// something listens there or not, and the two answers read the same: the
+/// probe is no port-scan oracle. The same real Squid is probed as usual
+/// once the list no longer covers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
+    use egress_proxies_operator::tenancy::ProbeDenylist;
+    require_squid();
+    let squid = start_squid("denylist", "http_access allow me").await;
+    let (http, seen) = http_target(204).await;
+    let tls = tls_config(None).unwrap();
+    let url = format!("http://{http}/");
+    // Something listening that counts what reaches it.
+    let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    open.set_nonblocking(true).unwrap();
+    let open_port = open.local_addr().unwrap().port();
+    let deny = Arc::new(ProbeDenylist::parse("169.254.0.0/16,127.0.0.0/8").unwrap());
+    let mut messages = Vec::new();
+    for port in [open_port, free_port(), squid.port] {
+        let t = ProbeTarget {
+            deny: Some(deny.clone()),
+            ..target(port, &url, 204)
+        };
+        let r = probe(&t, &tls).await;
+        assert!(!r.ok, "{r:?}");
+        let e = r.error.unwrap();
+        assert_eq!(e.reason(), "denied", "{e}");
+        messages.push(e.to_string());
+    }
+    assert!(
+        messages.windows(2).all(|w| w[0] == w[1]),
+        "an open, a closed and a proxying port read the same: {messages:?}"
+    );
+    assert!(messages[0].contains("--probe-deny-cidrs"), "{messages:?}");
+    assert_eq!(
+        open.accept().map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::WouldBlock),
+        "the denied endpoint was dialled"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the target was reached");
+    // A name that resolves into the list is refused too.
+    let t = ProbeTarget {
+        proxy_host: "localhost".into(),
+        deny: Some(deny),
+        ..target(squid.port, &url, 204)
+    };
+    assert_eq!(
+        probe(&t, &tls).await.error.map(|e| e.reason()),
+        Some("denied")
+    );
+    // Outside the list the same Squid is probed as usual.
+    let t = ProbeTarget {
+        deny: Some(Arc::new(ProbeDenylist::default_list())),
+        ..target(squid.port, &url, 204)
+    };
+    let r = probe(&t, &tls).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
 }

@@ -10,6 +10,8 @@ use crate::kvm_support;
 
 use std::time::{Duration, Instant};
 
+use egress_proxies_operator::config::ImageFormat;
+use egress_proxies_operator::provider::kvm::ids::base_volume_for_url;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{CreateRequest, ErrorClass, InstanceState, Provider};
 use kvm_support::{init_logs, uid, Env};
@@ -39,6 +41,8 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     let slow_url = env
         .http
         .add_slow("/slow.raw", &slow_file, Duration::from_millis(100));
+    // Without a sha256 the base is named by its URL.
+    let slow_base = base_volume_for_url(&slow_url, ImageFormat::Raw);
     let (fast_url, _) = env.serve_qcow2("fast.qcow2", "16M");
     let mut cfg = env.config();
     let mut slow = kvm_support::bios_image(slow_url.clone());
@@ -87,7 +91,7 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     // Deleting the stuck one cancels its download: nothing of it is left.
     p.delete(&stuck_id).await.unwrap();
     assert!(p.get(&stuck_id).await.unwrap_err().is(ErrorClass::NotFound));
-    assert!(!env.volumes().contains(&"base-slow.raw.sha256".to_string()));
+    assert!(!env.volumes().contains(&format!("{slow_base}.sha256")));
     assert!(!env.domain_exists(&stuck.name));
 
     // The partial base is replaced by the next create (now unthrottled).
@@ -102,11 +106,8 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     .await;
     assert_eq!(env.http.hits("/slow.raw"), 2);
     let vols = env.volumes();
-    assert!(
-        vols.contains(&"base-slow.raw.sha256".to_string()),
-        "{vols:?}"
-    );
-    let size = std::fs::metadata(env.pool_dir.join("base-slow.raw"))
+    assert!(vols.contains(&format!("{slow_base}.sha256")), "{vols:?}");
+    let size = std::fs::metadata(env.pool_dir.join(&slow_base))
         .unwrap()
         .len();
     assert_eq!(size, 4 << 20);

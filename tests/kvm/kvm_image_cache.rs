@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use egress_proxies_operator::config::KvmImage;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{CreateRequest, ErrorClass, Provider};
-use kvm_support::{init_logs, uid, Env};
+use kvm_support::{init_logs, uid, virsh, Env};
 use sha2::{Digest, Sha256};
 
 fn request(uid: &str, image: &str) -> CreateRequest {
@@ -92,7 +92,7 @@ async fn base_image_cached_once_and_checksums_enforced() {
         "concurrent creates share one download"
     );
 
-    // A direct URL is cached under base-<16 hex>.qcow2.
+    // A direct URL is cached under base-<16 hex of its URL>.qcow2.
     let mut r = request(&uid("direct"), &direct_url);
     r.placement.image = direct_url.clone();
     env.track(&r.name);
@@ -111,7 +111,8 @@ async fn base_image_cached_once_and_checksums_enforced() {
     let msg = e.to_string();
     assert!(msg.contains("image bad") && msg.contains("sha256"), "{msg}");
     let vols = env.volumes();
-    assert!(!vols.iter().any(|v| v.starts_with("base-bad")), "{vols:?}");
+    let bad_base = format!("base-sha256-{}", "0".repeat(64));
+    assert!(!vols.iter().any(|v| v.starts_with(&bad_base)), "{vols:?}");
 
     // 404: Permanent.
     let e = a.create(&request(&uid("nf"), "missing")).await.unwrap_err();
@@ -123,7 +124,92 @@ async fn base_image_cached_once_and_checksums_enforced() {
     }
     let vols = env.volumes();
     assert!(!vols.iter().any(|v| v.starts_with("proxy-")), "{vols:?}");
-    assert!(vols.contains(&"base-good.qcow2".to_string()));
-    assert!(vols.contains(&"base-good.qcow2.sha256".to_string()));
+    // Named by its content: the declared digest.
+    let good_base = format!("base-sha256-{sum}.qcow2");
+    assert!(vols.contains(&good_base), "{vols:?}");
+    assert!(vols.contains(&format!("{good_base}.sha256")), "{vols:?}");
     eprintln!("image cache test took {:?}", started.elapsed());
+}
+
+fn sha256_hex(file: &std::path::Path) -> String {
+    Sha256::digest(std::fs::read(file).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The host path of the base a domain's overlay is backed by.
+fn backing_of(env: &Env, vm: &CreateRequest) -> std::path::PathBuf {
+    let (ok, xml) = virsh(&[
+        "vol-dumpxml",
+        "--pool",
+        &env.pool,
+        &format!("{}.qcow2", vm.name),
+    ]);
+    assert!(ok, "{xml}");
+    let backing = xml.split("<backingStore>").nth(1).unwrap_or_default();
+    let path = backing
+        .split("<path>")
+        .nth(1)
+        .and_then(|p| p.split("</path>").next())
+        .unwrap_or_else(|| panic!("{} has no backing file: {xml}", vm.name));
+    path.into()
+}
+
+/// Issue 17: editing a catalogue entry (the operator restarted with a new
+/// image under the same key) never deletes or replaces the base a running
+/// VM's overlay is backed by: the edited entry downloads into a base of its
+/// own, the first VM's base keeps its content byte for byte, and the bases
+/// are named by their content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_a_catalogue_entry_keeps_the_base_running_vms_use() {
+    init_logs();
+    let Some(env) = Env::start("ie") else { return };
+    let (url_a, file_a) = env.serve_qcow2("v1.qcow2", "16M");
+    let (url_b, file_b) = env.serve_qcow2("v2.qcow2", "24M");
+    let (sum_a, sum_b) = (sha256_hex(&file_a), sha256_hex(&file_b));
+    let mut cfg = env.config();
+    cfg.images
+        .insert("distro".into(), image(&url_a, Some(sum_a.clone())));
+    let before = KvmProvider::new("kvm-e1", &cfg)
+        .unwrap()
+        .with_create_wait(Duration::from_secs(600));
+    let first = request(&uid("ie1"), "distro");
+    env.track(&first.name);
+    let first_id = before.create(&first).await.unwrap();
+    let base_a = backing_of(&env, &first);
+    assert_eq!(sha256_hex(&base_a), sum_a);
+
+    cfg.images
+        .insert("distro".into(), image(&url_b, Some(sum_b.clone())));
+    let after = KvmProvider::new("kvm-e2", &cfg)
+        .unwrap()
+        .with_create_wait(Duration::from_secs(600));
+    let second = request(&uid("ie2"), "distro");
+    env.track(&second.name);
+    let second_id = after.create(&second).await.unwrap();
+
+    assert_eq!(
+        sha256_hex(&base_a),
+        sum_a,
+        "the base the first VM runs on was replaced"
+    );
+    let base_b = backing_of(&env, &second);
+    assert_ne!(base_a, base_b);
+    assert_eq!(sha256_hex(&base_b), sum_b);
+    assert!(env.domain_exists(&first.name));
+    assert_eq!(
+        (env.http.hits("/v1.qcow2"), env.http.hits("/v2.qcow2")),
+        (1, 1)
+    );
+    // Named by content, each with its digest marker.
+    let vols = env.volumes();
+    for sum in [&sum_a, &sum_b] {
+        let base = format!("base-sha256-{sum}.qcow2");
+        assert!(vols.contains(&base), "{base} not in {vols:?}");
+        assert!(vols.contains(&format!("{base}.sha256")), "{vols:?}");
+    }
+    for id in [&first_id, &second_id] {
+        after.delete(id).await.unwrap();
+    }
 }

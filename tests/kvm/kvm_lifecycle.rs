@@ -7,7 +7,9 @@ use crate::kvm_support;
 
 use std::time::{Duration, Instant};
 
+use egress_proxies_operator::config::ImageFormat;
 use egress_proxies_operator::config::KvmImage;
+use egress_proxies_operator::provider::kvm::ids::base_volume_for_url;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, UserData,
@@ -28,6 +30,8 @@ async fn lifecycle_create_get_list_delete() {
     let _keep = env.dir.path().to_path_buf();
     let started = Instant::now();
     let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    // Without a sha256 the base is named by its URL.
+    let base = base_volume_for_url(&url, ImageFormat::Qcow2);
     let mut cfg = env.config();
     cfg.images.insert(
         "test-image".into(),
@@ -61,10 +65,7 @@ async fn lifecycle_create_get_list_delete() {
     assert_eq!(env.http.hits("/base.qcow2"), 1);
 
     let (_, vx) = virsh(&["vol-dumpxml", "--pool", &env.pool, &ov]);
-    assert!(
-        vx.contains("base-test-image.qcow2"),
-        "overlay not rebuilt on the base: {vx}"
-    );
+    assert!(vx.contains(&base), "overlay not rebuilt on the base: {vx}");
 
     // A defined but stopped domain is started by create.
     let (ok, out) = virsh(&["destroy", &req.name]);
@@ -147,8 +148,8 @@ async fn lifecycle_create_get_list_delete() {
     for v in [
         format!("{}.qcow2", req.name),
         format!("{}-seed.iso", req.name),
-        "base-test-image.qcow2".to_string(),
-        "base-test-image.qcow2.sha256".to_string(),
+        base.clone(),
+        format!("{base}.sha256"),
     ] {
         assert!(vols.contains(&v), "{v} not in {vols:?}");
     }
@@ -189,10 +190,7 @@ async fn lifecycle_create_get_list_delete() {
     assert!(!env.domain_exists(&req.name));
     let vols = env.volumes();
     assert!(!vols.iter().any(|v| v.starts_with(&req.name)), "{vols:?}");
-    assert!(
-        vols.contains(&"base-test-image.qcow2".to_string()),
-        "{vols:?}"
-    );
+    assert!(vols.contains(&base), "{vols:?}");
     let listing = p.list_by_tag().await.unwrap();
     assert!(listing.instances.iter().all(|i| i.id != id));
 

@@ -40,6 +40,44 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
     cmd
 }
 
+/// A providers file of one kubernetes provider named `name`, with `keys`
+/// (entry keys, indented four spaces, each line ending in a newline), whose
+/// Squid Pods may reach `target`: the tests' probe targets listen on the
+/// cluster bridge, a private address the Pods refuse by default.
+pub fn kubernetes_reaching(name: &str, keys: &str, target: std::net::IpAddr) -> String {
+    format!(
+        "providers:\n  - name: {name}\n    type: kubernetes\n{keys}    kubernetes:\n      destinations:\n        allow: [\"{target}\"]\n"
+    )
+}
+
+/// An OTLP/HTTP trace receiver on 127.0.0.1: the body of every export to
+/// `/v1/traces` (protobuf) goes to `on_export`, and is answered empty.
+/// Served on the test's runtime, so it stops with the test. Returns the
+/// endpoint for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub async fn otlp_receiver<F>(on_export: F) -> String
+where
+    F: Fn(axum::body::Bytes) + Clone + Send + Sync + 'static,
+{
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            on_export(body);
+            async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
 /// A running operator process, killed when dropped so no test leaves it
 /// running.
 pub struct Operator(pub std::process::Child);

@@ -105,6 +105,12 @@ pub enum Ending<'a> {
         /// What the health engine says.
         health: Health,
     },
+    /// An External Proxy in a namespace `--external-proxy-namespaces` does
+    /// not list.
+    ExternalNotAllowed {
+        /// The refusal, naming the field, the namespace and the flag.
+        message: String,
+    },
     /// The deletion path has nothing to hold (no finalizer of ours).
     NotHeld,
     /// The finalizer was released.
@@ -173,6 +179,10 @@ pub fn end(
             health,
         } => {
             status::mark_external(status, host, &health, now);
+            End::AwaitChange
+        }
+        Ending::ExternalNotAllowed { message } => {
+            status::mark_external_refused(status, &message, now, generation);
             End::AwaitChange
         }
         Ending::CleanupRequested => {

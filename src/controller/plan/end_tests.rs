@@ -238,6 +238,18 @@ fn endings_table() {
             healthy: None,
         },
         Case {
+            name:
+                "external in a namespace not allowed, healthy before: Failed, nothing left probed",
+            before: healthy_running(),
+            ending: Ending::ExternalNotAllowed {
+                message: "spec.mode: not here".into(),
+            },
+            want: End::AwaitChange,
+            phase: failed,
+            provisioned: prov(False, REASON_EXTERNAL_NOT_ALLOWED),
+            healthy: prov(Unknown, REASON_NOT_PROBED),
+        },
+        Case {
             name: "deletion, not held",
             before: status_with_id(),
             ending: Ending::NotHeld,
@@ -347,6 +359,32 @@ fn endings_record_what_they_found() {
         (ext.ip.as_deref(), ext.phase),
         (Some("px.example"), Some(ProxyPhase::Running))
     );
+    let mut refused = healthy_running();
+    end(
+        Ending::ExternalNotAllowed {
+            message: "spec.mode: not here".into(),
+        },
+        &mut refused,
+        t(0),
+        Some(1),
+    );
+    assert_eq!(
+        (refused.ip.as_deref(), refused.latency_millis),
+        (None, None),
+        "an address or latency left would read as serving"
+    );
+    // Allowed again: served, the refusal gone.
+    end(
+        Ending::External {
+            host: Some("px.example"),
+            health: Health::Unknown,
+        },
+        &mut refused,
+        t(1),
+        Some(1),
+    );
+    assert_eq!(reason_of(&refused, PROVISIONED), None);
+    assert_eq!(refused.ip.as_deref(), Some("px.example"));
     let mut bad = ProxyStatus::default();
     end(Ending::NoPort, &mut bad, t(0), Some(1));
     let c = condition::find(&bad.conditions, PROVISIONED).unwrap();

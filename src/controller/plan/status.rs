@@ -116,8 +116,45 @@ pub fn mark_running(
 /// An External Proxy at `host`: its health is folded in and the phase
 /// follows the Ready decision.
 pub fn mark_external(status: &mut ProxyStatus, host: &str, health: &Health, now: DateTime<Utc>) {
+    // An External Proxy has no Provisioned condition; one left from a
+    // refusal (the allowlist has since changed) goes.
+    if condition::find(&status.conditions, PROVISIONED)
+        .is_some_and(|c| c.reason == REASON_EXTERNAL_NOT_ALLOWED)
+    {
+        condition::remove(&mut status.conditions, PROVISIONED);
+    }
     status.ip = Some(host.to_string());
     apply_health(status, health, now);
+}
+
+/// An External Proxy in a namespace that may not have one: failed until
+/// the operator's allowlist or the Proxy changes, with no address and no
+/// verdict left from before (nothing is probed).
+pub fn mark_external_refused(
+    status: &mut ProxyStatus,
+    message: &str,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    status.ip = None;
+    status.latency_millis = None;
+    mark_failed(
+        status,
+        REASON_EXTERNAL_NOT_ALLOWED,
+        message,
+        now,
+        generation,
+    );
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            HEALTHY,
+            ConditionStatus::Unknown,
+            REASON_NOT_PROBED,
+            "not probed: see the Provisioned condition",
+            now,
+        ),
+    );
 }
 
 /// A permanent failure: latched until the spec changes.

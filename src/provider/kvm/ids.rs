@@ -60,12 +60,28 @@ pub fn format_word(f: ImageFormat) -> &'static str {
     }
 }
 
-/// The cached base volume of a catalogue image.
-pub fn base_volume_for_key(key: &str, f: ImageFormat) -> String {
-    format!("base-{key}.{}", format_word(f))
+/// The cached base volume of an image, named by what it holds so that an
+/// edited catalogue entry lands in a volume of its own and never replaces
+/// one that running domains' overlays are backed by: by the declared
+/// checksum when there is one (the content itself; two entries of the
+/// same content share it), else by the URL it comes from.
+pub fn base_volume(url: &str, sha256: Option<&str>, f: ImageFormat) -> String {
+    match sha256 {
+        Some(sum) => base_volume_for_sha256(sum, f),
+        None => base_volume_for_url(url, f),
+    }
 }
 
-/// The cached base volume of a direct URL: `base-` + 16 hex of SHA-256(URL).
+/// `base-sha256-` + the (64 hex) digest of the content.
+pub fn base_volume_for_sha256(sum: &str, f: ImageFormat) -> String {
+    format!(
+        "base-sha256-{}.{}",
+        sum.to_ascii_lowercase(),
+        format_word(f)
+    )
+}
+
+/// `base-` + 16 hex of SHA-256(URL): a source without a declared digest.
 pub fn base_volume_for_url(url: &str, f: ImageFormat) -> String {
     let d = Sha256::digest(url.as_bytes());
     let mut hex = String::with_capacity(16);
@@ -83,6 +99,58 @@ pub fn marker_volume(base: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base_volumes_are_named_by_content_or_source() {
+        struct Case {
+            name: &'static str,
+            url: &'static str,
+            sha256: Option<String>,
+            format: ImageFormat,
+            want: String,
+        }
+        let sum = "AB".repeat(32);
+        let cases = [
+            Case {
+                name: "a declared digest names it (lowercased)",
+                url: "https://a/x.img",
+                sha256: Some(sum.clone()),
+                format: ImageFormat::Qcow2,
+                want: format!("base-sha256-{}.qcow2", "ab".repeat(32)),
+            },
+            Case {
+                name: "the same content from another URL: the same volume",
+                url: "https://mirror/x.img",
+                sha256: Some(sum.clone()),
+                format: ImageFormat::Qcow2,
+                want: format!("base-sha256-{}.qcow2", "ab".repeat(32)),
+            },
+            Case {
+                name: "no digest: named by the URL",
+                url: "https://a/x.img",
+                sha256: None,
+                format: ImageFormat::Raw,
+                want: base_volume_for_url("https://a/x.img", ImageFormat::Raw),
+            },
+        ];
+        for c in cases {
+            assert_eq!(
+                base_volume(c.url, c.sha256.as_deref(), c.format),
+                c.want,
+                "{}",
+                c.name
+            );
+        }
+        // An edited entry never maps onto the volume it had.
+        assert_ne!(
+            base_volume("https://a/x.img", None, ImageFormat::Qcow2),
+            base_volume("https://a/x2.img", None, ImageFormat::Qcow2)
+        );
+        assert_ne!(
+            base_volume("https://a/x.img", Some(&"a".repeat(64)), ImageFormat::Qcow2),
+            base_volume("https://a/x.img", Some(&"b".repeat(64)), ImageFormat::Qcow2)
+        );
+    }
 
     #[test]
     fn provider_id_round_trip_and_refusals() {
@@ -108,10 +176,6 @@ mod tests {
     fn volume_names() {
         assert_eq!(overlay_volume("proxy-a"), "proxy-a.qcow2");
         assert_eq!(seed_volume("proxy-a"), "proxy-a-seed.iso");
-        assert_eq!(
-            base_volume_for_key("debian12", ImageFormat::Qcow2),
-            "base-debian12.qcow2"
-        );
         let u = base_volume_for_url("https://x/y.img", ImageFormat::Qcow2);
         assert_eq!(u.len(), "base-".len() + 16 + ".qcow2".len());
         assert_eq!(marker_volume("base-a.raw"), "base-a.raw.sha256");

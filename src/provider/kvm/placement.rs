@@ -50,7 +50,7 @@ pub fn resolve<'a>(cfg: &'a KvmConfig, p: &Placement) -> Result<Resolved<'a>, St
             sha256: i.sha256.as_ref().map(|s| s.to_ascii_lowercase()),
             format: i.image_format(),
             firmware: i.image_firmware(),
-            base_volume: ids::base_volume_for_key(&p.image, i.image_format()),
+            base_volume: ids::base_volume(&i.url, i.sha256.as_deref(), i.image_format()),
         }
     } else if crate::config::http_url(&p.image).is_ok() {
         if !super::urls::allowed(&cfg.allowed_image_urls, &p.image) {

@@ -140,7 +140,7 @@ fn catalogue_and_direct_images() {
     assert_eq!(r.image.firmware, Firmware::Bios);
     assert_eq!(
         r.image.base_volume,
-        ids::base_volume_for_key("deb", ImageFormat::Raw)
+        ids::base_volume_for_sha256("abcdef", ImageFormat::Raw)
     );
     let url = "http://example.com/x.qcow2";
     let r = resolve(&c, &placement("a", "small", url)).unwrap();
