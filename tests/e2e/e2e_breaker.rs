@@ -162,8 +162,10 @@ async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_cl
     let flaky = switchable_target(ground.host_ip(), up.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let providers = format!(
-        "providers:\n  - name: {PROVIDER}\n    type: kubernetes\n    maxUnavailable: 4\n    circuitBreaker: {{threshold: 50%, window: 10m, minReadyProxies: 3}}\n"
+    let providers = support::kubernetes_reaching(
+        PROVIDER,
+        "    maxUnavailable: 4\n    circuitBreaker: {threshold: 50%, window: 10m, minReadyProxies: 3}\n",
+        ground.host_ip(),
     );
     let mut cmd = ground.operator(dir.path(), &providers);
     cmd.args(["--metrics-bind-address", &metrics.to_string()])

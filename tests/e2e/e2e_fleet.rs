@@ -76,7 +76,7 @@ fn fleet_operator(
     api: SocketAddr,
     flags: &[&str],
 ) -> Operator {
-    let providers = format!("providers:\n  - name: kubernetes\n    type: kubernetes\n{extra_yaml}");
+    let providers = support::kubernetes_reaching("kubernetes", extra_yaml, target.ip());
     let mut cmd = ground.operator(dir, &providers);
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--default-probe-url", &format!("http://{target}/")])

@@ -310,13 +310,8 @@ async fn e2e_kubernetes_pod_rbac_revoked_and_restored_lose_no_ready_proxy() {
     let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
         .parse()
         .unwrap();
-    let mut cmd = serving(
-        &ground,
-        dir.path(),
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-        api,
-        target,
-    );
+    let providers = support::kubernetes_reaching("kubernetes", "", target.ip());
+    let mut cmd = serving(&ground, dir.path(), &providers, api, target);
     cmd.env("KUBECONFIG", &kubeconfig);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let proxies: Api<Proxy> = ground.proxies();

@@ -288,7 +288,7 @@ async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
     use egress_proxies_operator::tenancy::ProbeDenylist;
-    require_squid();
+    squid::require();
     let squid = start_squid("denylist", "http_access allow me").await;
     let (http, seen) = http_target(204).await;
     let tls = tls_config(None).unwrap();
@@ -299,7 +299,7 @@ async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
     let open_port = open.local_addr().unwrap().port();
     let deny = Arc::new(ProbeDenylist::parse("169.254.0.0/16,127.0.0.0/8").unwrap());
     let mut messages = Vec::new();
-    for port in [open_port, free_port(), squid.port] {
+    for port in [open_port, support::free_port(), squid.port] {
         let t = ProbeTarget {
             deny: Some(deny.clone()),
             ..target(port, &url, 204)
