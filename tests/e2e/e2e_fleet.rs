@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -28,6 +28,8 @@ const TOKEN: &str = "fleet-test-token";
 struct PodSeen {
     /// The Proxy that owns it.
     proxy: String,
+    /// Its creation time (to the second).
+    created: Option<DateTime<Utc>>,
     /// When the operator asked for its deletion: the deletion timestamp
     /// less the grace period (to the second, rounded down by the API).
     delete_asked: Option<DateTime<Utc>>,
@@ -58,6 +60,11 @@ fn watch_pods(ground: &Ground) -> (Pods, tokio::task::JoinHandle<()>) {
             let mut all = record.lock().unwrap();
             let entry = all.entry(p.uid().unwrap_or_default()).or_default();
             entry.proxy = owner;
+            entry.created = p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0));
             if entry.delete_asked.is_none() {
                 entry.delete_asked = asked;
             }
@@ -335,6 +342,44 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
     );
 }
 
+/// One test's ground, a watch of its Pods, the operator serving the
+/// discovery API, and one kubernetes Proxy applied.
+struct OneProxy {
+    ground: Ground,
+    api: SocketAddr,
+    pods: Pods,
+    watch: tokio::task::JoinHandle<()>,
+    /// Before the directory, so the operator is gone first.
+    _op: Operator,
+    _dir: tempfile::TempDir,
+}
+
+async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground(prefix).await;
+    let target = support::http_target_on(ground.host_ip()).await;
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (pods, watch) = watch_pods(&ground);
+    let dir = tempfile::tempdir().unwrap();
+    let op = fleet_operator(&ground, dir.path(), "", target, api, &[]);
+    ground
+        .proxies()
+        .create(&PostParams::default(), &support::kube_proxy(name))
+        .await
+        .unwrap();
+    OneProxy {
+        ground,
+        api,
+        pods,
+        watch,
+        _op: op,
+        _dir: dir,
+    }
+}
+
 /// The Squid processes of the Pod `uid` (the node agent puts each container
 /// run in a memory cgroup named after the Pod UID).
 fn squid_pids(pod_uid: &str) -> Vec<u32> {
@@ -390,21 +435,15 @@ fn restarts(pod: &Pod) -> (i32, Option<i32>) {
 /// recovers by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_squid_is_restarted_in_its_pod_and_never_replaced_on_top() {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
-    let ground = support::ground("fleet-kill").await;
-    let target = support::http_target_on(ground.host_ip()).await;
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let (pods, watch) = watch_pods(&ground);
-    let dir = tempfile::tempdir().unwrap();
-    let _op = fleet_operator(&ground, dir.path(), "", target, api, &[]);
+    let OneProxy {
+        ground,
+        api,
+        pods,
+        watch,
+        _op,
+        _dir,
+    } = one_proxy("fleet-kill", "victim").await;
     let proxies = ground.proxies();
-    proxies
-        .create(&PostParams::default(), &support::kube_proxy("victim"))
-        .await
-        .unwrap();
     let ready = |want_restarts: i32| {
         let proxies = proxies.clone();
         let pod_api = ground.api::<Pod>();
@@ -488,4 +527,96 @@ async fn listed(api: SocketAddr) -> Vec<String> {
         .iter()
         .map(|p| p["name"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// A Ready Proxy's Pod deleted behind the operator's back (an instance
+/// that vanished) is replaced at once by one new Pod (`status.replacements:
+/// 1`). Deleted again as soon as that one runs (it dies right after boot),
+/// the re-create waits: `ReplaceBackoff` with 2 replacements and no new
+/// Pod meanwhile, then exactly one Pod, created no sooner than 30 s after
+/// `status.lastReplacedAt`, and the Proxy is Ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_vanishes_twice_is_replaced_at_once_then_after_the_backoff() {
+    let OneProxy {
+        ground,
+        api: _,
+        pods,
+        watch,
+        _op,
+        _dir,
+    } = one_proxy("fleet-vanish", "vanish").await;
+    let proxies = ground.proxies();
+    let pod_api = ground.api::<Pod>();
+    let running_pod = |skip: usize| {
+        let pod_api = pod_api.clone();
+        let pods = pods.clone();
+        async move {
+            let list = pod_api.list(&Default::default()).await.ok()?.items;
+            let pod = list.into_iter().find(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })?;
+            (pods.lock().unwrap().len() > skip).then_some(pod)
+        }
+    };
+    eventually("vanish Ready", Duration::from_secs(90), || async {
+        let p = proxies.get("vanish").await.ok()?;
+        (phase(&p) == Some("Ready")).then_some(())
+    })
+    .await;
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let first = eventually("the first Pod", Duration::from_secs(10), || running_pod(0)).await;
+    pod_api.delete(&first.name_any(), &now).await.unwrap();
+
+    // Replaced at once; the new Pod is deleted as soon as it runs.
+    let second = eventually("a second Pod running", Duration::from_secs(60), || {
+        running_pod(1)
+    })
+    .await;
+    assert_ne!(second.uid(), first.uid());
+    let p = proxies.get("vanish").await.unwrap();
+    assert_eq!(
+        p.status.unwrap().replacements,
+        Some(1),
+        "one replacement so far"
+    );
+    pod_api.delete(&second.name_any(), &now).await.unwrap();
+
+    let held = eventually("ReplaceBackoff", Duration::from_secs(60), || async {
+        let p = proxies.get("vanish").await.ok()?;
+        (condition(&p, "Provisioned")?.reason == "ReplaceBackoff").then_some(p)
+    })
+    .await;
+    let status = held.status.clone().unwrap();
+    assert_eq!(status.replacements, Some(2), "{status:?}");
+    let last = status.last_replaced_at.unwrap();
+    assert_eq!(
+        pods.lock().unwrap().len(),
+        2,
+        "no Pod while the re-create backs off"
+    );
+
+    eventually("Ready on a third Pod", Duration::from_secs(120), || async {
+        let p = proxies.get("vanish").await.ok()?;
+        (phase(&p) == Some("Ready")).then_some(())
+    })
+    .await;
+    watch.abort();
+    let seen = pods.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "exactly one Pod after the backoff: {seen:?}");
+    let third = seen
+        .iter()
+        .filter(|(uid, _)| Some(uid.as_str()) != first.uid().as_deref())
+        .filter(|(uid, _)| Some(uid.as_str()) != second.uid().as_deref())
+        .map(|(_, p)| p.created.unwrap())
+        .next()
+        .unwrap();
+    // Creation times are known to the second, rounded down.
+    assert!(
+        third + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
+        "the third Pod, created {third}, came before the 30 s backoff from {last} ended"
+    );
 }
