@@ -339,3 +339,101 @@ async fn e2e_kubernetes_pod_rbac_revoked_and_restored_lose_no_ready_proxy() {
         "| kubernetes: the shipped ClusterRoleBinding of the operator's Pod permissions (`{binding_name}`) deleted while {PROXIES} Proxies are Ready through their Squid Pods; then applied again | {figures} |"
     );
 }
+
+/// kvm: the host stops accepting the operator's SSH key (authorized_keys
+/// holds another key, and the live session is killed, so the provider must
+/// dial again) while a Proxy's domain runs. The harness's guests get no
+/// address, so the Proxy is Provisioning, not Ready: asserted is that it
+/// never turns Failed, shows `ProviderUnavailable`, and leaves it with no
+/// edit once the key is accepted again.
+#[cfg(feature = "kvm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_kvm_ssh_key_revoked_and_restored_fails_no_proxy() {
+    use crate::kvm_support::{self, Env};
+    let _one_fault = crate::EXCLUSIVE.lock().await;
+    let Some(env) = Env::start("revoke") else {
+        return;
+    };
+    let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    let ground = support::ground_without_pods("revoke-kvm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let _op = Operator::spawn(
+        ground.operator(
+            dir.path(),
+            &env.providers_yaml("kvm", "h1", "test-image", &url),
+        ),
+        &dir.path().join("operator.log"),
+    );
+    let proxies: Api<Proxy> = ground.proxies();
+    let created = proxies
+        .create(
+            &PostParams::default(),
+            &support::proxy(
+                "v0",
+                json!({
+                    "provider": "kvm", "port": 3128,
+                    "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
+                    "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    env.track(&egress_proxies_operator::provider::naming::name_from_uid(
+        &created.metadata.uid.clone().unwrap(),
+    ));
+    eventually("v0's domain recorded", Duration::from_secs(180), || async {
+        proxies.get("v0").await.ok()?.status?.provider_id
+    })
+    .await;
+
+    let keys = env.dir.path().join("authorized_keys");
+    let ours = std::fs::read_to_string(&keys).unwrap();
+    let stranger = env.dir.path().join("stranger_key");
+    kvm_support::new_ed25519_key(&stranger);
+    std::fs::write(
+        &keys,
+        std::fs::read_to_string(stranger.with_extension("pub")).unwrap(),
+    )
+    .unwrap();
+    // The provider keeps one session per host: end it (the sshd's
+    // per-connection children), so the next call dials and is refused.
+    for pid in env.sshd_pids().iter().skip(1) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid])
+            .status();
+    }
+    let revoked_at = Instant::now();
+    let checks = Cell::new(0usize);
+    eventually(
+        "v0 to show ProviderUnavailable, never Failed",
+        Duration::from_secs(120),
+        || async {
+            checks.set(checks.get() + 1);
+            let (name, ph, (_, reason)) = states(&proxies).await.remove(0);
+            assert_ne!(ph, Some("Failed"), "{name} Failed while the key is refused");
+            (reason == "ProviderUnavailable").then_some(())
+        },
+    )
+    .await;
+    let noticed = revoked_at.elapsed();
+    std::fs::write(&keys, ours).unwrap();
+    let restored_at = Instant::now();
+    let (ph, reason) = eventually(
+        "v0 to leave ProviderUnavailable with no edit",
+        Duration::from_secs(240),
+        || async {
+            checks.set(checks.get() + 1);
+            let (name, ph, (_, reason)) = states(&proxies).await.remove(0);
+            assert_ne!(ph, Some("Failed"), "{name} Failed after the restore");
+            (reason != "ProviderUnavailable").then_some((ph, reason))
+        },
+    )
+    .await;
+    println!(
+        "| kvm: the host's authorized_keys swapped for another key and the operator's SSH session killed, while a Proxy's domain runs (Provisioning: the harness's guests get no address); then the key restored | Failed 0 ({} checks); ProviderUnavailable {noticed:.1?} after the revocation; {} / {reason} again {:.1?} after the restore, with no edit |",
+        checks.get(),
+        ph.unwrap_or("-"),
+        restored_at.elapsed()
+    );
+}

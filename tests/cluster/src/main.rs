@@ -131,11 +131,14 @@ async fn run(args: Args) -> i32 {
             return 1;
         }
     };
+    // Caught from the moment a user may send it (`ready`), so an early
+    // SIGUSR1 cannot end the launcher (its default action).
+    let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok();
     println!("ready");
     let code = match after_ready(&args, &cluster, parent).await {
         Ok(Some(code)) => code,
         Ok(None) => {
-            let why = serve_restarts(&mut cluster, &args.dir, parent).await;
+            let why = serve_restarts(&mut cluster, usr1, &args.dir, parent).await;
             tracing::info!("{why}: stopping the cluster");
             0
         }
@@ -177,9 +180,13 @@ async fn after_ready(args: &Args, cluster: &Cluster, parent: u32) -> anyhow::Res
 
 /// Restarts kube-apiserver on each SIGUSR1 (a fault test kills it; see
 /// `TestCluster::restart_apiserver`) until a stop is requested.
-async fn serve_restarts(cluster: &mut Cluster, dir: &Path, parent: u32) -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+async fn serve_restarts(
+    cluster: &mut Cluster,
+    usr1: Option<tokio::signal::unix::Signal>,
+    dir: &Path,
+    parent: u32,
+) -> &'static str {
+    let Some(mut usr1) = usr1 else {
         return stop_requested(parent).await;
     };
     let stop = stop_requested(parent);
