@@ -64,8 +64,9 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples --test faults -- e2e_
 
-test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP or killed and restarted, kill -9 at chosen points on each provider, credentials revoked, watches cut; see docs/testing.md); prints what was injected and measured. `make test` runs it too (every workspace test).
-	$(CARGO) test --test faults -- --nocapture
+test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP or killed and restarted, kill -9 at chosen points on each provider, credentials revoked, watches cut; see docs/testing.md), the discovery abuse run and the secret sentinel run; prints what was injected and measured. `make test` runs them too (every workspace test).
+	$(CARGO) test --test faults --test discovery_abuse -- --nocapture
+	$(CARGO) test --test control_plane -- secret_sentinel --nocapture
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
