@@ -192,9 +192,10 @@ pub struct Flags {
     pub gcp_wire_log_full_payloads: bool,
 
     /// Log filter: a level (error, warn, info, debug, trace) or tracing
-    /// directives such as `info,egress_proxies_operator=debug`.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_name = "FILTER")]
-    pub log_level: String,
+    /// directives such as `info,egress_proxies_operator=debug`. When
+    /// neither the flag nor LOG_LEVEL is set, RUST_LOG is used, else info.
+    #[arg(long, env = "LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
 
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -277,7 +278,26 @@ pub fn effective_check_timeout(interval: Duration, timeout: Duration) -> Duratio
     }
 }
 
+/// The log filter in force: `--log-level` (or `LOG_LEVEL`), else
+/// `RUST_LOG` (what Rust tooling and most operators' users reach for
+/// first), else `info`. An empty value counts as unset.
+pub fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> String {
+    [flag, rust_log]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|f| !f.is_empty())
+        .unwrap_or("info")
+        .to_string()
+}
+
 impl Flags {
+    /// [`log_filter`] of these flags and this process's `RUST_LOG`.
+    pub fn log_filter(&self) -> String {
+        let rust_log = std::env::var("RUST_LOG").ok();
+        log_filter(self.log_level.as_deref(), rust_log.as_deref())
+    }
+
     /// Cross-flag checks clap cannot express; every problem is listed.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
@@ -342,6 +362,64 @@ mod tests {
 
     fn d(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn log_filter_falls_back_to_rust_log_then_info() {
+        struct Case {
+            name: &'static str,
+            flag: Option<&'static str>,
+            rust_log: Option<&'static str>,
+            want: &'static str,
+        }
+        let cases = [
+            Case {
+                name: "nothing set",
+                flag: None,
+                rust_log: None,
+                want: "info",
+            },
+            Case {
+                name: "RUST_LOG alone",
+                flag: None,
+                rust_log: Some("egress_proxies_operator=debug,kube=warn"),
+                want: "egress_proxies_operator=debug,kube=warn",
+            },
+            Case {
+                name: "the flag or LOG_LEVEL wins over RUST_LOG",
+                flag: Some("warn"),
+                rust_log: Some("trace"),
+                want: "warn",
+            },
+            Case {
+                name: "an empty LOG_LEVEL is unset",
+                flag: Some(""),
+                rust_log: Some("debug"),
+                want: "debug",
+            },
+            Case {
+                name: "an empty RUST_LOG is unset",
+                flag: None,
+                rust_log: Some(" "),
+                want: "info",
+            },
+        ];
+        for c in cases {
+            assert_eq!(log_filter(c.flag, c.rust_log), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn log_level_has_no_default_so_rust_log_can_apply() {
+        // clap reads LOG_LEVEL from the environment: only assert when the
+        // test's environment does not set it.
+        if std::env::var_os("LOG_LEVEL").is_none() {
+            let flags = Flags::try_parse_from(["egress-proxies-operator"]).unwrap();
+            assert_eq!(flags.log_level, None);
+        }
+        let flags =
+            Flags::try_parse_from(["egress-proxies-operator", "--log-level", "debug"]).unwrap();
+        assert_eq!(flags.log_level.as_deref(), Some("debug"));
     }
 
     #[test]

@@ -28,10 +28,11 @@ async fn main() -> ExitCode {
         };
     }
     // Logs, plus OTLP/console export when OTEL_* asks.
-    let telemetry = match telemetry::init(&flags.log_level, flags.log_format) {
+    let log_filter = flags.log_filter();
+    let telemetry = match telemetry::init(&log_filter, flags.log_format) {
         Ok(t) => t,
         Err(e) => {
-            telemetry::init_logs(&flags.log_level, flags.log_format);
+            telemetry::init_logs(&log_filter, flags.log_format);
             error!(error = %e, "Failed to set up tracing");
             return ExitCode::FAILURE;
         }

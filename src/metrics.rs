@@ -8,6 +8,8 @@
 //! This module names no subsystem: they all depend on it, never the other
 //! way round.
 
+pub mod process;
+
 use std::sync::{Arc, RwLock};
 
 use prometheus_client::collector::Collector;

@@ -248,7 +248,7 @@ fn init_with(filter: &str, format: LogFormat, exporter: Exporter) -> Result<Tele
         let _ = DISPATCH.set(dispatch.downgrade());
     }
     if let Some(e) = bad {
-        tracing::warn!(filter, error = %e, "Invalid --log-level; using info");
+        tracing::warn!(filter, error = %e, "Invalid log filter (--log-level, LOG_LEVEL or RUST_LOG); using info");
     }
     match &exporter {
         Exporter::Off(reason) => {

@@ -66,6 +66,8 @@ impl Metrics {
         let provider_health = ProviderHealthMetrics::register(&mut registry);
         let leader = LeaderMetrics::register(&mut registry);
         let circuit = CircuitGauge::register(&mut registry);
+        // Last: build info and the process series, read at every scrape.
+        crate::metrics::process::register(&mut registry);
         Metrics {
             exposition: registry.finish(),
             provider,
@@ -107,12 +109,13 @@ const PROXIES: &str = "proxy_operator_proxies";
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: String,
+    provider: String,
 }
 
-/// `proxy_operator_proxies{phase}`, counted at each scrape; it prints
-/// nothing until its source is set.
+/// `proxy_operator_proxies{phase,provider}`, counted at each scrape; it
+/// prints nothing until its source is set.
 #[derive(Clone, Debug)]
-pub struct PhaseGauge(Scraped<Vec<(String, i64)>>);
+pub struct PhaseGauge(Scraped<Vec<(String, String, i64)>>);
 
 impl PhaseGauge {
     fn register(registry: &mut Registrar) -> Self {
@@ -121,8 +124,9 @@ impl PhaseGauge {
         gauge
     }
 
-    /// Where the counts by `status.phase` are read from (the Proxy cache).
-    pub fn set_phases(&self, f: impl Fn() -> Vec<(String, i64)> + Send + Sync + 'static) {
+    /// Where the counts by `status.phase` and `spec.provider` are read
+    /// from (the Proxy cache), as (phase, provider, count).
+    pub fn set_phases(&self, f: impl Fn() -> Vec<(String, String, i64)> + Send + Sync + 'static) {
         self.0.set(f);
     }
 }
@@ -134,12 +138,12 @@ impl Collector for PhaseGauge {
         };
         let mut m = encoder.encode_descriptor(
             PROXIES,
-            "Proxies by status.phase",
+            "Proxies by status.phase and spec.provider",
             None,
             MetricType::Gauge,
         )?;
-        for (phase, n) in phases {
-            ConstGauge::new(n).encode(m.encode_family(&PhaseLabels { phase })?)?;
+        for (phase, provider, n) in phases {
+            ConstGauge::new(n).encode(m.encode_family(&PhaseLabels { phase, provider })?)?;
         }
         Ok(())
     }
@@ -200,8 +204,12 @@ mod tests {
         let empty = m.encode().unwrap();
         assert!(empty.contains("proxy_operator_leases_active 0"), "{empty}");
         assert!(!empty.contains("proxy_operator_proxies"), "{empty}");
-        m.phases
-            .set_phases(|| vec![("Ready".into(), 2), ("Pending".into(), 1)]);
+        m.phases.set_phases(|| {
+            vec![
+                ("Ready".into(), "k8s".into(), 2),
+                ("Running".into(), "".into(), 1),
+            ]
+        });
         m.discovery.set_leases(|| 3);
         assert!(
             !empty.contains("proxy_operator_provider_circuit_open"),
@@ -213,8 +221,8 @@ mod tests {
         for want in [
             "proxy_operator_provider_circuit_open{provider=\"gcp-eu\"} 1",
             "proxy_operator_provider_circuit_open{provider=\"k8s\"} 0",
-            "proxy_operator_proxies{phase=\"Ready\"} 2",
-            "proxy_operator_proxies{phase=\"Pending\"} 1",
+            "proxy_operator_proxies{phase=\"Ready\",provider=\"k8s\"} 2",
+            "proxy_operator_proxies{phase=\"Running\",provider=\"\"} 1",
             "proxy_operator_leases_active 3",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");

@@ -122,7 +122,11 @@ impl Operator {
                 _ = ready_stop.cancelled() => {}
             }
         });
-        runnables::count_phases(&self.metrics, proxy_cache.clone());
+        runnables::count_phases(
+            &self.metrics,
+            proxy_cache.clone(),
+            s.providers.names().into_iter().map(String::from).collect(),
+        );
         if let Some(addr) = s.discovery_bind {
             runnables::spawn_discovery(
                 &mut tasks,

@@ -22,35 +22,50 @@ use crate::lease::LeaseStore;
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
-/// `proxy_operator_proxies{phase}`, counted from the shared Proxy cache at
-/// every scrape.
-pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>) {
+/// `proxy_operator_proxies{phase,provider}`, counted from the shared Proxy
+/// cache at every scrape; `configured` providers report every phase even
+/// before they have a Proxy.
+pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>, configured: Vec<String>) {
     metrics
         .phases
-        .set_phases(move || phase_counts(&cache.state()));
+        .set_phases(move || phase_counts(&cache.state(), &configured));
 }
 
-/// Proxies by phase; every phase is present, zero included.
-pub fn phase_counts(proxies: &[Arc<Proxy>]) -> Vec<(String, i64)> {
+/// Proxies by provider and phase, as (phase, provider, count). Every phase
+/// is present, zero included, for each configured provider and each other
+/// provider a Proxy names; External Proxies (no provider) count under `""`,
+/// which Prometheus reads as no `provider` label.
+pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(String, String, i64)> {
     let phases = [
         ProxyPhase::Provisioning,
         ProxyPhase::Running,
         ProxyPhase::Ready,
         ProxyPhase::Failed,
     ];
-    phases
-        .iter()
-        .map(|ph| {
+    let provider_of = |p: &Proxy| p.spec.provider.clone().unwrap_or_default();
+    let mut providers: Vec<String> = configured.to_vec();
+    for p in proxies {
+        let name = provider_of(p);
+        if !providers.contains(&name) {
+            providers.push(name);
+        }
+    }
+    let mut counts = Vec::with_capacity(providers.len() * phases.len());
+    for provider in providers {
+        for ph in phases {
             let n = proxies
                 .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(*ph))
+                .filter(|p| provider_of(p) == provider)
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(ph))
                 .count();
-            (
+            counts.push((
                 ph.as_str().to_string(),
+                provider.clone(),
                 i64::try_from(n).unwrap_or(i64::MAX),
-            )
-        })
-        .collect()
+            ));
+        }
+    }
+    counts
 }
 
 /// The discovery and lease API (every replica) with its lease sweeper.
@@ -187,9 +202,15 @@ mod tests {
     use crate::api::{ProxySpec, ProxyStatus};
 
     #[test]
-    fn every_phase_is_counted_zero_included() {
-        let with = |phase: Option<ProxyPhase>| {
-            let mut p = Proxy::new("p", ProxySpec::default());
+    fn every_phase_is_counted_per_provider_zero_included() {
+        let with = |provider: Option<&str>, phase: Option<ProxyPhase>| {
+            let mut p = Proxy::new(
+                "p",
+                ProxySpec {
+                    provider: provider.map(String::from),
+                    ..Default::default()
+                },
+            );
             p.status = Some(ProxyStatus {
                 phase,
                 ..Default::default()
@@ -197,20 +218,29 @@ mod tests {
             Arc::new(p)
         };
         let proxies = vec![
-            with(Some(ProxyPhase::Ready)),
-            with(Some(ProxyPhase::Ready)),
-            with(None),
-            with(Some(ProxyPhase::Failed)),
+            with(Some("gcp-eu"), Some(ProxyPhase::Ready)),
+            with(Some("gcp-eu"), Some(ProxyPhase::Ready)),
+            with(Some("gcp-eu"), None),
+            with(Some("kvm-home"), Some(ProxyPhase::Failed)),
+            with(None, Some(ProxyPhase::Ready)),
         ];
-        assert_eq!(
-            phase_counts(&proxies),
-            [
-                ("Provisioning", 0),
-                ("Running", 0),
-                ("Ready", 2),
-                ("Failed", 1)
-            ]
-            .map(|(p, n)| (p.to_string(), n))
-        );
+        let configured = ["gcp-eu", "k8s"].map(String::from);
+        let got = phase_counts(&proxies, &configured);
+        let want = [
+            ("gcp-eu", [0, 0, 2, 0]),
+            ("k8s", [0, 0, 0, 0]),
+            ("kvm-home", [0, 0, 0, 1]),
+            ("", [0, 0, 1, 0]),
+        ]
+        .into_iter()
+        .flat_map(|(provider, n)| {
+            ["Provisioning", "Running", "Ready", "Failed"]
+                .into_iter()
+                .zip(n)
+                .map(move |(ph, n)| (ph.to_string(), provider.to_string(), n))
+        })
+        .collect::<Vec<_>>();
+        assert_eq!(got, want);
+        assert!(phase_counts(&[], &[]).is_empty());
     }
 }

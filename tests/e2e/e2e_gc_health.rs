@@ -357,6 +357,13 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
     let _shared = PH_LOCK.read().await;
     let (server, dir, _client) = server("metrics").await;
     let addr = format!("127.0.0.1:{}", free_port());
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let before_start = unix_now();
     let _op = start(
         &server,
         &kube_only(METRICS_KUBE),
@@ -374,7 +381,7 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         let b = scrape(&addr).await?;
         let done = b.contains("proxy_operator_provider_target_up{")
             && b.contains("op=\"create\"")
-            && b.contains("proxy_operator_proxies{phase=\"Running\"} 1")
+            && b.contains("proxy_operator_proxies{phase=\"Running\",provider=\"metrics-kube\"} 1")
             // The create limiter lets the create go once a pass has seen
             // the Pod run; under load that pass can trail the phase.
             && b.contains("proxy_operator_creates_in_flight{provider=\"metrics-kube\"} 0");
@@ -383,7 +390,15 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
     .await;
     for want in [
         "# TYPE proxy_operator_proxies gauge",
-        "proxy_operator_proxies{phase=\"Provisioning\"}",
+        "proxy_operator_proxies{phase=\"Provisioning\",provider=\"metrics-kube\"} 0",
+        // Build info and the process series, read from /proc at the scrape.
+        "proxy_operator_build_info{version=\"",
+        "# TYPE process_cpu_seconds_total counter",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_start_time_seconds ",
         "# TYPE proxy_operator_leases_active gauge",
         "proxy_operator_leases_active 0",
         "proxy_operator_provider_requests_total{provider=\"metrics-kube\",op=\"create\",result=\"ok\"} ",
@@ -432,6 +447,25 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // The process series describe the operator's process, not a constant.
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} sample in\n{body}"))
+            .parse()
+            .unwrap()
+    };
+    let started = value("process_start_time_seconds");
+    // /proc/stat's btime is whole seconds: allow one second either way.
+    assert!(
+        started > before_start - 1.0 && started < unix_now() + 1.0,
+        "start time {started} outside [{before_start}, now]"
+    );
+    assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+    let (open, max) = (value("process_open_fds"), value("process_max_fds"));
+    assert!(open >= 3.0 && open <= max, "open fds {open}, max {max}");
+    // It served and reconciled: it used CPU.
+    assert!(value("process_cpu_seconds_total") > 0.0);
     // No OTEL_* set: no exporter, no trace keys on any line.
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("tracing disabled"), "{log}");

@@ -14,6 +14,7 @@ mod gcp_provider;
 mod grafana_dashboard;
 mod health_probe;
 mod image;
+mod log_filter;
 mod metrics_docs;
 mod prometheus_rules;
 mod provider_decorators;

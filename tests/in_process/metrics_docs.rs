@@ -37,7 +37,8 @@ fn populated() -> Metrics {
     m.gc.sweep("gcp-eu", SweepResult::Ok);
     m.gc.deleted("gcp-eu");
     m.gc.delete_failed("gcp-eu");
-    m.phases.set_phases(|| vec![("Ready".into(), 1)]);
+    m.phases
+        .set_phases(|| vec![("Ready".into(), "gcp-eu".into(), 1)]);
     m.discovery.set_leases(|| 1);
     m.circuit.set_states(|| vec![("gcp-eu".into(), true)]);
     m.provider_health.set_targets(|| {
@@ -124,6 +125,12 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_provider_check_duration_seconds",
             "proxy_operator_provider_check_timestamp_seconds",
             "proxy_operator_provider_circuit_open",
+            "proxy_operator_build_info",
+            "process_cpu_seconds",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
         ]
     );
 }
@@ -182,6 +189,13 @@ fn promql_names_resolve_to_documented_series() {
     assert_eq!(
         support::resolve_metric(&names[0], &documented),
         Some("proxy_operator_reconcile_duration_seconds")
+    );
+    // The standard process series are found and documented too.
+    let names = support::metric_names_in("rate(process_cpu_seconds_total[5m]) / x_process_y");
+    assert_eq!(names, ["process_cpu_seconds_total"]);
+    assert_eq!(
+        support::resolve_metric(&names[0], &documented),
+        Some("process_cpu_seconds_total")
     );
     // `_count` of a counter or gauge is not a series.
     assert_eq!(

@@ -117,8 +117,32 @@ fn every_alert_is_actionable_and_unit_tested_both_ways() {
         "ProxyOperatorProviderTargetDown",
         "ProxyOperatorNoLeaseCapacity",
         "ProxyOperatorGcFailing",
+        "ProxyOperatorDown",
+        "ProxyOperatorReconcileErrors",
+        "ProxyOperatorDiscoveryErrors",
     ] {
         assert!(names.contains(&required), "{required} is missing");
+    }
+}
+
+/// Where every runbook_url points: the runbook files in the repository.
+const RUNBOOK_BASE: &str =
+    "https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/src/branch/main/";
+
+#[test]
+fn every_alert_links_a_runbook_that_exists() {
+    for rule in rules(&alert_groups()) {
+        let name = text(&rule["alert"]);
+        let url = text(&rule["annotations"]["runbook_url"]);
+        let want = format!("{RUNBOOK_BASE}docs/runbooks/{name}.md");
+        assert_eq!(url, want, "{name}: runbook_url");
+        let runbook = support::repo_file(&format!("docs/runbooks/{name}.md"));
+        for section in ["## What it means", "## How to confirm", "## What to do"] {
+            assert!(
+                runbook.contains(section),
+                "docs/runbooks/{name}.md has no \"{section}\" section"
+            );
+        }
     }
 }
 

@@ -144,7 +144,7 @@ pub fn documented_metrics() -> std::collections::BTreeMap<String, String> {
         let Some(name) = name
             .strip_prefix('`')
             .and_then(|n| n.strip_suffix('`'))
-            .filter(|n| n.starts_with("proxy_operator_"))
+            .filter(|n| n.starts_with("proxy_operator_") || n.starts_with("process_"))
         else {
             continue;
         };
@@ -154,12 +154,18 @@ pub fn documented_metrics() -> std::collections::BTreeMap<String, String> {
     out
 }
 
-/// Every `proxy_operator_*` metric name in a PromQL expression, in order
-/// of appearance.
+/// Every `proxy_operator_*` and `process_*` metric name in a PromQL
+/// expression, in order of appearance.
 pub fn metric_names_in(expr: &str) -> Vec<String> {
     let mut names = Vec::new();
     let mut rest = expr;
-    while let Some(at) = rest.find("proxy_operator_") {
+    let next = |s: &str| {
+        ["proxy_operator_", "process_"]
+            .iter()
+            .filter_map(|p| s.find(p))
+            .min()
+    };
+    while let Some(at) = next(rest) {
         let boundary = rest[..at]
             .chars()
             .next_back()
