@@ -7,6 +7,9 @@ pub const GROUP: &str = "crawl.example.com";
 pub const VERSION: &str = "v1alpha1";
 /// Project, binary, OpenTelemetry service name and managed-by value.
 pub const OPERATOR_NAME: &str = "egress-proxies-operator";
+/// The CRDs' category: `kubectl get egress-proxies` lists Proxies and
+/// ProviderHealths together (the derive on Proxy spells it out too).
+pub const CATEGORY: &str = "egress-proxies";
 /// Namespace the manifests install into.
 pub const INSTALL_NAMESPACE: &str = "egress-proxies-operator-system";
 

@@ -77,7 +77,7 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
                 plural: "providerhealths".into(),
                 singular: Some("providerhealth".into()),
                 short_names: Some(vec!["ph".into()]),
-                ..Default::default()
+                categories: Some(vec![super::constants::CATEGORY.into()]),
             },
             scope: "Cluster".into(),
             versions: vec![CustomResourceDefinitionVersion {

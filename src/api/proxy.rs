@@ -45,7 +45,35 @@ use super::condition::Condition;
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    // `-o wide` only (priority 1): where it runs, which instance, how fast
+    // and why it is not Ready.
+    printcolumn(
+        name = "Zone",
+        type_ = "string",
+        json_path = ".spec.placement.zone",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Provider ID",
+        type_ = "string",
+        json_path = ".status.providerID",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Latency",
+        type_ = "integer",
+        description = "Probe latency in milliseconds",
+        json_path = ".status.latencyMillis",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Ready Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = 1
+    ),
+    category = "egress-proxies"
 )]
 #[x_kube(
     validation = Rule::new("self.mode != 'External' || has(self.endpoint)")
@@ -239,6 +267,12 @@ pub struct HealthCheckSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyStatus {
+    /// The `metadata.generation` of the spec the operator last acted on;
+    /// when it equals `metadata.generation`, the conditions describe the
+    /// current spec (kstatus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub observed_generation: Option<i64>,
     /// Lifecycle phase: Provisioning, Running (instance up, not yet proven
     /// healthy), Ready (probes pass through it) or Failed (needs a spec edit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,8 +315,9 @@ pub struct ProxyStatus {
     /// when not draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining_since: Option<DateTime<Utc>>,
-    /// Conditions: `Provisioned` (instance exists and runs) and `Healthy`
-    /// (probes pass through the proxy).
+    /// Conditions: `Ready` (the summary: True exactly when the phase is
+    /// Ready), `Provisioned` (instance exists and runs), `Healthy` (probes
+    /// pass through the proxy) and `Recycling`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -315,6 +350,16 @@ impl ProxyPhase {
 
 /// Condition types and reasons on a Proxy.
 pub mod conditions {
+    /// The summary condition (kstatus, `kubectl wait --for=condition=Ready`):
+    /// True exactly when the phase is Ready.
+    pub const READY: &str = "Ready";
+    /// Ready=True: probes pass through the proxy; it is advertised.
+    pub const REASON_PROXY_READY: &str = "ProxyReady";
+    /// Ready=False: the instance runs (or the External endpoint is set)
+    /// and no probe verdict has come yet.
+    pub const REASON_AWAITING_VERDICT: &str = "AwaitingVerdict";
+    /// Ready=False: no pass has decided anything yet.
+    pub const REASON_PENDING: &str = "Pending";
     /// The instance exists and runs.
     pub const PROVISIONED: &str = "Provisioned";
     /// Probes pass through the proxy.

@@ -76,6 +76,11 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
         Path::External => Ok(external_path(&proxy, &ctx, &mut status)),
         Path::Managed => managed_path(&proxy, &ctx, &mut status).await,
     };
+    // A Proxy being deleted keeps the summary it had: its spec is no longer
+    // acted on.
+    if !deleting {
+        plan::summarize(&mut status, proxy.metadata.generation, Utc::now());
+    }
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
     if patched.is_ok() && status != base {
         ctx.written.wrote(&uid, &status, Utc::now());

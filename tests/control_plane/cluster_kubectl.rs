@@ -284,6 +284,73 @@ async fn auth_can_i_follows_the_shipped_viewer_role() {
 }
 
 #[tokio::test]
+async fn the_builtin_view_and_edit_roles_take_in_the_shipped_roles() {
+    let ns = namespace("aggregate").await;
+    let sa = format!("--as=system:serviceaccount:{ns}:default");
+    // `resource` may end in ` status`: the subresource.
+    let ask = |verb: &str, resource: &str| {
+        let mut args = vec!["auth", "can-i", verb, &sa];
+        match resource.split_once(' ') {
+            Some((kind, sub)) => args.extend([kind, "--subresource", sub]),
+            None => args.push(resource),
+        }
+        kubectl(Some(&ns), &args, "").stdout.trim().to_string()
+    };
+    // Bound to the built-in `view` role only: what it grants on Proxies
+    // comes from the aggregation labels on the shipped roles.
+    ok(
+        Some(&ns),
+        &[
+            "create",
+            "rolebinding",
+            "builtin-view",
+            "--clusterrole=view",
+            &format!("--serviceaccount={ns}:default"),
+        ],
+    );
+    for f in [
+        "config/rbac/proxy_viewer_role.yaml",
+        "config/rbac/proxy_editor_role.yaml",
+        "config/rbac/providerhealth_viewer_role.yaml",
+    ] {
+        ok(None, &["apply", "-f", f]);
+    }
+    // The controller-manager's aggregation controller folds them in.
+    eventually(
+        "view lets the user get proxies",
+        Duration::from_secs(60),
+        || async { (ask("get", "proxies.crawl.example.com") == "yes").then_some(()) },
+    )
+    .await;
+    assert_eq!(ask("list", "providerhealths.crawl.example.com"), "yes");
+    assert_eq!(
+        ask("create", "proxies.crawl.example.com"),
+        "no",
+        "view never writes"
+    );
+    assert_eq!(ask("patch", "proxies.crawl.example.com status"), "no");
+    assert_eq!(ask("get", "proxies.crawl.example.com status"), "yes");
+
+    ok(
+        Some(&ns),
+        &[
+            "create",
+            "rolebinding",
+            "builtin-edit",
+            "--clusterrole=edit",
+            &format!("--serviceaccount={ns}:default"),
+        ],
+    );
+    assert_eq!(ask("create", "proxies.crawl.example.com"), "yes");
+    assert_eq!(ask("delete", "proxies.crawl.example.com"), "yes");
+    assert_eq!(
+        ask("patch", "proxies.crawl.example.com status"),
+        "no",
+        "status stays the operator's"
+    );
+}
+
+#[tokio::test]
 async fn the_real_validation_refuses_a_port_out_of_range_naming_the_field() {
     let ns = namespace("invalid").await;
     let bad = "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: bad}\nspec: {provider: kubernetes, port: 99999}\n";

@@ -485,6 +485,21 @@ fn user_roles_never_write_status() {
             ["get"],
             "{role}"
         );
+        // The built-in view/edit/admin roles take these in: read access
+        // into all three, write access into edit and admin only.
+        let aggregated: Vec<&str> = ["view", "edit", "admin"]
+            .into_iter()
+            .filter(|to| {
+                r["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{to}")]
+                    == "true"
+            })
+            .collect();
+        let expected: &[&str] = match role {
+            "proxy-admin-role" => &[],
+            "proxy-editor-role" => &["edit", "admin"],
+            _ => &["view", "edit", "admin"],
+        };
+        assert_eq!(aggregated, expected, "{role}");
     }
 }
 

@@ -12,6 +12,7 @@ mod e2e_gc_health;
 mod e2e_health;
 mod e2e_kubernetes;
 mod e2e_kubernetes_limits;
+mod e2e_status_tools;
 /// In-process scenarios of the reconciler on the fake provider, on this
 /// binary's cluster.
 mod reconcile_scenarios;

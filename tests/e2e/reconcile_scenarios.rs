@@ -218,6 +218,11 @@ async fn scenario_create_running_ready() {
     let p = s.get("p").await;
     assert_eq!(phase(&p), Some("Provisioning"));
     assert_eq!(reason(&p, "Provisioned"), pair("False", "Creating"));
+    assert_eq!(reason(&p, "Ready"), pair("False", "Creating"));
+    assert_eq!(
+        p.status.as_ref().unwrap().observed_generation,
+        p.metadata.generation
+    );
     assert!(p.annotations().contains_key("crawl.example.com/spec-hash"));
     assert_eq!(s.fake.calls(Op::Create), 1);
     assert_eq!(s.ok("p").await, Action::requeue(plan::PROVISIONING_POLL));
@@ -227,6 +232,7 @@ async fn scenario_create_running_ready() {
     let p = s.get("p").await;
     assert_eq!(phase(&p), Some("Running"));
     assert_eq!(reason(&p, "Provisioned"), pair("True", "InstanceRunning"));
+    assert_eq!(reason(&p, "Ready"), pair("False", "AwaitingVerdict"));
     let ip = p.status.as_ref().unwrap().ip.clone().unwrap();
     assert!(ip.starts_with("192.0.2."), "{ip}");
 
@@ -236,6 +242,7 @@ async fn scenario_create_running_ready() {
     let p = s.get("p").await;
     assert_eq!(phase(&p), Some("Ready"));
     assert_eq!(reason(&p, "Healthy"), pair("True", "ProbeSucceeded"));
+    assert_eq!(reason(&p, "Ready"), pair("True", "ProxyReady"));
     assert_eq!(p.status.as_ref().unwrap().latency_millis, Some(12));
     s.health.set(&p, false, "connecting to the proxy: refused");
     s.ok("p").await;
@@ -244,6 +251,11 @@ async fn scenario_create_running_ready() {
     assert_eq!(reason(&p, "Healthy"), pair("False", "ProbeFailed"));
     assert_eq!(
         condition(&p, "Healthy").unwrap().message,
+        "connecting to the proxy: refused"
+    );
+    assert_eq!(reason(&p, "Ready"), pair("False", "ProbeFailed"));
+    assert_eq!(
+        condition(&p, "Ready").unwrap().message,
         "connecting to the proxy: refused"
     );
     assert_eq!(s.fake.calls(Op::Create), 1, "one instance all along");
@@ -317,6 +329,11 @@ async fn scenario_a_permanent_error_fails_and_latches() {
         cond.message
     );
     assert_eq!(cond.observed_generation, p.metadata.generation);
+    assert_eq!(reason(&p, "Ready"), pair("False", "PermanentError"));
+    assert_eq!(
+        condition(&p, "Ready").unwrap().observed_generation,
+        p.metadata.generation
+    );
 
     // Latched: no further provider call at this generation.
     assert_eq!(s.ok("p").await, Action::await_change());

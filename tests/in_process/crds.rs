@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use egress_proxies_operator::api::crd;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[test]
 fn committed_crds_match_the_types() {
@@ -437,9 +437,28 @@ fn names_scopes_columns_and_subresources() {
         "Namespaced",
         "px",
         &[
-            "Mode", "Provider", "Phase", "IP", "Healthy", "Reason", "Age",
+            "Mode",
+            "Provider",
+            "Phase",
+            "IP",
+            "Healthy",
+            "Reason",
+            "Age",
+            "Zone",
+            "Provider ID",
+            "Latency",
+            "Ready Reason",
         ],
     );
+    // The last four are `-o wide` only.
+    let priorities: Vec<i64> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["priority"].as_i64().unwrap_or(0))
+        .collect();
+    assert_eq!(priorities, [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]);
+    assert_eq!(px["spec"]["names"]["categories"], json!(["egress-proxies"]));
     let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["properties"]["mode"]["default"], "Managed");
     assert_eq!(spec["properties"]["port"]["minimum"], 1.0);
@@ -471,6 +490,7 @@ fn names_scopes_columns_and_subresources() {
     assert!(
         status["phase"].is_object() && status["ip"].is_object() && status["providerID"].is_object()
     );
+    assert_eq!(status["observedGeneration"]["type"], "integer");
 
     let ph = serde_json::to_value(crd::provider_health_crd()).unwrap();
     assert_eq!(ph["metadata"]["name"], "providerhealths.crawl.example.com");
@@ -480,6 +500,7 @@ fn names_scopes_columns_and_subresources() {
         "ph",
         &["Type", "Ready", "Targets", "Last Check", "Age"],
     );
+    assert_eq!(ph["spec"]["names"]["categories"], json!(["egress-proxies"]));
     let props = &v["schema"]["openAPIV3Schema"]["properties"];
     assert!(props.get("spec").is_none(), "ProviderHealth has no spec");
     let targets = &props["status"]["properties"]["targets"];

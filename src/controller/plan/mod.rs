@@ -10,6 +10,7 @@
 //! - [`phase`]: the one function that derives a Proxy's phase, and the
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
+//! - [`summary`]: the `Ready` condition and observed generation tools read.
 //! - [`jitter`]: the spread taken off every requeue delay.
 //! - [`replace`]: the backoff between re-creates of an instance that
 //!   keeps dying, kept in the status.
@@ -26,6 +27,7 @@ pub mod phase;
 pub mod quota;
 pub mod replace;
 pub mod status;
+pub mod summary;
 pub mod throttle;
 pub mod written;
 
@@ -45,6 +47,7 @@ pub use jitter::{jitter, jittered, Fixed, Random, SystemRandom};
 pub use managed::{create_port, next_managed_step, ManagedInput, ReplaceCause, Step};
 pub use phase::{phase, ready, Stage};
 pub use status::{Health, REASON_AWAITING_PROBE, REASON_PROBE_FAILED, REASON_PROBE_SUCCEEDED};
+pub use summary::summarize;
 
 /// The outcome of `Provider::get`, reduced to what the decisions need.
 #[derive(Clone, Debug, PartialEq)]
