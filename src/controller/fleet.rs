@@ -20,8 +20,8 @@ use crate::api::proxy::conditions::{PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRA
 use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
 use crate::fleet::breaker::Report;
 use crate::fleet::{
-    recycle_step, summarize, unseen_leases_end, BreakerPolicy, DrainInput, FleetState,
-    MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
+    mark_replacing, recycle_step, summarize, unseen_leases_end, BreakerPolicy, DrainInput,
+    FleetState, MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
 };
 
 /// How often the view is rebuilt from the cache at most.
@@ -60,6 +60,9 @@ struct Inner {
     refreshed: Option<DateTime<Utc>>,
     /// Drains started by this process, by key, not yet seen in the cache.
     pending: HashMap<String, DateTime<Utc>>,
+    /// Replaces decided by this process, by key, while the cache may
+    /// still show the Proxy Ready (see [`mark_replacing`]).
+    replacing: BTreeMap<String, DateTime<Utc>>,
     /// Transitions not yet taken by the ProviderHealth writer.
     transitions: Vec<Seen>,
 }
@@ -79,6 +82,7 @@ impl Fleet {
                 state: FleetState::new(BreakerPolicy::default(), budgets),
                 refreshed: None,
                 pending: HashMap::new(),
+                replacing: BTreeMap::new(),
                 transitions: Vec::new(),
             }),
             changed: watch::channel(0).0,
@@ -156,6 +160,7 @@ impl Fleet {
                 None => {}
             }
         }
+        mark_replacing(&mut summaries, &mut inner.replacing, now, pending_for);
         for (provider, t) in inner.state.refresh(now, &summaries) {
             self.record(inner, &provider, t, now);
         }
@@ -185,6 +190,18 @@ impl Fleet {
         let mut inner = self.lock();
         self.refresh(&mut inner, now);
         inner.state.breaker_open(provider)
+    }
+
+    /// Whether the Proxy `key` on `provider` may replace its stopped or
+    /// vanished instance: its loss is counted first, with a fresh view, so
+    /// Proxies failing within one second open the breaker once enough of
+    /// them are lost instead of all being replaced.
+    pub fn admit_replace(&self, provider: &str, key: &str, now: DateTime<Utc>) -> bool {
+        let mut inner = self.lock();
+        inner.replacing.insert(key.to_string(), now);
+        inner.refreshed = None;
+        self.refresh(&mut inner, now);
+        !inner.state.breaker_open(provider)
     }
 
     /// An operator's reset of `provider`'s breaker: losses so far are

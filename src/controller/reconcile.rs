@@ -394,7 +394,8 @@ async fn managed_path(
                 why: ReplaceCause::Stopped(_),
             }
             | Step::ClearAndCreate
-                if recorded == hash && ctx.fleet.breaker_open(&provider_name, now) =>
+                if recorded == hash
+                    && !ctx.fleet.admit_replace(&provider_name, &key(proxy), now) =>
             {
                 fleet::mark_circuit_open(status, now, generation);
                 plan::status::health_unknown(status, now);

@@ -29,4 +29,4 @@ pub use recycle::{
 };
 pub mod view;
 
-pub use view::{recycle_step, summarize, FleetState, RecycleStep, Summary};
+pub use view::{mark_replacing, recycle_step, summarize, FleetState, RecycleStep, Summary};

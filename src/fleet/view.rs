@@ -69,6 +69,32 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
     })
 }
 
+/// Marks as not Ready the Proxies this process is about to replace (their
+/// instance is stopped or gone) while the cache still shows them Ready: a
+/// reconcile decides from a view up to a second old and before the health
+/// write reaches the cache, so Proxies failing together would each be
+/// replaced before the breaker counts any of them. A mark ends once the
+/// cache shows the Proxy not Ready, or after `hold`; `replacing` keeps only
+/// the marks still needed.
+pub fn mark_replacing(
+    summaries: &mut [Summary],
+    replacing: &mut BTreeMap<String, DateTime<Utc>>,
+    now: DateTime<Utc>,
+    hold: chrono::Duration,
+) {
+    let mut keep = BTreeMap::new();
+    for s in summaries.iter_mut() {
+        let Some(at) = replacing.get(&s.key) else {
+            continue;
+        };
+        if s.ready && now.signed_duration_since(*at) < hold {
+            s.ready = false;
+            keep.insert(s.key.clone(), *at);
+        }
+    }
+    *replacing = keep;
+}
+
 /// One provider's breaker and its Proxies admitted to start recycling.
 #[derive(Clone, Debug, Default)]
 struct ProviderFleet {

@@ -320,3 +320,101 @@ fn each_provider_trips_by_its_own_policy_and_reports_it() {
         .with_breaker_policies(BTreeMap::from([("k".to_string(), strict)]));
     assert_eq!(f.report("k"), super::super::breaker::Report::closed(strict));
 }
+
+#[test]
+fn mark_replacing_table() {
+    struct Case {
+        name: &'static str,
+        /// (index, ready in the cache)
+        cache: Vec<(usize, bool)>,
+        /// (index, marked this many seconds before now)
+        marks: Vec<(usize, i64)>,
+        want_ready: Vec<bool>,
+        want_kept: Vec<usize>,
+    }
+    let cases = vec![
+        Case {
+            name: "no marks: the cache as it is",
+            cache: vec![(0, true), (1, false)],
+            marks: vec![],
+            want_ready: vec![true, false],
+            want_kept: vec![],
+        },
+        Case {
+            name: "marked, the cache still Ready: not Ready, mark kept",
+            cache: vec![(0, true), (1, true)],
+            marks: vec![(1, 0)],
+            want_ready: vec![true, false],
+            want_kept: vec![1],
+        },
+        Case {
+            name: "marked, the cache caught up: mark dropped",
+            cache: vec![(0, true), (1, false)],
+            marks: vec![(1, 5)],
+            want_ready: vec![true, false],
+            want_kept: vec![],
+        },
+        Case {
+            name: "marked longer than the hold ago: the cache wins",
+            cache: vec![(0, true), (1, true)],
+            marks: vec![(1, 60)],
+            want_ready: vec![true, true],
+            want_kept: vec![],
+        },
+        Case {
+            name: "a mark of a Proxy gone from the cache is dropped",
+            cache: vec![(0, true)],
+            marks: vec![(3, 0)],
+            want_ready: vec![true],
+            want_kept: vec![],
+        },
+    ];
+    for c in cases {
+        let mut summaries: Vec<Summary> = c
+            .cache
+            .iter()
+            .map(|(i, r)| s(*i, *r, false, None))
+            .collect();
+        let mut marks: BTreeMap<String, DateTime<Utc>> = c
+            .marks
+            .iter()
+            .map(|(i, ago)| (format!("ns/p{i}"), at(100 - ago)))
+            .collect();
+        mark_replacing(
+            &mut summaries,
+            &mut marks,
+            at(100),
+            chrono::Duration::seconds(60),
+        );
+        let ready: Vec<bool> = summaries.iter().map(|s| s.ready).collect();
+        assert_eq!(ready, c.want_ready, "{}", c.name);
+        let kept: Vec<String> = c.want_kept.iter().map(|i| format!("ns/p{i}")).collect();
+        assert_eq!(
+            marks.keys().cloned().collect::<Vec<_>>(),
+            kept,
+            "{}",
+            c.name
+        );
+    }
+}
+
+/// Four of five Proxies fail within one second, before the cache shows
+/// any of them not Ready: each replace marked before the gate is counted,
+/// so the first two (40%) may be replaced and the third opens the breaker
+/// (threshold 50%).
+#[test]
+fn replaces_marked_before_the_cache_catches_up_open_the_breaker() {
+    let mut state = FleetState::new(BreakerPolicy::default(), BTreeMap::new());
+    let ready: Vec<Summary> = (0..5).map(|i| s(i, true, false, None)).collect();
+    state.refresh(at(0), &ready);
+    let mut marks = BTreeMap::new();
+    let mut allowed = Vec::new();
+    for i in 1..5 {
+        marks.insert(format!("ns/p{i}"), at(1));
+        let mut view = ready.clone();
+        mark_replacing(&mut view, &mut marks, at(1), chrono::Duration::seconds(60));
+        state.refresh(at(1), &view);
+        allowed.push(!state.breaker_open("k"));
+    }
+    assert_eq!(allowed, vec![true, true, false, false]);
+}

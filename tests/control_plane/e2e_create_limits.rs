@@ -20,8 +20,15 @@ use crate::support::{self, eventually, Operator};
 /// The providers file of one gcp entry, `gcp-eu`, on the stand-in, with
 /// `limits` (lines of the entry) added.
 pub(crate) fn providers(standin: &StandIn, limits: &str) -> String {
+    providers_named("gcp-eu", standin, limits)
+}
+
+/// [`providers`] with the entry called `name` (ProviderHealth objects are
+/// cluster-scoped and named after the provider: a test asserting on one
+/// names its provider after itself).
+pub(crate) fn providers_named(name: &str, standin: &StandIn, limits: &str) -> String {
     format!(
-        "providers:\n  - name: gcp-eu\n    type: gcp\n{limits}    gcp:\n      project: my-project\n      endpoint: {}\n      anonymous: true\n",
+        "providers:\n  - name: {name}\n    type: gcp\n{limits}    gcp:\n      project: my-project\n      endpoint: {}\n      anonymous: true\n",
         standin.url
     )
 }

@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::{condition, eventually, free_port, phase, Ground, Operator};
+use support::{breaker, condition, eventually, free_port, phase, Ground, Operator};
 use tokio::io::AsyncWriteExt;
 
 /// The provider's name: the ProviderHealth object and the Events are
@@ -64,61 +63,25 @@ fn probed_proxy(name: &str, target: SocketAddr) -> Proxy {
     )
 }
 
-/// The ProviderHealth's Replacing condition: (status, reason, message).
 async fn replacing(ph: &Api<ProviderHealth>) -> Option<(String, String, String)> {
-    let obj = ph.get_opt(PROVIDER).await.ok()??;
-    let c = obj
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Replacing")?;
-    Some((c.status.as_str().to_string(), c.reason, c.message))
+    breaker::replacing(ph, PROVIDER).await
 }
 
-/// Waits up to `secs` for the Replacing condition to read `status`.
 async fn until_replacing(
     ph: &Api<ProviderHealth>,
     status: &str,
     what: &str,
     secs: u64,
 ) -> (String, String, String) {
-    eventually(what, Duration::from_secs(secs), || async {
-        replacing(ph).await.filter(|r| r.0 == status)
-    })
-    .await
+    breaker::until_replacing(ph, PROVIDER, status, what, secs).await
 }
 
-/// Waits up to 30 s for an Event of `reason`; returns the notes.
 async fn until_event(client: &kube::Client, reason: &str) -> Vec<String> {
-    eventually(
-        &format!("Event {reason}"),
-        Duration::from_secs(30),
-        || async {
-            let e = events(client, reason).await;
-            (!e.is_empty()).then_some(e)
-        },
-    )
-    .await
-}
-
-/// Events of `reason` recorded on the ProviderHealth (cluster-scoped:
-/// they are in `default`), with their notes.
-async fn events(client: &kube::Client, reason: &str) -> Vec<String> {
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
-    let list = api.list(&ListParams::default()).await.unwrap().items;
-    list.into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().is_some_and(|r| {
-                r.kind.as_deref() == Some("ProviderHealth") && r.name.as_deref() == Some(PROVIDER)
-            }) && e.reason.as_deref() == Some(reason)
-        })
-        .map(|e| e.note.unwrap_or_default())
-        .collect()
+    breaker::until_event(client, PROVIDER, reason).await
 }
 
 async fn gauge(metrics: SocketAddr) -> Option<f64> {
-    let series = format!("proxy_operator_provider_circuit_open{{provider=\"{PROVIDER}\"}}");
-    support::leader::scraped(metrics, &series).await
+    breaker::gauge(metrics, PROVIDER).await
 }
 
 /// Proxies being recycled (draining, or replaced after the drain).

@@ -241,6 +241,18 @@ impl StandIn {
         });
     }
 
+    /// A stopped instance `name` runs again (a zone back from an outage),
+    /// on the NAT IP it had.
+    pub fn start_again(&self, name: &str) {
+        self.with(|s| {
+            for ((_, n), i) in s.instances.iter_mut() {
+                if n == name && i.body["status"] == json!("TERMINATED") {
+                    i.body["status"] = json!("RUNNING");
+                }
+            }
+        });
+    }
+
     pub fn requests(&self) -> Vec<(String, String, String)> {
         self.with(|s| s.requests.clone())
     }

@@ -1,6 +1,7 @@
 //! Shared by the tests that run the real operator binary.
 #![allow(dead_code)]
 
+pub mod breaker;
 pub mod leader;
 pub mod shipped;
 pub mod squid;
