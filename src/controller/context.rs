@@ -26,8 +26,8 @@ pub struct Context {
     /// watch; cloud-init is read from here, never with `get`.
     pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
-    /// Creates held after a quota refusal, by Proxy UID.
-    quota_holds: Mutex<HashMap<String, plan::quota::QuotaHold>>,
+    /// Creates held after a quota or unavailable refusal, by Proxy UID.
+    create_holds: Mutex<HashMap<String, plan::hold::CreateHold>>,
     /// Reconcile count, error and duration series, when exported.
     pub metrics: Option<super::metrics::ReconcileMetrics>,
     /// Where the jitter of every requeue comes from.
@@ -57,7 +57,7 @@ impl Context {
             health,
             secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
-            quota_holds: Mutex::new(HashMap::new()),
+            create_holds: Mutex::new(HashMap::new()),
             metrics: None,
             random: Arc::new(plan::SystemRandom),
             throttle: Arc::default(),
@@ -121,23 +121,23 @@ impl Context {
     }
 
     /// Holds the creates of the Proxy `uid` as `hold` says.
-    pub(super) fn hold_creates(&self, uid: &str, hold: plan::quota::QuotaHold) {
-        self.quota_holds
+    pub(super) fn hold_creates(&self, uid: &str, hold: plan::hold::CreateHold) {
+        self.create_holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(uid.to_string(), hold);
     }
 
     /// How much longer the create of the Proxy `uid` at `generation` is
-    /// held ([`plan::quota::waiting`]); a hold that no longer holds goes.
+    /// held ([`plan::hold::waiting`]); a hold that no longer holds goes.
     pub(super) fn create_wait(
         &self,
         uid: &str,
         generation: Option<i64>,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<Duration> {
-        let mut holds = self.quota_holds.lock().unwrap_or_else(|p| p.into_inner());
-        let wait = plan::quota::waiting(holds.get(uid).copied(), generation, now);
+        let mut holds = self.create_holds.lock().unwrap_or_else(|p| p.into_inner());
+        let wait = plan::hold::waiting(holds.get(uid).copied(), generation, now);
         if wait.is_none() {
             holds.remove(uid);
         }

@@ -183,7 +183,7 @@ fn fail(
         Ok(end) => plan::jittered(end, ctx.random.unit()),
         Err(Backoff) => return Err(err.into()),
     };
-    if let Some(hold) = plan::quota::hold_after(&failure, generation, end, now) {
+    if let Some(hold) = plan::hold::hold_after(&failure, generation, end, now) {
         ctx.hold_creates(&proxy.uid().unwrap_or_default(), hold);
     }
     Ok(controller_action(end))
@@ -359,8 +359,8 @@ async fn managed_path(
                     return finish(ctx, Ending::NoPort, status, now, generation);
                 };
                 let provider = p()?;
-                // Refused for quota: not again before the quota retry,
-                // whatever started this pass.
+                // Refused for quota or as unavailable: not again before
+                // that slow retry, whatever started this pass.
                 if let Some(wait) = ctx.create_wait(&uid, generation, now) {
                     return Ok(Action::requeue(wait));
                 }

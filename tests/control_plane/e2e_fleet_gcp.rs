@@ -18,7 +18,12 @@ use crate::e2e_create_limits::{gcp_proxy, providers, reason};
 use crate::gcp_standin::StandIn;
 use crate::support::{self, eventually, Ground, Operator};
 
-fn operator(ground: &Ground, standin: &StandIn, dir: &std::path::Path, limits: &str) -> Operator {
+pub(crate) fn operator(
+    ground: &Ground,
+    standin: &StandIn,
+    dir: &std::path::Path,
+    limits: &str,
+) -> Operator {
     Operator::spawn(
         ground.operator(dir, &providers(standin, limits)),
         &dir.join("operator.log"),
@@ -26,7 +31,7 @@ fn operator(ground: &Ground, standin: &StandIn, dir: &std::path::Path, limits: &
 }
 
 /// Creates the Proxies `names` and returns their instance names.
-async fn create(ground: &Ground, names: &[String]) -> BTreeMap<String, String> {
+pub(crate) async fn create(ground: &Ground, names: &[String]) -> BTreeMap<String, String> {
     let proxies = ground.proxies();
     let mut out = BTreeMap::new();
     for name in names {
@@ -42,7 +47,7 @@ async fn create(ground: &Ground, names: &[String]) -> BTreeMap<String, String> {
 /// Waits until every Proxy of the namespace shows `want` as its
 /// `Provisioned` reason; on timeout the panic shows what they show and
 /// the operator's last log lines.
-async fn all_show(
+pub(crate) async fn all_show(
     standin: &StandIn,
     ground: &Ground,
     n: usize,

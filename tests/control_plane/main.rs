@@ -12,6 +12,7 @@ mod e2e_breaker_gcp;
 mod e2e_create_limits;
 mod e2e_fleet_gcp;
 mod e2e_gcp;
+mod e2e_gcp_unavailable;
 mod e2e_leader;
 mod gc_sweep;
 mod manifests;

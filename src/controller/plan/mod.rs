@@ -21,10 +21,10 @@
 
 pub mod delete;
 pub mod end;
+pub mod hold;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
-pub mod quota;
 pub mod replace;
 pub mod status;
 pub mod summary;

@@ -11,7 +11,7 @@ fn hold_after_table() {
         op: Op,
         class: ErrorClass,
         end: End,
-        want: Option<QuotaHold>,
+        want: Option<CreateHold>,
     }
     let retry = End::RequeueAfter(Duration::from_secs(270));
     let cases = [
@@ -20,7 +20,7 @@ fn hold_after_table() {
             op: Op::Create,
             class: ErrorClass::QuotaExceeded,
             end: retry,
-            want: Some(QuotaHold {
+            want: Some(CreateHold {
                 generation: Some(3),
                 until: at(270),
             }),
@@ -33,9 +33,33 @@ fn hold_after_table() {
             want: None,
         },
         Case {
-            name: "an unavailable provider: its own retry, no hold",
+            name: "a create refused as unavailable (401, 403) holds until its slow retry",
             op: Op::Create,
             class: ErrorClass::Unavailable,
+            end: retry,
+            want: Some(CreateHold {
+                generation: Some(3),
+                until: at(270),
+            }),
+        },
+        Case {
+            name: "a delete refused as unavailable holds no create",
+            op: Op::Delete,
+            class: ErrorClass::Unavailable,
+            end: retry,
+            want: None,
+        },
+        Case {
+            name: "a permanent create latches: nothing to hold",
+            op: Op::Create,
+            class: ErrorClass::Permanent,
+            end: End::AwaitChange,
+            want: None,
+        },
+        Case {
+            name: "a vanished instance goes to the backoff, no hold",
+            op: Op::Create,
+            class: ErrorClass::NotFound,
             end: retry,
             want: None,
         },
@@ -73,12 +97,12 @@ fn hold_after_table() {
 fn waiting_table() {
     struct Case {
         name: &'static str,
-        hold: Option<QuotaHold>,
+        hold: Option<CreateHold>,
         generation: Option<i64>,
         now: i64,
         want: Option<Duration>,
     }
-    let hold = Some(QuotaHold {
+    let hold = Some(CreateHold {
         generation: Some(2),
         until: at(300),
     });

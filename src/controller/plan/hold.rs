@@ -1,10 +1,12 @@
-//! Quota hold: a Proxy whose create was refused for quota or a rate limit
-//! asks again only after the quota retry, however often it is reconciled
-//! meanwhile. Its own status write (`QuotaExceeded`), a create held by the
-//! provider's bucket (`CreateThrottled`) and any watch event all start
-//! passes; without the hold each would call create again, and Proxies
-//! alternating between those two reasons spent the provider's whole create
-//! budget on calls the API refused (found by the gcp outage system test).
+//! Create hold: a Proxy whose create was refused with a slow retry (a
+//! quota or rate limit, or a provider refusing the operator's credentials
+//! or permissions) asks again only after that retry, however often it is
+//! reconciled meanwhile. Its own status write (`QuotaExceeded`,
+//! `ProviderUnavailable`), a create held by the provider's bucket
+//! (`CreateThrottled`) and any watch event all start passes; without the
+//! hold each would call create again, and Proxies alternating between
+//! those reasons spent the provider's whole create budget on calls the API
+//! refused (found by the gcp outage system test).
 //! Pure: the shell keeps the holds in memory, by Proxy UID.
 
 use std::time::Duration;
@@ -17,23 +19,32 @@ use crate::provider::{ErrorClass, Op};
 /// No create for a Proxy before `until`, while its spec stays at
 /// `generation`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuotaHold {
+pub struct CreateHold {
     /// The generation whose create was refused.
     pub generation: Option<i64>,
     /// When the create may go again.
     pub until: DateTime<Utc>,
 }
 
+/// Whether a create refused with `class` waits out its requeue: the
+/// classes retried slowly (minutes), not by backoff, and not latched.
+fn holds(class: ErrorClass) -> bool {
+    match class {
+        ErrorClass::QuotaExceeded | ErrorClass::Unavailable => true,
+        ErrorClass::Permanent | ErrorClass::NotFound | ErrorClass::Transient => false,
+    }
+}
+
 /// The hold a failed pass leaves at `now`, when it ended with `end` (its
-/// requeue, jitter applied): only a create refused with the quota class
-/// holds, until that requeue comes.
+/// requeue, jitter applied): only a create refused with a slowly retried
+/// class holds, until that requeue comes.
 pub fn hold_after(
     failure: &Failure<'_>,
     generation: Option<i64>,
     end: End,
     now: DateTime<Utc>,
-) -> Option<QuotaHold> {
-    if failure.op != Op::Create || failure.class != ErrorClass::QuotaExceeded {
+) -> Option<CreateHold> {
+    if failure.op != Op::Create || !holds(failure.class) {
         return None;
     }
     let End::RequeueAfter(retry) = end else {
@@ -42,14 +53,14 @@ pub fn hold_after(
     let until = now
         .checked_add_signed(TimeDelta::from_std(retry).unwrap_or(TimeDelta::MAX))
         .unwrap_or(DateTime::<Utc>::MAX_UTC);
-    Some(QuotaHold { generation, until })
+    Some(CreateHold { generation, until })
 }
 
 /// How much longer a create of the spec at `generation` waits at `now`;
 /// `None` when it may go: no hold, the hold is over, or the spec changed
 /// since (an edit may well be the fix).
 pub fn waiting(
-    hold: Option<QuotaHold>,
+    hold: Option<CreateHold>,
     generation: Option<i64>,
     now: DateTime<Utc>,
 ) -> Option<Duration> {
@@ -65,5 +76,5 @@ pub fn waiting(
 }
 
 #[cfg(test)]
-#[path = "quota_tests.rs"]
+#[path = "hold_tests.rs"]
 mod tests;
