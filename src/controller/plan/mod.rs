@@ -10,6 +10,7 @@
 //! - [`phase`]: the one function that derives a Proxy's phase, and the
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
+//! - [`events`]: which Kubernetes Events a pass records (transitions only).
 //! - [`jitter`]: the spread taken off every requeue delay.
 //! - [`replace`]: the backoff between re-creates of an instance that
 //!   keeps dying, kept in the status.
@@ -20,6 +21,7 @@
 
 pub mod delete;
 pub mod end;
+pub mod events;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
