@@ -226,15 +226,17 @@ impl Gc {
             return;
         };
         let api: Api<ProviderHealth> = Api::all(self.client.clone());
-        match api.get_opt(provider).await {
-            Ok(Some(obj)) => events.record(&obj.object_ref(&()), note).await,
-            Ok(None) => {
-                debug!(provider = %provider, "No ProviderHealth to record collected orphans on")
-            }
+        let regarding = match api.get_opt(provider).await {
+            Ok(Some(obj)) => obj.object_ref(&()),
+            // A sweep may beat the ProviderHealth writer's first publish:
+            // the Event still names the object, by name alone.
+            Ok(None) => ProviderHealth::new(provider).object_ref(&()),
             Err(e) => {
-                warn!(provider = %provider, error = %plain_message(&e), "Reading ProviderHealth to record an Event")
+                warn!(provider = %provider, error = %plain_message(&e), "Reading ProviderHealth to record an Event");
+                return;
             }
-        }
+        };
+        events.record(&regarding, note).await;
     }
 
     /// Ends a sweep that ran past half of `--gc-min-age`: `current` and the
