@@ -60,6 +60,7 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
     let mut notes = Vec::new();
     let was = condition::find(&before.conditions, PROVISIONED);
     let now = condition::find(&after.conditions, PROVISIONED);
+    notes.extend(vanished_note(was, before, after));
     if let Some(c) = now.filter(|_| !same(was, now)) {
         notes.extend(provisioned_note(c, after));
     }
@@ -87,6 +88,28 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
         ));
     }
     notes
+}
+
+/// The Replacing Event of an instance that went without being asked to:
+/// the pass found it gone and forgot it (a replacement the operator
+/// started has said so already, in the status `was`).
+fn vanished_note(
+    was: Option<&Condition>,
+    before: &ProxyStatus,
+    after: &ProxyStatus,
+) -> Option<Note> {
+    let old = before.provider_id.as_deref().filter(|id| !id.is_empty())?;
+    let replacing =
+        was.is_some_and(|c| c.reason == REASON_CREATING && c.message != CREATING_MESSAGE);
+    if replacing || after.provider_id.as_deref() == Some(old) {
+        return None;
+    }
+    Some(note(
+        Severity::Normal,
+        REPLACING,
+        "Replace",
+        format!("instance {old} vanished: replacing it"),
+    ))
 }
 
 /// The Event for a Provisioned condition that just became `c`.

@@ -52,6 +52,16 @@ fn recreated(s: &mut ProxyStatus) {
     s.provider_id = Some("px-def".into());
     status::mark_creating(s, t(4), Some(2));
 }
+fn recreated_running(s: &mut ProxyStatus) {
+    recreated(s);
+    status::mark_running(s, "10.0.0.8", &Health::Unknown, t(5), Some(2));
+}
+fn vanished_and_recreated(s: &mut ProxyStatus) {
+    ready(s);
+    status::clear_instance(s);
+    s.provider_id = Some("px-new".into());
+    status::mark_creating(s, t(4), Some(1));
+}
 fn quota(s: &mut ProxyStatus) {
     status::mark_quota(s, "quota CPUS exceeded in us-east1", t(0), Some(1));
 }
@@ -145,6 +155,15 @@ fn a_pass_records_an_event_per_transition_only() {
             want: vec![(REPLACING, false, "Terminated")],
         },
         Case {
+            name: "the instance vanished and was re-created in one pass",
+            before: ready,
+            after: vanished_and_recreated,
+            want: vec![
+                (REPLACING, false, "px-abc vanished"),
+                (CREATING, false, "px-new"),
+            ],
+        },
+        Case {
             name: "waiting for the old instance to go: nothing new",
             before: replacing_spec,
             after: replacing_spec,
@@ -159,8 +178,8 @@ fn a_pass_records_an_event_per_transition_only() {
         Case {
             name: "the replacement runs",
             before: recreated,
-            after: running,
-            want: vec![(RUNNING, false, "px-abc")],
+            after: recreated_running,
+            want: vec![(RUNNING, false, "px-def")],
         },
         Case {
             name: "quota refused the create",
