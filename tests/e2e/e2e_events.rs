@@ -1,6 +1,7 @@
 //! System test of the Events a Proxy's transitions record (issue 21): the
 //! real operator binary on the real test cluster, a kubernetes Proxy
-//! served by a real Squid Pod, read back with the pinned kubectl.
+//! served by a real Squid Pod and replaced after a port change, read back
+//! with the pinned kubectl and from the API.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
 
@@ -46,6 +47,23 @@ async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
     list.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
     list.into_iter()
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// The Events regarding `name` as (reason, note, times seen): a repeat
+/// recorded as a series counts on the first one.
+async fn series_of(events: &Api<Event>, name: &str) -> Vec<(String, String, i32)> {
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            let n = e.series.as_ref().map_or(1, |s| s.count);
+            (e.reason.unwrap_or_default(), e.note.unwrap_or_default(), n)
+        })
         .collect()
 }
 
@@ -148,6 +166,39 @@ async fn a_proxys_transitions_show_in_kubectl_describe_and_never_carry_cloud_ini
         described.contains("Warning  CloudInitError"),
         "kubectl describe px bad: {described}"
     );
+
+    // A port change replaces the instance: Replacing with the cause, then
+    // the replacement's Creating and Running.
+    proxies
+        .patch(
+            "px",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3129}})),
+        )
+        .await
+        .unwrap();
+    // The replacement runs under the same Pod name: its Creating and
+    // Running repeat the first ones word for word, so the recorder counts
+    // them as a series on the same Events.
+    let seen = eventually(
+        "the replacement's Running counted",
+        Duration::from_secs(120),
+        || async {
+            let list = series_of(&events, "px").await;
+            let count = |reason: &str| list.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
+            (count("Running") == Some(2)).then_some(list)
+        },
+    )
+    .await;
+    let count = |reason: &str| seen.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
+    // (Ready may come round again by now: the replacement is probed too.)
+    assert_eq!(
+        (count("Replacing"), count("Creating"), count("Running")),
+        (Some(1), Some(2), Some(2)),
+        "{seen:?}"
+    );
+    let (_, why, _) = seen.iter().find(|(r, ..)| r == "Replacing").unwrap();
+    assert!(why.contains("spec changed"), "{why}");
 
     // Deleted: the Proxy goes, its instance with it, and the Event stays.
     proxies
