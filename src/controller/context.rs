@@ -9,6 +9,7 @@ use kube::Client;
 
 use super::{cloud_init, plan};
 use crate::api::health::HealthSource;
+use crate::events::Events;
 use crate::provider::registry::Registry;
 use crate::tenancy::ExternalNamespaces;
 
@@ -40,6 +41,8 @@ pub struct Context {
     pub fleet: Arc<super::fleet::Fleet>,
     /// `--external-proxy-namespaces`: where External Proxies are served.
     pub external: Arc<ExternalNamespaces>,
+    /// The process's Event recorder; none records no Events.
+    pub events: Option<Events>,
 }
 
 impl Context {
@@ -70,12 +73,20 @@ impl Context {
             // None until the operator says which: an External Proxy is
             // only ever served where an administrator allowed it.
             external: Arc::new(ExternalNamespaces::only([])),
+            events: None,
         }
     }
 
     /// Serves External Proxies in the namespaces `external` allows.
     pub fn with_external_namespaces(mut self, external: Arc<ExternalNamespaces>) -> Self {
         self.external = external;
+        self
+    }
+
+    /// Records the Proxies' transitions as Events through `events` (the
+    /// one recorder of the process).
+    pub fn with_events(mut self, events: Events) -> Self {
+        self.events = Some(events);
         self
     }
 

@@ -18,6 +18,7 @@ use super::plan::{
     self, Backoff, End, Ending, Failure, GetOutcome, Health, ManagedInput, Path, ReplaceCause, Step,
 };
 mod delete;
+mod events;
 
 use super::throttle::{admit_or_hold, hold, Held};
 use super::{cloud_init, fleet, status_patch};
@@ -84,6 +85,7 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
     if patched.is_ok() && status != base {
         ctx.written.wrote(&uid, &status, Utc::now());
+        events::record_pass(&ctx, &proxy, &base, &status).await;
     }
     let action = result?;
     patched?;

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{debug, error, info, warn, Instrument};
 
-use crate::api::Proxy;
+use crate::api::{ProviderHealth, Proxy};
+use crate::events::Events;
 use crate::provider::error::plain_message;
 use crate::provider::registry::Registry;
 pub use metrics::{GcMetrics, SweepResult};
@@ -54,6 +55,7 @@ pub struct Gc {
     settings: Settings,
     metrics: GcMetrics,
     first_seen: HashMap<String, DateTime<Utc>>,
+    events: Option<Events>,
 }
 
 impl Gc {
@@ -66,7 +68,15 @@ impl Gc {
             settings,
             metrics,
             first_seen: HashMap::new(),
+            events: None,
         }
+    }
+
+    /// Records each provider's collected orphans as an Event on its
+    /// ProviderHealth through `events` (the process's one recorder).
+    pub fn with_events(mut self, events: Events) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// Sweeps every interval until `shutdown` resolves; an interval of 0
@@ -170,6 +180,7 @@ impl Gc {
                 first_seen: &first_seen,
             };
             let verdicts = select::select(&listing.instances, &rules, &mut budget);
+            let mut collected = Vec::new();
             for (inst, v) in listing.instances.iter().zip(verdicts) {
                 match v {
                     Verdict::Delete
@@ -185,6 +196,7 @@ impl Gc {
                     Verdict::Delete => match provider.delete(&inst.id).await {
                         Ok(()) => {
                             report.deleted += 1;
+                            collected.push(inst.id.clone());
                             self.metrics.deleted(&name);
                             info!(provider = %name, providerID = %inst.id, uid = %inst.uid, "Deleted orphaned instance");
                         }
@@ -202,8 +214,29 @@ impl Gc {
                 }
             }
             self.metrics.sweep(&name, SweepResult::Ok);
+            self.record_collected(&name, &collected).await;
         }
         report
+    }
+
+    /// An `OrphansCollected` Event on the ProviderHealth of `provider`,
+    /// best effort.
+    async fn record_collected(&self, provider: &str, ids: &[String]) {
+        let (Some(events), Some(note)) = (&self.events, select::collected_note(ids)) else {
+            return;
+        };
+        let api: Api<ProviderHealth> = Api::all(self.client.clone());
+        let regarding = match api.get_opt(provider).await {
+            Ok(Some(obj)) => obj.object_ref(&()),
+            // A sweep may beat the ProviderHealth writer's first publish:
+            // the Event still names the object, by name alone.
+            Ok(None) => ProviderHealth::new(provider).object_ref(&()),
+            Err(e) => {
+                warn!(provider = %provider, error = %plain_message(&e), "Reading ProviderHealth to record an Event");
+                return;
+            }
+        };
+        events.record(&regarding, note).await;
     }
 
     /// Ends a sweep that ran past half of `--gc-min-age`: `current` and the

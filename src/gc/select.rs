@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::events::{Note, Severity};
 use crate::provider::Instance;
 
 /// Why an instance is kept or deleted.
@@ -129,6 +130,40 @@ pub fn first_seen_of(
         .iter()
         .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|id| (id.to_string(), *v)))
         .collect()
+}
+
+/// How many instance names an `OrphansCollected` note lists.
+pub const NOTE_NAMES: usize = 10;
+
+/// The Event on a provider's ProviderHealth after a sweep deleted the
+/// orphaned instances `ids` (none: no Event): how many, and the first
+/// [`NOTE_NAMES`] of them.
+pub fn collected_note(ids: &[String]) -> Option<Note> {
+    if ids.is_empty() {
+        return None;
+    }
+    let shown = ids.iter().take(NOTE_NAMES).cloned().collect::<Vec<_>>();
+    let more = ids.len() - shown.len();
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    let noun = if ids.len() == 1 {
+        "instance"
+    } else {
+        "instances"
+    };
+    Some(Note {
+        severity: Severity::Normal,
+        reason: "OrphansCollected",
+        action: "Delete",
+        text: format!(
+            "deleted {} orphaned {noun}: {}{tail}",
+            ids.len(),
+            shown.join(", ")
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -327,5 +362,46 @@ mod tests {
         track_first_seen(&mut fs, "p1", &[], t(30));
         assert!(!fs.contains_key("p1/a"), "forgotten once gone");
         assert_eq!(fs["p2/a"], t(11), "other providers untouched");
+    }
+
+    #[test]
+    fn collected_orphans_make_one_bounded_note() {
+        struct Case {
+            name: &'static str,
+            deleted: usize,
+            want: Option<&'static str>,
+        }
+        let cases = [
+            Case {
+                name: "nothing deleted: no Event",
+                deleted: 0,
+                want: None,
+            },
+            Case {
+                name: "one",
+                deleted: 1,
+                want: Some("deleted 1 orphaned instance: px-0"),
+            },
+            Case {
+                name: "all listed up to the bound",
+                deleted: 10,
+                want: Some("deleted 10 orphaned instances: px-0, px-1, px-2, px-3, px-4, px-5, px-6, px-7, px-8, px-9"),
+            },
+            Case {
+                name: "over the bound: the rest counted",
+                deleted: 12,
+                want: Some("deleted 12 orphaned instances: px-0, px-1, px-2, px-3, px-4, px-5, px-6, px-7, px-8, px-9 and 2 more"),
+            },
+        ];
+        for c in cases {
+            let ids: Vec<String> = (0..c.deleted).map(|i| format!("px-{i}")).collect();
+            let got = collected_note(&ids);
+            assert_eq!(got.as_ref().map(|n| n.text.as_str()), c.want, "{}", c.name);
+            assert!(
+                got.iter().all(|n| n.reason == "OrphansCollected"),
+                "{}",
+                c.name
+            );
+        }
     }
 }

@@ -27,6 +27,7 @@ pub use self::settings::Settings;
 use crate::api::constants::LEADER_ELECTION_ID;
 use crate::config::ProviderType;
 use crate::controller::{self, Context, HealthSource};
+use crate::events::Events;
 use crate::gc::{self, Gc};
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
@@ -59,6 +60,9 @@ pub struct Operator {
     client: Client,
     providers: Registry,
     metrics: Metrics,
+    /// The one Event recorder of the process, shared by the controller,
+    /// the ProviderHealth writer and the GC.
+    events: Events,
 }
 
 impl Operator {
@@ -83,6 +87,7 @@ impl Operator {
         .map_err(|e| StartError::Providers(e.to_string()))?;
         Ok(Operator {
             settings,
+            events: Events::new(client.clone()),
             client,
             providers,
             metrics,
@@ -305,7 +310,8 @@ impl Operator {
                 installation_id: installation_id.clone(),
             },
             self.metrics.gc.clone(),
-        );
+        )
+        .with_events(self.events.clone());
         let gc_stop = stop.clone().cancelled_owned();
         tasks.spawn(async move { gc.run(gc_stop).await });
         let entries = &s.providers.providers;
@@ -356,6 +362,7 @@ impl Operator {
             .with_metrics(self.metrics.reconcile.clone())
             .with_throttle(throttle)
             .with_fleet(fleet)
+            .with_events(self.events.clone())
             .with_external_namespaces(s.health.defaults.external.clone()),
         );
         let ns = s.proxy_namespace.clone();

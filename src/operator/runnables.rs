@@ -179,7 +179,8 @@ pub fn spawn_provider_health(
         &installation_id,
         Some(metrics.reconcile.clone()),
     )
-    .with_breakers(fleet);
+    .with_breakers(fleet)
+    .with_events(op.events.clone());
     let rounds = monitor.subscribe();
     let stop = stop.clone();
     tasks.spawn(async move {

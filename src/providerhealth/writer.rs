@@ -114,6 +114,13 @@ impl Writer {
         }
     }
 
+    /// Records through `events` (the process's one recorder) instead of
+    /// a recorder of its own.
+    pub fn with_events(mut self, events: Events) -> Self {
+        self.events = events;
+        self
+    }
+
     /// Reports the circuit breakers of `fleet` (the leader's fleet view):
     /// the `Replacing` condition, an Event per transition, and the reset
     /// annotation.

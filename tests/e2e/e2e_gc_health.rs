@@ -253,7 +253,7 @@ fn marked_pod(name: &str, uid: Option<&str>, installation: &str) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_deletes_only_this_installations_orphans() {
     let _shared = PH_LOCK.read().await;
-    let (server, dir, _client) = server("gc").await;
+    let (server, dir, client) = server("gc").await;
     let pods: Api<Pod> = server.api();
     let proxies: Api<Proxy> = server.proxies();
     // GC lists marked Pods in every namespace: installation ids of this
@@ -316,6 +316,32 @@ async fn gc_deletes_only_this_installations_orphans() {
             "{name} must never be collected"
         );
     }
+    // One OrphansCollected Event on the provider's ProviderHealth (its
+    // Events are in `default`, the object being cluster-scoped).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    let collected = eventually(
+        "OrphansCollected Event",
+        Duration::from_secs(20),
+        || async {
+            let list = events.list(&Default::default()).await.ok()?.items;
+            let found: Vec<String> = list
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(GC_KUBE)
+                        && e.reason.as_deref() == Some("OrphansCollected")
+                })
+                .filter_map(|e| e.note)
+                .collect();
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await;
+    assert_eq!(collected.len(), 1, "{collected:?}");
+    assert!(
+        collected[0].starts_with("deleted 1 orphaned instance: ")
+            && collected[0].contains("orphan"),
+        "{collected:?}"
+    );
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("Deleted orphaned instance"), "{log}");
     assert_eq!(log.matches("Deleted orphaned instance").count(), 1, "{log}");

@@ -11,6 +11,7 @@
 //!   Ready decision.
 //! - [`status`]: the status builders the ends use.
 //! - [`summary`]: the `Ready` condition and observed generation tools read.
+//! - [`events`]: which Kubernetes Events a pass records (transitions only).
 //! - [`jitter`]: the spread taken off every requeue delay.
 //! - [`replace`]: the backoff between re-creates of an instance that
 //!   keeps dying, kept in the status.
@@ -22,6 +23,7 @@
 pub mod delete;
 pub mod end;
 pub mod hold;
+pub mod events;
 pub mod jitter;
 pub mod managed;
 pub mod phase;

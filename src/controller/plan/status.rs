@@ -16,6 +16,9 @@ pub const REASON_PROBE_SUCCEEDED: &str = "ProbeSucceeded";
 pub const REASON_PROBE_FAILED: &str = "ProbeFailed";
 /// Healthy=Unknown: no instance to probe (being created or replaced).
 pub const REASON_AWAITING_PROBE: &str = "AwaitingProbe";
+/// The `Provisioned=False/Creating` message of a create, as opposed to a
+/// replacement's (which names its cause).
+pub const CREATING_MESSAGE: &str = "instance is being created";
 
 /// The longest condition message the CRD accepts, in characters (the
 /// `maxLength` of metav1.Condition's message): a longer one would make the
@@ -85,7 +88,7 @@ pub fn mark_creating(status: &mut ProxyStatus, now: DateTime<Utc>, generation: O
         status,
         ConditionStatus::False,
         REASON_CREATING,
-        "instance is being created",
+        CREATING_MESSAGE,
         now,
         generation,
     );

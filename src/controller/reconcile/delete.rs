@@ -66,6 +66,8 @@ pub(super) async fn delete_path(
                     .collect();
                 crashpoint::hit(crashpoint::BEFORE_RELEASE);
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
+                let note = plan::events::released_note(why, status.provider_id.as_deref());
+                super::events::record(ctx, proxy, note).await;
                 Ending::Released
             }
             DeleteStep::ProviderNotConfigured => return Err(not_configured()),

@@ -1,0 +1,170 @@
+//! Which Kubernetes Events a pass records on its Proxy: one per transition
+//! a user cares about, found by comparing the status the pass started from
+//! with the one it wrote, so a pass that changes nothing records nothing.
+//! Notes carry names, the instance's address and the condition messages
+//! (plain upstream words); never cloud-init, whose errors name only the
+//! Secret and key.
+
+use super::delete::ReleaseReason;
+use super::status::CREATING_MESSAGE;
+use crate::api::condition::{self, Condition, ConditionStatus};
+use crate::api::proxy::conditions::*;
+use crate::api::{ProxyPhase, ProxyStatus};
+use crate::events::{Note, Severity};
+
+/// A create was issued; the instance is booting.
+pub const CREATING: &str = "Creating";
+/// The instance runs (the first one, or a replacement).
+pub const RUNNING: &str = "Running";
+/// The Ready decision turned true.
+pub const READY: &str = "Ready";
+/// Probes through the proxy started failing.
+pub const UNHEALTHY: &str = "Unhealthy";
+/// The instance is being replaced; the note says why.
+pub const REPLACING: &str = "Replacing";
+/// The provider refused a create for quota or a rate limit.
+pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+/// The cloud-init Secret or key cannot be read.
+pub const CLOUD_INIT_ERROR: &str = "CloudInitError";
+/// A permanent error or a spec that cannot be acted on: waits for an edit.
+pub const FAILED: &str = "Failed";
+/// The provider does not answer, or refuses the operator's credentials.
+pub const PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
+/// The Proxy was deleted and its instance with it.
+pub const DELETED: &str = "Deleted";
+/// The Proxy was deleted with skip-cleanup: its instance was left.
+pub const CLEANUP_SKIPPED: &str = "CleanupSkipped";
+
+fn note(severity: Severity, reason: &'static str, action: &'static str, text: String) -> Note {
+    Note {
+        severity,
+        reason,
+        action,
+        text,
+    }
+}
+
+fn same(a: Option<&Condition>, b: Option<&Condition>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            (a.status, &a.reason, &a.message) == (b.status, &b.reason, &b.message)
+        }
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// The Events of a pass that turned `before` into `after`, in the order
+/// they happened: the instance's transition first, then its health.
+pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
+    let mut notes = Vec::new();
+    let was = condition::find(&before.conditions, PROVISIONED);
+    let now = condition::find(&after.conditions, PROVISIONED);
+    notes.extend(vanished_note(was, before, after));
+    if let Some(c) = now.filter(|_| !same(was, now)) {
+        notes.extend(provisioned_note(c, after));
+    }
+    let healthy = |s: &ProxyStatus| condition::find(&s.conditions, HEALTHY).map(|c| c.status);
+    if after.phase == Some(ProxyPhase::Ready) && before.phase != Some(ProxyPhase::Ready) {
+        let at = after.ip.as_deref().unwrap_or("its endpoint");
+        notes.push(note(
+            Severity::Normal,
+            READY,
+            "Probe",
+            format!("probes through the proxy at {at} succeed: Ready"),
+        ));
+    }
+    if healthy(after) == Some(ConditionStatus::False)
+        && healthy(before) != Some(ConditionStatus::False)
+    {
+        let why = condition::find(&after.conditions, HEALTHY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        notes.push(note(
+            Severity::Warning,
+            UNHEALTHY,
+            "Probe",
+            format!("probes through the proxy fail: {why}"),
+        ));
+    }
+    notes
+}
+
+/// The Replacing Event of an instance that went without being asked to:
+/// the pass found it gone and forgot it (a replacement the operator
+/// started has said so already, in the status `was`).
+fn vanished_note(
+    was: Option<&Condition>,
+    before: &ProxyStatus,
+    after: &ProxyStatus,
+) -> Option<Note> {
+    let old = before.provider_id.as_deref().filter(|id| !id.is_empty())?;
+    let replacing =
+        was.is_some_and(|c| c.reason == REASON_CREATING && c.message != CREATING_MESSAGE);
+    if replacing || after.provider_id.as_deref() == Some(old) {
+        return None;
+    }
+    Some(note(
+        Severity::Normal,
+        REPLACING,
+        "Replace",
+        format!("instance {old} vanished: replacing it"),
+    ))
+}
+
+/// The Event for a Provisioned condition that just became `c`.
+fn provisioned_note(c: &Condition, after: &ProxyStatus) -> Option<Note> {
+    let id = after.provider_id.as_deref().unwrap_or("");
+    let msg = c.message.clone();
+    let n = match c.reason.as_str() {
+        REASON_INSTANCE_RUNNING => note(
+            Severity::Normal,
+            RUNNING,
+            "Observe",
+            format!(
+                "instance {id} is running at {}",
+                after.ip.as_deref().unwrap_or("an unknown address")
+            ),
+        ),
+        REASON_CREATING if c.message == CREATING_MESSAGE => note(
+            Severity::Normal,
+            CREATING,
+            "Create",
+            format!("creating instance {id}"),
+        ),
+        REASON_CREATING => note(Severity::Normal, REPLACING, "Replace", msg),
+        REASON_QUOTA_EXCEEDED => note(Severity::Warning, QUOTA_EXCEEDED, "Create", msg),
+        REASON_CLOUD_INIT_ERROR => note(Severity::Warning, CLOUD_INIT_ERROR, "Create", msg),
+        REASON_PERMANENT_ERROR | REASON_INVALID_SPEC => {
+            note(Severity::Warning, FAILED, "Create", msg)
+        }
+        REASON_PROVIDER_UNAVAILABLE => note(Severity::Warning, PROVIDER_UNAVAILABLE, "Get", msg),
+        _ => return None,
+    };
+    Some(n)
+}
+
+/// The Event of a deletion pass that released the finalizer for `why`;
+/// `provider_id` is the instance the Proxy had.
+pub fn released_note(why: ReleaseReason, provider_id: Option<&str>) -> Option<Note> {
+    let id = provider_id.filter(|id| !id.is_empty())?;
+    match why {
+        ReleaseReason::NothingRecorded => None,
+        ReleaseReason::InstanceGone => Some(note(
+            Severity::Normal,
+            DELETED,
+            "Delete",
+            format!("instance {id} deleted with its Proxy"),
+        )),
+        ReleaseReason::SkipCleanup => Some(note(
+            Severity::Normal,
+            CLEANUP_SKIPPED,
+            "Release",
+            format!("skip-cleanup is set: instance {id} was left in place"),
+        )),
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -1,0 +1,228 @@
+//! System test of the Events a Proxy's transitions record (issue 21): the
+//! real operator binary on the real test cluster, a kubernetes Proxy
+//! served by a real Squid Pod and replaced after a port change, read back
+//! with the pinned kubectl and from the API.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::support;
+
+use support::{eventually, phase, proxy, Operator};
+
+use std::time::Duration;
+
+use egress_proxies_operator::api::Proxy;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+/// In every cloud-init here; no Event may carry it.
+const SENTINEL: &str = "SENTINEL-cloud-init-7f3a9c";
+
+fn cloud_init_secret(name: &str, labelled: bool) -> Secret {
+    let labels = if labelled {
+        json!({"crawl.example.com/cloud-init": "true"})
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "labels": labels},
+        "stringData": {"user-data": format!("#cloud-config\n# {SENTINEL}\n")}
+    }))
+    .unwrap()
+}
+
+/// The Events regarding the Proxy `name`, oldest first, as (reason, note).
+async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
+    let mut list: Vec<Event> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    list.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    list.into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// The Events regarding `name` as (reason, note, times seen): a repeat
+/// recorded as a series counts on the first one.
+async fn series_of(events: &Api<Event>, name: &str) -> Vec<(String, String, i32)> {
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            let n = e.series.as_ref().map_or(1, |s| s.count);
+            (e.reason.unwrap_or_default(), e.note.unwrap_or_default(), n)
+        })
+        .collect()
+}
+
+fn reasons(events: &[(String, String)]) -> Vec<&str> {
+    events.iter().map(|(r, _)| r.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_transitions_show_in_kubectl_describe_and_never_carry_cloud_init() {
+    assert!(
+        support::squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+    let ground = support::ground("events").await;
+    let target = support::http_target_on(ground.host_ip()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ground.operator(
+        dir.path(),
+        &support::kubernetes_reaching("kubernetes", "", target.ip()),
+    );
+    cmd.args(["--default-probe-url", &format!("http://{target}/")])
+        .args(["--default-probe-expected-status", "200"])
+        .env("LOG_LEVEL", "info");
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let proxies: Api<Proxy> = ground.proxies();
+    let secrets: Api<Secret> = ground.api();
+    let events: Api<Event> = ground.api();
+    let pp = PostParams::default();
+    secrets
+        .create(&pp, &cloud_init_secret("ci-ok", true))
+        .await
+        .unwrap();
+    secrets
+        .create(&pp, &cloud_init_secret("ci-unlabelled", false))
+        .await
+        .unwrap();
+    let spec = |secret: &str| json!({"provider": "kubernetes", "port": 3128, "cloudInit": {"secretRef": {"name": secret}}});
+    proxies
+        .create(&pp, &proxy("px", spec("ci-ok")))
+        .await
+        .unwrap();
+    proxies
+        .create(&pp, &proxy("bad", spec("ci-unlabelled")))
+        .await
+        .unwrap();
+
+    // Creating → Running → Ready, each once, in that order.
+    let started = std::time::Instant::now();
+    eventually("px Ready", Duration::from_secs(120), || async {
+        let p = proxies.get("px").await.ok()?;
+        (phase(&p) == Some("Ready")).then_some(())
+    })
+    .await;
+    println!("px Ready after {:?}", started.elapsed());
+    let seen = eventually("px's Ready Event", Duration::from_secs(30), || async {
+        let seen = events_of(&events, "px").await;
+        reasons(&seen).contains(&"Ready").then_some(seen)
+    })
+    .await;
+    // A first probe may fail while Squid starts (an Unhealthy between);
+    // the lifecycle Events are each recorded once, in order.
+    let lifecycle: Vec<&str> = reasons(&seen)
+        .into_iter()
+        .filter(|r| ["Creating", "Running", "Ready"].contains(r))
+        .collect();
+    assert_eq!(
+        lifecycle,
+        ["Creating", "Running", "Ready"],
+        "the Events of px: {seen:?}"
+    );
+    let described = ground.kubectl(&["describe", "px", "px"]);
+    let table = described
+        .split("Events:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Events in kubectl describe: {described}"));
+    let at = |reason: &str| {
+        table
+            .find(&format!("  {reason}  "))
+            .unwrap_or_else(|| panic!("{reason} not in kubectl describe's Events: {table}"))
+    };
+    assert!(
+        at("Creating") < at("Running") && at("Running") < at("Ready"),
+        "kubectl describe lists them out of order: {table}"
+    );
+
+    // An unlabelled cloud-init Secret: a CloudInitError Warning naming it.
+    let bad = eventually(
+        "bad's CloudInitError Event",
+        Duration::from_secs(60),
+        || async {
+            let seen = events_of(&events, "bad").await;
+            reasons(&seen).contains(&"CloudInitError").then_some(seen)
+        },
+    )
+    .await;
+    let (_, note) = bad.iter().find(|(r, _)| r == "CloudInitError").unwrap();
+    assert!(note.contains("ci-unlabelled"), "{note}");
+    let described = ground.kubectl(&["describe", "px", "bad"]);
+    assert!(
+        described.contains("Warning  CloudInitError"),
+        "kubectl describe px bad: {described}"
+    );
+
+    // A port change replaces the instance: Replacing with the cause, then
+    // the replacement's Creating and Running.
+    proxies
+        .patch(
+            "px",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3129}})),
+        )
+        .await
+        .unwrap();
+    // The replacement runs under the same Pod name: its Creating and
+    // Running repeat the first ones word for word, so the recorder counts
+    // them as a series on the same Events.
+    let seen = eventually(
+        "the replacement's Running counted",
+        Duration::from_secs(120),
+        || async {
+            let list = series_of(&events, "px").await;
+            let count = |reason: &str| list.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
+            (count("Running") == Some(2)).then_some(list)
+        },
+    )
+    .await;
+    let count = |reason: &str| seen.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
+    // (Ready may come round again by now: the replacement is probed too.)
+    assert_eq!(
+        (count("Replacing"), count("Creating"), count("Running")),
+        (Some(1), Some(2), Some(2)),
+        "{seen:?}"
+    );
+    let (_, why, _) = seen.iter().find(|(r, ..)| r == "Replacing").unwrap();
+    assert!(why.contains("spec changed"), "{why}");
+
+    // Deleted: the Proxy goes, its instance with it, and the Event stays.
+    proxies
+        .delete("px", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("px gone", Duration::from_secs(90), || async {
+        matches!(proxies.get_opt("px").await, Ok(None)).then_some(())
+    })
+    .await;
+    let seen = eventually("px's Deleted Event", Duration::from_secs(30), || async {
+        let seen = events_of(&events, "px").await;
+        reasons(&seen).contains(&"Deleted").then_some(seen)
+    })
+    .await;
+    assert_eq!(reasons(&seen).last(), Some(&"Deleted"), "{seen:?}");
+
+    let all = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(!all.is_empty());
+    for e in &all {
+        let text = serde_json::to_string(e).unwrap();
+        assert!(
+            !text.contains(SENTINEL),
+            "an Event carries cloud-init: {text}"
+        );
+    }
+}
