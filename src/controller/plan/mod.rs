@@ -22,8 +22,8 @@
 
 pub mod delete;
 pub mod end;
-pub mod hold;
 pub mod events;
+pub mod hold;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
