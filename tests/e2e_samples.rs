@@ -179,10 +179,7 @@ fn unused(rules: &[PolicyRule], ns: Option<&str>, seen: &[Attributes]) -> Vec<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let docs = support::kustomize("config/default");
     let (cluster, namespaced) = support::rules_of(&docs, NS, SA);
     // The samples go to a namespace of their own; the operator runs

@@ -34,10 +34,7 @@ fn provider(client: Client) -> KubernetesProvider {
 
 impl Kube {
     pub async fn start() -> Kube {
-        assert!(
-            support::squid_present(),
-            "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-        );
+        support::require_squid_pods();
         let ground = support::ground("conformance").await;
         let provider = provider(ground.client.clone());
         Kube { ground, provider }

@@ -114,10 +114,7 @@ async fn pod_uids(pods: &Api<Pod>) -> BTreeSet<String> {
 /// resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_closes() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let _shared = crate::e2e_gc_health::PH_LOCK.read().await;
     let ground: Ground = support::ground("breaker").await;
     let good = support::http_target_on(ground.host_ip()).await;

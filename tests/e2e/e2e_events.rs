@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use support::{eventually, phase, proxy, Operator};
+use support::{eventually, phase, proxy};
 
 use std::time::Duration;
 
@@ -73,21 +73,11 @@ fn reasons(events: &[(String, String)]) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxys_transitions_show_in_kubectl_describe_and_never_carry_cloud_init() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("events").await;
     let target = support::http_target_on(ground.host_ip()).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.operator(
-        dir.path(),
-        &support::kubernetes_reaching("kubernetes", "", target.ip()),
-    );
-    cmd.args(["--default-probe-url", &format!("http://{target}/")])
-        .args(["--default-probe-expected-status", "200"])
-        .env("LOG_LEVEL", "info");
-    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let _op = ground.probing_operator(dir.path(), target);
     let proxies: Api<Proxy> = ground.proxies();
     let secrets: Api<Secret> = ground.api();
     let events: Api<Event> = ground.api();

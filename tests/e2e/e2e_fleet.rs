@@ -17,9 +17,7 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
-use crate::support::{
-    self, api_call, condition, eventually, free_port, phase, squid_present, Ground, Operator,
-};
+use crate::support::{self, api_call, condition, eventually, free_port, phase, Ground, Operator};
 
 const TOKEN: &str = "fleet-test-token";
 
@@ -125,10 +123,7 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
     const BUDGET: usize = 2;
     const LEASE_TTL_S: i64 = 15;
     const DRAIN_TIMEOUT_S: i64 = 60;
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("fleet-age").await;
     let target = support::http_target_on(ground.host_ip()).await;
     let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -355,10 +350,7 @@ struct OneProxy {
 }
 
 async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground(prefix).await;
     let target = support::http_target_on(ground.host_ip()).await;
     let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();

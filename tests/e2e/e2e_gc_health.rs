@@ -11,7 +11,7 @@
 
 use crate::support;
 
-use support::{eventually, free_port, squid_present, Ground, Operator};
+use support::{eventually, free_port, Ground, Operator};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -376,10 +376,7 @@ async fn scrape(addr: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_metrics_pass_promtool_and_carry_every_series() {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let _shared = PH_LOCK.read().await;
     let (server, dir, _client) = server("metrics").await;
     let addr = format!("127.0.0.1:{}", free_port());
@@ -571,10 +568,7 @@ async fn traced_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let _shared = PH_LOCK.read().await;
     let (_server, dir, _op, spans) = traced_proxy("t1", "trace-kube", &[]).await;
     let t0 = Instant::now();
@@ -634,10 +628,7 @@ async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_log_lines_carry_trace_ids_as_keys() {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let _shared = PH_LOCK.read().await;
     let (_server, dir, _op, spans) =
         traced_proxy("j1", "json-kube", &["--log-format", "json"]).await;

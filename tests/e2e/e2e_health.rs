@@ -62,10 +62,7 @@ fn probing_operator(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("health-leases").await;
     let ns = ground.ns.clone();
     // Squid in a Pod fetches the target: it listens on the bridge.
@@ -308,10 +305,7 @@ async fn squid_pod(pods: &Api<Pod>, name: &str, conf: &str) -> String {
 /// proxy down, and a lease expires by its TTL, in real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("health-sick").await;
     let target = support::http_target_on(ground.host_ip()).await;
     let sink = sink().await;

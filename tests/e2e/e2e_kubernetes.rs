@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use support::{condition, eventually, phase, proxy, squid_present, Ground, Operator};
+use support::{condition, eventually, phase, proxy, Ground, Operator};
 
 use std::time::Duration;
 
@@ -35,10 +35,7 @@ const KUBE_ONLY: &str = "providers:\n  - name: kubernetes\n    type: kubernetes\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_lives_its_whole_life_on_the_kubernetes_provider() {
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let (ground, _op, dir) = setup("kube-life", KUBE_ONLY).await;
     let proxies: Api<Proxy> = ground.proxies();
     let pods: Api<Pod> = ground.api();

@@ -14,7 +14,7 @@ use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
-use crate::support::{self, condition, phase, squid_present, Operator};
+use crate::support::{self, condition, phase, Operator};
 
 /// 10 Proxies applied at once on a kubernetes provider with
 /// `createsPerMinute: 12` (one every 5 s, a burst of 2) and
@@ -29,10 +29,7 @@ async fn proxies_applied_at_once_get_one_pod_each_at_the_configured_rate() {
     const N: usize = 10;
     const PER_MINUTE: i64 = 12;
     const BURST: usize = 2;
-    assert!(
-        squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("k8s-limits").await;
     // Squid in a Pod fetches the probe target: it listens on the bridge.
     let target = support::http_target_on(ground.host_ip()).await;

@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use support::{condition, eventually, proxy, Ground, Operator};
+use support::{condition, eventually, proxy, Ground};
 
 use std::time::Duration;
 
@@ -62,21 +62,11 @@ fn ready(p: &Proxy) -> Option<(String, String, String, Option<i64>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_wait_get_wide_and_the_category_read_the_status() {
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("status-tools").await;
     let target = support::http_target_on(ground.host_ip()).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.operator(
-        dir.path(),
-        &support::kubernetes_reaching("kubernetes", "", target.ip()),
-    );
-    cmd.args(["--default-probe-url", &format!("http://{target}/")])
-        .args(["--default-probe-expected-status", "200"])
-        .env("LOG_LEVEL", "info");
-    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let _op = ground.probing_operator(dir.path(), target);
 
     let proxies = ground.proxies();
     proxies

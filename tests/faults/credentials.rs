@@ -270,10 +270,7 @@ const SHIPPED_SA: &str = "egress-proxies-operator-controller-manager";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_kubernetes_pod_rbac_revoked_and_restored_lose_no_ready_proxy() {
     let _one_fault = crate::EXCLUSIVE.lock().await;
-    assert!(
-        support::squid_present(),
-        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
-    );
+    support::require_squid_pods();
     let ground = support::ground("revoke-kube").await;
     let c = ground.cluster;
     // The operator runs as the shipped ServiceAccount under the shipped

@@ -401,6 +401,15 @@ pub fn squid_present() -> bool {
     Path::new("/usr/sbin/squid").exists()
 }
 
+/// Fails the test with the reason (never skips) when Squid is missing: the
+/// node agent runs it for every Squid Pod.
+pub fn require_squid_pods() {
+    assert!(
+        squid_present(),
+        "/usr/sbin/squid is not installed: the node agent runs it for Squid Pods (apt-get install squid)"
+    );
+}
+
 /// One HTTP/1.1 request to a JSON API (the discovery API) on `addr`, with
 /// a bearer `token`: the status and the body as JSON (a string when it is
 /// not JSON).
@@ -548,6 +557,17 @@ impl Ground {
     /// watches only this namespace, keeps its Lease here, and has an
     /// installation id of its own, so operators of parallel tests never
     /// touch each other's Proxies or instances.
+    /// The operator with one `kubernetes` provider whose Squid Pods may
+    /// reach `target` (on the cluster bridge) and probe it for a 200,
+    /// logging at info to `dir/operator.log`.
+    pub fn probing_operator(&self, dir: &Path, target: std::net::SocketAddr) -> Operator {
+        let mut cmd = self.operator(dir, &kubernetes_reaching("kubernetes", "", target.ip()));
+        cmd.args(["--default-probe-url", &format!("http://{target}/")])
+            .args(["--default-probe-expected-status", "200"])
+            .env("LOG_LEVEL", "info");
+        Operator::spawn(cmd, &dir.join("operator.log"))
+    }
+
     pub fn operator(&self, dir: &Path, providers: &str) -> Command {
         let mut cmd = operator(dir, providers, self.cluster.kubeconfig());
         cmd.args([
