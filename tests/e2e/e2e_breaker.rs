@@ -164,14 +164,7 @@ async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_cl
         failed_at.elapsed()
     );
     assert_eq!(open.1, "CircuitOpen", "{open:?}");
-    let share_named = ["3 of the 5", "4 of the 5"]
-        .iter()
-        .any(|s| open.2.contains(s));
-    assert!(
-        share_named,
-        "the message says how many were lost: {}",
-        open.2
-    );
+    support::breaker::assert_names_share(&open.2, 4, 5);
     assert!(open.2.contains("open since"), "{}", open.2);
     let warned = until_event(&ground.client, "CircuitOpen").await;
     assert!(warned[0].contains(PROVIDER), "{warned:?}");

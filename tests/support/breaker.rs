@@ -76,3 +76,40 @@ pub async fn gauge(metrics: std::net::SocketAddr, provider: &str) -> Option<f64>
     let series = format!("proxy_operator_provider_circuit_open{{provider=\"{provider}\"}}");
     super::leader::scraped(metrics, &series).await
 }
+
+/// Asserts that an open breaker's message names the share it judged:
+/// "`lost` of the `seen` proxies", more than half lost, at most `failed`
+/// lost, and `seen` the fleet or one short of it: the view is refreshed
+/// once a second, so a Proxy that turned Ready just before the outage may
+/// not be counted yet.
+pub fn assert_names_share(message: &str, failed: usize, fleet: usize) {
+    let (lost, seen) = share_of(message)
+        .unwrap_or_else(|| panic!("the message says how many were lost: {message}"));
+    assert!(
+        seen <= fleet && seen + 1 >= fleet,
+        "{seen} seen Ready, the fleet is {fleet}: {message}"
+    );
+    assert!(
+        lost * 2 > seen && lost <= failed,
+        "{lost} lost of {seen}, {failed} failed: {message}"
+    );
+}
+
+/// The numbers of "… N of the M proxies …".
+fn share_of(message: &str) -> Option<(usize, usize)> {
+    let (before, after) = message.split_once(" of the ")?;
+    let lost = before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let seen = after.split(' ').next()?.parse().ok()?;
+    Some((lost, seen))
+}
+
+#[test]
+fn the_share_is_read_from_the_message() {
+    let open = "the circuit breaker is open since 2026-12-03T10:04:24Z: 3 of the 4 proxies Ready within the last 10m were lost (unhealthy or gone), more than 50%";
+    assert_eq!(share_of(open), Some((3, 4)));
+    assert_eq!(share_of("no share here"), None);
+}
