@@ -21,9 +21,9 @@ use crate::support::{self, condition, phase, Operator};
 /// `maxCreatesInFlight: 4`: exactly 10 Pods are created, no window of the
 /// creates holds more than the bucket allows, and every Proxy ends Ready
 /// through its real Squid. 10, not the 300 of the gcp test: each Pod here
-/// is a Squid process requesting 50m of the test node's 2 CPUs, which the
-/// binary's other tests (e2e_crash runs 20 Pods) share, so 40 Pods at
-/// once is all the node schedules; and 10 at this rate take 40 s already.
+/// is a real Squid process on a 2-core machine that the binary's other
+/// tests (e2e_crash runs 20 Pods, e2e_fleet 10) share; and 10 at this rate
+/// take 40 s already.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_applied_at_once_get_one_pod_each_at_the_configured_rate() {
     const N: usize = 10;

@@ -129,8 +129,12 @@ pub fn field_value(ctx: &FieldContext<'_>, path: &str) -> Result<String, String>
     })
 }
 
-/// The node's allocatable resources: what a missing limit reads as.
-pub const NODE_CPU: &str = "2";
+/// The node's allocatable resources: what a missing limit reads as. A
+/// scheduling figure, not a limit (containers are processes sharing the
+/// machine): 8 CPUs hold 160 Squid Pods at 50m, room for every test of a
+/// binary running at once (2 CPUs held 40, and the e2e binary's parallel
+/// tests left Pods Pending).
+pub const NODE_CPU: &str = "8";
 pub const NODE_MEMORY: &str = "8Gi";
 
 /// The value of a `resourceFieldRef` (`limits.memory`, `requests.cpu`...).
@@ -467,7 +471,7 @@ mod tests {
         let cases = [
             ("limits.memory", None, "67108864"),
             ("limits.memory", Some("1Mi"), "64"),
-            ("limits.cpu", None, "2"),
+            ("limits.cpu", None, "8"),
             ("requests.cpu", None, "1"),
             ("requests.cpu", Some("1m"), "250"),
             ("requests.memory", None, "67108864"),
