@@ -68,9 +68,18 @@ async fn image_upload_of_256_mib_stays_bounded() {
         delta_mib < 64.0,
         "upload raised the peak by {delta_mib:.1} MiB"
     );
-    let size = std::fs::metadata(env.pool_dir.join("base-big.raw"))
+    // Bases are named by content (or, without a declared sha256, by the
+    // URL's digest): the one base volume in the pool is the upload.
+    let bases: Vec<std::path::PathBuf> = std::fs::read_dir(&env.pool_dir)
         .unwrap()
-        .len();
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("base-") && name.ends_with(".raw")
+        })
+        .collect();
+    assert_eq!(bases.len(), 1, "one base volume: {bases:?}");
+    let size = std::fs::metadata(&bases[0]).unwrap().len();
     assert_eq!(size, 256 << 20);
     p.delete(&id).await.unwrap();
 }
