@@ -16,6 +16,14 @@ pub trait HealthSource: Send + Sync {
         let _ = (namespace, name, uid);
         None
     }
+
+    /// The proxy host the current verdict was probed through, where the
+    /// source knows it: a replaced instance's verdict stays until the
+    /// source sees the new address, and must not be read as the new one's.
+    fn probed_host(&self, namespace: &str, name: &str, uid: &str) -> Option<String> {
+        let _ = (namespace, name, uid);
+        None
+    }
 }
 
 /// The health engine's last status-affecting result for one Proxy.

@@ -201,7 +201,17 @@ impl Fleet {
         inner.replacing.insert(key.to_string(), now);
         inner.refreshed = None;
         self.refresh(&mut inner, now);
-        !inner.state.breaker_open(provider)
+        let admitted = !inner.state.breaker_open(provider);
+        let r = inner.state.report(provider);
+        tracing::debug!(
+            provider,
+            proxy = key,
+            lost = r.lost,
+            seen = r.seen,
+            admitted,
+            "Replace asked of the circuit breaker"
+        );
+        admitted
     }
 
     /// An operator's reset of `provider`'s breaker: losses so far are

@@ -130,7 +130,9 @@ async fn patch_status(
 }
 
 /// What the health engine (when it runs here) says about `proxy`.
-fn health_of(ctx: &Context, proxy: &Proxy) -> Health {
+/// What the health engine says of `proxy` served at `host` (the instance's
+/// IP, or the External endpoint).
+fn health_of(ctx: &Context, proxy: &Proxy, host: Option<&str>) -> Health {
     let Some(h) = ctx.health.as_ref() else {
         return Health::Unknown;
     };
@@ -139,7 +141,12 @@ fn health_of(ctx: &Context, proxy: &Proxy) -> Health {
         proxy.name_any(),
         proxy.uid().unwrap_or_default(),
     );
-    Health::of(h.report(&ns, &name, &uid), h.verdict(&ns, &name, &uid))
+    Health::at(
+        h.report(&ns, &name, &uid),
+        h.verdict(&ns, &name, &uid),
+        h.probed_host(&ns, &name, &uid).as_deref(),
+        host,
+    )
 }
 
 /// The controller's action for `end`, its delay jittered.
@@ -179,7 +186,7 @@ fn fail(
         class: err.class(),
         message: &message,
     };
-    let health = health_of(ctx, proxy);
+    let health = health_of(ctx, proxy, status.ip.as_deref());
     let generation = proxy.metadata.generation;
     let end = match plan::managed_failure(&failure, &health, status, now, generation) {
         Ok(end) => plan::jittered(end, ctx.random.unit()),
@@ -203,7 +210,11 @@ fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Acti
     let ending = if ctx.external.allows(&namespace) {
         Ending::External {
             host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
-            health: health_of(ctx, proxy),
+            health: health_of(
+                ctx,
+                proxy,
+                proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
+            ),
         }
     } else {
         Ending::ExternalNotAllowed {
@@ -456,8 +467,8 @@ async fn managed_path(
                 rs => {
                     recycle = Some(rs);
                     Ending::Running {
+                        health: health_of(ctx, proxy, Some(&ip)),
                         ip,
-                        health: health_of(ctx, proxy),
                     }
                 }
             },

@@ -51,6 +51,9 @@ pub struct Member {
     pub key: String,
     /// Whether it is Ready (its probes pass).
     pub ready: bool,
+    /// Shown Ready, but its instance is stopped or gone and being
+    /// replaced: Ready until now, lost now.
+    pub replacing: bool,
 }
 
 impl Member {
@@ -59,6 +62,16 @@ impl Member {
         Member {
             key: key.into(),
             ready,
+            replacing: false,
+        }
+    }
+
+    /// A member shown Ready whose instance is being replaced.
+    pub fn replacing(key: impl Into<String>) -> Self {
+        Member {
+            key: key.into(),
+            ready: false,
+            replacing: true,
         }
     }
 }
@@ -168,13 +181,20 @@ impl Breaker {
     pub fn observe(&mut self, now: DateTime<Utc>, members: &[Member]) -> Option<Transition> {
         let mut present = BTreeMap::new();
         for m in members {
-            present.insert(m.key.as_str(), m.ready);
+            present.insert(m.key.as_str(), m);
         }
         self.tracks
             .retain(|key, _| present.contains_key(key.as_str()));
-        for (key, ready) in &present {
+        for (key, m) in &present {
             let t = self.tracks.entry((*key).to_string()).or_default();
-            if *ready {
+            if m.replacing {
+                // Counted even when no earlier view saw it Ready: it was
+                // Ready up to this replace.
+                if t.lost_at.is_none() {
+                    t.last_ready = Some(now);
+                    t.lost_at = Some(now);
+                }
+            } else if m.ready {
                 t.last_ready = Some(now);
                 t.lost_at = None;
             } else if t.last_ready.is_some() && t.lost_at.is_none() {

@@ -27,6 +27,9 @@ pub struct Summary {
     pub provider: String,
     /// Phase Ready.
     pub ready: bool,
+    /// This process is replacing its instance (stopped or gone) while the
+    /// cache may still show it Ready (see [`mark_replacing`]).
+    pub replacing: bool,
     /// `status.drainingSince` is set: a recycle runs.
     pub draining: bool,
     /// Why it wants recycling now, if it does.
@@ -63,19 +66,28 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
         key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
         provider: p.spec.provider.clone().unwrap_or_default(),
         ready: st.phase == Some(ProxyPhase::Ready),
+        replacing: false,
         draining: st.draining_since.is_some(),
         wants,
         created_at,
     })
 }
 
-/// Marks as not Ready the Proxies this process is about to replace (their
-/// instance is stopped or gone) while the cache still shows them Ready: a
-/// reconcile decides from a view up to a second old and before the health
-/// write reaches the cache, so Proxies failing together would each be
-/// replaced before the breaker counts any of them. A mark ends once the
-/// cache shows the Proxy not Ready, or after `hold`; `replacing` keeps only
-/// the marks still needed.
+impl Summary {
+    /// Ready and not being replaced: what counts as serving.
+    pub fn serving(&self) -> bool {
+        self.ready && !self.replacing
+    }
+}
+
+/// Marks the Proxies this process is about to replace (their instance is
+/// stopped or gone) while the cache still shows them Ready: a reconcile
+/// decides from a view up to a second old and before the health write
+/// reaches the cache, so Proxies failing together would each be replaced
+/// before the breaker counts any of them. A marked Proxy counts as Ready
+/// until now and lost now, even one the view had not yet seen Ready. A
+/// mark ends once the cache shows the Proxy not Ready, or after `hold`;
+/// `replacing` keeps only the marks still needed.
 pub fn mark_replacing(
     summaries: &mut [Summary],
     replacing: &mut BTreeMap<String, DateTime<Utc>>,
@@ -88,7 +100,7 @@ pub fn mark_replacing(
             continue;
         };
         if s.ready && now.signed_duration_since(*at) < hold {
-            s.ready = false;
+            s.replacing = true;
             keep.insert(s.key.clone(), *at);
         }
     }
@@ -165,14 +177,23 @@ impl FleetState {
             let members: Vec<Member> = proxies
                 .iter()
                 .filter(|s| !s.draining)
-                .map(|s| Member::new(s.key.clone(), s.ready))
+                .map(|s| {
+                    if s.replacing {
+                        Member::replacing(s.key.clone())
+                    } else {
+                        Member::new(s.key.clone(), s.ready)
+                    }
+                })
                 .collect();
             if let Some(t) = fleet.breaker.observe(now, &members) {
                 transitions.push((name.to_string(), t));
             }
             let counts = FleetCounts {
                 size: proxies.len(),
-                ready: proxies.iter().filter(|s| s.ready && !s.draining).count(),
+                ready: proxies
+                    .iter()
+                    .filter(|s| s.serving() && !s.draining)
+                    .count(),
                 recycling: proxies.iter().filter(|s| s.draining).count(),
             };
             let candidates = proxies

@@ -12,6 +12,7 @@ fn s(i: usize, ready: bool, draining: bool, wants: Option<RecycleReason>) -> Sum
         key: format!("ns/p{i}"),
         provider: "k".into(),
         ready,
+        replacing: false,
         draining,
         wants,
         created_at: Some(at(i as i64)),
@@ -386,7 +387,7 @@ fn mark_replacing_table() {
             at(100),
             chrono::Duration::seconds(60),
         );
-        let ready: Vec<bool> = summaries.iter().map(|s| s.ready).collect();
+        let ready: Vec<bool> = summaries.iter().map(Summary::serving).collect();
         assert_eq!(ready, c.want_ready, "{}", c.name);
         let kept: Vec<String> = c.want_kept.iter().map(|i| format!("ns/p{i}")).collect();
         assert_eq!(
@@ -407,14 +408,37 @@ fn replaces_marked_before_the_cache_catches_up_open_the_breaker() {
     let mut state = FleetState::new(BreakerPolicy::default(), BTreeMap::new());
     let ready: Vec<Summary> = (0..5).map(|i| s(i, true, false, None)).collect();
     state.refresh(at(0), &ready);
+    let allowed = replaces_allowed(&mut state, &[1, 2, 3, 4]);
+    assert_eq!(allowed, vec![true, true, false, false]);
+}
+
+/// Asks, one after another within the same second, to replace the Proxies
+/// `order` of five all shown Ready (none yet shown otherwise by the cache):
+/// whether the breaker let each go.
+fn replaces_allowed(state: &mut FleetState, order: &[usize]) -> Vec<bool> {
+    let ready: Vec<Summary> = (0..5).map(|i| s(i, true, false, None)).collect();
     let mut marks = BTreeMap::new();
     let mut allowed = Vec::new();
-    for i in 1..5 {
+    for i in order {
         marks.insert(format!("ns/p{i}"), at(1));
         let mut view = ready.clone();
         mark_replacing(&mut view, &mut marks, at(1), chrono::Duration::seconds(60));
         state.refresh(at(1), &view);
         allowed.push(!state.breaker_open("k"));
     }
+    allowed
+}
+
+/// The fifth Proxy turned Ready within the second before the outage, so
+/// no view has seen it Ready yet when its replace is asked for: it still
+/// counts as seen and lost, and the share is of all five (the first two
+/// may go, the third opens the breaker), not of the four seen before.
+#[test]
+fn a_replace_counts_a_proxy_no_view_has_seen_ready_yet() {
+    let mut state = FleetState::new(BreakerPolicy::default(), BTreeMap::new());
+    let before: Vec<Summary> = (0..5).map(|i| s(i, i != 4, false, None)).collect();
+    state.refresh(at(0), &before);
+    let allowed = replaces_allowed(&mut state, &[4, 3, 2, 1]);
     assert_eq!(allowed, vec![true, true, false, false]);
+    assert_eq!(state.report("k").seen, 5);
 }

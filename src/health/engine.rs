@@ -29,7 +29,8 @@ pub struct Engine {
     tls: Arc<ClientConfig>,
     trace_probes: bool,
     metrics: HealthMetrics,
-    snapshot: RwLock<HashMap<String, (String, HealthReport)>>,
+    /// Per `namespace/name`: the UID, the proxy host probed, the report.
+    snapshot: RwLock<HashMap<String, (String, String, HealthReport)>>,
 }
 
 impl HealthSource for Engine {
@@ -39,8 +40,14 @@ impl HealthSource for Engine {
 
     fn report(&self, namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
         let snap = self.snapshot.read().unwrap_or_else(|p| p.into_inner());
-        let (u, r) = snap.get(&key_of(namespace, name))?;
+        let (u, _, r) = snap.get(&key_of(namespace, name))?;
         (u == uid).then(|| r.clone())
+    }
+
+    fn probed_host(&self, namespace: &str, name: &str, uid: &str) -> Option<String> {
+        let snap = self.snapshot.read().unwrap_or_else(|p| p.into_inner());
+        let (u, host, _) = snap.get(&key_of(namespace, name))?;
+        (u == uid).then(|| host.clone())
     }
 }
 
@@ -71,10 +78,10 @@ impl Engine {
         }
     }
 
-    fn publish(&self, key: &str, uid: &str, report: Option<HealthReport>) {
+    fn publish(&self, key: &str, uid: &str, report: Option<(&str, HealthReport)>) {
         let mut snap = self.snapshot.write().unwrap_or_else(|p| p.into_inner());
         match report {
-            Some(r) => snap.insert(key.to_string(), (uid.to_string(), r)),
+            Some((host, r)) => snap.insert(key.to_string(), (uid.to_string(), host.to_string(), r)),
             None => snap.remove(key),
         };
     }
@@ -207,7 +214,11 @@ impl Engine {
                 .unwrap_or_default();
             info!(proxy = %done.key, healthy = v.report.healthy, latencyMillis = v.report.latency_ms, error, "Proxy health changed");
         }
-        self.publish(&done.key, &v.uid, Some(v.report));
+        self.publish(
+            &done.key,
+            &v.uid,
+            Some((&done.spec.target.proxy_host, v.report)),
+        );
         if let Some((ns, name)) = done.key.split_once('/') {
             notifier.notify(ns, name);
         }
@@ -272,6 +283,13 @@ mod tests {
         assert_eq!(engine.verdict("ns", "a", "other-uid"), None);
         let r = engine.report("ns", "a", "u1").unwrap();
         assert!(r.message.contains("passed"), "{r:?}");
+        // The verdict names the host it went through, so a replacement at
+        // another address is not taken for healthy on it.
+        assert_eq!(
+            engine.probed_host("ns", "a", "u1").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(engine.probed_host("ns", "a", "other-uid"), None);
         // Recreated under the same name: the old verdict is gone, a new
         // first verdict comes for the new UID.
         writer.apply_watcher_event(&Event::Apply(external("a", "u2", port)));

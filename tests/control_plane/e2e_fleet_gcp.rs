@@ -7,16 +7,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use chrono::Utc;
 use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::provider::naming::name_from_uid;
 use kube::api::PostParams;
 use kube::ResourceExt;
+use serde_json::json;
 
 use crate::e2e_create_limits::{gcp_proxy, providers, reason};
-use crate::gcp_standin::StandIn;
-use crate::support::{self, eventually, Ground, Operator};
+use crate::gcp_standin::{StandIn, ZONE};
+use crate::support::recycle::{assert_no_lease_cut, Crawler};
+use crate::support::squid;
+use crate::support::{self, eventually, phase, Ground, Operator};
 
 pub(crate) fn operator(
     ground: &Ground,
@@ -299,5 +304,124 @@ async fn a_rate_limited_then_unavailable_api_is_retried_with_backoff_and_all_rec
     assert!(
         spread > Duration::from_secs(2),
         "the quota retries of Proxies that failed together come spread out: {spread:?}"
+    );
+}
+
+/// `maxAge` on 10 gcp Proxies with `maxUnavailable: 2`, as the kubernetes
+/// test does it: every Proxy gets a new instance (the stand-in records a
+/// delete and one insert more for each), sampling never finds more than 2
+/// unavailable (not Ready, or draining) once all were Ready, no instance
+/// whose lease a crawler held (and renewed until refused) is deleted
+/// before that lease's end or the drain timeout, and a draining proxy is
+/// never leased. Every instance gets the same NAT IP, where one real Squid
+/// serves them all, so each new instance is probed Ready through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a_lease() {
+    const N: usize = 10;
+    const BUDGET: usize = 2;
+    const LEASE_TTL_S: i64 = 15;
+    const DRAIN_TIMEOUT_S: i64 = 60;
+    const TOKEN: &str = "fleet-gcp-token";
+    squid::require();
+    let ground = support::ground_without_pods("fleet-age-gcp").await;
+    let standin = StandIn::start_for(Duration::from_secs(600)).await;
+    standin.with(|st| {
+        st.running_after_gets = 1;
+        st.delete_gets = 0;
+        st.fixed_ip = Some("127.0.0.1".into());
+    });
+    let target = support::http_target().await;
+    let port = support::free_port();
+    let _squid = squid::start(
+        Ipv4Addr::LOCALHOST,
+        port,
+        "fleetage",
+        "http_access allow me",
+    )
+    .await;
+    let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = format!("{LEASE_TTL_S}s");
+    let mut cmd = ground.operator(
+        dir.path(),
+        &providers(&standin, &format!("    maxUnavailable: {BUDGET}\n")),
+    );
+    cmd.args(["--discovery-bind-address", &api.to_string()])
+        .args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl])
+        .env("DISCOVERY_TOKEN", TOKEN);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let proxies = ground.proxies();
+    let names: Vec<String> = (0..N).map(|i| format!("age-{i}")).collect();
+    let mut instances = BTreeMap::new();
+    for name in &names {
+        let spec = json!({
+            "provider": "gcp-eu",
+            "port": port,
+            "attributes": {"slot": name},
+            "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
+            "healthCheck": {"url": format!("http://{target}/"), "expectedStatus": 200, "failureThreshold": 20},
+            "recycle": {"maxAge": "45s", "drainTimeout": format!("{DRAIN_TIMEOUT_S}s")},
+        });
+        let p = proxies
+            .create(&PostParams::default(), &support::proxy(name, spec))
+            .await
+            .unwrap();
+        instances.insert(name.clone(), name_from_uid(&p.uid().unwrap()));
+    }
+    let started = Instant::now();
+    eventually("all 10 Ready", Duration::from_secs(150), || async {
+        let list = proxies.list(&Default::default()).await.ok()?.items;
+        (list.iter().filter(|p| phase(p) == Some("Ready")).count() == N).then_some(())
+    })
+    .await;
+    println!(
+        "{N} gcp Proxies Ready {:?} after applying",
+        started.elapsed()
+    );
+
+    let crawler = Crawler {
+        api,
+        token: TOKEN,
+        ttl_s: LEASE_TTL_S,
+    };
+    let mut held = crawler.lease_each(&names).await;
+    let old_gone = |name: &str| !standin.calls("delete", &instances[name]).is_empty();
+    let report = || {
+        let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        format!("operator log (newest first):\n{}", tail.join("\n"))
+    };
+    let sampled = crawler
+        .until_recycled(
+            &proxies,
+            &mut held,
+            N,
+            Duration::from_secs(420),
+            old_gone,
+            report,
+        )
+        .await;
+    sampled.assert_within(BUDGET, started.elapsed());
+    // One new instance per recycle: never two for one drain.
+    for name in &names {
+        let inserts = standin.calls("insert", &instances[name]).len();
+        let recycles = sampled.drains.get(name).map_or(0, |d| d.len());
+        assert!(
+            inserts >= 2 && inserts <= 1 + recycles,
+            "{name}: {inserts} inserts for {recycles} recycles"
+        );
+    }
+    // The stand-in's clock is the test's: a call's Instant, as wall time.
+    let (now_wall, now) = (Utc::now(), Instant::now());
+    let deleted_at = |name: &str| {
+        let first = &standin.calls("delete", &instances[name])[0];
+        now_wall - chrono::TimeDelta::from_std(now - first.at).unwrap()
+    };
+    let checked = assert_no_lease_cut(&held, &sampled.drains, deleted_at, DRAIN_TIMEOUT_S);
+    assert!(
+        checked > 0,
+        "some lease was held when its proxy's drain began"
     );
 }

@@ -15,8 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::support::recycle::{assert_no_lease_cut, Crawler};
 use crate::support::{self, api_call, condition, eventually, free_port, phase, Ground, Operator};
 
 const TOKEN: &str = "fleet-test-token";
@@ -97,19 +98,6 @@ fn operator_log_tail(dir: &std::path::Path) -> String {
     tail.join("\n")
 }
 
-fn expires_at(lease: &Value) -> DateTime<Utc> {
-    lease["expiresAt"].as_str().unwrap().parse().unwrap()
-}
-
-/// A lease one crawler holds on one proxy, renewed until the API refuses.
-struct Held {
-    id: String,
-    /// The end of the lease as last granted.
-    ends: DateTime<Utc>,
-    /// Still being renewed (the API has not refused a renewal yet).
-    renewing: bool,
-}
-
 /// `maxAge` on 10 Proxies with `maxUnavailable: 2`: every Proxy gets a new
 /// Pod, sampling never finds more than 2 unavailable (not Ready, or
 /// draining) once all were Ready, each recycle makes exactly one new Pod,
@@ -171,139 +159,43 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
     assert_eq!(first.len(), N, "one Pod per Proxy: {first:?}");
 
     // A crawler leases every proxy and renews each lease until refused.
-    let mut held: BTreeMap<String, Held> = BTreeMap::new();
-    for name in &names {
-        let body = json!({"ttlSeconds": LEASE_TTL_S, "filters": {"attributes": {"slot": name}}});
-        let (code, lease) = api_call(
-            api,
-            "POST",
-            "/v1/leases",
-            Some(TOKEN),
-            body.to_string().into(),
+    let crawler = Crawler {
+        api,
+        token: TOKEN,
+        ttl_s: LEASE_TTL_S,
+    };
+    let mut held = crawler.lease_each(&names).await;
+    let old_gone = |name: &str| {
+        let all_pods = pods.lock().unwrap();
+        all_pods
+            .get(&first[name])
+            .is_some_and(|s| s.delete_asked.is_some())
+    };
+    let report = || {
+        format!(
+            "Pods: {}\noperator log (newest first):\n{}",
+            ground.kubectl(&["get", "pods", "-o", "wide"]),
+            operator_log_tail(dir.path())
+        )
+    };
+    let sampled = crawler
+        .until_recycled(
+            &proxies,
+            &mut held,
+            N,
+            Duration::from_secs(420),
+            old_gone,
+            report,
         )
         .await;
-        if code == 201 {
-            held.insert(
-                name.clone(),
-                Held {
-                    id: lease["id"].as_str().unwrap().into(),
-                    ends: expires_at(&lease),
-                    renewing: true,
-                },
-            );
-        }
-    }
-    println!("leased {} of {N} proxies", held.len());
-
-    let mut most_unavailable = 0;
-    let mut drains: BTreeMap<String, BTreeSet<DateTime<Utc>>> = BTreeMap::new();
-    // Proxies draining in a sample, with when that sample was taken.
-    let mut draining_seen: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut refused_while_draining = 0;
-    let deadline = Instant::now() + Duration::from_secs(420);
-    let mut last_renew = Instant::now();
-    loop {
-        let list = proxies.list(&Default::default()).await.unwrap().items;
-        let now = Instant::now();
-        let unavailable = list
-            .iter()
-            .filter(|p| {
-                phase(p) != Some("Ready")
-                    || p.status
-                        .as_ref()
-                        .is_some_and(|s| s.draining_since.is_some())
-            })
-            .count();
-        most_unavailable = most_unavailable.max(unavailable);
-        let mut draining_now = BTreeSet::new();
-        for p in &list {
-            if let Some(t) = p.status.as_ref().and_then(|s| s.draining_since) {
-                drains.entry(p.name_any()).or_default().insert(t);
-                draining_now.insert(p.name_any());
-            }
-        }
-        draining_seen.retain(|n, _| draining_now.contains(n));
-        for n in &draining_now {
-            draining_seen.entry(n.clone()).or_insert(now);
-        }
-        // A proxy draining for 2 s (well past the operator's cache catching
-        // up with its own write) gets no new lease.
-        for (name, since) in &draining_seen {
-            if now.duration_since(*since) < Duration::from_secs(2) {
-                continue;
-            }
-            let body = json!({"ttlSeconds": 1, "filters": {"attributes": {"slot": name}}});
-            let (code, answer) = api_call(
-                api,
-                "POST",
-                "/v1/leases",
-                Some(TOKEN),
-                body.to_string().into(),
-            )
-            .await;
-            assert_eq!(
-                code, 409,
-                "a lease on {name}, draining since {since:?}: {answer}"
-            );
-            refused_while_draining += 1;
-        }
-        if last_renew.elapsed() >= Duration::from_secs(2) {
-            last_renew = Instant::now();
-            for h in held.values_mut().filter(|h| h.renewing) {
-                let body = json!({"ttlSeconds": LEASE_TTL_S}).to_string();
-                let path = format!("/v1/leases/{}/renew", h.id);
-                let (code, lease) = api_call(api, "POST", &path, Some(TOKEN), body.into()).await;
-                match code {
-                    200 => h.ends = expires_at(&lease),
-                    _ => h.renewing = false,
-                }
-            }
-        }
-        let all_pods = pods.lock().unwrap().clone();
-        let replaced = list
-            .iter()
-            .filter(|p| {
-                let old = &first[&p.name_any()];
-                let old_gone = all_pods.get(old).is_some_and(|s| s.delete_asked.is_some());
-                old_gone
-                    && phase(p) == Some("Ready")
-                    && p.status
-                        .as_ref()
-                        .is_some_and(|s| s.draining_since.is_none())
-            })
-            .count();
-        if replaced == N {
-            break;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "only {replaced} of {N} Proxies have a new, Ready instance after {:?}\nPods: {}\noperator log (newest first):\n{}",
-                started.elapsed(),
-                ground.kubectl(&["get", "pods", "-o", "wide"]),
-                operator_log_tail(dir.path())
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
     watch.abort();
-    println!(
-        "every Proxy recycled {:?} after applying; at most {most_unavailable} unavailable at once; {refused_while_draining} leases refused on draining proxies",
-        started.elapsed()
-    );
-    assert!(
-        most_unavailable <= BUDGET,
-        "{most_unavailable} Proxies unavailable at once, maxUnavailable is {BUDGET}"
-    );
-    assert!(
-        refused_while_draining > 0,
-        "some draining proxy was asked for a lease"
-    );
+    sampled.assert_within(BUDGET, started.elapsed());
 
     // One new Pod per recycle: never two for one drain.
     let all_pods = pods.lock().unwrap().clone();
     for name in &names {
         let made = all_pods.values().filter(|p| &p.proxy == name).count();
-        let recycles = drains.get(name).map_or(0, BTreeSet::len);
+        let recycles = sampled.drains.get(name).map_or(0, BTreeSet::len);
         assert!(
             made >= 2 && made <= 1 + recycles,
             "{name}: {made} Pods for {recycles} recycles"
@@ -312,25 +204,8 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
 
     // No held lease was cut: a Pod is deleted no sooner than the end of the
     // lease held on it when its drain began, or the drain timeout.
-    let mut checked = 0;
-    for (name, h) in &held {
-        let drain = *drains[name].first().unwrap();
-        if h.ends <= drain {
-            continue;
-        }
-        checked += 1;
-        let asked = all_pods[&first[name]].delete_asked.unwrap();
-        let bound = h
-            .ends
-            .min(drain + chrono::TimeDelta::seconds(DRAIN_TIMEOUT_S));
-        // The deletion time is known to the second, rounded down.
-        assert!(
-            asked + chrono::TimeDelta::seconds(1) > bound,
-            "{name}: its Pod was deleted at {asked}, before the lease held on it ended at {} (drain began {drain})",
-            h.ends
-        );
-    }
-    println!("{checked} leases were held when their proxy's drain began, none cut");
+    let deleted_at = |name: &str| all_pods[&first[name]].delete_asked.unwrap();
+    let checked = assert_no_lease_cut(&held, &sampled.drains, deleted_at, DRAIN_TIMEOUT_S);
     assert!(
         checked > 0,
         "some lease was held when its proxy's drain began"

@@ -102,6 +102,9 @@ pub struct Store {
     pub delete_gets: u32,
     /// RUNNING instances get no NAT IP.
     pub no_ip: bool,
+    /// Every RUNNING instance gets this NAT IP (one Squid then serves
+    /// them all, old and new instances alike).
+    pub fixed_ip: Option<String>,
     /// Status forced on an instance by name.
     pub status_override: HashMap<String, String>,
     /// One-shot errors per method (`insert`, `get`, `delete`, `list`, `op`).
@@ -541,8 +544,13 @@ fn get(s: &mut Store, zone: &str, name: &str) -> Response {
         if b.pointer("/networkInterfaces/0/accessConfigs/0/natIP")
             .is_none()
         {
-            s.next_ip = s.next_ip.wrapping_add(1).max(1);
-            let ip = format!("127.0.0.{}", s.next_ip);
+            let ip = match &s.fixed_ip {
+                Some(ip) => ip.clone(),
+                None => {
+                    s.next_ip = s.next_ip.wrapping_add(1).max(1);
+                    format!("127.0.0.{}", s.next_ip)
+                }
+            };
             if let Some(ac) = b.pointer_mut("/networkInterfaces/0/accessConfigs/0") {
                 ac["natIP"] = json!(ip);
             }

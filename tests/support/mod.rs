@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod leader;
+pub mod recycle;
 pub mod shipped;
 pub mod squid;
 

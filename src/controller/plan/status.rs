@@ -60,6 +60,23 @@ impl Health {
             (None, None) => Health::Unknown,
         }
     }
+
+    /// What a source's answers come to for a Proxy served at `host`: a
+    /// result probed through another host is of the instance this one
+    /// replaced (the engine keeps it until it sees the new address), so it
+    /// counts as none. Otherwise a new instance would be Ready, leased and
+    /// counted back by the circuit breaker before any probe went through it.
+    pub fn at(
+        report: Option<HealthReport>,
+        verdict: Option<bool>,
+        probed: Option<&str>,
+        host: Option<&str>,
+    ) -> Self {
+        match (probed, host) {
+            (Some(p), Some(h)) if p != h => Health::Unknown,
+            _ => Health::of(report, verdict),
+        }
+    }
 }
 
 fn provisioned(

@@ -309,3 +309,54 @@ fn an_unavailable_provider_keeps_a_serving_proxy_serving_by_its_health() {
         );
     }
 }
+
+#[test]
+fn a_verdict_counts_only_for_the_host_it_probed() {
+    struct Case {
+        name: &'static str,
+        probed: Option<&'static str>,
+        host: Option<&'static str>,
+        want_report: bool,
+    }
+    let cases = [
+        Case {
+            name: "probed through the address served now",
+            probed: Some("10.0.0.2"),
+            host: Some("10.0.0.2"),
+            want_report: true,
+        },
+        Case {
+            name: "probed through the replaced instance: none yet",
+            probed: Some("10.0.0.2"),
+            host: Some("10.0.0.3"),
+            want_report: false,
+        },
+        Case {
+            name: "a source that does not say where it probed",
+            probed: None,
+            host: Some("10.0.0.3"),
+            want_report: true,
+        },
+        Case {
+            name: "no address known to compare with",
+            probed: Some("10.0.0.2"),
+            host: None,
+            want_report: true,
+        },
+    ];
+    let report = HealthReport {
+        healthy: true,
+        latency_ms: 1,
+        probed_at: t(0),
+        message: "ok".into(),
+    };
+    for c in cases {
+        let got = Health::at(Some(report.clone()), Some(true), c.probed, c.host);
+        let want = if c.want_report {
+            Health::Report(report.clone())
+        } else {
+            Health::Unknown
+        };
+        assert_eq!(got, want, "{}", c.name);
+    }
+}
