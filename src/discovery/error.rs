@@ -1,7 +1,9 @@
 //! The API's error answer: a status and a JSON body with a machine code
 //! and a message (docs/api.md, "Errors").
 
-use axum::http::StatusCode;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -13,6 +15,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// When asking again is worth it (`Retry-After`, whole seconds).
+    retry_after: Option<Duration>,
 }
 
 impl ApiError {
@@ -22,7 +26,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same, telling the client to ask again after `wait`.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
     }
 }
 
@@ -34,7 +45,12 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(wait) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs()));
+        }
+        resp
     }
 }
 

@@ -153,7 +153,8 @@ pub(super) async fn list_proxies(
         (status = 201, body = LeaseResponse),
         (status = 400, description = "Malformed JSON or invalid ttlSeconds", body = ErrorBody),
         (status = 401, body = ErrorBody),
-        (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody),
+        (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
         (status = 422, description = "Unknown field or wrong type", body = ErrorBody)))]
 pub(super) async fn acquire(
@@ -179,6 +180,7 @@ pub(super) async fn acquire(
             .map(|Extension(c)| c.0)
             .unwrap_or_else(|| ANONYMOUS.into()),
     };
+    let client_name = req.client.clone();
     match s.leases.acquire(&keys, &req) {
         Ok(lease) => {
             s.metrics.lease_event("granted", 1);
@@ -207,7 +209,8 @@ pub(super) async fn acquire(
                 AcquireError::NoCapacity { .. } => "no_capacity",
                 AcquireError::ClientLimit { .. } => "client_limit",
             };
-            Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()))
+            let wait = s.leases.retry_after(&keys, &client_name, &e);
+            Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()).retry_after(wait))
         }
     }
 }

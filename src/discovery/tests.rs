@@ -29,6 +29,8 @@ struct Api {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     metrics: Exposition,
+    /// The `Retry-After` of the last answer, if it had one.
+    retry_after: std::sync::Mutex<Option<String>>,
 }
 
 impl Api {
@@ -80,6 +82,7 @@ impl Api {
             stop: Some(tx),
             task: Some(task),
             metrics,
+            retry_after: std::sync::Mutex::default(),
         }
     }
 
@@ -122,6 +125,10 @@ impl Api {
             .unwrap();
         let resp = send.send_request(req).await.unwrap();
         let status = resp.status().as_u16();
+        *self.retry_after.lock().unwrap() = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let v = if bytes.is_empty() {
             Value::Null
@@ -130,6 +137,14 @@ impl Api {
                 .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         (status, v)
+    }
+
+    fn last_retry_after(&self) -> String {
+        self.retry_after
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the last answer had a Retry-After")
     }
 
     async fn json(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
@@ -466,10 +481,14 @@ async fn lease_lifecycle_capacity_cooldown() {
     let id_b = b["id"].as_str().unwrap().to_string();
     let (s, full) = api.json("POST", "/v1/leases", json!({})).await;
     assert_eq!((s, code(&full)), (409, "no_capacity"));
+    // Until the first lease on a matching proxy ends: b's, in 60 s.
+    let wait: u64 = api.last_retry_after().parse().unwrap();
+    assert!((59..=60).contains(&wait), "Retry-After {wait}");
     let (s, none) = api
         .json("POST", "/v1/leases", json!({"filters": {"zone": "z9"}}))
         .await;
     assert_eq!((s, code(&none)), (409, "no_proxy"));
+    assert_eq!(api.last_retry_after(), "5", "no proxy: the default wait");
     // Renew, read.
     let (s, r) = api
         .json(
@@ -785,6 +804,8 @@ async fn each_token_is_a_client_with_its_own_lease_cap() {
     assert_eq!(s, 201, "{first}");
     let (s, v) = acquire("tok-g").await;
     assert_eq!((s, code(&v)), (409, "client_limit"), "{v}");
+    // Until its own lease ends (the default 300 s), capped at a minute.
+    assert_eq!(api.last_retry_after(), "60");
     let (s, v) = acquire("tok-p").await;
     assert_eq!(s, 201, "another client is not held back: {v}");
     // One client's global report keeps the proxy from itself only.

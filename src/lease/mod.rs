@@ -17,6 +17,8 @@ pub use bounds::{
 
 mod clock;
 pub use clock::{Clock, FakeClock, SystemClock};
+mod retry;
+pub use retry::{RETRY_DEFAULT, RETRY_MAX};
 
 /// Store limits, from the flags.
 #[derive(Debug, Clone, Copy)]

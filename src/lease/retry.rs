@@ -1,0 +1,64 @@
+//! When a refused acquire is worth asking again: the `Retry-After` of a
+//! 409, so crawlers wait as long as the refusal will last instead of
+//! polling.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{AcquireError, Lease, LeaseStore, ProxyKey};
+
+/// The hint when no lease end bounds the wait: no healthy proxy matches
+/// (one may pass its probes any second), or only cooldowns block.
+pub const RETRY_DEFAULT: Duration = Duration::from_secs(5);
+/// The longest hint: past it a crawler should look again anyway.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait until the first of `leases` (in order of their end) that
+/// `frees` says would make room ends: whole seconds, rounded up, between
+/// 1 s and [`RETRY_MAX`]; [`RETRY_DEFAULT`] when none would.
+pub fn retry_hint<'a>(
+    now: DateTime<Utc>,
+    mut leases: impl Iterator<Item = &'a Lease>,
+    frees: impl Fn(&Lease) -> bool,
+) -> Duration {
+    let Some(first) = leases.find(|l| frees(l)) else {
+        return RETRY_DEFAULT;
+    };
+    let ms = first
+        .expires_at
+        .signed_duration_since(now)
+        .num_milliseconds()
+        .max(0);
+    let secs = u64::try_from(ms).unwrap_or(0).div_ceil(1000);
+    Duration::from_secs(secs).clamp(Duration::from_secs(1), RETRY_MAX)
+}
+
+impl LeaseStore {
+    /// How long the caller refused with `e` for the proxies `eligible` as
+    /// `client` should wait: until a lease on one of them ends (no
+    /// capacity), or one of its own ends (client limit).
+    pub fn retry_after<K: std::borrow::Borrow<ProxyKey>>(
+        &self,
+        eligible: &[K],
+        client: &str,
+        e: &AcquireError,
+    ) -> Duration {
+        let now = self.clock.now();
+        let st = self.lock();
+        let by_end = st.ends.iter().filter_map(|(_, id)| st.leases.get(id));
+        match e {
+            AcquireError::NoProxy => RETRY_DEFAULT,
+            AcquireError::NoCapacity { .. } => {
+                let set: HashSet<&ProxyKey> = eligible.iter().map(|k| k.borrow()).collect();
+                retry_hint(now, by_end, |l| set.contains(&l.proxy))
+            }
+            AcquireError::ClientLimit { .. } => retry_hint(now, by_end, |l| &*l.client == client),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "retry_tests.rs"]
+mod tests;
