@@ -62,7 +62,7 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
-	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples --test faults -- e2e_
+	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_helm --test e2e_samples --test faults -- e2e_
 
 test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP or killed and restarted, kill -9 at chosen points on each provider, credentials revoked, watches cut; see docs/testing.md), the discovery abuse run and the secret sentinel run; prints what was injected and measured. `make test` runs them too (every workspace test).
 	$(CARGO) test --test faults --test discovery_abuse -- --nocapture
