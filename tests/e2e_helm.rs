@@ -528,10 +528,15 @@ async fn e2e_helm_install_upgrade_uninstall() {
     assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{dry}");
 
     // 2. helm install; the operator becomes Ready.
-    helm_ok(
+    let installed = helm_ok(
         home,
         kubeconfig,
         &["install", RELEASE, CHART, "-n", NS, "-f", first],
+    );
+    // The release notes tell where the generated token is.
+    assert!(
+        installed.contains("get secret egress-proxies-operator-discovery-token"),
+        "{installed}"
     );
     rolled_out(c);
     let token = discovery_token(c);
