@@ -258,6 +258,35 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
     let home = tempfile::tempdir().unwrap();
     helm_ok(home.path(), None, &["lint", "--strict", CHART]);
 
+    // Packaged (as a chart repository serves it), the linked sources are
+    // stored in the archive: it renders the same objects as the directory.
+    let dest = home.path().join("package");
+    let dest_s = dest.to_str().unwrap();
+    helm_ok(home.path(), None, &["package", CHART, "-d", dest_s]);
+    let archive = std::fs::read_dir(&dest)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let packaged = yaml_docs(&helm_ok(
+        home.path(),
+        None,
+        &[
+            "template",
+            RELEASE,
+            archive.to_str().unwrap(),
+            "--namespace",
+            NS,
+        ],
+    ));
+    let diff = differences(&template(home.path(), &[]), &packaged);
+    assert!(
+        diff.is_empty(),
+        "the packaged chart differs:\n{}",
+        diff.join("\n")
+    );
+
     let kinds = |docs: &[Value]| by_key(docs).into_keys().collect::<Vec<_>>();
     let off = template(
         home.path(),
