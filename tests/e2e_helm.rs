@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use egress_proxies_operator::api::Proxy;
+use egress_proxies_operator::api::{ProviderHealth, Proxy};
 use kube::api::Api;
 use serde_json::{json, Value};
 use support::*;
@@ -595,9 +595,14 @@ async fn e2e_helm_install_upgrade_uninstall() {
         assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
     }
 
-    // 4. helm upgrade with changed values: two replicas at debug, seen in
-    // the running Deployment; the generated token survives the upgrade.
-    let second = values(json!({"replicas": 2, "logLevel": "debug"}));
+    // 4. helm upgrade with changed values: two replicas at debug and a
+    // second provider, seen in the running Deployment and a new
+    // ProviderHealth; the generated token survives the upgrade.
+    let mut two = providers["providers"].clone();
+    let mut added = two[0].clone();
+    added["name"] = json!("kubernetes-2");
+    two.as_array_mut().unwrap().push(added);
+    let second = values(json!({"replicas": 2, "logLevel": "debug", "providers": two}));
     helm_ok(
         home,
         kubeconfig,
@@ -643,6 +648,13 @@ async fn e2e_helm_install_upgrade_uninstall() {
         Some("Ready"),
         "the Proxy stays Ready through the upgrade"
     );
+    let health: Api<ProviderHealth> = Api::all(client.clone());
+    eventually(
+        "ProviderHealth kubernetes-2 from the upgraded providers",
+        Duration::from_secs(120),
+        || async { health.get_opt("kubernetes-2").await.ok()? },
+    )
+    .await;
 
     // 5. helm uninstall (Proxies first, so the operator runs their
     // finalizers): no operator object is left; the CRDs are (crds.keep).
