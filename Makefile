@@ -14,7 +14,8 @@ KVM_SSH_NAMESPACE ?= egress-proxies-operator-system
 KVM_SSH_KEY ?= $(HOME)/.ssh/proxy-operator_ed25519
 KVM_KNOWN_HOSTS ?= $(HOME)/.ssh/kvm_known_hosts
 # make run-local: the cluster's state and the operator's addresses;
-# OPERATOR_BIN= a prebuilt operator (else it is built).
+# OPERATOR_BIN= a prebuilt operator (else it is built); CLUSTER_BIN= a
+# prebuilt test cluster's bin directory (with -o test-cluster).
 RUN_LOCAL_DIR ?= $(TARGET_DIR)/run-local
 RUN_LOCAL_PROBE_ADDR ?= 127.0.0.1:8081
 RUN_LOCAL_DISCOVERY_ADDR ?= 127.0.0.1:8090
@@ -62,7 +63,7 @@ check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
 	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
-	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_samples --test faults -- e2e_
+	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_helm --test e2e_samples --test faults -- e2e_
 
 test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP or killed and restarted, kill -9 at chosen points on each provider, credentials revoked, watches cut; see docs/testing.md), the discovery abuse run and the secret sentinel run; prints what was injected and measured. `make test` runs them too (every workspace test).
 	$(CARGO) test --test faults --test discovery_abuse -- --nocapture
@@ -84,9 +85,10 @@ run: ## Run the operator against the current kubeconfig (PROVIDERS=config/sample
 		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 \
 		--allow-unauthenticated-discovery $(ARGS)
 
-run-local: test-cluster ## Run the operator against the local test cluster (real Kubernetes, Squid Pods as processes; needs root): no cluster of your own needed (KUBECONFIG=target/run-local/admin.kubeconfig; ARGS=extra flags, @GATEWAY@ in them is the Pods' gateway).
+run-local: test-cluster ## The quickstart: the local test cluster (real Kubernetes, Squid Pods as processes; needs root), the operator against it and the kubernetes sample Proxy; prints how to lease it once Ready. No cluster of your own needed (KUBECONFIG=target/run-local/admin.kubeconfig; ARGS=extra flags, @GATEWAY@ in them is the Pods' gateway; OPERATOR_BIN and CLUSTER_BIN= prebuilt ones, with -o test-cluster).
 	$(if $(OPERATOR_BIN),,$(CARGO) build --quiet --bin egress-proxies-operator)
-	$(CLUSTER_BIN)/test-cluster --dir $(RUN_LOCAL_DIR) --image ubuntu/squid --apply crds -- \
+	$(CLUSTER_BIN)/test-cluster --dir $(RUN_LOCAL_DIR) --image ubuntu/squid --apply crds --apply config/samples/proxy_kubernetes.yaml -- \
+		tests/cluster/run-local.sh $(CLUSTER_BIN)/kubectl $(RUN_LOCAL_DISCOVERY_ADDR) \
 		$(or $(OPERATOR_BIN),$(BIN)) --providers-config $(PROVIDERS) --installation-id run-local \
 		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
 		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --allow-unauthenticated-discovery $(ARGS)

@@ -11,7 +11,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use support::{free_port, repo};
 
@@ -107,6 +107,31 @@ fn serve_on_gateway(cluster_json: &Path, port: u16) {
     }
 }
 
+/// The processes whose command line names `path` (the clone): none may
+/// outlive `make run-local`.
+fn processes_naming(path: &Path) -> Vec<String> {
+    let needle = path.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if line.contains(&needle) {
+            found.push(line);
+        }
+    }
+    found
+}
+
+/// The quickstart on a clean checkout: `git clone` of this HEAD, then the
+/// README's first command, `make run-local`, as written, reusing the
+/// built operator (OPERATOR_BIN) and test cluster (CLUSTER_BIN, `-o
+/// test-cluster`) so nothing is rebuilt. The sample Proxy turns Ready, the
+/// printed lease command leases it, and SIGTERM leaves no process behind.
 #[test]
 fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     assert_eq!(readme_command("Run"), "make run-local");
@@ -116,58 +141,97 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     );
     let operator = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let state = tempfile::tempdir().unwrap();
+    let clone = state.path().join("checkout");
+    let out = Command::new("git")
+        .args(["clone", "-q"])
+        .arg(repo())
+        .arg(&clone)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git clone: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cluster_dir = clone.join("target/run-local");
     let probes = format!("127.0.0.1:{}", free_port());
     // Squid runs in a Pod: the target listens on the Pods' gateway, which
     // the launcher substitutes for @GATEWAY@ once the cluster is up.
     let target_port = free_port();
-    let target_state = state.path().to_path_buf();
-    std::thread::spawn(move || {
-        serve_on_gateway(&target_state.join("cluster/cluster.json"), target_port)
-    });
-    // As a user runs it, with a prebuilt operator, the state in the test's
-    // directory and free ports; `-o test-cluster`: `make test` built it.
+    let cluster_json = cluster_dir.join("cluster.json");
+    std::thread::spawn(move || serve_on_gateway(&cluster_json, target_port));
+    let cluster_bin = std::fs::canonicalize(test_cluster::bin_dir()).unwrap();
+    let stdout = state.path().join("run-local.out");
     let mut child = Command::new("make")
-        .current_dir(repo())
+        .current_dir(&clone)
         .args(["-s", "-o", "test-cluster", "run-local"])
         .arg(format!("OPERATOR_BIN={operator}"))
-        .arg(format!("RUN_LOCAL_DIR={}", state.path().join("cluster").display()))
+        .arg(format!("CLUSTER_BIN={}", cluster_bin.display()))
         .arg(format!("RUN_LOCAL_PROBE_ADDR={probes}"))
         .arg(format!("RUN_LOCAL_DISCOVERY_ADDR=127.0.0.1:{}", free_port()))
         .arg(format!("RUN_LOCAL_METRICS_ADDR=127.0.0.1:{}", free_port()))
         .arg(format!(
             "ARGS=--default-probe-url http://@GATEWAY@:{target_port}/ --default-probe-expected-status 200"
         ))
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(state.path().join("run-local.log")).unwrap())
         .spawn()
         .unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("/readyz", Duration::from_secs(60), || {
-            get(&probes, "/readyz").filter(|r| r.starts_with("HTTP/1.1 200"))
-        });
-        let kubectl = |args: &[&str]| {
-            Command::new(test_cluster::bin("kubectl"))
-                .args(args)
-                .env("KUBECONFIG", state.path().join("cluster/admin.kubeconfig"))
-                .current_dir(repo())
-                .output()
-                .expect("kubectl runs (CI installs it)")
-        };
-        let out = kubectl(&["apply", "-f", "config/samples/proxy_kubernetes.yaml"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        wait_for(
-            "the sample Ready in kubectl get px",
-            Duration::from_secs(90),
+        // The lease command it prints once the sample is Ready, run as printed.
+        let lease = wait_for(
+            "the printed lease command",
+            Duration::from_secs(240),
             || {
-                let out = kubectl(&["get", "px", "proxy-kubernetes-sample", "--no-headers"]);
-                let row = String::from_utf8_lossy(&out.stdout).into_owned();
-                row.contains(" Ready ").then_some(row)
+                let text = std::fs::read_to_string(&stdout).ok()?;
+                text.lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with("curl ") && l.contains("/v1/leases"))
+                    .map(String::from)
             },
         );
+        let out = Command::new("sh").args(["-c", &lease]).output().unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{lease}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(body["proxy"]["name"], "proxy-kubernetes-sample", "{body}");
+        let url = body["proxy"]["url"].as_str().unwrap();
+        assert!(
+            url.starts_with("http://") && url.ends_with(":3128"),
+            "{body}"
+        );
+        // The leased proxy is a working Squid: the local target through it.
+        let gateway = serde_json::from_str::<serde_json::Value>(
+            &std::fs::read_to_string(cluster_dir.join("cluster.json")).unwrap(),
+        )
+        .unwrap()["gateway"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let through = Command::new("curl")
+            .args(["-s", "--max-time", "10", "-x", url])
+            .arg(format!("http://{gateway}:{target_port}/"))
+            .output()
+            .expect("curl runs (apt-get install curl)");
+        assert_eq!(
+            String::from_utf8_lossy(&through.stdout),
+            "ok",
+            "curl -x {url}"
+        );
+        eprintln!(
+            "make run-local printed:\n{}",
+            std::fs::read_to_string(&stdout).unwrap()
+        );
+        assert!(
+            get(&probes, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+            "the operator's /readyz"
+        );
+        let row = Command::new(test_cluster::bin("kubectl"))
+            .args(["get", "px", "proxy-kubernetes-sample", "--no-headers"])
+            .env("KUBECONFIG", cluster_dir.join("admin.kubeconfig"))
+            .output()
+            .unwrap();
+        let row = String::from_utf8_lossy(&row.stdout).into_owned();
+        assert!(row.contains(" Ready "), "kubectl get px: {row}");
     }));
     // Ctrl-C's signal: the script stops the operator and the API server.
     let _ = Command::new("kill")
@@ -193,7 +257,7 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
         status.is_some(),
         "run-local did not stop on SIGTERM:\n{log}"
     );
-    let server = std::fs::read_to_string(state.path().join("cluster/cluster.json"))
+    let server = std::fs::read_to_string(cluster_dir.join("cluster.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["server"].as_str().map(String::from))
@@ -208,6 +272,15 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
                 .then_some(())
         },
     );
+    let left = wait_for(
+        "every process of the run gone",
+        Duration::from_secs(20),
+        || {
+            let left = processes_naming(&clone);
+            left.is_empty().then_some(left)
+        },
+    );
+    assert!(left.is_empty());
 }
 
 #[test]

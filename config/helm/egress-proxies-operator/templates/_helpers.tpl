@@ -1,0 +1,68 @@
+{{/*
+Names follow config/default: <fullname>-controller-manager and so on, where
+fullname is the release name when it already contains the chart's name
+(release "egress-proxies-operator" renders the kustomize names exactly).
+*/}}
+{{- define "epo.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "epo.selectorLabels" -}}
+control-plane: controller-manager
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The labels every object carries; helm's own are skipped by the drift test. */}}
+{{- define "epo.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "epo.serviceAccountName" -}}
+{{ include "epo.fullname" . }}-controller-manager
+{{- end -}}
+
+{{- define "epo.discoveryTokenSecret" -}}
+{{- if .Values.discoveryToken.generate -}}
+{{ include "epo.fullname" . }}-discovery-token
+{{- else -}}
+{{ .Values.discoveryToken.existingSecret }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+An object of the kustomize tree (a file under files/, a symlink into
+config/) as config/default's kustomization renders it: names prefixed with
+the fullname, the release namespace, the chart's labels; RBAC references
+follow the names. Call with (list $ "files/rbac/role.yaml").
+*/}}
+{{- define "epo.fromKustomize" -}}
+{{- $root := index . 0 -}}
+{{- $obj := $root.Files.Get (index . 1) | fromYaml -}}
+{{- $prefix := include "epo.fullname" $root -}}
+{{- $meta := $obj.metadata -}}
+{{- $_ := set $meta "name" (printf "%s-%s" $prefix $meta.name | trunc 63 | trimSuffix "-") -}}
+{{- if hasKey $meta "namespace" -}}
+{{- $_ := set $meta "namespace" $root.Release.Namespace -}}
+{{- end -}}
+{{- $labels := merge (include "epo.labels" $root | fromYaml) (omit (default dict $meta.labels) "app.kubernetes.io/managed-by") -}}
+{{- $_ := set $meta "labels" $labels -}}
+{{- with $obj.roleRef -}}
+{{- $_ := set . "name" (printf "%s-%s" $prefix .name | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
+{{- range $obj.subjects -}}
+{{- $_ := set . "name" (printf "%s-%s" $prefix .name | trunc 63 | trimSuffix "-") -}}
+{{- $_ := set . "namespace" $root.Release.Namespace -}}
+{{- end -}}
+{{- toYaml $obj -}}
+{{- end -}}

@@ -1,0 +1,703 @@
+//! The Helm chart (config/helm/egress-proxies-operator) with the real
+//! `helm` built from tests/cluster/go/helm: its defaults render the objects
+//! config/default renders (so the two never drift), its schema refuses
+//! wrong types naming the key, and on the real test cluster it installs,
+//! runs a Proxy through a real Squid Pod, upgrades with changed values and
+//! uninstalls leaving no operator objects (the CRDs only when asked).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use egress_proxies_operator::api::{ProviderHealth, Proxy};
+use kube::api::Api;
+use serde_json::{json, Value};
+use support::*;
+
+const CHART: &str = "config/helm/egress-proxies-operator";
+/// The release and namespace that make the chart's names those of config/default.
+const RELEASE: &str = "egress-proxies-operator";
+const NS: &str = "egress-proxies-operator-system";
+const DEPLOYMENT: &str = "egress-proxies-operator-controller-manager";
+
+/// The pinned helm, with its cache and config in `home` (never the user's),
+/// talking to `kubeconfig` when given.
+fn helm(home: &Path, kubeconfig: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(test_cluster::bin("helm"));
+    cmd.args(args)
+        .current_dir(repo())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    match kubeconfig {
+        Some(k) => cmd.env("KUBECONFIG", k),
+        None => cmd.env("KUBECONFIG", home.join("no-cluster")),
+    };
+    cmd.output()
+        .expect("helm runs (make test-cluster builds it)")
+}
+
+fn helm_ok(home: &Path, kubeconfig: Option<&Path>, args: &[&str]) -> String {
+    let out = helm(home, kubeconfig, args);
+    assert!(
+        out.status.success(),
+        "helm {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// `helm template` of the chart as the release that reproduces
+/// config/default's names, with `--set` values.
+fn template(home: &Path, sets: &[&str]) -> Vec<Value> {
+    let mut args = vec!["template", RELEASE, CHART, "--namespace", NS];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    yaml_docs(&helm_ok(home, None, &args))
+}
+
+/// Label keys only helm sets (release bookkeeping); kustomize has none of them.
+const HELM_LABELS: [&str; 4] = [
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+];
+
+/// An object as the comparison sees it: helm's own labels (wherever a label
+/// map is, selectors too) and annotations dropped, maps left empty by that
+/// removed, and the providers file parsed (the chart writes it with toYaml).
+fn normalized(v: &Value) -> Value {
+    fn strip(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut out = serde_json::Map::new();
+                for (k, x) in m {
+                    if HELM_LABELS.contains(&k.as_str())
+                        || k.starts_with("checksum/")
+                        || k == "helm.sh/resource-policy"
+                    {
+                        continue;
+                    }
+                    let x = strip(x);
+                    let emptied = matches!(&x, Value::Object(o) if o.is_empty())
+                        && matches!(k.as_str(), "labels" | "annotations");
+                    if !emptied {
+                        out.insert(k.clone(), x);
+                    }
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(strip).collect()),
+            other => other.clone(),
+        }
+    }
+    let mut v = strip(v);
+    if v["kind"] == "ConfigMap" {
+        if let Some(Value::String(text)) = v["data"].get("providers.yaml").cloned() {
+            let parsed: Value = serde_norway::from_str(&text).unwrap();
+            v["data"]["providers.yaml"] = parsed;
+        }
+    }
+    v
+}
+
+fn by_key(docs: &[Value]) -> BTreeMap<String, Value> {
+    docs.iter()
+        .filter(|d| d["kind"] != "Namespace") // helm installs into an existing (or --create-namespace) one
+        .map(|d| {
+            let key = format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap()
+            );
+            (key, normalized(d))
+        })
+        .collect()
+}
+
+/// Every difference between two object sets, one line each, field by field.
+fn differences(kustomize: &[Value], helm: &[Value]) -> Vec<String> {
+    fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                    let p = format!("{path}.{k}");
+                    match (x.get(k), y.get(k)) {
+                        (Some(u), Some(v)) => walk(&p, u, v, out),
+                        (Some(u), None) => out.push(format!("{p}: only kustomize has it ({u})")),
+                        (None, Some(v)) => out.push(format!("{p}: only helm has it ({v})")),
+                        (None, None) => {}
+                    }
+                }
+            }
+            (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+                for (i, (u, v)) in x.iter().zip(y).enumerate() {
+                    walk(&format!("{path}[{i}]"), u, v, out);
+                }
+            }
+            _ if a != b => out.push(format!("{path}: kustomize {a}, helm {b}")),
+            _ => {}
+        }
+    }
+    let (k, h) = (by_key(kustomize), by_key(helm));
+    let mut out = Vec::new();
+    for name in k.keys().chain(h.keys().filter(|n| !k.contains_key(*n))) {
+        match (k.get(name), h.get(name)) {
+            (Some(a), Some(b)) => walk(name, a, b, &mut out),
+            (Some(_), None) => out.push(format!("{name}: only kustomize renders it")),
+            (None, Some(_)) => out.push(format!("{name}: only helm renders it")),
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_comparison_sees_a_changed_field_and_ignores_helms_labels() {
+    let base = json!({"kind": "Service", "metadata": {"name": "s", "labels": {"a": "b"}}, "spec": {"ports": [{"port": 1}]}});
+    let mut helmish = base.clone();
+    helmish["metadata"]["labels"]["helm.sh/chart"] = json!("x-1");
+    helmish["metadata"]["labels"]["app.kubernetes.io/instance"] = json!("r");
+    assert_eq!(
+        differences(std::slice::from_ref(&base), &[helmish]),
+        Vec::<String>::new()
+    );
+    let mut changed = base.clone();
+    changed["spec"]["ports"][0]["port"] = json!(2);
+    assert_eq!(
+        differences(std::slice::from_ref(&base), &[changed]),
+        vec!["Service/s.spec.ports[0].port: kustomize 1, helm 2"]
+    );
+    assert_eq!(
+        differences(&[base], &[]),
+        vec!["Service/s: only kustomize renders it"]
+    );
+}
+
+/// config/default plus config/prometheus with config/default's namespace
+/// and prefix: what the chart renders with the Prometheus objects on.
+fn kustomize_with_prometheus() -> Vec<Value> {
+    let dir = tempfile::Builder::new()
+        .prefix("helm-drift")
+        .tempdir_in(repo().join("target"))
+        .unwrap();
+    let rel = |p: &str| {
+        let depth = dir
+            .path()
+            .strip_prefix(repo())
+            .unwrap()
+            .components()
+            .count();
+        format!("{}{p}", "../".repeat(depth))
+    };
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: {NS}\nnamePrefix: {RELEASE}-\nresources:\n- {}\n",
+            rel("config/prometheus")
+        ),
+    )
+    .unwrap();
+    let mut docs = kustomize("config/default");
+    docs.extend(kustomize(dir.path().to_str().unwrap()));
+    docs
+}
+
+#[test]
+fn the_charts_defaults_render_what_config_default_renders() {
+    let home = tempfile::tempdir().unwrap();
+    let kustomized = kustomize("config/default");
+    let helmed = template(home.path(), &[]);
+    // Not vacuous: the whole installation, CRDs and RBAC included.
+    assert!(
+        by_key(&kustomized).len() >= 17,
+        "{:?}",
+        by_key(&kustomized).keys()
+    );
+    let diff = differences(&kustomized, &helmed);
+    assert!(
+        diff.is_empty(),
+        "the chart and config/default drifted:\n{}",
+        diff.join("\n")
+    );
+
+    let kustomized = kustomize_with_prometheus();
+    let helmed = template(
+        home.path(),
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+        ],
+    );
+    let diff = differences(&kustomized, &helmed);
+    assert!(
+        diff.is_empty(),
+        "the chart's Prometheus objects and config/prometheus drifted:\n{}",
+        diff.join("\n")
+    );
+}
+
+#[test]
+fn the_chart_lints_and_its_toggles_render_their_objects() {
+    let home = tempfile::tempdir().unwrap();
+    helm_ok(home.path(), None, &["lint", "--strict", CHART]);
+
+    // Packaged (as a chart repository serves it), the linked sources are
+    // stored in the archive: it renders the same objects as the directory.
+    let dest = home.path().join("package");
+    let dest_s = dest.to_str().unwrap();
+    helm_ok(home.path(), None, &["package", CHART, "-d", dest_s]);
+    let archive = std::fs::read_dir(&dest)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let packaged = yaml_docs(&helm_ok(
+        home.path(),
+        None,
+        &[
+            "template",
+            RELEASE,
+            archive.to_str().unwrap(),
+            "--namespace",
+            NS,
+        ],
+    ));
+    let diff = differences(&template(home.path(), &[]), &packaged);
+    assert!(
+        diff.is_empty(),
+        "the packaged chart differs:\n{}",
+        diff.join("\n")
+    );
+
+    let kinds = |docs: &[Value]| by_key(docs).into_keys().collect::<Vec<_>>();
+    let off = template(
+        home.path(),
+        &[
+            "crds.enabled=false",
+            "kubernetesProvider.rbac=false",
+            "networkPolicy.enabled=false",
+            "metrics.service.enabled=false",
+        ],
+    );
+    for gone in [
+        "CustomResourceDefinition/proxies.crawl.example.com",
+        "ClusterRole/egress-proxies-operator-manager-pods-role",
+        "NetworkPolicy/egress-proxies-operator-allow-discovery-and-metrics",
+        "Service/egress-proxies-operator-controller-manager-metrics-service",
+    ] {
+        assert!(
+            !kinds(&off).iter().any(|k| k == gone),
+            "{gone} still rendered"
+        );
+    }
+
+    let on = template(
+        home.path(),
+        &[
+            "metrics.dashboard.enabled=true",
+            "discoveryToken.generate=true",
+            "kvmSsh.create=true",
+            "kvmSsh.privateKey=KEY",
+            "kvmSsh.knownHosts=HOSTS",
+            "otel.endpoint=http://collector:4317",
+            "otel.protocol=grpc",
+        ],
+    );
+    let dashboard = object(&on, "ConfigMap", "egress-proxies-operator-dashboard");
+    let json_text = dashboard["data"]["egress-proxies-operator.json"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(json_text).unwrap(),
+        serde_json::from_str::<Value>(&repo_file("config/grafana/egress-proxies-operator.json"))
+            .unwrap()
+    );
+    let deployment = object(&on, "Deployment", DEPLOYMENT);
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let env_var = |n: &str| {
+        env.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == n)
+            .cloned()
+    };
+    assert_eq!(
+        env_var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap()["value"],
+        "grpc"
+    );
+    let token = env_var("DISCOVERY_TOKEN").unwrap();
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"]["name"],
+        "egress-proxies-operator-discovery-token"
+    );
+    assert_eq!(token["valueFrom"]["secretKeyRef"]["optional"], false);
+    object(&on, "Secret", "egress-proxies-operator-discovery-token");
+    let ssh = object(&on, "Secret", "egress-proxies-operator-kvm-ssh");
+    assert_eq!(ssh["data"]["known_hosts"], "SE9TVFM="); // base64 of HOSTS
+
+    // kvmSsh.create without the key is refused with the keys to set.
+    let out = helm(
+        home.path(),
+        None,
+        &["template", RELEASE, CHART, "--set", "kvmSsh.create=true"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kvmSsh.privateKey"));
+}
+
+struct Case {
+    name: &'static str,
+    set: &'static str,
+    /// What the error must name: the value's path in the schema.
+    names: &'static str,
+}
+
+#[test]
+fn the_schema_refuses_wrong_types_naming_the_key() {
+    let home = tempfile::tempdir().unwrap();
+    let cases = [
+        Case {
+            name: "replicas as a word",
+            set: "replicas=two",
+            names: "/replicas",
+        },
+        Case {
+            name: "keep as a word",
+            set: "crds.keep=yes",
+            names: "/crds/keep",
+        },
+        Case {
+            name: "an unknown provider type",
+            set: "providers[0].type=aws",
+            names: "/providers/0/type",
+        },
+        Case {
+            name: "a misspelt key",
+            set: "metrics.serviceMonitor.enable=true",
+            names: "/metrics/serviceMonitor",
+        },
+        Case {
+            name: "an OTLP protocol helm cannot pass on",
+            set: "otel.protocol=udp",
+            names: "/otel/protocol",
+        },
+        Case {
+            name: "an extra arg that is no flag",
+            set: "extraArgs[0]=debug",
+            names: "/extraArgs/0",
+        },
+    ];
+    for case in cases {
+        for verb in ["template", "lint"] {
+            let args: Vec<&str> = if verb == "lint" {
+                vec!["lint", CHART, "--set", case.set]
+            } else {
+                vec!["template", RELEASE, CHART, "--set", case.set]
+            };
+            let out = helm(home.path(), None, &args);
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                !out.status.success(),
+                "{}: helm {verb} accepted {}",
+                case.name,
+                case.set
+            );
+            assert!(
+                text.contains(case.names),
+                "{}: helm {verb} must name {}: {text}",
+                case.name,
+                case.names
+            );
+        }
+    }
+}
+
+/// The objects of the release still in the cluster (by its instance label).
+fn release_objects(c: &test_cluster::TestCluster, release: &str) -> Vec<String> {
+    let kinds = "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,clusterroles,clusterrolebindings";
+    let selector = format!("app.kubernetes.io/instance={release}");
+    c.kubectl_ok(&["get", kinds, "-A", "-l", &selector, "-o", "name"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+async fn no_release_objects_left(c: &test_cluster::TestCluster) {
+    eventually(
+        "no release objects left",
+        Duration::from_secs(120),
+        || async { release_objects(c, RELEASE).is_empty().then_some(()) },
+    )
+    .await;
+}
+
+fn crd_present(c: &test_cluster::TestCluster) -> bool {
+    c.kubectl()
+        .args(["get", "crd", "proxies.crawl.example.com"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// `kubectl get pods` of the operator's Pods, printed with `jsonpath`.
+fn manager_pods(c: &test_cluster::TestCluster, jsonpath: &str) -> String {
+    let jsonpath = format!("jsonpath={jsonpath}");
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "control-plane=controller-manager",
+        "-o",
+        &jsonpath,
+    ])
+}
+
+fn discovery_token(c: &test_cluster::TestCluster) -> String {
+    let b64 = c.kubectl_ok(&[
+        "-n",
+        NS,
+        "get",
+        "secret",
+        "egress-proxies-operator-discovery-token",
+        "-o",
+        "jsonpath={.data.token}",
+    ]);
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write;
+            p.stdin.take().unwrap().write_all(b64.as_bytes())?;
+            p.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn rolled_out(c: &test_cluster::TestCluster) {
+    let deployment = format!("deployment/{DEPLOYMENT}");
+    c.kubectl_ok(&["-n", NS, "rollout", "status", &deployment, "--timeout=180s"]);
+}
+
+#[tokio::test]
+async fn e2e_helm_install_upgrade_uninstall() {
+    require_squid_pods();
+    let c = cluster();
+    let client = c.client().await;
+    let kubeconfig = Some(c.kubeconfig());
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let target = http_target_on(c.host_ip()).await;
+
+    // Values as a user writes them: the providers file opens the probe
+    // target (a private address on the cluster bridge), the probe points
+    // at it, the discovery token is generated.
+    let providers: Value =
+        serde_norway::from_str(&support::kubernetes_reaching("kubernetes", "", target.ip()))
+            .unwrap();
+    let values = |extra: Value| {
+        let mut v = json!({
+            "providers": providers["providers"],
+            "discoveryToken": {"generate": true},
+            "extraArgs": [format!("--default-probe-url=http://{target}/"), "--default-probe-expected-status=200"],
+        });
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let file = home.join(format!("values-{}.json", v.to_string().len()));
+        std::fs::write(&file, v.to_string()).unwrap();
+        file
+    };
+    let first = values(json!({}));
+    let first = first.to_str().unwrap();
+
+    // 1. helm template, validated by the real API server (server-side dry run).
+    c.kubectl_ok(&["create", "namespace", NS]);
+    let rendered = helm_ok(
+        home,
+        None,
+        &["template", RELEASE, CHART, "-n", NS, "-f", first],
+    );
+    let manifest = home.join("rendered.yaml");
+    std::fs::write(&manifest, &rendered).unwrap();
+    let dry = c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        manifest.to_str().unwrap(),
+    ]);
+    assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{dry}");
+
+    // 2. helm install; the operator becomes Ready.
+    let installed = helm_ok(
+        home,
+        kubeconfig,
+        &["install", RELEASE, CHART, "-n", NS, "-f", first],
+    );
+    // The release notes tell where the generated token is.
+    assert!(
+        installed.contains("get secret egress-proxies-operator-discovery-token"),
+        "{installed}"
+    );
+    rolled_out(c);
+    let token = discovery_token(c);
+    assert!(token.len() >= 32, "a generated token: {token:?}");
+
+    // 3. A kubernetes-provider Proxy becomes Ready through a real Squid Pod.
+    let ns = c.namespace(&client, "helm").await;
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), &ns);
+    proxies
+        .create(&Default::default(), &kube_proxy("via-helm"))
+        .await
+        .unwrap();
+    eventually("Proxy via-helm Ready", Duration::from_secs(180), || async {
+        let p = proxies.get("via-helm").await.ok()?;
+        (phase(&p) == Some("Ready")).then_some(())
+    })
+    .await;
+
+    // The discovery API offers it, with the generated token only.
+    if c.is_local() {
+        let pod_ip = manager_pods(c, "{.items[0].status.podIP}");
+        let addr = std::net::SocketAddr::new(pod_ip.parse().unwrap(), 8090);
+        let (status, _) = api_call(addr, "GET", "/v1/proxies", None, vec![]).await;
+        assert_eq!(status, 401, "the discovery API without the token");
+        let (status, body) = api_call(addr, "GET", "/v1/proxies", Some(&token), vec![]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
+    }
+
+    // 4. helm upgrade with changed values: two replicas at debug and a
+    // second provider, seen in the running Deployment and a new
+    // ProviderHealth; the generated token survives the upgrade.
+    let mut two = providers["providers"].clone();
+    let mut added = two[0].clone();
+    added["name"] = json!("kubernetes-2");
+    two.as_array_mut().unwrap().push(added);
+    let second = values(json!({"replicas": 2, "logLevel": "debug", "providers": two}));
+    helm_ok(
+        home,
+        kubeconfig,
+        &[
+            "upgrade",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "-f",
+            second.to_str().unwrap(),
+        ],
+    );
+    rolled_out(c);
+    let ready = c.kubectl_ok(&[
+        "-n",
+        NS,
+        "get",
+        "deployment",
+        DEPLOYMENT,
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ]);
+    assert_eq!(ready, "2", "two replicas Ready after the upgrade");
+    // Every Pod left (the old one gone) runs at debug.
+    eventually("two Pods at debug", Duration::from_secs(120), || async {
+        let args = manager_pods(
+            c,
+            "{range .items[*]}{.spec.containers[0].args}{\"\\n\"}{end}",
+        );
+        let pods: Vec<&str> = args.lines().filter(|l| !l.is_empty()).collect();
+        (pods.len() == 2 && pods.iter().all(|a| a.contains("--log-level=debug"))).then_some(())
+    })
+    .await;
+    assert_eq!(
+        discovery_token(c),
+        token,
+        "the upgrade must keep the generated token"
+    );
+    let p = proxies.get("via-helm").await.unwrap();
+    assert_eq!(
+        phase(&p),
+        Some("Ready"),
+        "the Proxy stays Ready through the upgrade"
+    );
+    let health: Api<ProviderHealth> = Api::all(client.clone());
+    eventually(
+        "ProviderHealth kubernetes-2 from the upgraded providers",
+        Duration::from_secs(120),
+        || async { health.get_opt("kubernetes-2").await.ok()? },
+    )
+    .await;
+
+    // 5. helm uninstall (Proxies first, so the operator runs their
+    // finalizers): no operator object is left; the CRDs are (crds.keep).
+    assert!(
+        release_objects(c, RELEASE).len() >= 15,
+        "{:?}",
+        release_objects(c, RELEASE)
+    );
+    c.kubectl_ok(&["delete", "px", "--all", "-A", "--wait", "--timeout=120s"]);
+    helm_ok(
+        home,
+        kubeconfig,
+        &["uninstall", RELEASE, "-n", NS, "--wait", "--timeout=120s"],
+    );
+    no_release_objects_left(c).await;
+    assert!(crd_present(c), "crds.keep must leave the CRDs");
+
+    // 6. With crds.keep=false the release adopts the kept CRDs and its
+    // uninstall removes them.
+    helm_ok(
+        home,
+        kubeconfig,
+        &[
+            "install",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "-f",
+            first,
+            "--set",
+            "crds.keep=false",
+        ],
+    );
+    helm_ok(
+        home,
+        kubeconfig,
+        &["uninstall", RELEASE, "-n", NS, "--wait", "--timeout=120s"],
+    );
+    eventually("the CRDs gone", Duration::from_secs(60), || async {
+        (!crd_present(c)).then_some(())
+    })
+    .await;
+    no_release_objects_left(c).await;
+    c.kubectl_ok(&["delete", "namespace", NS, "--timeout=120s"]);
+}
