@@ -30,7 +30,7 @@ K8S_VERSION_VARS := gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeStat
 K8S_LDFLAGS := -s -w $(foreach v,$(K8S_VERSION_VARS),-X k8s.io/component-base/version.$(v) -X k8s.io/client-go/pkg/version.$(v))
 K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
-.PHONY: all build test lint fmt crds manifests check-crds test-e2e run run-local \
+.PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
 	bench-lease fuzz-api test-faults
 
@@ -59,8 +59,11 @@ crds: ## Regenerate crds/*.yaml from the Rust types.
 
 manifests: crds ## Alias of crds (RBAC is hand-written; tests/e2e_samples.rs checks it against the code).
 
-check-crds: crds ## Fail when the committed CRDs differ from the generated ones.
-	@git diff --exit-code -- crds/ || { echo "crds/ is stale: run 'make crds' and commit"; exit 1; }
+openapi: ## Regenerate docs/openapi.json, the discovery API's OpenAPI document as served with the default flags.
+	$(CARGO) run --quiet --bin crdgen -- --openapi docs/openapi.json
+
+check-crds: crds openapi ## Fail when the committed CRDs or docs/openapi.json differ from the generated ones.
+	@git diff --exit-code -- crds/ docs/openapi.json || { echo "crds/ or docs/openapi.json is stale: run 'make crds openapi' and commit"; exit 1; }
 
 test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_helm --test e2e_samples --test faults -- e2e_

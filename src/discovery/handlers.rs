@@ -139,6 +139,7 @@ pub(super) async fn list_proxies(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<ProxyList>> {
     let f = parse_query(q.as_deref())
+        .and_then(Filter::new)
         .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m))?;
     Ok(Json(ProxyList {
         items: s.eligible(&f),
@@ -151,7 +152,7 @@ pub(super) async fn list_proxies(
 #[utoipa::path(post, path = "/v1/leases", request_body(content = Option<AcquireBody>, description = "Every field optional; an empty body is {}"),
     responses(
         (status = 201, body = LeaseResponse),
-        (status = 400, description = "Malformed JSON or invalid ttlSeconds", body = ErrorBody),
+        (status = 400, description = "Malformed JSON, invalid ttlSeconds, or a malformed labelSelector (invalid_filter)", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
@@ -166,10 +167,12 @@ pub(super) async fn acquire(
     check_len("stickyKey", &b.sticky_key)?;
     check_len("site", &b.site)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    let filter = Filter::new(b.filters)
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", m))?;
     let listing = s.listing();
     let keys: Vec<&ProxyKey> = listing
         .iter()
-        .filter(|(_, i)| matches(i, &b.filters))
+        .filter(|(_, i)| filter.matches(i))
         .map(|(k, _)| k)
         .collect();
     let req = AcquireRequest {

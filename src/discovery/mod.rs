@@ -12,6 +12,7 @@ pub mod metrics;
 mod middleware;
 pub mod model;
 mod openapi;
+mod selector;
 mod serving;
 mod state;
 
@@ -19,7 +20,7 @@ pub use error::ApiError;
 pub use handlers::MAX_KEY_LEN;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};
 pub use model::*;
-pub use openapi::openapi_json;
+pub use openapi::{openapi_json, served_openapi_json};
 pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
 pub use state::{ApiState, Client, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE};
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use kube::core::{Selector, SelectorExt};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -40,6 +41,9 @@ pub struct ProxyItem {
     pub region: Option<String>,
     /// `spec.attributes`.
     pub attributes: BTreeMap<String, String>,
+    /// The Proxy object's labels.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     /// Probe latency of the last status-affecting result.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_millis: Option<i64>,
@@ -78,6 +82,13 @@ pub struct Filters {
     /// Every key must be present in `spec.attributes` with this value.
     #[serde(default)]
     pub attributes: BTreeMap<String, String>,
+    /// The Proxy's namespace (exact).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// A label selector on the Proxy object, as `kubectl -l` takes it
+    /// (`tier=gold,team in (a,b),!canary`).
+    #[serde(default)]
+    pub label_selector: Option<String>,
 }
 
 /// Query parameters of `GET /v1/proxies` (documentation; parsed by hand
@@ -92,6 +103,11 @@ pub struct ListQuery {
     zone: Option<String>,
     /// Placement region (exact).
     region: Option<String>,
+    /// The Proxy's namespace (exact).
+    namespace: Option<String>,
+    /// A label selector on the Proxy object, as `kubectl -l` takes it.
+    #[param(rename = "labelSelector")]
+    label_selector: Option<String>,
     /// `key:value` (or `key=value`) that `spec.attributes` must hold;
     /// repeat for several, all must match.
     #[param(pattern = "^[^:=]+[:=]")]
@@ -266,21 +282,48 @@ pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
         zone: non_empty(placement.zone),
         region: non_empty(placement.region),
         attributes: p.spec.attributes.clone(),
+        labels: p.labels().clone(),
         latency_millis: st.latency_millis,
     })
 }
 
-/// Whether `item` passes every filter.
-pub fn matches(item: &ProxyItem, f: &Filters) -> bool {
-    let eq = |want: &Option<String>, have: &Option<String>| {
-        want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
-    };
-    eq(&f.provider, &item.provider)
-        && eq(&f.zone, &item.zone)
-        && eq(&f.region, &item.region)
-        && f.attributes
-            .iter()
-            .all(|(k, v)| item.attributes.get(k) == Some(v))
+/// [`Filters`] ready to match: the label selector parsed once a request.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    f: Filters,
+    selector: Option<Selector>,
+}
+
+impl Filter {
+    /// Checks and compiles `f`; a malformed label selector is refused
+    /// with the requirement at fault.
+    pub fn new(f: Filters) -> Result<Self, String> {
+        let selector = f
+            .label_selector
+            .as_deref()
+            .map(super::selector::parse)
+            .transpose()?;
+        Ok(Filter { f, selector })
+    }
+
+    /// Whether `item` passes every filter.
+    pub fn matches(&self, item: &ProxyItem) -> bool {
+        let f = &self.f;
+        let eq = |want: &Option<String>, have: Option<&String>| {
+            want.as_ref().is_none_or(|w| have == Some(w))
+        };
+        eq(&f.provider, item.provider.as_ref())
+            && eq(&f.zone, item.zone.as_ref())
+            && eq(&f.region, item.region.as_ref())
+            && eq(&f.namespace, Some(&item.namespace))
+            && f.attributes
+                .iter()
+                .all(|(k, v)| item.attributes.get(k) == Some(v))
+            && self
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&item.labels))
+    }
 }
 
 /// Parses the list query: `provider`, `zone`, `region` once each, `attr`
@@ -304,6 +347,8 @@ pub fn parse_query(q: Option<&str>) -> Result<Filters, String> {
             "provider" => once(&mut f.provider)?,
             "zone" => once(&mut f.zone)?,
             "region" => once(&mut f.region)?,
+            "namespace" => once(&mut f.namespace)?,
+            "labelSelector" => once(&mut f.label_selector)?,
             "attr" => {
                 let Some(i) = v.find([':', '=']) else {
                     return Err(format!("attr must be key:value or key=value, got {v:?}"));
@@ -316,7 +361,7 @@ pub fn parse_query(q: Option<&str>) -> Result<Filters, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown query parameter {other:?} (use provider, zone, region, attr)"
+                    "unknown query parameter {other:?} (use provider, zone, region, namespace, labelSelector, attr)"
                 ))
             }
         }
@@ -433,17 +478,21 @@ mod tests {
 
     #[test]
     fn filters_and_queries() {
-        let item = item_of(
-            &ready(
-                "a",
-                json!({"provider": "kubernetes", "port": 3128,
-                "placement": {"zone": "z1"}, "attributes": {"geo": "home", "tier": "1"}}),
-                "True",
-            ),
-            &any(),
-        )
-        .unwrap();
-        let cases: [(&str, Result<bool, ()>); 11] = [
+        let mut proxy = ready(
+            "a",
+            json!({"provider": "kubernetes", "port": 3128,
+            "placement": {"zone": "z1"}, "attributes": {"geo": "home", "tier": "1"}}),
+            "True",
+        );
+        proxy.labels_mut().insert("team".into(), "crawl".into());
+        let item = item_of(&proxy, &any()).unwrap();
+        let cases: [(&str, Result<bool, ()>); 17] = [
+            ("namespace=ns", Ok(true)),
+            ("namespace=other", Ok(false)),
+            ("labelSelector=team%3Dcrawl", Ok(true)),
+            ("labelSelector=team+in+(crawl,seo),!canary", Ok(true)),
+            ("labelSelector=team!%3Dcrawl", Ok(false)),
+            ("labelSelector=team+in+crawl", Err(())),
             ("", Ok(true)),
             ("provider=kubernetes", Ok(true)),
             ("provider=gcp", Ok(false)),
@@ -458,7 +507,8 @@ mod tests {
         ];
         for (q, want) in cases {
             let got = parse_query(Some(q))
-                .map(|f| matches(&item, &f))
+                .and_then(Filter::new)
+                .map(|f| f.matches(&item))
                 .map_err(|_| ());
             assert_eq!(got, want, "{q}");
         }

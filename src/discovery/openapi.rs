@@ -49,3 +49,13 @@ pub fn openapi_json(max_ttl: Duration) -> String {
     }
     serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".to_string())
 }
+
+/// The document as the operator serves it with the default flags: what
+/// `docs/openapi.json` holds (`make openapi`; a test checks it).
+pub fn served_openapi_json() -> String {
+    use clap::Parser;
+    let max_ttl = crate::cli::Flags::try_parse_from(["egress-proxies-operator"])
+        .map(|f| f.max_lease_ttl)
+        .unwrap_or(Duration::from_secs(3600));
+    openapi_json(max_ttl)
+}

@@ -10,7 +10,7 @@ use kube::runtime::reflector::Store;
 use sha2::{Digest, Sha256};
 
 use super::metrics::DiscoveryMetrics;
-use super::model::{item_of, matches, Filters, ProxyItem};
+use super::model::{item_of, Filter, ProxyItem};
 use crate::api::Proxy;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
 use crate::tenancy::ExternalNamespaces;
@@ -161,10 +161,10 @@ impl ApiState {
     }
 
     /// The eligible proxies that match `f`.
-    pub(super) fn eligible(&self, f: &Filters) -> Vec<ProxyItem> {
+    pub(super) fn eligible(&self, f: &Filter) -> Vec<ProxyItem> {
         self.listing()
             .iter()
-            .filter(|(_, i)| matches(i, f))
+            .filter(|(_, i)| f.matches(i))
             .map(|(_, i)| i.clone())
             .collect()
     }

@@ -15,7 +15,7 @@ use crate::metrics::{Exposition, Registrar};
 fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
     Arc::new(
         serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-            "metadata": {"name": name, "namespace": "ns"},
+            "metadata": {"name": name, "namespace": "ns", "labels": {"zone-label": zone}},
             "spec": {"provider": "kubernetes", "port": 3128, "placement": {"zone": zone}, "attributes": attrs},
             "status": {"phase": if healthy == "True" { "Ready" } else { "Running" }, "ip": "127.0.0.5",
                 "conditions": [{"type": "Healthy", "status": healthy, "reason": "R", "message": "",
@@ -558,6 +558,17 @@ async fn lease_lifecycle_capacity_cooldown() {
     api.stop().await;
 }
 
+/// The committed `docs/openapi.json` is what the operator serves with the
+/// default flags, so crawler developers can generate clients from it.
+#[test]
+fn the_committed_openapi_document_is_the_served_one() {
+    let committed = include_str!("../../docs/openapi.json");
+    assert!(
+        committed.trim_end() == super::served_openapi_json(),
+        "docs/openapi.json is stale: run 'make openapi' and commit"
+    );
+}
+
 #[test]
 fn openapi_document_names_every_route() {
     let doc: Value = serde_json::from_str(&openapi_json(Duration::from_secs(3600))).unwrap();
@@ -828,5 +839,69 @@ async fn each_token_is_a_client_with_its_own_lease_cap() {
     assert_ne!(v["proxy"]["name"].as_str(), Some(name.as_str()), "{v}");
     let (s, v) = api.call("GET", "/v1/proxies", Some("wrong"), None).await;
     assert_eq!((s, code(&v)), (401, "unauthorized"));
+    api.stop().await;
+}
+
+/// The namespace and label-selector filters, on list and acquire; a
+/// malformed selector is a 400 naming the requirement.
+#[tokio::test]
+async fn namespace_and_label_selector_filters() {
+    let api = Api::start(Some("t0k"), 1).await;
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (s, v) = api
+        .call(
+            "GET",
+            "/v1/proxies?labelSelector=zone-label+in+(z2,z3)",
+            Some("t0k"),
+            None,
+        )
+        .await;
+    assert_eq!((s, names(&v)), (200, vec!["b".to_string()]), "{v}");
+    assert_eq!(v["items"][0]["labels"]["zone-label"], "z2", "{v}");
+    let (s, v) = api
+        .call(
+            "GET",
+            "/v1/proxies?namespace=ns&labelSelector=!zone-label",
+            Some("t0k"),
+            None,
+        )
+        .await;
+    assert_eq!((s, names(&v)), (200, vec![]), "{v}");
+    let (s, v) = api
+        .json(
+            "POST",
+            "/v1/leases",
+            json!({"filters": {"namespace": "elsewhere"}}),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (409, "no_proxy"), "{v}");
+    let (s, v) = api
+        .json(
+            "POST",
+            "/v1/leases",
+            json!({"filters": {"labelSelector": "zone-label=z1"}}),
+        )
+        .await;
+    assert_eq!((s, v["proxy"]["name"].as_str()), (201, Some("a")), "{v}");
+    let (s, v) = api
+        .json(
+            "POST",
+            "/v1/leases",
+            json!({"filters": {"labelSelector": "zone-label in z1"}}),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (400, "invalid_filter"), "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("zone-label in z1") && message.contains("not a set"),
+        "{message}"
+    );
     api.stop().await;
 }
