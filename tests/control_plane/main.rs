@@ -8,6 +8,7 @@ mod gcp_standin;
 mod support;
 
 mod cluster_kubectl;
+mod crawler_example;
 mod e2e_breaker_gcp;
 mod e2e_create_limits;
 mod e2e_fleet_gcp;

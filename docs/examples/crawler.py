@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""A crawler that leases its egress proxy from egress-proxies-operator.
+
+It acquires a lease, fetches pages through the leased proxy, renews the
+lease at half its TTL, reports each fetch, and releases the lease at the
+end. It handles the answers a crawler must expect:
+
+- 409 on acquire (no proxy free, or this client's cap): wait the seconds
+  the Retry-After header gives, then ask again;
+- 404 on renew (the lease ended: it expired, was released, or the operator
+  lost it): acquire another;
+- 409 on renew (the proxy is no longer healthy): release it and acquire
+  another.
+
+Plain `requests`, no other dependency:
+
+    python3 crawler.py --api http://operator:8090 --token "$TOKEN" \\
+        --url https://example.com/ --pages 10
+
+See docs/api.md for the API.
+"""
+
+import argparse
+import sys
+import time
+
+import requests
+
+
+class Api:
+    """The discovery and lease API, with the bearer token."""
+
+    def __init__(self, base, token, timeout=10):
+        self.base = base.rstrip("/")
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+        self.timeout = timeout
+
+    def call(self, method, path, body=None):
+        return self.session.request(
+            method, self.base + path, json=body, timeout=self.timeout
+        )
+
+
+def log(*words):
+    print(*words, flush=True)
+
+
+def acquire(api, ttl, filters, deadline):
+    """A lease, waiting out 409s as Retry-After says, until `deadline`."""
+    body = {"ttlSeconds": ttl}
+    if filters:
+        body["filters"] = filters
+    while True:
+        r = api.call("POST", "/v1/leases", body)
+        if r.status_code == 201:
+            lease = r.json()
+            log("leased", lease["id"], "via", lease["proxy"]["url"])
+            return lease
+        if r.status_code == 409:
+            wait = int(r.headers.get("Retry-After", "5"))
+            code = r.json()["error"]["code"]
+            if time.monotonic() + wait > deadline:
+                raise SystemExit(f"no lease before the deadline (last: 409 {code})")
+            log(f"no proxy free (409 {code}): waiting {wait} s as Retry-After says")
+            time.sleep(wait)
+            continue
+        raise SystemExit(f"acquire failed: {r.status_code} {r.text}")
+
+
+def renew(api, lease, ttl, filters, deadline):
+    """The lease renewed, or another one when it is gone or unhealthy."""
+    r = api.call("POST", f"/v1/leases/{lease['id']}/renew", {"ttlSeconds": ttl})
+    if r.status_code == 200:
+        log("renewed", lease["id"])
+        return r.json()
+    if r.status_code == 404:
+        log("lease", lease["id"], "gone (404): acquiring another")
+        return acquire(api, ttl, filters, deadline)
+    if r.status_code == 409:
+        log("proxy of", lease["id"], "unhealthy (409): releasing, acquiring another")
+        release(api, lease)
+        return acquire(api, ttl, filters, deadline)
+    raise SystemExit(f"renew failed: {r.status_code} {r.text}")
+
+
+def release(api, lease):
+    api.call("DELETE", f"/v1/leases/{lease['id']}")
+    log("released", lease["id"])
+
+
+def report(api, lease, result, site):
+    body = {"result": result}
+    if site:
+        body["site"] = site
+    r = api.call("POST", f"/v1/leases/{lease['id']}/report", body)
+    if r.status_code not in (204, 404):
+        log("report refused:", r.status_code, r.text)
+
+
+def fetch(lease, url, timeout):
+    proxy = lease["proxy"]["url"]
+    return requests.get(url, proxies={"http": proxy, "https": proxy}, timeout=timeout)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--api", required=True, help="discovery API base URL")
+    p.add_argument("--token", default="", help="discovery token (DISCOVERY_TOKEN)")
+    p.add_argument("--url", required=True, help="the page to fetch")
+    p.add_argument("--pages", type=int, default=5, help="fetches to make")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between fetches")
+    p.add_argument("--ttl", type=int, default=60, help="lease length in seconds")
+    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                   help="only proxies with this spec.attributes entry")
+    p.add_argument("--deadline", type=float, default=300, help="give up after this many seconds")
+    a = p.parse_args(argv)
+    filters = {}
+    if a.attr:
+        filters["attributes"] = dict(kv.split("=", 1) for kv in a.attr)
+    api = Api(a.api, a.token)
+    deadline = time.monotonic() + a.deadline
+    site = requests.utils.urlparse(a.url).hostname
+
+    lease = acquire(api, a.ttl, filters, deadline)
+    renewed_at = time.monotonic()
+    fetched = 0
+    try:
+        for _ in range(a.pages):
+            if time.monotonic() - renewed_at >= a.ttl / 2:
+                lease = renew(api, lease, a.ttl, filters, deadline)
+                renewed_at = time.monotonic()
+            try:
+                page = fetch(lease, a.url, timeout=10)
+                ok = page.status_code < 400
+                log("fetched", a.url, "status", page.status_code, len(page.content), "bytes")
+                report(api, lease, "ok" if ok else "blocked", site)
+                fetched += ok
+            except requests.RequestException as e:
+                log("fetch through", lease["proxy"]["url"], "failed:", e)
+                report(api, lease, "failed", site)
+            time.sleep(a.interval)
+    finally:
+        release(api, lease)
+    log(f"done: {fetched} of {a.pages} pages fetched")
+    return 0 if fetched == a.pages else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
