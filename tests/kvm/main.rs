@@ -8,6 +8,7 @@ mod kvm_support;
 mod support;
 
 mod e2e_kvm;
+mod e2e_kvm_guest;
 mod e2e_samples_kvm;
 mod kvm_cancel;
 mod kvm_failures;
