@@ -137,6 +137,9 @@ mcopy -i fat.img BOOTX64.EFI ::/EFI/BOOT/BOOTX64.EFI
 qemu-img convert -q -O qcow2 fat.img guest.qcow2
 
 mkdir -p "$dest"
+# The guest's busybox, beside the image: the tests run cloud-config.awk
+# with the awk the guest runs it with.
+cp "$bb" "$dest/busybox"
 mv guest.qcow2 "$dest/guest.qcow2.tmp"
 printf '%s %s\nbusybox-static %s\nsystemd-boot-efi %s\nsquid %s\ninitrd %s bytes\nuki %s bytes\n' \
   "$kpkg" "$kver" "$bbver" "$sbver" "$sqver" "$(stat -c %s initrd.gz)" "$(stat -c %s BOOTX64.EFI)" >"$dest/versions"
