@@ -32,7 +32,7 @@ K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease fuzz-api test-faults
+	bench-lease fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -142,6 +142,9 @@ deploy: ## Install the operator (config/default) with image IMG into the current
 
 undeploy: ## Remove what deploy installed, CRDs included; missing objects are fine.
 	@$(RENDER) | $(KUBECTL) delete --ignore-not-found -f -
+
+kvm-guest: ## Build (or find cached) the real Linux test guest of the kvm provider from Debian packages; prints the qcow2's path (docs/kvm-provider.md).
+	@bash tests/kvm_guest/build-guest.sh target/kvm-guest
 
 runtime-libs: ## Copy every shared library BIN loads (as ldd resolves it, with the loader) into DEST under the same paths: the image's runtime set (make runtime-libs BIN=... DEST=...).
 	@set -eu; out=$$(ldd "$(BIN)") || { echo "ldd $(BIN) failed" >&2; exit 1; }; \

@@ -496,47 +496,7 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
     assert!(!log.contains("tracing enabled"), "{log}");
 }
 
-#[derive(Clone, Debug)]
-struct Span {
-    name: String,
-    trace_id: String,
-    span_id: String,
-    parent: String,
-    attrs: Vec<String>,
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A tiny OTLP/HTTP receiver on loopback collecting protobuf span exports.
-async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Span>>>) {
-    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use prost::Message;
-    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
-    let sink = spans.clone();
-    let endpoint = support::otlp_receiver(move |body| {
-        let Ok(req) = ExportTraceServiceRequest::decode(body) else {
-            return;
-        };
-        let mut s = sink.lock().unwrap();
-        for rs in req.resource_spans {
-            for ss in rs.scope_spans {
-                for sp in ss.spans {
-                    s.push(Span {
-                        name: sp.name.clone(),
-                        trace_id: hex(&sp.trace_id),
-                        span_id: hex(&sp.span_id),
-                        parent: hex(&sp.parent_span_id),
-                        attrs: sp.attributes.iter().map(|a| a.key.clone()).collect(),
-                    });
-                }
-            }
-        }
-    })
-    .await;
-    (endpoint, spans)
-}
+use support::ExportedSpan as Span;
 
 /// The operator exporting to a loopback OTLP receiver every 200 ms, with
 /// `args`, and a Proxy `name` created on its kubernetes provider `provider`.
@@ -545,7 +505,7 @@ async fn traced_proxy(
     provider: &str,
     args: &[&str],
 ) -> (Ground, tempfile::TempDir, Operator, Arc<Mutex<Vec<Span>>>) {
-    let (endpoint, spans) = otlp_receiver().await;
+    let (endpoint, spans) = support::otlp_spans().await;
     let (server, dir, _client) = server(name).await;
     let op = start(
         &server,
@@ -658,7 +618,7 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_are_flushed_on_sigterm() {
     let _shared = PH_LOCK.read().await;
-    let (endpoint, spans) = otlp_receiver().await;
+    let (endpoint, spans) = support::otlp_spans().await;
     let (server, dir, _client) = server("sigterm").await;
     let mut op = start(
         &server,

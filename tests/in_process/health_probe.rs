@@ -7,93 +7,16 @@
 use crate::support;
 
 use std::net::Ipv4Addr;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use support::read_head;
 use support::squid::{self, Squid};
 
 use egress_proxies_operator::health::probe::{probe, tls_config, ProbeTarget};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use url::Url;
 
 async fn start_squid(tag: &str, access: &str) -> Squid {
     squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, access).await
-}
-
-/// A tiny HTTP server answering `status` to every request, recording the
-/// request heads; stops when the test's runtime ends.
-async fn http_target(status: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            let s = s.clone();
-            tokio::spawn(async move {
-                let head = read_head(&mut c).await;
-                s.lock().unwrap().push(head);
-                let _ = c
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            });
-        }
-    });
-    (addr, seen)
-}
-
-/// A TLS server for 127.0.0.1 signed by a fresh CA; returns its address
-/// and the CA PEM.
-async fn tls_target() -> (SocketAddr, String) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "probe test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &issuer)
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-        )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((c, _)) = l.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                if let Ok(mut tls) = acceptor.accept(c).await {
-                    let _ = read_head(&mut tls).await;
-                    let _ = tls
-                        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-                        .await;
-                    let _ = tls.shutdown().await;
-                }
-            });
-        }
-    });
-    (addr, ca_cert.pem())
 }
 
 fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
@@ -111,8 +34,8 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
 async fn probes_pass_through_squid_to_http_and_https_targets() {
     squid::require();
     let squid = start_squid("ok", "http_access allow me").await;
-    let (http, seen) = http_target(204).await;
-    let (https, ca_pem) = tls_target().await;
+    let (http, seen) = support::recording_target(Ipv4Addr::LOCALHOST.into(), 204, "").await;
+    let (https, ca_pem) = support::tls_target_on(Ipv4Addr::LOCALHOST.into()).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
@@ -182,8 +105,8 @@ async fn probes_pass_through_squid_to_http_and_https_targets() {
 async fn a_squid_that_denies_everything_is_unhealthy() {
     squid::require();
     let squid = start_squid("deny", "").await;
-    let (http, _) = http_target(204).await;
-    let (https, ca_pem) = tls_target().await;
+    let (http, _) = support::recording_target(Ipv4Addr::LOCALHOST.into(), 204, "").await;
+    let (https, ca_pem) = support::tls_target_on(Ipv4Addr::LOCALHOST.into()).await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
@@ -212,7 +135,7 @@ async fn the_generated_destination_rules_refuse_loopback_unless_allowed() {
     use egress_proxies_operator::config::Destinations;
     use egress_proxies_operator::provider::kubernetes::destination_access;
     squid::require();
-    let (http, seen) = http_target(204).await;
+    let (http, seen) = support::recording_target(Ipv4Addr::LOCALHOST.into(), 204, "").await;
     let tls = tls_config(None).unwrap();
     let url = format!("http://{http}/");
 
@@ -290,7 +213,7 @@ async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
     use egress_proxies_operator::tenancy::ProbeDenylist;
     squid::require();
     let squid = start_squid("denylist", "http_access allow me").await;
-    let (http, seen) = http_target(204).await;
+    let (http, seen) = support::recording_target(Ipv4Addr::LOCALHOST.into(), 204, "").await;
     let tls = tls_config(None).unwrap();
     let url = format!("http://{http}/");
     // Something listening that counts what reaches it.

@@ -8,8 +8,10 @@ mod kvm_support;
 mod support;
 
 mod e2e_kvm;
+mod e2e_kvm_guest;
 mod e2e_samples_kvm;
 mod kvm_cancel;
 mod kvm_failures;
+mod kvm_guest_cloud_config;
 mod kvm_image_cache;
 mod kvm_lifecycle;

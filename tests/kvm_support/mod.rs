@@ -1002,3 +1002,38 @@ pub fn uid(tag: &str) -> String {
             .unwrap_or(0)
     )
 }
+
+/// Builds (or finds cached) the real Linux test guest of
+/// `tests/kvm_guest/build-guest.sh` under the target directory and returns
+/// the qcow2's path. A failure (a missing package or tool) fails the test
+/// with the script's reason.
+pub fn test_guest_image() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"));
+    let script = repo.join("tests/kvm_guest/build-guest.sh");
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(target.join("kvm-guest"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        unavailable(&format!(
+            "the test guest could not be built: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    let versions = std::fs::read_to_string(path.with_file_name("versions")).unwrap_or_default();
+    println!(
+        "test guest {} ({:?}):\n{versions}",
+        path.display(),
+        started.elapsed()
+    );
+    path
+}

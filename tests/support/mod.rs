@@ -627,3 +627,131 @@ pub fn assert_within_rate(times_ms: &[i64], burst: usize, interval_ms: i64, slac
         }
     }
 }
+
+/// A tiny HTTP server on `ip` answering `status` and `body` to every
+/// request, recording the request heads; stops when the test's runtime ends.
+pub async fn recording_target(
+    ip: std::net::IpAddr,
+    status: u16,
+    body: &'static str,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let head = read_head(&mut c).await;
+                s.lock().unwrap().push(head);
+                let _ = c
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A TLS server for `ip` signed by a fresh CA; returns its address
+/// and the CA PEM.
+pub async fn tls_target_on(ip: std::net::IpAddr) -> (std::net::SocketAddr, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    use tokio::io::AsyncWriteExt;
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "probe test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![ip.to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(c).await {
+                    let _ = read_head(&mut tls).await;
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                        .await;
+                    let _ = tls.shutdown().await;
+                }
+            });
+        }
+    });
+    (addr, ca_cert.pem())
+}
+
+/// A span received by [`otlp_spans`]; ids in hex, `parent` empty for a
+/// root, `attrs` the attribute keys.
+#[derive(Clone, Debug)]
+pub struct ExportedSpan {
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent: String,
+    pub attrs: Vec<String>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// An [`otlp_receiver`] collecting the exported spans.
+pub async fn otlp_spans() -> (String, std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>>) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let spans: std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>> = Default::default();
+    let sink = spans.clone();
+    let endpoint = otlp_receiver(move |body| {
+        let Ok(req) = ExportTraceServiceRequest::decode(body) else {
+            return;
+        };
+        let mut s = sink.lock().unwrap();
+        for rs in req.resource_spans {
+            for ss in rs.scope_spans {
+                for sp in ss.spans {
+                    s.push(ExportedSpan {
+                        name: sp.name.clone(),
+                        trace_id: hex(&sp.trace_id),
+                        span_id: hex(&sp.span_id),
+                        parent: hex(&sp.parent_span_id),
+                        attrs: sp.attributes.iter().map(|a| a.key.clone()).collect(),
+                    });
+                }
+            }
+        }
+    })
+    .await;
+    (endpoint, spans)
+}

@@ -318,9 +318,13 @@ impl HostLink {
         // A link that died silently answers no channel request; bound the
         // wait and forget such a session so the next call redials.
         let limit = self.call_timeout().min(ssh::HANDSHAKE_TIMEOUT);
+        // Its own span: the session may have been dialled under another
+        // operation's trace, the channel is always this one's.
         let opened = tokio::time::timeout(
             limit,
-            session.channel_open_direct_streamlocal(self.host.socket.clone()),
+            session
+                .channel_open_direct_streamlocal(self.host.socket.clone())
+                .instrument(info_span!("ssh.channel", host = %self.host.name)),
         )
         .await;
         let channel = match opened {

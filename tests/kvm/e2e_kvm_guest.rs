@@ -1,0 +1,344 @@
+//! System test (issue 22): a Proxy on the kvm provider becomes a real Linux
+//! guest. The guest is built from Debian packages by
+//! `tests/kvm_guest/build-guest.sh` (a Debian kernel and an initramfs with
+//! busybox and Squid, as a unified kernel image on a FAT disk), booted by
+//! the provider on the real libvirtd under QEMU emulation. Its init reads
+//! the NoCloud seed the provider writes (hostname and Squid configuration
+//! from the Proxy's cloud-init), takes a DHCP lease from dnsmasq on the
+//! test bridge (a private host-only /24, see tests/kvm_support) and runs
+//! Squid. The operator probes through that Squid with a real CONNECT to a
+//! TLS target on the bridge; a crawler leases the proxy through the
+//! discovery API and fetches a page from a web server on the bridge
+//! through it, whose request shows the guest's Squid (`Via`, with the
+//! hostname from user-data). The create's spans reach an OTLP receiver as
+//! one reconcile trace. Editing the cloud-init replaces the VM, and the new
+//! guest shows the new hostname; deleting the Proxy leaves no domain,
+//! overlay or seed.
+#![cfg(feature = "kvm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use crate::kvm_support;
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use egress_proxies_operator::api::{Proxy, ProxyPhase};
+use egress_proxies_operator::provider::naming::name_from_uid;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use kvm_support::{guest_tools_missing, virsh, Env};
+use serde_json::json;
+use support::{api_call, eventually, free_port, Operator};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "kvm-guest-token";
+const NAME: &str = "guest";
+
+/// The Proxy's cloud-init: the guest applies `hostname` and the Squid
+/// configuration file (tests/kvm_guest/cloud-config.awk).
+fn user_data(hostname: &str) -> String {
+    format!(
+        "#cloud-config\nhostname: {hostname}\nwrite_files:\n  - path: /etc/squid/conf.d/proxy-operator.conf\n    content: |\n      http_port 3128\n      http_access allow all\n      via on\n      forwarded_for delete\n"
+    )
+}
+
+use support::ExportedSpan as Span;
+
+/// The names of the spans below the `Reconcile Proxy` span of the trace
+/// that holds a `kvm.create` span (the one whose reconcile created the VM).
+fn create_trace(spans: &[Span]) -> Option<Vec<String>> {
+    let by_id: BTreeMap<&str, &Span> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let create = spans.iter().find(|s| s.name == "kvm.create")?;
+    // Walk up from kvm.create to the reconcile span.
+    let mut cur = create;
+    let root = loop {
+        if cur.name == "Reconcile Proxy" {
+            break cur;
+        }
+        cur = by_id.get(cur.parent.as_str())?;
+    };
+    let below = |s: &Span| {
+        let mut c = s;
+        while let Some(p) = by_id.get(c.parent.as_str()) {
+            if p.span_id == root.span_id {
+                return true;
+            }
+            c = p;
+        }
+        false
+    };
+    Some(
+        spans
+            .iter()
+            .filter(|s| s.trace_id == root.trace_id && below(s))
+            .map(|s| s.name.clone())
+            .collect(),
+    )
+}
+
+/// The names of `s` and its ancestors, innermost first.
+fn ancestry(spans: &[Span], s: &Span) -> Vec<String> {
+    let mut out = vec![s.name.clone()];
+    let mut cur = s;
+    while let Some(p) = spans.iter().find(|p| p.span_id == cur.parent) {
+        out.push(p.name.clone());
+        cur = p;
+    }
+    out
+}
+
+/// A crawler: leases a proxy through the discovery API and fetches `page`
+/// through it; returns the response.
+async fn crawl(api: SocketAddr, page: &str) -> String {
+    let lease = eventually("a lease granted", Duration::from_secs(60), || async {
+        let (code, lease) = api_call(
+            api,
+            "POST",
+            "/v1/leases",
+            Some(TOKEN),
+            json!({"ttlSeconds": 60}).to_string().into(),
+        )
+        .await;
+        (code == 201).then_some(lease)
+    })
+    .await;
+    let proxy = format!(
+        "{}:{}",
+        lease["proxy"]["ip"].as_str().unwrap(),
+        lease["proxy"]["port"]
+    );
+    let mut c = tokio::net::TcpStream::connect(&proxy).await.unwrap();
+    let host = page
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap();
+    c.write_all(
+        format!("GET {page} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(30), c.read_to_string(&mut resp))
+        .await
+        .expect("the page within 30 s")
+        .unwrap();
+    let (code, _) = api_call(
+        api,
+        "DELETE",
+        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
+        Some(TOKEN),
+        Vec::new(),
+    )
+    .await;
+    assert!(code < 300, "lease release answered {code}");
+    resp
+}
+
+/// Waits for the Proxy to be Ready with its status written for generation
+/// `generation` or later; returns (providerID, IP).
+async fn ready(proxies: &Api<Proxy>, generation: i64, log: &Path) -> (String, String) {
+    let limit = Duration::from_secs(420);
+    let started = Instant::now();
+    loop {
+        let status = proxies.get(NAME).await.unwrap().status.unwrap_or_default();
+        assert_ne!(status.phase, Some(ProxyPhase::Failed), "{status:?}");
+        if status.phase == Some(ProxyPhase::Ready)
+            && status.observed_generation.unwrap_or(0) >= generation
+        {
+            if let (Some(id), Some(ip)) = (status.provider_id.clone(), status.ip.clone()) {
+                return (id, ip);
+            }
+        }
+        if started.elapsed() > limit {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "not Ready after {limit:?}: {status:?}\noperator log (newest first):\n{}",
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn domain_of(provider_id: &str) -> String {
+    provider_id.rsplit('/').next().unwrap().to_string()
+}
+
+fn via_of(head: &str) -> Option<String> {
+    head.lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("via:"))
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_deleted() {
+    if let Some(why) = guest_tools_missing() {
+        kvm_support::unavailable(&why);
+    }
+    let image = kvm_support::test_guest_image();
+    let Some(env) = Env::start("gst") else { return };
+    let net = env.guest_network();
+    let host_ip = IpAddr::V4(net.host_ip);
+    let url = env.http.add("/epo-test-guest.qcow2", &image);
+    // Squid and its libraries unpack into RAM: 256 MiB, not the harness's 128.
+    let providers = env
+        .providers_yaml("kvm-guest", "h1", "epo-guest", &url)
+        .replace("memoryMiB: 128", "memoryMiB: 256");
+    assert!(providers.contains("memoryMiB: 256"), "{providers}");
+
+    // The probe target (https: the probe goes through a CONNECT tunnel) and
+    // the crawler's web server, both on the bridge, where the guest is.
+    let (tls, ca_pem) = support::tls_target_on(host_ip).await;
+    let (web, heads) = support::recording_target(host_ip, 200, "hello from the test host").await;
+    let (otlp, spans) = support::otlp_spans().await;
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+
+    let ground = support::ground_without_pods("kvm-guest").await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let log = dir.path().join("operator.log");
+    let mut cmd = ground.operator(dir.path(), &providers);
+    cmd.args(["--discovery-bind-address", &api.to_string()])
+        .args(["--default-probe-url", &format!("https://{tls}/")])
+        .args(["--default-probe-expected-status", "204"])
+        .arg("--probe-ca-file")
+        .arg(&ca)
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+        .env("LOG_LEVEL", "info");
+    let _op = Operator::spawn(cmd, &log);
+
+    let proxies: Api<Proxy> = ground.proxies();
+    let spec = |hostname: &str| {
+        json!({
+            "provider": "kvm-guest", "port": 3128,
+            "placement": {"zone": "h1", "machineType": "small", "image": "epo-guest"},
+            "cloudInit": {"inline": user_data(hostname)},
+        })
+    };
+    let applied = Instant::now();
+    let created = proxies
+        .create(
+            &PostParams::default(),
+            &support::proxy(NAME, spec("guest-one")),
+        )
+        .await
+        .unwrap();
+    env.track(&name_from_uid(created.metadata.uid.as_deref().unwrap()));
+    let (id1, ip1) = ready(&proxies, 1, &log).await;
+    let domain1 = domain_of(&id1);
+    println!(
+        "guest {domain1} Ready at {ip1} (probed through its Squid) {:?} after the Proxy was applied (image download, define, UEFI + kernel boot under TCG, DHCP, Squid)",
+        applied.elapsed()
+    );
+    assert!(net.in_range(&ip1), "{ip1} is outside the DHCP range");
+    let (ok, state) = virsh(&["domstate", &domain1]);
+    assert!(ok && state.trim() == "running", "{state}");
+    let (_, uuid1) = virsh(&["domuuid", &domain1]);
+
+    // A crawler leases it and fetches a page from the test host through it.
+    let page = format!("http://{web}/page");
+    let resp = crawl(api, &page).await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.ends_with("hello from the test host"), "{resp}");
+    let head = heads.lock().unwrap().last().cloned().unwrap_or_default();
+    let via = via_of(&head)
+        .unwrap_or_else(|| panic!("no Via: the request did not come through Squid: {head}"));
+    assert!(via.contains("guest-one"), "{via}");
+    println!("the crawler's page came through {via}");
+
+    // The create is one trace: the provider's image download, the SSH
+    // channel and libvirt connection of each operation, and the libvirt
+    // calls, below the reconcile span. The host's SSH session is shared:
+    // it is dialled by whichever operation needs it first (often the
+    // provider's first health check), and that trace holds `ssh.dial`.
+    let wanted = [
+        "kvm.create",
+        "kvm.image_download",
+        "ssh.channel",
+        "libvirt.connect",
+        "libvirt",
+        "libvirt.rpc",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (names, dial) = loop {
+        let all = spans.lock().unwrap().clone();
+        let names = create_trace(&all).filter(|n| wanted.iter().all(|w| n.iter().any(|s| s == w)));
+        let dial = all
+            .iter()
+            .find(|s| s.name == "ssh.dial")
+            .map(|s| ancestry(&all, s));
+        if let (Some(n), Some(d)) = (names, dial.clone()) {
+            break (n, d);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the creating reconcile's trace lacks one of {wanted:?}: {:?}; ssh.dial: {dial:?}",
+            create_trace(&all)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let dialled_by = dial.last().cloned().unwrap_or_default();
+    assert!(
+        dialled_by == "Reconcile Proxy" || dialled_by == "providerhealth.check",
+        "ssh.dial under {dial:?}"
+    );
+    println!("ssh.dial under {dialled_by}");
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in &names {
+        *counts.entry(n.as_str()).or_default() += 1;
+    }
+    println!("spans under the creating reconcile: {counts:?}");
+
+    // New cloud-init: a new VM (the domain keeps its name, which comes from
+    // the Proxy's UID, and is defined anew), whose Squid shows the new
+    // hostname.
+    let replacing = Instant::now();
+    let patched = proxies
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"cloudInit": {"inline": user_data("guest-two")}}})),
+        )
+        .await
+        .unwrap();
+    let (id2, ip2) = ready(&proxies, patched.metadata.generation.unwrap(), &log).await;
+    assert_eq!(id2, id1, "the domain's name comes from the Proxy's UID");
+    let (_, uuid2) = virsh(&["domuuid", &domain1]);
+    assert_ne!(uuid1.trim(), uuid2.trim(), "the domain must be a new one");
+    println!(
+        "replaced (domain UUID {} -> {}), Ready at {ip2} {:?} after the edit",
+        uuid1.trim(),
+        uuid2.trim(),
+        replacing.elapsed()
+    );
+    let resp = crawl(api, &page).await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let head = heads.lock().unwrap().last().cloned().unwrap_or_default();
+    let via = via_of(&head).unwrap_or_default();
+    assert!(via.contains("guest-two"), "the new guest's Squid: {head}");
+
+    proxies
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Proxy released", Duration::from_secs(120), || async {
+        proxies.get_opt(NAME).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.domain_exists(&domain1), "the domain must be gone");
+    let left: Vec<String> = env
+        .volumes()
+        .into_iter()
+        .filter(|v| v.starts_with(domain1.as_str()))
+        .collect();
+    assert!(left.is_empty(), "overlay and seed must be gone: {left:?}");
+    println!("whole test {:?}", applied.elapsed());
+}
