@@ -6,30 +6,17 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use kube::api::PostParams;
 use serde_json::json;
 
-use crate::support::squid;
 use crate::support::{self, api_call, eventually, phase, Operator};
+use crate::support::{crawler, squid};
 
 const TOKEN: &str = "crawler-example-token";
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/crawler.py");
-
-/// Panics with the reason unless `python3` with `requests` runs (never skips).
-fn require_python_requests() {
-    let ok = Command::new("python3")
-        .args(["-c", "import requests"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "python3 with the requests module is needed to run docs/examples/crawler.py (python3 -m pip install requests, or apt-get install python3-requests); .ci/run installs it"
-    );
-}
 
 /// With one lease slot per proxy, held by someone else for 3 s, the
 /// crawler's first acquire gets `409 no_capacity` and waits the
@@ -40,7 +27,7 @@ fn require_python_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_crawler_example_waits_renews_recovers_and_fetches_through_squid() {
     squid::require();
-    require_python_requests();
+    crawler::require_python_requests();
     let ground = support::ground_without_pods("crawler-py").await;
     let target = support::http_target().await;
     let port = support::free_port();
@@ -84,12 +71,12 @@ async fn the_python_crawler_example_waits_renews_recovers_and_fetches_through_sq
     .await;
     assert_eq!(held["proxy"]["name"], "squid", "{held}");
 
-    let mut crawler = Command::new("python3")
-        .arg(EXAMPLE)
-        .args(["--api", &format!("http://{api}")])
-        .args(["--token", TOKEN])
-        .args(["--url", &format!("http://{target}/")])
-        .args([
+    let mut crawler = crawler::command(
+        api,
+        TOKEN,
+        &[
+            "--url",
+            &format!("http://{target}/"),
             "--pages",
             "10",
             "--interval",
@@ -98,11 +85,12 @@ async fn the_python_crawler_example_waits_renews_recovers_and_fetches_through_sq
             "4",
             "--deadline",
             "60",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .unwrap();
     let (tx, rx) = mpsc::channel::<String>();
     let stdout = crawler.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {

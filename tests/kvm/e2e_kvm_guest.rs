@@ -7,11 +7,13 @@
 //! from the Proxy's cloud-init), takes a DHCP lease from dnsmasq on the
 //! test bridge (a private host-only /24, see tests/kvm_support) and runs
 //! Squid. The operator probes through that Squid with a real CONNECT to a
-//! TLS target on the bridge; a crawler leases the proxy through the
-//! discovery API and fetches a page from a web server on the bridge
-//! through it, whose request shows the guest's Squid (`Via`, with the
-//! hostname from user-data). The create's spans reach an OTLP receiver as
-//! one reconcile trace. Editing the cloud-init replaces the VM, and the new
+//! TLS target on the bridge; the crawler example (`docs/examples/
+//! crawler.py`) leases the proxy through the discovery API and fetches a
+//! page from a web server on the bridge through it, whose request shows
+//! the guest's Squid (`Via`, with the hostname from user-data). The
+//! create's spans, the SSH dial included, reach an OTLP receiver as one
+//! reconcile trace (provider checks and orphan sweeps are off, so the
+//! creating reconcile is what dials the host). Editing the cloud-init replaces the VM, and the new
 //! guest shows the new hostname; deleting the Proxy leaves no domain,
 //! overlay or seed.
 #![cfg(feature = "kvm")]
@@ -31,8 +33,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use kvm_support::{guest_tools_missing, virsh, Env};
 use serde_json::json;
-use support::{api_call, eventually, free_port, Operator};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{crawler, eventually, free_port, Operator};
 
 const TOKEN: &str = "kvm-guest-token";
 const NAME: &str = "guest";
@@ -90,52 +91,31 @@ fn ancestry(spans: &[Span], s: &Span) -> Vec<String> {
     out
 }
 
-/// A crawler: leases a proxy through the discovery API and fetches `page`
-/// through it; returns the response.
-async fn crawl(api: SocketAddr, page: &str) -> String {
-    let lease = eventually("a lease granted", Duration::from_secs(60), || async {
-        let (code, lease) = api_call(
-            api,
-            "POST",
-            "/v1/leases",
-            Some(TOKEN),
-            json!({"ttlSeconds": 60}).to_string().into(),
-        )
-        .await;
-        (code == 201).then_some(lease)
-    })
-    .await;
-    let proxy = format!(
-        "{}:{}",
-        lease["proxy"]["ip"].as_str().unwrap(),
-        lease["proxy"]["port"]
-    );
-    let mut c = tokio::net::TcpStream::connect(&proxy).await.unwrap();
-    let host = page
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap();
-    c.write_all(
-        format!("GET {page} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut resp = String::new();
-    tokio::time::timeout(Duration::from_secs(30), c.read_to_string(&mut resp))
-        .await
-        .expect("the page within 30 s")
-        .unwrap();
-    let (code, _) = api_call(
+/// The crawler example (`docs/examples/crawler.py`) leases a proxy through
+/// the discovery API, fetches `page` through it and releases the lease;
+/// asserts it got the page whole.
+async fn crawl(api: SocketAddr, page: &str) {
+    let (ok, out) = crawler::run(
         api,
-        "DELETE",
-        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
-        Some(TOKEN),
-        Vec::new(),
+        TOKEN,
+        &[
+            "--url",
+            page,
+            "--pages",
+            "1",
+            "--ttl",
+            "60",
+            "--deadline",
+            "60",
+        ],
     )
     .await;
-    assert!(code < 300, "lease release answered {code}");
-    resp
+    let body = "hello from the test host";
+    let fetched = format!("fetched {page} status 200 {} bytes", body.len());
+    assert!(
+        ok && out.iter().any(|l| l == &fetched) && out.iter().any(|l| l.starts_with("released ")),
+        "the crawler example: {out:#?}"
+    );
 }
 
 /// Waits for the Proxy to be Ready with its status written for generation
@@ -180,6 +160,7 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     if let Some(why) = guest_tools_missing() {
         kvm_support::unavailable(&why);
     }
+    crawler::require_python_requests();
     let image = kvm_support::test_guest_image();
     let Some(env) = Env::start("gst") else { return };
     let net = env.guest_network();
@@ -207,6 +188,10 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--default-probe-url", &format!("https://{tls}/")])
         .args(["--default-probe-expected-status", "204"])
+        // Nothing but the reconciles talks to the host (no provider
+        // checks, no orphan sweeps), so the creating reconcile is the one
+        // that dials its SSH session, and its trace holds the whole life.
+        .args(["--provider-check-interval", "0", "--gc-interval", "0"])
         .arg("--probe-ca-file")
         .arg(&ca)
         .env("DISCOVERY_TOKEN", TOKEN)
@@ -245,21 +230,20 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
 
     // A crawler leases it and fetches a page from the test host through it.
     let page = format!("http://{web}/page");
-    let resp = crawl(api, &page).await;
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    assert!(resp.ends_with("hello from the test host"), "{resp}");
+    crawl(api, &page).await;
     let head = heads.lock().unwrap().last().cloned().unwrap_or_default();
     let via = via_of(&head)
         .unwrap_or_else(|| panic!("no Via: the request did not come through Squid: {head}"));
     assert!(via.contains("guest-one"), "{via}");
     println!("the crawler's page came through {via}");
 
-    // The create is one trace: the provider's image download, the SSH
-    // channel and libvirt connection of each operation, and the libvirt
-    // calls, below the reconcile span. The host's SSH session is shared:
-    // it is dialled by whichever operation needs it first (often the
-    // provider's first health check), and that trace holds `ssh.dial`.
+    // The create is one trace: the SSH dial, the provider's image
+    // download, the SSH channel and libvirt connection of each operation,
+    // and the libvirt calls, below the reconcile span. (The host's SSH
+    // session is shared: with provider checks on, the first check may be
+    // the one that dials it.)
     let wanted = [
+        "ssh.dial",
         "kvm.create",
         "kvm.image_download",
         "ssh.channel",
@@ -286,10 +270,7 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let dialled_by = dial.last().cloned().unwrap_or_default();
-    assert!(
-        dialled_by == "Reconcile Proxy" || dialled_by == "providerhealth.check",
-        "ssh.dial under {dial:?}"
-    );
+    assert_eq!(dialled_by, "Reconcile Proxy", "ssh.dial under {dial:?}");
     println!("ssh.dial under {dialled_by}");
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for n in &names {
@@ -319,8 +300,7 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         uuid2.trim(),
         replacing.elapsed()
     );
-    let resp = crawl(api, &page).await;
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    crawl(api, &page).await;
     let head = heads.lock().unwrap().last().cloned().unwrap_or_default();
     let via = via_of(&head).unwrap_or_default();
     assert!(via.contains("guest-two"), "the new guest's Squid: {head}");

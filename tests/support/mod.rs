@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod breaker;
+pub mod crawler;
 pub mod leader;
 pub mod recycle;
 pub mod shipped;
