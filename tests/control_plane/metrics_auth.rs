@@ -2,7 +2,7 @@
 //! operator under its shipped RBAC (a token of its ServiceAccount), serving
 //! HTTPS with a self-signed certificate; a ServiceAccount bound to the
 //! shipped metrics-reader ClusterRole scrapes, any other token gets 403, no
-//! token or a made-up one 401.
+//! token or a made-up one 401; repeat scrapes cost no API call.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -59,9 +59,36 @@ async fn metrics_reader_token_scrapes_and_any_other_token_gets_403() {
     )
     .await;
     assert!(body.contains("# TYPE proxy_operator_"), "{body}");
-    // Scraped again: the same answer (from the verdict cache or not).
-    let (status, _) = support::https_get(addr, "/metrics", Some(reader.trim()));
-    assert_eq!(status, 200);
+    // Scraped again and again with the same token: served from the verdict
+    // cache, no further TokenReview (the audit log has every request).
+    let manager_user = format!("system:serviceaccount:{NS}:{SA}");
+    let reviews = || {
+        c.audit_events()
+            .iter()
+            .filter(|e| {
+                e["user"]["username"] == manager_user.as_str()
+                    && e["objectRef"]["resource"] == "tokenreviews"
+            })
+            .count()
+    };
+    let before = reviews();
+    assert!(
+        before > 0,
+        "the first scrape was reviewed by the API server"
+    );
+    for _ in 0..5 {
+        let (status, _) = support::https_get(addr, "/metrics", Some(reader.trim()));
+        assert_eq!(status, 200);
+    }
+    println!(
+        "TokenReview audit events for 5 more scrapes with one token: {}",
+        reviews() - before
+    );
+    assert_eq!(
+        reviews(),
+        before,
+        "repeat scrapes are answered from the cache"
+    );
 
     let (status, body) = support::https_get(addr, "/metrics", Some(other.trim()));
     assert_eq!(status, 403, "{body}");
