@@ -82,10 +82,10 @@ check-config: ## Validate a providers file: make check-config PROVIDERS=path.yam
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --check-config
 
-run: ## Run the operator against the current kubeconfig (PROVIDERS=config/samples/providers-dev.yaml; ARGS=extra flags). The discovery API is on loopback, without a token.
+run: ## Run the operator against the current kubeconfig (PROVIDERS=config/samples/providers-dev.yaml; ARGS=extra flags). The discovery API and /metrics are on loopback, without a token (plain HTTP).
 	$(CARGO) build --quiet --bin egress-proxies-operator
 	$(BIN) --providers-config $(PROVIDERS) --health-probe-bind-address 127.0.0.1:8081 \
-		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 \
+		--discovery-bind-address 127.0.0.1:8090 --metrics-bind-address 127.0.0.1:8443 --metrics-secure=false \
 		--allow-unauthenticated-discovery $(ARGS)
 
 run-local: test-cluster ## The quickstart: the local test cluster (real Kubernetes, Squid Pods as processes; needs root), the operator against it and the kubernetes sample Proxy; prints how to lease it once Ready. No cluster of your own needed (KUBECONFIG=target/run-local/admin.kubeconfig; ARGS=extra flags, @GATEWAY@ in them is the Pods' gateway; OPERATOR_BIN and CLUSTER_BIN= prebuilt ones, with -o test-cluster).
@@ -94,7 +94,7 @@ run-local: test-cluster ## The quickstart: the local test cluster (real Kubernet
 		tests/cluster/run-local.sh $(CLUSTER_BIN)/kubectl $(RUN_LOCAL_DISCOVERY_ADDR) \
 		$(or $(OPERATOR_BIN),$(BIN)) --providers-config $(PROVIDERS) --installation-id run-local \
 		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
-		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --allow-unauthenticated-discovery $(ARGS)
+		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --metrics-secure=false --allow-unauthenticated-discovery $(ARGS)
 
 test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date), and our launcher.
 	$(CARGO) build -p test-cluster

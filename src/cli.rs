@@ -33,10 +33,23 @@ pub struct Flags {
     #[arg(long)]
     pub check_config: bool,
 
-    /// Address of the Prometheus /metrics endpoint (plain HTTP), e.g. :8443;
-    /// "0" turns it off.
+    /// Address of the Prometheus /metrics endpoint, e.g. :8443; "0" turns
+    /// it off.
     #[arg(long, default_value = "0", value_name = "ADDR")]
     pub metrics_bind_address: String,
+
+    /// Serve /metrics over HTTPS, letting through only bearer tokens the API
+    /// server authenticates (TokenReview) and authorizes for `get` on the
+    /// non-resource URL /metrics (SubjectAccessReview; the metrics-reader
+    /// ClusterRole grants it). `--metrics-secure=false`: plain HTTP, anyone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub metrics_secure: bool,
+
+    /// Directory with the metrics server's certificate and key (tls.crt,
+    /// tls.key in PEM, as a mounted kubernetes.io/tls Secret). Default: a
+    /// self-signed certificate made at start.
+    #[arg(long, value_name = "DIR")]
+    pub metrics_cert_dir: Option<PathBuf>,
 
     /// Address serving /healthz and /readyz; "0" turns it off.
     #[arg(long, default_value = ":8081", value_name = "ADDR")]

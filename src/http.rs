@@ -1,7 +1,8 @@
 //! The small HTTP endpoints every replica serves: `/healthz` (a plain
 //! ping), `/readyz` (ready once the Proxy cache has synced; provider health
-//! deliberately never makes the operator unready) and Prometheus `/metrics`,
-//! each within [`server::PROBE_LIMITS`] (connection cap, header, body and
+//! deliberately never makes the operator unready) and Prometheus `/metrics`
+//! (HTTPS for authorized scrapers by default, see [`metrics_auth`]), each
+//! within [`server::PROBE_LIMITS`] (connection cap, header, body and
 //! request timeouts).
 
 use std::future::Future;
@@ -15,6 +16,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::metrics::Exposition;
+use crate::metrics_auth;
 use crate::server;
 
 /// Whether `/readyz` answers ready: once the Proxy cache has synced for
@@ -68,10 +70,18 @@ pub async fn serve_probes(
     server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
 }
 
-/// Serves `/metrics` until `shutdown` resolves.
+/// Secure `/metrics`: the TLS settings, and who checks scrape tokens.
+pub struct MetricsAuth {
+    pub tls: Arc<rustls::ServerConfig>,
+    pub reviewer: Arc<metrics_auth::Reviewer>,
+}
+
+/// Serves `/metrics` until `shutdown` resolves: over HTTPS to authorized
+/// tokens only with `auth`, else over plain HTTP to anyone.
 pub async fn serve_metrics(
     addr: SocketAddr,
     metrics: Exposition,
+    auth: Option<MetricsAuth>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new().route(
@@ -105,5 +115,15 @@ pub async fn serve_metrics(
         }),
     );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    server::serve(listener, app, server::PROBE_LIMITS, shutdown).await
+    match auth {
+        None => server::serve(listener, app, server::PROBE_LIMITS, shutdown).await,
+        Some(auth) => {
+            let app = app.layer(axum::middleware::from_fn_with_state(
+                auth.reviewer,
+                metrics_auth::authorize,
+            ));
+            let tls = tokio_rustls::TlsAcceptor::from(auth.tls);
+            server::serve_tls(listener, app, server::PROBE_LIMITS, tls, shutdown).await
+        }
+    }
 }

@@ -15,6 +15,7 @@ pub mod http;
 pub mod leader;
 pub mod lease;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod operator;
 pub mod provider;
 pub mod providerhealth;

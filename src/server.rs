@@ -4,7 +4,8 @@
 //! waits idle for its next request), tower-http's request-body timeout and
 //! a whole-request timeout (unless the app bounds its requests itself). A half-sent or idle connection therefore holds a
 //! slot for a bounded time, and the number of slots is bounded, so no
-//! client can grow the process's memory by opening connections.
+//! client can grow the process's memory by opening connections. The
+//! metrics server may run it over TLS.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,10 +17,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tower_http::timeout::RequestBodyTimeout;
 use tracing::debug;
 
@@ -76,6 +79,30 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, app, limits, None, shutdown).await
+}
+
+/// [`serve`] over TLS: each connection's handshake must finish within the
+/// header-read timeout (it holds a slot like a slow header would).
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    tls: TlsAcceptor,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, app, limits, Some(tls), shutdown).await
+}
+
+type Service = RequestBodyTimeout<Router>;
+
+async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = match limits.request_timeout {
         Some(limit) => app.layer(middleware::from_fn_with_state(limit, bounded)),
         None => app,
@@ -105,17 +132,18 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(
-                TokioIo::new(stream),
-                TowerToHyperService::new(service.clone()),
-            );
-        let conn = graceful.watch(conn);
+        let (service, watcher, tls) = (service.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(error = %e, "Connection ended with an error");
+            match tls {
+                None => connection(stream, service, limits, watcher).await,
+                Some(tls) => {
+                    let handshake = tls.accept(stream);
+                    match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                        Ok(Ok(stream)) => connection(stream, service, limits, watcher).await,
+                        Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => debug!("TLS handshake timed out"),
+                    }
+                }
             }
             drop(slot);
         });
@@ -123,6 +151,20 @@ pub async fn serve(
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     Ok(())
+}
+
+/// One connection's requests, until it closes or the server drains.
+async fn connection<I>(io: I, service: Service, limits: Limits, watcher: Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    if let Err(e) = watcher.watch(conn).await {
+        debug!(error = %e, "Connection ended with an error");
+    }
 }
 
 /// A whole request within `limit`, else an empty 408.

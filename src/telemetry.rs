@@ -31,8 +31,10 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Exporter {
     /// Tracing off, with why.
     Off(&'static str),
-    /// OTLP over HTTP with protobuf bodies.
+    /// OTLP over HTTP with protobuf bodies (port 4318).
     OtlpHttp,
+    /// OTLP over gRPC (port 4317).
+    OtlpGrpc,
     /// Spans printed to stdout as JSON lines (local development).
     Console,
 }
@@ -43,6 +45,7 @@ impl Exporter {
         match self {
             Exporter::Off(_) => "none",
             Exporter::OtlpHttp => "otlp/http",
+            Exporter::OtlpGrpc => "otlp/grpc",
             Exporter::Console => "console",
         }
     }
@@ -69,11 +72,10 @@ pub fn decide(get: impl Fn(&str) -> Option<String>) -> Result<Exporter, String> 
             }
             match protocol.as_str() {
                 "" | "http/protobuf" => Ok(Exporter::OtlpHttp),
-                "grpc" => Err(
-                    "OTLP/gRPC is not built into this binary; use OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (port 4318)"
-                        .into(),
-                ),
-                other => Err(format!("unsupported OTLP protocol {other:?}")),
+                "grpc" => Ok(Exporter::OtlpGrpc),
+                other => Err(format!(
+                    "unsupported OTLP protocol {other:?} (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL): use grpc or http/protobuf"
+                )),
             }
         }
         "console" => Ok(Exporter::Console),
@@ -150,6 +152,21 @@ fn build_provider(exporter: &Exporter) -> Result<SdkTracerProvider, String> {
             })
             .join()
             .map_err(|_| "building the OTLP exporter panicked".to_string())??;
+            builder.with_span_processor(
+                BatchSpanProcessor::builder(exp)
+                    .with_batch_config(batch)
+                    .build(),
+            )
+        }
+        Exporter::OtlpGrpc => {
+            // tonic's channel connects lazily, on the runtime this runs
+            // in (main's): an unreachable collector fails each export in
+            // the batch processor's thread (the batch is dropped), never
+            // the operator.
+            let exp = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build()
+                .map_err(|e| e.to_string())?;
             builder.with_span_processor(
                 BatchSpanProcessor::builder(exp)
                     .with_batch_config(batch)
@@ -424,12 +441,38 @@ mod tests {
                 want: Ok(Exporter::OtlpHttp),
             },
             Case {
-                name: "grpc is not supported",
+                name: "otlp over grpc",
                 env: &[
                     ("OTEL_TRACES_EXPORTER", "otlp"),
                     ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
                 ],
-                want: Err(()),
+                want: Ok(Exporter::OtlpGrpc),
+            },
+            Case {
+                name: "an endpoint and grpc, trimmed",
+                env: &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", " grpc "),
+                ],
+                want: Ok(Exporter::OtlpGrpc),
+            },
+            Case {
+                name: "the traces protocol wins over the general one",
+                env: &[
+                    ("OTEL_TRACES_EXPORTER", "otlp"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+                ],
+                want: Ok(Exporter::OtlpGrpc),
+            },
+            Case {
+                name: "the traces protocol wins the other way too",
+                env: &[
+                    ("OTEL_TRACES_EXPORTER", "otlp"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+                ],
+                want: Ok(Exporter::OtlpHttp),
             },
             Case {
                 name: "http/json is not supported",

@@ -113,6 +113,41 @@ async fn check_operator_process() {
     );
 }
 
+/// The operator Pod's `/metrics` (port 8443): 200 with a metrics-reader
+/// token, 401 without one.
+async fn scrape_the_pods_metrics(c: &test_cluster::TestCluster, client: &kube::Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mine = ListParams::default().labels("control-plane=controller-manager");
+    let ip = pods.list(&mine).await.unwrap().items[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("{ip}:8443").parse().unwrap();
+    c.kubectl_ok(&["-n", ns, "create", "serviceaccount", "scraper"]);
+    c.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{ns}-scraper"),
+        "--clusterrole=egress-proxies-operator-metrics-reader",
+        &format!("--serviceaccount={ns}:scraper"),
+    ]);
+    let token = c.kubectl_ok(&["-n", ns, "create", "token", "scraper"]);
+    let (status, body) = eventually("the Pod's /metrics", Duration::from_secs(30), || async {
+        let got = https_get(addr, "/metrics", Some(token.trim()));
+        (got.0 == 200).then_some(got)
+    })
+    .await;
+    assert_eq!(status, 200);
+    assert!(body.contains("# TYPE proxy_operator_"), "{body}");
+    println!(
+        "the Pod's /metrics at {addr}: {status}, {} bytes",
+        body.len()
+    );
+    assert_eq!(https_get(addr, "/metrics", None).0, 401);
+    c.kubectl_ok(&["delete", "clusterrolebinding", &format!("{ns}-scraper")]);
+}
+
 #[tokio::test]
 async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     let c = cluster();
@@ -233,7 +268,15 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "{table}"
     );
 
-    // 6. Deleting a Proxy removes its Pod.
+    // 6. The Pod's /metrics is HTTPS for a token bound to the shipped
+    // metrics-reader ClusterRole, as the ServiceMonitor scrapes it (from
+    // this host only on the launcher's cluster: the Pod's address is on
+    // its bridge).
+    if c.is_local() {
+        scrape_the_pods_metrics(c, &client, &ns).await;
+    }
+
+    // 7. Deleting a Proxy removes its Pod.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let managed = ListParams::default().labels("app.kubernetes.io/name=egress-proxy");
     assert_eq!(pods.list(&managed).await.unwrap().items.len(), 2);
@@ -245,7 +288,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     )
     .await;
 
-    // 7. Deleting the namespace removes everything in it.
+    // 8. Deleting the namespace removes everything in it.
     c.kubectl_ok(&["delete", "namespace", &ns, "--timeout=120s"]);
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     eventually("the namespace gone", Duration::from_secs(120), || async {
@@ -253,7 +296,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     })
     .await;
 
-    // 8. RBAC never refused the operator's ServiceAccount (the audit log
+    // 9. RBAC never refused the operator's ServiceAccount (the audit log
     // records every authorization decision), and it made requests at all.
     let user = format!("system:serviceaccount:{NS}:{SA}");
     let refused: Vec<String> = c
@@ -287,7 +330,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "the operator must run as its ServiceAccount: {allowed} allowed requests"
     );
 
-    // 9. Uninstall as docs/operations.md says (the RBAC goes with it, so
+    // 10. Uninstall as docs/operations.md says (the RBAC goes with it, so
     // refusals are counted before): every Proxy first, so the
     // operator runs their finalizers, then the installation.
     c.kubectl_ok(&["delete", "px", "--all", "-A", "--wait", "--timeout=120s"]);

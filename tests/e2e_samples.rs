@@ -56,13 +56,18 @@ fn providers(gcp_endpoint: &str, target: std::net::IpAddr) -> String {
 }
 
 /// The Deployment's args with its ports moved to free loopback ports and
-/// the providers file swapped for `providers`.
-fn deployment_args(docs: &[Value], providers: &std::path::Path) -> (Vec<String>, SocketAddr) {
+/// the providers file swapped for `providers`; the probe and metrics
+/// addresses.
+fn deployment_args(
+    docs: &[Value],
+    providers: &std::path::Path,
+) -> (Vec<String>, SocketAddr, SocketAddr) {
     let d = support::object(docs, "Deployment", SA);
     let args = d["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
         .unwrap();
     let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let out = args
         .iter()
         .map(|a| {
@@ -71,14 +76,15 @@ fn deployment_args(docs: &[Value], providers: &std::path::Path) -> (Vec<String>,
             match flag {
                 "--providers-config" => format!("{flag}={}", providers.display()),
                 "--health-probe-bind-address" => format!("{flag}={probes}"),
-                "--metrics-bind-address" | "--discovery-bind-address" => {
+                "--metrics-bind-address" => format!("{flag}={metrics}"),
+                "--discovery-bind-address" => {
                     format!("{flag}=127.0.0.1:{}", free_port())
                 }
                 _ => a.to_string(),
             }
         })
         .collect();
-    (out, probes)
+    (out, probes, metrics)
 }
 
 /// The samples this test covers (the kvm one is in e2e_samples_kvm.rs).
@@ -213,7 +219,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     std::fs::write(&providers_file, providers(&standin.url, target.ip())).unwrap();
     let kubeconfig = dir.path().join("manager.kubeconfig");
     std::fs::write(&kubeconfig, token_kubeconfig(c, token.trim())).unwrap();
-    let (args, probes) = deployment_args(&docs, &providers_file);
+    let (args, probes, metrics) = deployment_args(&docs, &providers_file);
     println!("operator args: {args:?}");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
     cmd.args(&args)
@@ -419,6 +425,22 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         s.read_to_string(&mut resp).await.unwrap();
         assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
     }
+
+    // The Deployment's /metrics is HTTPS for tokens bound to the shipped
+    // metrics-reader ClusterRole (the operator checks each with a
+    // TokenReview and a SubjectAccessReview under the shipped RBAC).
+    ground.kubectl(&["create", "serviceaccount", "scraper"]);
+    c.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{}-scraper", ground.ns),
+        "--clusterrole=egress-proxies-operator-metrics-reader",
+        &format!("--serviceaccount={}:scraper", ground.ns),
+    ]);
+    let scraper = ground.kubectl(&["create", "token", "scraper"]);
+    let (status, body) = support::https_get(metrics, "/metrics", Some(scraper.trim()));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("# TYPE proxy_operator_"), "{body}");
 
     // Deleting the samples removes the Pod and the VM, and the finalizers.
     kubectl(&ground, &samples_args("delete", &["--wait=false"]));

@@ -190,8 +190,16 @@ impl Operator {
                 self.metrics.exposition().clone(),
                 stop.clone().cancelled_owned(),
             );
+            let auth = self
+                .settings
+                .metrics_tls
+                .clone()
+                .map(|tls| http::MetricsAuth {
+                    tls,
+                    reviewer: Arc::new(crate::metrics_auth::Reviewer::new(self.client.clone())),
+                });
             tasks.spawn(async move {
-                if let Err(e) = http::serve_metrics(addr, m, stop).await {
+                if let Err(e) = http::serve_metrics(addr, m, auth, stop).await {
                     error!(%addr, error = %e, "Metrics server failed");
                 }
             });

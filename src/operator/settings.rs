@@ -25,6 +25,9 @@ pub struct Settings {
     pub probe_bind: Option<SocketAddr>,
     /// `--metrics-bind-address` (`None`: off).
     pub metrics_bind: Option<SocketAddr>,
+    /// The metrics server's TLS with `--metrics-secure` (the default) and
+    /// the server on; `None`: plain HTTP without authentication.
+    pub metrics_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--discovery-bind-address` (`None`: off).
     pub discovery_bind: Option<SocketAddr>,
     /// Leader election timing with `--leader-elect`, `None` without.
@@ -114,6 +117,7 @@ impl Settings {
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
             .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
             .ok();
+        let metrics_tls = metrics_tls(flags).map_err(|e| problems.push(e)).ok();
         let url = url::Url::parse(&flags.default_probe_url).ok();
         let external = ExternalNamespaces::parse(
             flags.external_proxy_namespaces.as_deref(),
@@ -135,8 +139,23 @@ impl Settings {
         };
         // validate() has already named a bad bind address or probe URL.
         let bind = |s: &str| cli::parse_bind(s).ok().flatten();
-        let (Some(providers), Some(tls), Some(url), Some(external), Some(deny), true) =
-            (providers, tls, url, external, deny, problems.is_empty())
+        let (
+            Some(providers),
+            Some(tls),
+            Some(metrics_tls),
+            Some(url),
+            Some(external),
+            Some(deny),
+            true,
+        ) = (
+            providers,
+            tls,
+            metrics_tls,
+            url,
+            external,
+            deny,
+            problems.is_empty(),
+        )
         else {
             return Err(problems);
         };
@@ -145,6 +164,7 @@ impl Settings {
             providers,
             probe_bind: bind(&flags.health_probe_bind_address),
             metrics_bind: bind(&flags.metrics_bind_address),
+            metrics_tls,
             discovery_bind: bind(&flags.discovery_bind_address),
             leader: flags.leader_elect.then_some(leader::Timing {
                 lease_duration: flags.leader_election_lease_duration,
@@ -205,6 +225,27 @@ fn discovery_auth(flags: &Flags, has_token: bool) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The metrics server's TLS: made (or read from `--metrics-cert-dir`) only
+/// when it will serve HTTPS.
+fn metrics_tls(flags: &Flags) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    let on = matches!(cli::parse_bind(&flags.metrics_bind_address), Ok(Some(_)));
+    if !flags.metrics_secure {
+        if flags.metrics_cert_dir.is_some() {
+            return Err(
+                "--metrics-cert-dir: not used with --metrics-secure=false (plain HTTP); drop one"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    }
+    if !on {
+        return Ok(None);
+    }
+    crate::metrics_auth::server_config(flags.metrics_cert_dir.as_deref())
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// `--check-config`: the one-line verdict on the providers file, for a
@@ -289,6 +330,29 @@ mod tests {
                 name: "no token, the API off",
                 args: &["--discovery-bind-address", "0"],
                 token: None,
+                problems: &[],
+            },
+            Case {
+                name: "a missing metrics cert dir is found at startup, with the server on",
+                args: &[
+                    "--metrics-bind-address",
+                    "127.0.0.1:0",
+                    "--metrics-cert-dir",
+                    "/nonexistent",
+                ],
+                token: Some("t"),
+                problems: &["--metrics-cert-dir: /nonexistent/tls.crt"],
+            },
+            Case {
+                name: "a metrics cert dir with plain metrics is refused",
+                args: &["--metrics-secure=false", "--metrics-cert-dir", "/tmp"],
+                token: Some("t"),
+                problems: &["--metrics-cert-dir: not used with --metrics-secure=false"],
+            },
+            Case {
+                name: "plain metrics",
+                args: &["--metrics-secure=false", "--metrics-bind-address", ":0"],
+                token: Some("t"),
                 problems: &[],
             },
             Case {

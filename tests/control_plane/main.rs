@@ -17,5 +17,7 @@ mod e2e_gcp_unavailable;
 mod e2e_leader;
 mod gc_sweep;
 mod manifests;
+mod metrics_auth;
+mod otlp_grpc;
 mod providerhealth_writer;
 mod secret_sentinel;

@@ -426,6 +426,26 @@ fn the_manager_gets_least_privilege_rbac() {
         grants(&cluster, "events.k8s.io", "events"),
         ["create", "patch"]
     );
+    // Secure /metrics: a TokenReview and a SubjectAccessReview per scrape
+    // token, nothing else of either group.
+    assert_eq!(
+        grants(&cluster, "authentication.k8s.io", "tokenreviews"),
+        ["create"]
+    );
+    assert_eq!(
+        grants(&cluster, "authorization.k8s.io", "subjectaccessreviews"),
+        ["create"]
+    );
+    // The scraper's role: get on /metrics, and only that.
+    let reader = object(
+        docs,
+        "ClusterRole",
+        "egress-proxies-operator-metrics-reader",
+    );
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
     // Pods come from the kubernetes-provider component only.
     assert_eq!(
         grants(&cluster, "", "pods"),

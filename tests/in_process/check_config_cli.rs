@@ -105,6 +105,8 @@ fn help_explains_every_flag() {
         "--providers-config",
         "--check-config",
         "--metrics-bind-address",
+        "--metrics-secure",
+        "--metrics-cert-dir",
         "--health-probe-bind-address",
         "--leader-elect",
         "--proxy-namespace",
@@ -135,22 +137,15 @@ fn sigterm_stops_the_operator_cleanly() {
     let (probe_port, metrics_port) = (free_port(), free_port());
     // A cluster that refuses connections: the operator must keep running
     // (retrying its watches) and still stop promptly on SIGTERM.
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, refused_kubeconfig("127.0.0.1:1")).unwrap();
-    let mut cmd = support::operator(
-        dir.path(),
-        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
-        &kubeconfig,
-    );
-    cmd.args(["--installation-id", "test"])
-        .args([
-            "--health-probe-bind-address",
-            &format!("127.0.0.1:{probe_port}"),
-        ])
-        .args([
-            "--metrics-bind-address",
-            &format!("127.0.0.1:{metrics_port}"),
-        ]);
+    let mut cmd = refused_operator(dir.path());
+    cmd.args([
+        "--health-probe-bind-address",
+        &format!("127.0.0.1:{probe_port}"),
+    ])
+    .args([
+        "--metrics-bind-address",
+        &format!("127.0.0.1:{metrics_port}"),
+    ]);
     let log = dir.path().join("operator.log");
     // Killed on drop, so a failed assertion leaves nothing running.
     let mut op = support::Operator::spawn(cmd, &log);
@@ -190,6 +185,51 @@ fn sigterm_stops_the_operator_cleanly() {
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("Loaded providers config"), "{err}");
     assert!(err.contains("Shutting down"), "{err}");
+}
+
+#[test]
+fn secure_metrics_answer_401_without_a_token_and_503_while_the_api_server_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let mut cmd = refused_operator(dir.path());
+    cmd.arg("--metrics-secure=true").args([
+        "--metrics-bind-address",
+        &format!("127.0.0.1:{metrics_port}"),
+    ]);
+    let log = dir.path().join("operator.log");
+    let _op = support::Operator::spawn(cmd, &log);
+    wait_until_listening(metrics_port, &log);
+    let addr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
+    let token = "sentinel-scrape-token-4711";
+
+    let (status, body) = support::https_get(addr, "/metrics", None);
+    assert_eq!(status, 401, "no token: {body}");
+    assert!(body.contains("bearer token"), "{body}");
+    // The token cannot be checked: 503 with the reason, every time (an
+    // unreachable API server is never cached as a verdict).
+    for _ in 0..2 {
+        let (status, body) = support::https_get(addr, "/metrics", Some(token));
+        assert_eq!(status, 503, "API server unreachable: {body}");
+        assert!(body.contains("cannot check the token"), "{body}");
+        assert!(!body.contains("proxy_operator_"), "no metrics leak: {body}");
+    }
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(err.contains("Cannot authorize a metrics scrape"), "{err}");
+    assert!(!err.contains(token), "the token is never logged: {err}");
+}
+
+/// The operator with one kubernetes provider, aimed at a cluster where
+/// nothing listens.
+fn refused_operator(dir: &std::path::Path) -> Command {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, refused_kubeconfig("127.0.0.1:1")).unwrap();
+    let mut cmd = support::operator(
+        dir,
+        "providers:\n  - name: kubernetes\n    type: kubernetes\n",
+        &kubeconfig,
+    );
+    cmd.args(["--installation-id", "test"]);
+    cmd
 }
 
 /// A kubeconfig whose only cluster is `addr`, where nothing listens.

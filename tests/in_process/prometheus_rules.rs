@@ -164,7 +164,7 @@ fn alert_expressions_query_documented_series() {
 }
 
 #[test]
-fn service_monitor_scrapes_the_metrics_service_over_plain_http() {
+fn service_monitor_scrapes_the_metrics_service_over_https_with_a_token() {
     let kustomization = support::repo_yaml(&format!("{DIR}/kustomization.yaml"));
     let resources: Vec<&str> = kustomization["resources"]
         .as_sequence()
@@ -203,9 +203,14 @@ fn service_monitor_scrapes_the_metrics_service_over_plain_http() {
     let e = &endpoints[0];
     assert_eq!(e["port"], "metrics");
     assert_eq!(e["path"], "/metrics");
-    // --metrics-bind-address serves plain HTTP (src/http.rs, no TLS).
-    assert_eq!(e["scheme"], "http");
-    assert!(e.get("tlsConfig").is_none() && e.get("bearerTokenFile").is_none());
+    // --metrics-secure (the default): HTTPS with a self-signed certificate,
+    // and the scraper's own ServiceAccount token (src/metrics_auth.rs).
+    assert_eq!(e["scheme"], "https");
+    assert_eq!(
+        e["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert_eq!(e["tlsConfig"]["insecureSkipVerify"], true);
 }
 
 #[test]

@@ -22,7 +22,9 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// The operator binary with `providers` written to `dir/providers.yaml`,
 /// talking to the cluster in `kubeconfig` (never an in-cluster one), with
-/// its probe and discovery servers off so parallel tests share no port.
+/// its probe and discovery servers off so parallel tests share no port, and
+/// `/metrics` (when a test turns it on) plain HTTP for any scraper; a later
+/// `--metrics-secure=true` makes it HTTPS with token checks.
 pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
     let path = dir.join("providers.yaml");
     std::fs::write(&path, providers).unwrap();
@@ -34,6 +36,7 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
             "0",
             "--discovery-bind-address",
             "0",
+            "--metrics-secure=false",
         ])
         .env("KUBECONFIG", kubeconfig)
         // Its scratch files (the kvm provider's socket directories) go
@@ -79,6 +82,24 @@ where
         let _ = axum::serve(listener, app).await;
     });
     format!("http://{addr}")
+}
+
+/// `GET https://{addr}{path}` with curl, as a scraper does: any certificate
+/// accepted (the operator's is self-signed), `token` as the bearer token.
+/// Returns the status (0: no HTTP answer) and the body.
+pub fn https_get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-k", "--max-time", "10", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = cmd
+        .arg(format!("https://{addr}{path}"))
+        .output()
+        .unwrap_or_else(|e| panic!("curl is required (apt-get install curl): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// A running operator process, killed when dropped so no test leaves it
