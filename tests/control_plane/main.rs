@@ -10,6 +10,7 @@ mod support;
 mod cluster_kubectl;
 mod e2e_breaker_gcp;
 mod e2e_create_limits;
+mod e2e_events_gcp;
 mod e2e_fleet_gcp;
 mod e2e_gcp;
 mod e2e_gcp_unavailable;
