@@ -28,6 +28,13 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub providers_config: Option<PathBuf>,
 
+    /// How often the providers file is read again (a ConfigMap volume
+    /// changes under a running Pod): a valid change is put in force without
+    /// a restart, a broken one is refused and the last good config stays;
+    /// 0 turns reloading off.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub providers_config_reload_interval: Duration,
+
     /// Validate the providers file and exit: 0 when valid, 1 with every
     /// problem listed otherwise. Needs no cluster.
     #[arg(long)]

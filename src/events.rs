@@ -83,7 +83,7 @@ impl Events {
 
 /// This replica's name among the reporters: the Pod name (HOSTNAME in a
 /// Pod), else the binary's name.
-fn instance() -> String {
+pub fn instance() -> String {
     std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| OPERATOR_NAME.to_string())

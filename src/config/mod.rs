@@ -9,6 +9,7 @@ mod kubernetes;
 mod kvm;
 mod limits;
 mod provider_type;
+pub mod reload;
 mod validate;
 
 use std::fmt;

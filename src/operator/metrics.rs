@@ -41,6 +41,8 @@ pub struct Metrics {
     pub phases: PhaseGauge,
     /// Circuit breaker state per provider.
     pub circuit: CircuitGauge,
+    /// Providers config reloads.
+    pub reload: super::reload::ReloadMetrics,
 }
 
 impl Default for Metrics {
@@ -66,6 +68,7 @@ impl Metrics {
         let provider_health = ProviderHealthMetrics::register(&mut registry);
         let leader = LeaderMetrics::register(&mut registry);
         let circuit = CircuitGauge::register(&mut registry);
+        let reload = super::reload::ReloadMetrics::register(&mut registry);
         // Last: build info and the process series, read at every scrape.
         crate::metrics::process::register(&mut registry);
         Metrics {
@@ -80,6 +83,7 @@ impl Metrics {
             leader,
             phases,
             circuit,
+            reload,
         }
     }
 

@@ -8,8 +8,10 @@
 
 pub mod client;
 pub mod metrics;
+pub mod reload;
 pub mod runnables;
 pub mod settings;
+mod term;
 mod tokens;
 
 use std::future::Future;
@@ -25,14 +27,12 @@ use tracing::{error, info, warn};
 pub use self::metrics::Metrics;
 pub use self::settings::Settings;
 use crate::api::constants::LEADER_ELECTION_ID;
-use crate::config::ProviderType;
-use crate::controller::{self, Context, HealthSource};
 use crate::events::Events;
-use crate::gc::{self, Gc};
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
 use crate::provider::registry::{self, Registry};
 use crate::{health, http, leader};
+use reload::{ProviderSet, Reloader};
 
 /// How long runnables get to finish after the stop signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -58,7 +58,10 @@ pub enum StartError {
 pub struct Operator {
     settings: Settings,
     client: Client,
-    providers: Registry,
+    /// The providers in force; a valid reload of the file sends a new set.
+    providers: tokio::sync::watch::Sender<Arc<ProviderSet>>,
+    /// What provider constructors use, kept for reloads.
+    deps: registry::Deps,
     metrics: Metrics,
     /// The one Event recorder of the process, shared by the controller,
     /// the ProviderHealth writer and the GC.
@@ -81,15 +84,20 @@ impl Operator {
             api_url,
             gcp_wire_log_full_payloads: settings.gcp_wire_log_full_payloads,
         };
-        let providers = Registry::build(&settings.providers, &metrics.provider, |e| {
+        let registry = Registry::build(&settings.providers, &metrics.provider, |e| {
             registry::construct(e, &deps)
         })
         .map_err(|e| StartError::Providers(e.to_string()))?;
+        let (providers, _) = tokio::sync::watch::channel(Arc::new(ProviderSet {
+            config: settings.providers.clone(),
+            registry,
+        }));
         Ok(Operator {
             settings,
             events: Events::new(client.clone()),
             client,
             providers,
+            deps,
             metrics,
         })
     }
@@ -103,6 +111,21 @@ impl Operator {
         self.spawn_servers(&mut tasks, &stop, &ready);
         let installation_id = self.installation_id().await?;
         info!(installationID = %installation_id, "Installation identity");
+        // Every replica follows the file, so a replica that wins the
+        // election starts on the config in force.
+        if let Some((path, interval)) = s.providers_reload.clone() {
+            let reloader = Reloader {
+                path,
+                interval,
+                deps: self.deps.clone(),
+                provider_metrics: self.metrics.provider.clone(),
+                metrics: self.metrics.reload.clone(),
+                events: self.events.clone(),
+                regarding: reload::operator_pod(&s.operator_namespace),
+                sets: self.providers.clone(),
+            };
+            tasks.spawn(reloader.run(stop.clone().cancelled_owned()));
+        }
 
         // One Proxy cache on every replica feeds the phase gauge, the
         // discovery API and (on the leader) the health engine.
@@ -130,7 +153,7 @@ impl Operator {
         runnables::count_phases(
             &self.metrics,
             proxy_cache.clone(),
-            s.providers.names().into_iter().map(String::from).collect(),
+            self.providers.subscribe(),
         );
         if let Some(addr) = s.discovery_bind {
             runnables::spawn_discovery(
@@ -146,10 +169,10 @@ impl Operator {
         let leading = async {
             let res = match s.leader {
                 None => {
-                    let mut work = JoinSet::new();
-                    self.spawn_leader_work(&mut work, &stop, proxy_cache, installation_id);
                     self.metrics.leader.set_leading(true);
-                    drain(&mut work, stop.cancelled(), SHUTDOWN_GRACE).await;
+                    let grace = std::sync::Mutex::new(SHUTDOWN_GRACE);
+                    self.lead_one_term(&stop, &grace, proxy_cache, installation_id)
+                        .await;
                     self.metrics.leader.set_leading(false);
                     Ok(())
                 }
@@ -259,19 +282,24 @@ impl Operator {
                 }
             }
             let term = stop.child_token();
-            let mut work = JoinSet::new();
-            self.spawn_leader_work(
-                &mut work,
-                &term,
-                proxy_cache.clone(),
-                installation_id.clone(),
-            );
+            let grace = std::sync::Mutex::new(SHUTDOWN_GRACE);
+            let work =
+                self.lead_one_term(&term, &grace, proxy_cache.clone(), installation_id.clone());
+            tokio::pin!(work);
             self.metrics.leader.set_leading(true);
             tokio::select! {
+                // The term's work ends only once the term is cancelled,
+                // which here only `stop` does.
+                _ = &mut work => {
+                    self.metrics.leader.set_leading(false);
+                    self.release(campaign, &identity).await;
+                    return Ok(());
+                }
                 lost = leading.wait_for(|l| !*l) => {
                     let campaign_ended = lost.is_err();
+                    *grace.lock().unwrap_or_else(|p| p.into_inner()) = step_down_grace;
                     term.cancel();
-                    drain(&mut work, std::future::ready(()), step_down_grace).await;
+                    work.await;
                     self.metrics.leader.set_leading(false);
                     // A replica that does not lead exports no provider or
                     // create-limit gauges.
@@ -284,110 +312,13 @@ impl Operator {
                     campaign.rejoin();
                 }
                 _ = stop.cancelled() => {
-                    drain(&mut work, std::future::ready(()), SHUTDOWN_GRACE).await;
+                    work.await;
                     self.metrics.leader.set_leading(false);
                     self.release(campaign, &identity).await;
                     return Ok(());
                 }
             }
         }
-    }
-
-    /// GC, provider health, the health engine and the Proxy controller, all
-    /// stopping when `stop` (the stop signal or the end of a term) fires.
-    fn spawn_leader_work(
-        &self,
-        tasks: &mut JoinSet<()>,
-        stop: &CancellationToken,
-        proxy_cache: kube::runtime::reflector::Store<crate::api::Proxy>,
-        installation_id: String,
-    ) {
-        let s = &self.settings;
-        let watch_pods = s
-            .providers
-            .providers
-            .iter()
-            .any(|p| p.provider_type == ProviderType::Kubernetes);
-        let gc = Gc::new(
-            self.client.clone(),
-            self.providers.clone(),
-            gc::Settings {
-                interval: s.gc.interval,
-                min_age: s.gc.min_age,
-                max_deletes: s.gc.max_deletes,
-                installation_id: installation_id.clone(),
-            },
-            self.metrics.gc.clone(),
-        )
-        .with_events(self.events.clone());
-        let gc_stop = stop.clone().cancelled_owned();
-        tasks.spawn(async move { gc.run(gc_stop).await });
-        let entries = &s.providers.providers;
-        let fleet = Arc::new(
-            controller::fleet::Fleet::new(
-                Some(proxy_cache.clone()),
-                entries
-                    .iter()
-                    .map(|p| (p.name.clone(), p.max_unavailable))
-                    .collect(),
-                s.leases.max_ttl,
-            )
-            .with_breaker_policies(
-                entries
-                    .iter()
-                    .map(|p| (p.name.clone(), p.circuit_breaker))
-                    .collect(),
-            ),
-        );
-        let fresh = fleet.clone().keep_fresh(stop.clone().cancelled_owned());
-        tasks.spawn(fresh);
-        let states = fleet.clone();
-        self.metrics.circuit.set_states(move || states.states());
-        runnables::spawn_provider_health(tasks, self, &installation_id, fleet.clone(), stop);
-        let (engine, health_events) = runnables::spawn_health_engine(
-            tasks,
-            &s.health,
-            proxy_cache,
-            &self.metrics,
-            stop.clone().cancelled_owned(),
-        );
-        let health_source: Arc<dyn HealthSource> = engine;
-        let throttle = Arc::new(
-            controller::throttle::Throttle::new(&s.providers)
-                .with_metrics(self.metrics.throttle.clone()),
-        );
-        let limiters = throttle.clone();
-        self.metrics
-            .throttle
-            .set_limiters(move || limiters.gauges(chrono::Utc::now()));
-        let ctx = Arc::new(
-            Context::new(
-                self.client.clone(),
-                self.providers.clone(),
-                installation_id,
-                Some(health_source),
-            )
-            .with_metrics(self.metrics.reconcile.clone())
-            .with_throttle(throttle)
-            .with_fleet(fleet)
-            .with_events(self.events.clone())
-            .with_external_namespaces(s.health.defaults.external.clone()),
-        );
-        let ns = s.proxy_namespace.clone();
-        let concurrency = s.max_concurrent_reconciles;
-        let ctl_stop = stop.clone().cancelled_owned();
-        tasks.spawn(async move {
-            let events = health::trigger_stream(health_events);
-            controller::run(
-                ctx,
-                ns.as_deref(),
-                concurrency,
-                watch_pods,
-                Some(events),
-                ctl_stop,
-            )
-            .await;
-        });
     }
 
     /// Leader-only work has stopped: hand the Lease over now rather than

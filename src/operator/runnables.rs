@@ -23,12 +23,23 @@ use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
 /// `proxy_operator_proxies{phase,provider}`, counted from the shared Proxy
-/// cache at every scrape; `configured` providers report every phase even
-/// before they have a Proxy.
-pub fn count_phases(metrics: &Metrics, cache: Store<Proxy>, configured: Vec<String>) {
-    metrics
-        .phases
-        .set_phases(move || phase_counts(&cache.state(), &configured));
+/// cache at every scrape; the providers in force (`sets`, reloads
+/// included) report every phase even before they have a Proxy.
+pub fn count_phases(
+    metrics: &Metrics,
+    cache: Store<Proxy>,
+    sets: tokio::sync::watch::Receiver<Arc<super::reload::ProviderSet>>,
+) {
+    metrics.phases.set_phases(move || {
+        let configured: Vec<String> = sets
+            .borrow()
+            .config
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        phase_counts(&cache.state(), &configured)
+    });
 }
 
 /// Proxies by provider and phase, as (phase, provider, count). Every phase
@@ -126,16 +137,12 @@ pub fn spawn_health_engine(
 pub fn spawn_provider_health(
     tasks: &mut JoinSet<()>,
     op: &super::Operator,
+    providers: &crate::provider::registry::Registry,
     installation: &str,
     fleet: Arc<Fleet>,
     stop: &CancellationToken,
 ) {
-    let (checks, client, providers, metrics) = (
-        op.settings.provider_checks,
-        &op.client,
-        &op.providers,
-        &op.metrics,
-    );
+    let (checks, client, metrics) = (op.settings.provider_checks, &op.client, &op.metrics);
     let names: BTreeSet<String> = providers
         .checkers()
         .iter()

@@ -21,6 +21,9 @@ use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
 pub struct Settings {
     /// The providers file, loaded and validated.
     pub providers: ProvidersConfig,
+    /// `--providers-config` and `--providers-config-reload-interval`:
+    /// where and how often to read the file again; `None` when off.
+    pub providers_reload: Option<(PathBuf, Duration)>,
     /// `--health-probe-bind-address` (`None`: off).
     pub probe_bind: Option<SocketAddr>,
     /// `--metrics-bind-address` (`None`: off).
@@ -160,8 +163,14 @@ impl Settings {
             return Err(problems);
         };
         let interval = flags.provider_check_interval;
+        let reload = flags.providers_config_reload_interval;
         Ok(Settings {
             providers,
+            providers_reload: flags
+                .providers_config
+                .clone()
+                .filter(|_| !reload.is_zero())
+                .map(|path| (path, reload)),
             probe_bind: bind(&flags.health_probe_bind_address),
             metrics_bind: bind(&flags.metrics_bind_address),
             metrics_tls,

@@ -36,14 +36,7 @@ fn cloud_init_secret(name: &str, labelled: bool) -> Secret {
 
 /// The Events regarding the Proxy `name`, oldest first, as (reason, note).
 async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
-    let mut list: Vec<Event> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect();
+    let mut list = support::events_regarding(events, name).await;
     list.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
     list.into_iter()
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
@@ -53,13 +46,9 @@ async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
 /// The Events regarding `name` as (reason, note, times seen): a repeat
 /// recorded as a series counts on the first one.
 async fn series_of(events: &Api<Event>, name: &str) -> Vec<(String, String, i32)> {
-    events
-        .list(&ListParams::default())
+    support::events_regarding(events, name)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .map(|e| {
             let n = e.series.as_ref().map_or(1, |s| s.count);
             (e.reason.unwrap_or_default(), e.note.unwrap_or_default(), n)

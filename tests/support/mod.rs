@@ -150,6 +150,34 @@ where
     }
 }
 
+/// The Events of `events` regarding an object called `name`.
+pub async fn events_regarding(
+    events: &kube::Api<k8s_openapi::api::events::v1::Event>,
+    name: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+/// The note of the first Event with `reason` regarding `name`.
+pub async fn event_note(
+    events: &kube::Api<k8s_openapi::api::events::v1::Event>,
+    name: &str,
+    reason: &str,
+) -> Option<String> {
+    events_regarding(events, name)
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.note.unwrap_or_default())
+}
+
 /// The series documented in the table of docs/metrics.md: every row whose
 /// first cell is a backticked `proxy_operator_*` name, mapped to its type
 /// cell (`counter`, `gauge`, `histogram`).
