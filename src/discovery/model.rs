@@ -88,6 +88,9 @@ pub struct Filters {
     /// A label selector on the Proxy object, as `kubectl -l` takes it
     /// (`tier=gold,team in (a,b),!canary`).
     #[serde(default)]
+    #[schema(
+        pattern = "^( *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *(, *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *)*)?$"
+    )]
     pub label_selector: Option<String>,
 }
 
@@ -106,7 +109,10 @@ pub struct ListQuery {
     /// The Proxy's namespace (exact).
     namespace: Option<String>,
     /// A label selector on the Proxy object, as `kubectl -l` takes it.
-    #[param(rename = "labelSelector")]
+    #[param(
+        rename = "labelSelector",
+        pattern = "^( *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *(, *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *)*)?$"
+    )]
     label_selector: Option<String>,
     /// `key:value` (or `key=value`) that `spec.attributes` must hold;
     /// repeat for several, all must match.

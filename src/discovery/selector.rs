@@ -3,11 +3,32 @@
 //! `k notin (a,b)`, `k` and `!k`, joined by commas (all must hold).
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use kube::core::{Expression, Selector};
 
+/// The syntax as a regular expression: the `pattern` of `labelSelector` in
+/// the OpenAPI document (so clients and fuzzers know what is valid), and
+/// the last word of [`parse`]: a string is accepted exactly when it
+/// matches and every requirement parses.
+pub const PATTERN: &str = r"^( *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *(, *(![A-Za-z0-9._/-]*[A-Za-z0-9._-]|[A-Za-z0-9._/-]*[A-Za-z0-9._-] *(==?|!=) *[A-Za-z0-9._-]*|[A-Za-z0-9._/-]*[A-Za-z0-9._-] +(in|notin) +\( *[A-Za-z0-9._-]*( *, *[A-Za-z0-9._-]*)* *\)|[A-Za-z0-9._/-]*[A-Za-z0-9._-]) *)*)?$";
+
+static SYNTAX: LazyLock<Option<regex_lite::Regex>> =
+    LazyLock::new(|| regex_lite::Regex::new(PATTERN).ok());
+
 /// Parses `s` into a selector, or says which requirement is malformed.
 pub fn parse(s: &str) -> Result<Selector, String> {
+    let selector = parse_requirements(s)?;
+    // The pattern is a constant that a test compiles: None cannot happen.
+    if SYNTAX.as_ref().is_some_and(|re| !re.is_match(s)) {
+        return Err(format!(
+            "labelSelector {s:?} is not in the selector syntax (k=v, k!=v, k in (a,b), k notin (a,b), k, !k, joined by commas; no space after '!' or before '(' is missing)"
+        ));
+    }
+    Ok(selector)
+}
+
+fn parse_requirements(s: &str) -> Result<Selector, String> {
     let mut exprs = Vec::new();
     for req in split_top(s)? {
         let req = req.trim();
@@ -79,7 +100,7 @@ fn key_of(key: &str) -> Result<String, String> {
     let key = key.trim();
     let name = key.rsplit_once('/').map_or(key, |(_, n)| n);
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/');
-    if name.is_empty() || key.len() > 317 || !key.chars().all(ok) {
+    if name.is_empty() || !key.chars().all(ok) {
         return Err(format!(
             "{key:?} is not a label key (letters, digits, '-', '_', '.', an optional prefix/)"
         ));
@@ -87,13 +108,14 @@ fn key_of(key: &str) -> Result<String, String> {
     Ok(key.to_string())
 }
 
-/// A label value: up to 63 alphanumerics, `-`, `_` and `.` (may be empty).
+/// A label value: alphanumerics, `-`, `_` and `.` (may be empty; one
+/// longer than Kubernetes allows simply matches nothing).
 fn value_of(value: &str) -> Result<String, String> {
     let value = value.trim();
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if value.len() > 63 || !value.chars().all(ok) {
+    if !value.chars().all(ok) {
         return Err(format!(
-            "{value:?} is not a label value (at most 63 letters, digits, '-', '_', '.')"
+            "{value:?} is not a label value (letters, digits, '-', '_', '.')"
         ));
     }
     Ok(value.to_string())
@@ -115,6 +137,49 @@ mod tests {
     use kube::core::SelectorExt;
 
     use super::*;
+
+    /// Accepted exactly when the OpenAPI pattern matches: the fuzz run
+    /// sends what the pattern allows and expects it accepted, and what it
+    /// refuses and expects a 400.
+    #[test]
+    fn the_pattern_and_the_parser_agree() {
+        let re = regex_lite::Regex::new(PATTERN).unwrap();
+        for s in [
+            "",
+            "a",
+            "!a",
+            "a=b",
+            "a==b",
+            "a!=b",
+            "a=",
+            " a = b , c ",
+            "a in (b,c)",
+            "a in (,)",
+            "a notin ( b , c )",
+            "in in (in)",
+            "x.io/name-1_2=v.3",
+            "a,b,!c,d in (e)",
+            " ",
+            "! a",
+            "a in(b)",
+            "a b",
+            "a=b=c",
+            "a,,b",
+            "(",
+            "a in (b",
+            "a/=b",
+            "a=b c",
+            "é=b",
+            "a!b",
+        ] {
+            assert_eq!(
+                parse(s).is_ok(),
+                re.is_match(s),
+                "{s:?}: parse {:?}",
+                parse(s)
+            );
+        }
+    }
 
     #[test]
     fn selectors_parse_and_match_as_kubectl_reads_them() {

@@ -584,6 +584,19 @@ fn openapi_document_names_every_route() {
         assert!(doc["paths"].get(p).is_some(), "{p}");
     }
     assert!(doc["components"]["schemas"].get("LeaseResponse").is_some());
+    // The label selector's syntax, as the parser holds it, on both filters.
+    let pattern = super::selector::PATTERN;
+    assert_eq!(
+        doc["components"]["schemas"]["Filters"]["properties"]["labelSelector"]["pattern"],
+        pattern
+    );
+    let param = doc["paths"]["/v1/proxies"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "labelSelector")
+        .unwrap();
+    assert_eq!(param["schema"]["pattern"], pattern);
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
