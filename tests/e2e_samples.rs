@@ -66,8 +66,8 @@ fn deployment_args(
     let args = d["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
         .unwrap();
-    let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let probes: SocketAddr = support::loopback();
+    let metrics: SocketAddr = support::loopback();
     let out = args
         .iter()
         .map(|a| {

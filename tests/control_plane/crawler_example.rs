@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddr};
+
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -30,24 +30,13 @@ async fn the_python_crawler_example_waits_renews_recovers_and_fetches_through_sq
     crawler::require_python_requests();
     let ground = support::ground_without_pods("crawler-py").await;
     let target = support::http_target().await;
-    let port = support::free_port();
-    let _squid = squid::start(
-        Ipv4Addr::LOCALHOST,
-        port,
-        "crawlerpy",
-        "http_access allow me",
-    )
-    .await;
-    let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let (port, _squid) = squid::on_loopback("crawlerpy").await;
+    let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.operator(dir.path(), "providers: []\n");
-    cmd.args(["--discovery-bind-address", &api.to_string()])
-        .args(["--default-probe-url", &format!("http://{target}/")])
+    let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+    cmd.args(["--default-probe-url", &format!("http://{target}/")])
         .args(["--default-probe-expected-status", "200"])
-        .args(["--max-leases-per-proxy", "1"])
-        .env("DISCOVERY_TOKEN", TOKEN);
+        .args(["--max-leases-per-proxy", "1"]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let proxies = ground.proxies();
     let external = support::proxy(

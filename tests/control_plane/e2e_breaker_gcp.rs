@@ -82,9 +82,7 @@ async fn the_breaker_opens_when_most_gcp_instances_stop_at_once_keeps_them_and_c
     standin.with(|s| s.running_after_gets = 1);
     let target = support::http_target().await;
     let dir = tempfile::tempdir().unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let metrics: SocketAddr = support::loopback();
     let providers = providers_named(
         PROVIDER,
         &standin,

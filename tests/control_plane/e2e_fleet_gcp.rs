@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -331,26 +331,17 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         st.fixed_ip = Some("127.0.0.1".into());
     });
     let target = support::http_target().await;
-    let port = support::free_port();
-    let _squid = squid::start(
-        Ipv4Addr::LOCALHOST,
-        port,
-        "fleetage",
-        "http_access allow me",
-    )
-    .await;
-    let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let (port, _squid) = squid::on_loopback("fleetage").await;
+    let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
-    let mut cmd = ground.operator(
+    let mut cmd = ground.discovery_operator(
         dir.path(),
         &providers(&standin, &format!("    maxUnavailable: {BUDGET}\n")),
+        api,
+        TOKEN,
     );
-    cmd.args(["--discovery-bind-address", &api.to_string()])
-        .args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl])
-        .env("DISCOVERY_TOKEN", TOKEN);
+    cmd.args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let proxies = ground.proxies();
     let names: Vec<String> = (0..N).map(|i| format!("age-{i}")).collect();

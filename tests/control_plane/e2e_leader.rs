@@ -142,12 +142,8 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     // The probe target answers every request, so as an External Proxy's
     // endpoint it is a healthy forward proxy: Ready, and leasable.
     let target = support::http_target().await;
-    let api: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
-    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let api: std::net::SocketAddr = support::loopback();
+    let metrics: std::net::SocketAddr = support::loopback();
     let log = dir.path().join("a.log");
     let mut a = leader::replica(
         &ground,

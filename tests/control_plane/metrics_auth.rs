@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::support::{self, eventually, free_port, Operator};
+use crate::support::{self, eventually, Operator};
 use support::shipped::{apply_rbac, token_kubeconfig};
 
 const NS: &str = "egress-proxies-operator-system";
@@ -37,7 +37,7 @@ async fn metrics_reader_token_scrapes_and_any_other_token_gets_403() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("manager.kubeconfig");
     std::fs::write(&kubeconfig, token_kubeconfig(c, manager.trim())).unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr: SocketAddr = support::loopback();
     let mut cmd = ground.operator(
         dir.path(),
         "providers:\n  - name: kubernetes\n    type: kubernetes\n",

@@ -51,7 +51,7 @@ impl TraceService for Collector {
 /// stops with the test); answers once it listens.
 async fn collector() -> (SocketAddr, Received) {
     let got = Received::default();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr: SocketAddr = support::loopback();
     let server = tonic::transport::Server::builder()
         .add_service(TraceServiceServer::new(Collector(got.clone())))
         .serve(addr);

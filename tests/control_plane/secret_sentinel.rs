@@ -13,7 +13,7 @@
 use crate::gcp_standin;
 use crate::support;
 
-use support::{api_call, eventually, free_port, Operator};
+use support::{api_call, eventually, Operator};
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -133,8 +133,8 @@ async fn no_secret_reaches_logs_spans_metrics_status_events_or_api_errors() {
     standin.with(|st| st.running_after_gets = 1);
     let (endpoint, exported) = otlp_receiver().await;
     let dir = tempfile::tempdir().unwrap();
-    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api_addr: SocketAddr = support::loopback();
+    let metrics_addr: SocketAddr = support::loopback();
     let providers = format!(
         "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
         standin.url

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::{breaker, condition, eventually, free_port, phase, Ground, Operator};
+use support::{breaker, condition, eventually, phase, Ground, Operator};
 use tokio::io::AsyncWriteExt;
 
 /// The provider's name: the ProviderHealth object and the Events are
@@ -121,7 +121,7 @@ async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_cl
     let up = Arc::new(AtomicBool::new(true));
     let flaky = switchable_target(ground.host_ip(), up.clone()).await;
     let dir = tempfile::tempdir().unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics: SocketAddr = support::loopback();
     let providers = support::kubernetes_reaching(
         PROVIDER,
         "    maxUnavailable: 4\n    circuitBreaker: {threshold: 50%, window: 10m, minReadyProxies: 3}\n",

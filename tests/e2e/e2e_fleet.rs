@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::support::recycle::{assert_no_lease_cut, Crawler};
-use crate::support::{self, api_call, condition, eventually, free_port, phase, Ground, Operator};
+use crate::support::{self, api_call, condition, eventually, phase, Ground, Operator};
 
 const TOKEN: &str = "fleet-test-token";
 
@@ -114,7 +114,7 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
     support::require_squid_pods();
     let ground = support::ground("fleet-age").await;
     let target = support::http_target_on(ground.host_ip()).await;
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api: SocketAddr = support::loopback();
     let (pods, watch) = watch_pods(&ground);
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
@@ -228,7 +228,7 @@ async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
     support::require_squid_pods();
     let ground = support::ground(prefix).await;
     let target = support::http_target_on(ground.host_ip()).await;
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api: SocketAddr = support::loopback();
     let (pods, watch) = watch_pods(&ground);
     let dir = tempfile::tempdir().unwrap();
     let op = fleet_operator(&ground, dir.path(), "", target, api, &[]);

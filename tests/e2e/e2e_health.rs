@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use support::{api_call as call, condition, eventually, free_port, phase, proxy, Ground, Operator};
+use support::{api_call as call, condition, eventually, phase, proxy, Ground, Operator};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,8 +69,8 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     let target = support::http_target_on(ground.host_ip()).await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
-    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api_addr: SocketAddr = support::loopback();
+    let metrics_addr: SocketAddr = support::loopback();
     let _op = probing_operator(
         &ground,
         dir.path(),
@@ -310,7 +310,7 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
     let target = support::http_target_on(ground.host_ip()).await;
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
-    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api_addr: SocketAddr = support::loopback();
     let _op = probing_operator(
         &ground,
         dir.path(),
@@ -500,7 +500,7 @@ async fn an_external_proxy_in_a_namespace_not_allowed_is_never_dialled_nor_liste
     let ground = support::ground("ext-allow").await;
     let (endpoint, dialled) = counting_proxy().await;
     let dir = tempfile::tempdir().unwrap();
-    let api_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api_addr: SocketAddr = support::loopback();
     let op = probing_operator(
         &ground,
         dir.path(),

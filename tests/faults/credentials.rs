@@ -189,9 +189,7 @@ async fn e2e_gcp_credentials_revoked_and_restored_lose_no_ready_proxy() {
     standin.with(|s| s.running_after_gets = 1);
     let target = support::http_target().await;
     let dir = tempfile::tempdir().unwrap();
-    let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let api: SocketAddr = support::loopback();
     let providers = format!(
         "providers:\n  - name: gcp\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
         standin.url
@@ -304,9 +302,7 @@ async fn e2e_kubernetes_pod_rbac_revoked_and_restored_lose_no_ready_proxy() {
     let kubeconfig = dir.path().join("manager.kubeconfig");
     std::fs::write(&kubeconfig, token_kubeconfig(c, token.trim())).unwrap();
     let target = support::http_target_on(ground.host_ip()).await;
-    let api: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let api: SocketAddr = support::loopback();
     let providers = support::kubernetes_reaching("kubernetes", "", target.ip());
     let mut cmd = serving(&ground, dir.path(), &providers, api, target);
     cmd.env("KUBECONFIG", &kubeconfig);

@@ -110,9 +110,7 @@ async fn e2e_a_frozen_api_server_makes_the_leader_step_down_and_one_leads_after(
     let proxies: Api<Proxy> = ground.proxies();
     let timing = ["6s", "4s"];
 
-    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
+    let metrics: std::net::SocketAddr = support::loopback();
     let a = leader::replica(
         &ground,
         dir,

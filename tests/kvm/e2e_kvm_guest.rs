@@ -33,7 +33,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use kvm_support::{guest_tools_missing, virsh, Env};
 use serde_json::json;
-use support::{crawler, eventually, free_port, Operator};
+use support::{crawler, eventually, Operator};
 
 const TOKEN: &str = "kvm-guest-token";
 const NAME: &str = "guest";
@@ -177,7 +177,7 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     let (tls, ca_pem) = support::tls_target_on(host_ip).await;
     let (web, heads) = support::recording_target(host_ip, 200, "hello from the test host").await;
     let (otlp, spans) = support::otlp_spans().await;
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let api: SocketAddr = support::loopback();
 
     let ground = support::ground_without_pods("kvm-guest").await;
     let dir = tempfile::tempdir().unwrap();

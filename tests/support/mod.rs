@@ -299,6 +299,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free address on 127.0.0.1, for a server a test starts.
+pub fn loopback() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
 /// The repository root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -617,6 +622,20 @@ impl Ground {
             .args(["--default-probe-expected-status", "200"])
             .env("LOG_LEVEL", "info");
         Operator::spawn(cmd, &dir.join("operator.log"))
+    }
+
+    /// The operator with its discovery API on `api`, guarded by `token`.
+    pub fn discovery_operator(
+        &self,
+        dir: &Path,
+        providers: &str,
+        api: std::net::SocketAddr,
+        token: &str,
+    ) -> Command {
+        let mut cmd = self.operator(dir, providers);
+        cmd.args(["--discovery-bind-address", &api.to_string()])
+            .env("DISCOVERY_TOKEN", token);
+        cmd
     }
 
     pub fn operator(&self, dir: &Path, providers: &str) -> Command {

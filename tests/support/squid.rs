@@ -42,6 +42,16 @@ impl Drop for Squid {
     }
 }
 
+/// A Squid on a free port of 127.0.0.1 that serves loopback clients: what
+/// an External Proxy's endpoint points at. Returns its port.
+pub async fn on_loopback(tag: &str) -> (u16, Squid) {
+    let port = super::free_port();
+    (
+        port,
+        start(Ipv4Addr::LOCALHOST, port, tag, "http_access allow me").await,
+    )
+}
+
 /// Starts Squid on `ip:port` with the `access` lines (before a final
 /// `http_access deny all`; the acls `me` and `clients` match
 /// 127.0.0.0/8), and waits until it listens. `tag` keeps its shared
