@@ -163,6 +163,16 @@ impl Api {
     }
 }
 
+/// The names of a listing's items, in order.
+fn names(v: &Value) -> Vec<String> {
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
@@ -196,14 +206,6 @@ async fn auth_matrix() {
 #[tokio::test]
 async fn listing_and_filters() {
     let api = Api::start(Some("t0k"), 1).await;
-    let names = |v: &Value| -> Vec<String> {
-        v["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["name"].as_str().unwrap().to_string())
-            .collect()
-    };
     let cases: [(&str, u16, &[&str]); 6] = [
         ("/v1/proxies", 200, &["a", "b"]),
         ("/v1/proxies?zone=z1", 200, &["a"]),
@@ -860,14 +862,6 @@ async fn each_token_is_a_client_with_its_own_lease_cap() {
 #[tokio::test]
 async fn namespace_and_label_selector_filters() {
     let api = Api::start(Some("t0k"), 1).await;
-    let names = |v: &Value| -> Vec<String> {
-        v["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["name"].as_str().unwrap().to_string())
-            .collect()
-    };
     let (s, v) = api
         .call(
             "GET",
