@@ -100,8 +100,11 @@ pub struct Flags {
     #[arg(long, env = "INSTALLATION_ID", value_name = "ID")]
     pub installation_id: Option<String>,
 
-    /// Concurrent health probes.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    /// Health probes in flight at once. A probe waiting on the network
+    /// holds only its slot (no thread); slots are shared fairly across
+    /// namespaces, so one namespace of unresponsive endpoints cannot delay
+    /// the others' verdicts. Each slot may use one socket.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub health_workers: u16,
 
     /// URL fetched through each proxy when its spec.healthCheck names none.

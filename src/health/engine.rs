@@ -97,7 +97,7 @@ impl Engine {
         let now_ms = || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         let pool = Arc::new(Semaphore::new(self.workers));
         let (done_tx, mut done_rx) = mpsc::channel::<Done>(self.workers * 2);
-        let mut probes = Probes::new(self.defaults.clone());
+        let mut probes = Probes::new(self.defaults.clone()).with_slots(self.workers);
         tokio::pin!(shutdown);
         info!(workers = self.workers, "Health engine started");
         loop {
@@ -227,7 +227,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::super::probes::tests::{defaults, external};
+    use super::super::probes::tests::{defaults, external, external_in};
     use super::*;
     use std::time::Duration;
 
@@ -314,6 +314,67 @@ mod tests {
             }
         }
         assert!(gone, "pruned");
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// A "proxy" that accepts connections and never answers.
+    async fn tarpit() -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((c, _)) = l.accept().await {
+                held.push(c);
+            }
+        });
+        port
+    }
+
+    /// 40 tarpits in one namespace and 4 probe slots: the two proxies of
+    /// another namespace still get their verdicts long before the first
+    /// tarpit probe gives up (30 s). Without shares the tarpits would hold
+    /// every slot for the whole timeout.
+    #[tokio::test]
+    async fn a_namespace_of_tarpits_does_not_hold_back_the_others() {
+        use kube::runtime::watcher::Event;
+        let (good, bad) = (answering_proxy().await, tarpit().await);
+        let mut registry = crate::metrics::Registrar::new();
+        let engine = Arc::new(Engine::new(
+            defaults(),
+            4,
+            super::super::probe::tls_config(None).unwrap(),
+            false,
+            HealthMetrics::register(&mut registry),
+        ));
+        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
+        for i in 0..40 {
+            let name = format!("t{i}");
+            writer.apply_watcher_event(&Event::Apply(external_in("tarpit", &name, &name, bad, 30)));
+        }
+        for name in ["a", "b"] {
+            writer.apply_watcher_event(&Event::Apply(external_in("crawl", name, name, good, 30)));
+        }
+        let (notifier, mut rx) = Notifier::channel(64);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
+            let _ = stop_rx.await;
+        }));
+        let mut seen = std::collections::BTreeSet::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while seen.len() < 2 {
+                let n = rx.recv().await.unwrap();
+                assert_eq!(n.namespace.as_deref(), Some("crawl"), "{n:?}");
+                seen.insert(n.name);
+            }
+        })
+        .await
+        .expect("both crawl proxies probed while the tarpits held their slots");
+        assert_eq!(engine.verdict("crawl", "a", "a"), Some(true));
+        assert_eq!(engine.verdict("crawl", "b", "b"), Some(true));
         let _ = stop_tx.send(());
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

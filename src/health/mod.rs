@@ -13,6 +13,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod fairness;
 pub mod metrics;
 pub mod notify;
 pub mod probe;

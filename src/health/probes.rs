@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use url::Url;
 
+use super::fairness::Fairness;
 use super::probe::{ProbeResult, ProbeTarget};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
@@ -124,6 +125,11 @@ pub fn key_of(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
+/// The namespace part of a [`key_of`] key.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(ns, _)| ns)
+}
+
 /// A Proxy whose published verdict must go, found by [`Probes::sync`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
@@ -174,6 +180,10 @@ pub struct Probes {
     targets: HashMap<String, ProbeSpec>,
     states: HashMap<String, threshold::State>,
     last_sync: Option<u64>,
+    /// Shares of the probe slots per namespace.
+    fair: Fairness,
+    /// Namespaces with proxies to probe.
+    namespaces: usize,
 }
 
 const SYNC_MS: u64 = SYNC_EVERY.as_millis() as u64;
@@ -188,6 +198,17 @@ impl Probes {
             targets: HashMap::new(),
             states: HashMap::new(),
             last_sync: None,
+            fair: Fairness::new(usize::MAX),
+            namespaces: 0,
+        }
+    }
+
+    /// The same, sharing `slots` probe slots fairly across namespaces
+    /// ([`Fairness`]).
+    pub fn with_slots(self, slots: usize) -> Self {
+        Probes {
+            fair: Fairness::new(slots),
+            ..self
         }
     }
 
@@ -249,14 +270,28 @@ impl Probes {
             self.sched.remove(&key);
             dropped.push(Dropped { key, gone: true });
         }
+        self.namespaces = self
+            .targets
+            .keys()
+            .map(|k| namespace_of(k))
+            .collect::<HashSet<_>>()
+            .len();
         dropped
     }
 
     /// Up to `limit` probes due at `now`, each marked in flight until
     /// [`Probes::complete`] (or [`Probes::requeue`]).
     pub fn due(&mut self, now: u64, limit: usize) -> Vec<(String, ProbeSpec)> {
+        let (fair, namespaces) = (&mut self.fair, self.namespaces);
         self.sched
-            .pop_due(now, limit)
+            .pop_due_where(now, limit, |key| {
+                let ns = namespace_of(key);
+                let admitted = fair.admit(ns, namespaces);
+                if admitted {
+                    fair.start(ns);
+                }
+                admitted
+            })
             .into_iter()
             .filter_map(|key| {
                 let spec = self.targets.get(&key)?.clone();
@@ -268,6 +303,7 @@ impl Probes {
     /// A due probe that could not be started: rescheduled as if it had
     /// run at `now`, so the Proxy is not lost.
     pub fn requeue(&mut self, key: &str, now: u64) {
+        self.fair.finish(namespace_of(key));
         self.sched.complete(&key.to_string(), now, now);
     }
 
@@ -297,6 +333,7 @@ impl Probes {
         at: DateTime<Utc>,
         result: &ProbeResult,
     ) -> Folded {
+        self.fair.finish(namespace_of(key));
         self.sched.complete(&key.to_string(), started, now);
         let Some(current) = self.targets.get(key) else {
             return Folded::Gone;

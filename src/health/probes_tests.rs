@@ -155,11 +155,23 @@ fn external_proxies_outside_the_allowlist_are_never_probed() {
 }
 
 pub(crate) fn external(name: &str, uid: &str, port: u16) -> Proxy {
+    external_in("ns", name, uid, port, 1)
+}
+
+/// An External Proxy in `namespace` on 127.0.0.1:`port`, its probe timing
+/// out after `timeout_s`.
+pub(crate) fn external_in(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    port: u16,
+    timeout_s: u32,
+) -> Proxy {
     proxy(
         json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port},
-            "healthCheck": {"url": "http://127.0.0.1:9/", "expectedStatus": 200, "timeoutSeconds": 1}}}),
+            "healthCheck": {"url": "http://127.0.0.1:9/", "expectedStatus": 200, "timeoutSeconds": timeout_s}}}),
     )
 }
 

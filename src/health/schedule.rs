@@ -7,6 +7,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+/// How long a due proxy refused by the admission rule waits before it is
+/// looked at again (a slot usually frees sooner and wakes the engine).
+pub const DEFER_MS: u64 = 20;
+
 /// What the schedule knows of one proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -82,7 +86,19 @@ impl<K: Clone + Ord + std::hash::Hash> Schedule<K> {
 
     /// Pops up to `limit` proxies due at `now`, marking them in flight.
     pub fn pop_due(&mut self, now: u64, limit: usize) -> Vec<K> {
+        self.pop_due_where(now, limit, |_| true)
+    }
+
+    /// [`Schedule::pop_due`] of the proxies `admit` lets start; a due proxy
+    /// it refuses stays due and is looked at again [`DEFER_MS`] later.
+    pub fn pop_due_where(
+        &mut self,
+        now: u64,
+        limit: usize,
+        mut admit: impl FnMut(&K) -> bool,
+    ) -> Vec<K> {
         let mut out = Vec::new();
+        let mut deferred = Vec::new();
         while out.len() < limit {
             let Some(Reverse((due, epoch, _))) = self.heap.peek() else {
                 break;
@@ -96,11 +112,16 @@ impl<K: Clone + Ord + std::hash::Hash> Schedule<K> {
             };
             if let Some(e) = self.entries.get_mut(&key) {
                 if e.epoch == epoch && !e.in_flight {
-                    e.in_flight = true;
-                    out.push(key);
+                    if admit(&key) {
+                        e.in_flight = true;
+                        out.push(key);
+                    } else {
+                        deferred.push(Reverse((now + DEFER_MS, epoch, key)));
+                    }
                 }
             }
         }
+        self.heap.extend(deferred);
         self.compact();
         out
     }
@@ -240,6 +261,22 @@ mod tests {
         s.complete(&1, 0, 10);
         assert_eq!(s.next_due(), Some(2000));
         assert_eq!(s.len(), 9);
+    }
+
+    #[test]
+    fn a_refused_proxy_stays_due_and_comes_back() {
+        let mut s: Schedule<&str> = Schedule::default();
+        for k in ["tarpit/a", "tarpit/b", "crawl/c"] {
+            s.upsert(&k, 1000, 0, 0);
+        }
+        let got = s.pop_due_where(0, 10, |k| k.starts_with("crawl/"));
+        assert_eq!(got, vec!["crawl/c"]);
+        // Not before the deferral, then both.
+        assert_eq!(s.pop_due(DEFER_MS - 1, 10), Vec::<&str>::new());
+        let mut got = s.pop_due(DEFER_MS, 10);
+        got.sort();
+        assert_eq!(got, vec!["tarpit/a", "tarpit/b"]);
+        assert_eq!(s.len(), 3);
     }
 
     #[test]
