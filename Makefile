@@ -32,7 +32,7 @@ K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease fuzz-api test-faults kvm-guest
+	bench-lease bench-scale fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -74,6 +74,10 @@ test-faults: test-cluster ## The fault suite: the real binary against its own te
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
+
+N ?= 1000
+bench-scale: test-cluster ## The operator at fleet scale on the real test ground: N External Proxies on one Squid (default N=1000), apply to Ready, RSS, CPU against a bare probe loop, API-server requests, /metrics size, leases at BENCH_LEASES live leases vs bare axum (BENCH_HOLD=30 s steady window); writes the table into docs/performance.md.
+	BENCH_N=$(N) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
 	CARGO="$(CARGO)" tests/fuzz-api.sh

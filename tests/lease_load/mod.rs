@@ -1,0 +1,159 @@
+//! The lease load of `make bench-lease` and `make bench-scale`: 64
+//! keep-alive connections doing acquire + release against a discovery API,
+//! and the bare axum handler on the same routes that is their baseline.
+#![allow(dead_code)] // each benchmark binary uses its own part
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::{json, Value};
+
+/// Concurrent keep-alive connections of a load.
+pub const CONNECTIONS: usize = 64;
+
+/// What one load achieved.
+pub struct Figures {
+    pub pairs: usize,
+    pub errors: usize,
+    pub secs: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+/// Acquire + release pairs on `CONNECTIONS` connections for `run_for`,
+/// with the bearer `token`.
+pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
+    let deadline = Instant::now() + run_for;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let token = token.to_string();
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let driver = tokio::spawn(conn);
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let req = hyper::Request::post("/v1/leases")
+                    .header("host", "bench")
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from_static(b"{\"ttlSeconds\":60}")))
+                    .unwrap();
+                let Ok(resp) = send.send_request(req).await else {
+                    errors += 1;
+                    break;
+                };
+                let ok = resp.status() == 201;
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                let id = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["id"].as_str().map(String::from));
+                let (true, Some(id)) = (ok, id) else {
+                    errors += 1;
+                    continue;
+                };
+                let req = hyper::Request::delete(format!("/v1/leases/{id}"))
+                    .header("host", "bench")
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let Ok(resp) = send.send_request(req).await else {
+                    errors += 1;
+                    break;
+                };
+                let ok = resp.status() == 204;
+                let _ = resp.into_body().collect().await;
+                if ok {
+                    lat.push(t.elapsed());
+                } else {
+                    errors += 1;
+                }
+            }
+            drop(send);
+            let _ = driver.await;
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Figures {
+        pairs: all.len(),
+        errors,
+        secs,
+        p50: pct(0.50),
+        p99: pct(0.99),
+    }
+}
+
+/// One line of figures.
+pub fn print(name: &str, f: &Figures) {
+    println!(
+        "{name:<22} {:>9.0} acquire+release/s  p50 {:>8.3} ms  p99 {:>8.3} ms  ({} pairs, {} errors, {:.1}s)",
+        f.pairs as f64 / f.secs,
+        f.p50.as_secs_f64() * 1e3,
+        f.p99.as_secs_f64() * 1e3,
+        f.pairs,
+        f.errors,
+        f.secs
+    );
+}
+
+impl Figures {
+    /// Pairs per second.
+    pub fn rate(&self) -> f64 {
+        self.pairs as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// A bare axum handler answering the two routes with fixed bodies, on a
+/// free loopback port; stops when `stop` fires.
+pub async fn bare_server(stop: tokio::sync::oneshot::Receiver<()>) -> SocketAddr {
+    let bare = Router::new()
+        .route(
+            "/v1/leases",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    Json(json!({"id": "l-bare", "proxy": {"ip": "10.0.0.1", "port": 3128}})),
+                )
+            }),
+        )
+        .route(
+            "/v1/leases/{id}",
+            delete(|| async { StatusCode::NO_CONTENT }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, bare)
+            .with_graceful_shutdown(async move {
+                let _ = stop.await;
+            })
+            .await
+    });
+    addr
+}
