@@ -14,6 +14,7 @@
 pub mod engine;
 pub mod error;
 pub mod fairness;
+pub mod latency_writes;
 pub mod metrics;
 pub mod notify;
 pub mod probe;

@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use url::Url;
 
 use super::fairness::Fairness;
+use super::latency_writes::LatencyWrites;
 use super::probe::{ProbeResult, ProbeTarget};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
@@ -184,6 +185,8 @@ pub struct Probes {
     fair: Fairness,
     /// Namespaces with proxies to probe.
     namespaces: usize,
+    /// The budget of latency-only status writes.
+    latency_writes: LatencyWrites,
 }
 
 const SYNC_MS: u64 = SYNC_EVERY.as_millis() as u64;
@@ -200,6 +203,7 @@ impl Probes {
             last_sync: None,
             fair: Fairness::new(usize::MAX),
             namespaces: 0,
+            latency_writes: LatencyWrites::default(),
         }
     }
 
@@ -343,7 +347,16 @@ impl Probes {
         }
         let latency_ms = u64::try_from(result.latency.as_millis()).unwrap_or(u64::MAX);
         let state = self.states.entry(key.to_string()).or_default();
-        let (next, change) = threshold::fold(*state, result.ok, latency_ms, current.thresholds);
+        let (mut next, mut change) =
+            threshold::fold(*state, result.ok, latency_ms, current.thresholds);
+        if change == Some(Change::Latency) && !self.latency_writes.allow(state.written_ms, now) {
+            // Not written: the status keeps the latency it shows.
+            next.reported_latency_ms = state.reported_latency_ms;
+            change = None;
+        }
+        if change.is_some() {
+            next.written_ms = Some(now);
+        }
         *state = next;
         let Some(change) = change else {
             return Folded::Quiet;

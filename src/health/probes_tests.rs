@@ -337,7 +337,8 @@ fn results_fold_into_verdicts() {
                 ),
                 (ok(10), None),
                 (ok(10), Some((true, Change::Flip, passed))),
-                (ok(500), Some((true, Change::Latency, passed))),
+                // Within a minute of the last write: not worth one.
+                (ok(500), None),
             ],
         ),
         (
@@ -386,6 +387,37 @@ fn results_fold_into_verdicts() {
             assert_eq!(got, want, "{name}, step {i}");
         }
     }
+}
+
+/// A latency that moved is written once a minute at most per proxy; a
+/// flip is written at once, whatever the budget.
+#[test]
+fn latency_only_writes_are_spaced() {
+    use crate::health::latency_writes::MIN_INTERVAL_MS as MIN;
+    let mut p = Probes::new(defaults());
+    p.sync([&tuned("a", "u1", 1, 1, 1)], 0);
+    let spec = p.due(1000, 1).pop().unwrap().1;
+    let at = Utc::now();
+    let mut at_time = |now: u64, r: ProbeResult| match p.complete("ns/a", &spec, now, now, at, &r) {
+        Folded::Publish(v) => Some((v.change, v.report.latency_ms)),
+        _ => None,
+    };
+    assert_eq!(at_time(0, ok(10)), Some((Change::First, 10)));
+    assert_eq!(
+        at_time(1_000, ok(500)),
+        None,
+        "a second after the last write"
+    );
+    assert_eq!(
+        at_time(MIN, ok(900)),
+        Some((Change::Latency, 900)),
+        "a minute after: written"
+    );
+    assert_eq!(
+        at_time(MIN + 1, failed(ProbeError::Timeout(Duration::from_secs(1)))),
+        Some((Change::Flip, 7)),
+        "a flip right after a write"
+    );
 }
 
 #[test]

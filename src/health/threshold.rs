@@ -38,6 +38,9 @@ pub struct State {
     pub failures: u32,
     /// Latency of the last status-affecting result.
     pub reported_latency_ms: Option<u64>,
+    /// When (engine clock, ms) a result of this proxy last reached the
+    /// status; set by the engine, not by [`fold`].
+    pub written_ms: Option<u64>,
 }
 
 /// Why a result affects status.
