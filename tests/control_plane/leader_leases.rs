@@ -2,13 +2,15 @@
 //! --leader-elect on the real test cluster (control plane only), eight
 //! External Proxies on one real Squid, two leases per proxy. Fifty crawler
 //! loops acquire, renew and release through randomly chosen replicas while
-//! the leader is SIGKILLed. An independent ledger in the test records every
+//! the leader is SIGKILLed, then while every replica is stopped (SIGTERM)
+//! and started again in turn. An independent ledger in the test records every
 //! grant, renewal, release and loss, and checks afterwards that no proxy
 //! was ever held more than twice at once by one leader's table (the
-//! killed leader's leases count until the kill: carrying them over is
+//! stopped leader's leases count until it stopped: carrying them over is
 //! separate work, so a 404 on renewing one is allowed and counted);
 //! followers answer `503 leader_unavailable` with `Retry-After` while no
-//! replica leads, and no lease granted after the kill is ever unknown.
+//! replica leads, and no lease asked for after the last leader stop is
+//! ever unknown.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::HashMap;
@@ -127,11 +129,37 @@ struct Shared {
     http: Http,
     apis: Vec<SocketAddr>,
     ledger: Mutex<Ledger>,
-    killed_at: Mutex<Option<Instant>>,
+    /// When a leader was stopped (SIGKILL or SIGTERM): its table is gone.
+    leader_stops: Mutex<Vec<Instant>>,
+    done: std::sync::atomic::AtomicBool,
     stop_at: Instant,
 }
 
 impl Shared {
+    /// The first leader stop after `asked`: a lease asked for before it
+    /// may have lived in the stopped leader's table.
+    fn stop_after(&self, asked: Instant) -> Option<Instant> {
+        self.leader_stops
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .find(|k| *k > asked)
+    }
+
+    /// The leader is stopped now: the leases asked for until now count
+    /// until now at most. That they live on in the next leader
+    /// (re-admission) is separate work; here their renewals may answer 404.
+    fn leader_stopped(&self) -> Instant {
+        let mut l = self.ledger.lock().unwrap();
+        let now = Instant::now();
+        for h in l.leases.values_mut() {
+            h.until = h.until.min(now);
+        }
+        self.leader_stops.lock().unwrap().push(now);
+        now
+    }
+
     fn pick(&self, rng: &mut Rng) -> SocketAddr {
         self.apis[rng.below(self.apis.len())]
     }
@@ -157,7 +185,10 @@ impl Shared {
 async fn crawl(s: Arc<Shared>, seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut rounds = 0;
-    while Instant::now() < s.stop_at && rounds < 10_000 {
+    while Instant::now() < s.stop_at
+        && !s.done.load(std::sync::atomic::Ordering::Relaxed)
+        && rounds < 10_000
+    {
         rounds += 1;
         let sent = Instant::now();
         let body = json!({"ttlSeconds": TTL});
@@ -189,10 +220,8 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
             let mut l = s.ledger.lock().unwrap();
             l.grants += 1;
             let mut until = sent + Duration::from_secs(TTL);
-            if let Some(k) = *s.killed_at.lock().unwrap() {
-                if asked < k {
-                    until = until.min(k);
-                }
+            if let Some(k) = s.stop_after(asked) {
+                until = until.min(k);
             }
             l.leases.insert(
                 id.clone(),
@@ -231,8 +260,7 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
                 404 => {
                     let h = l.leases.get_mut(&id).unwrap();
                     h.until = h.until.min(sent);
-                    let killed = *s.killed_at.lock().unwrap();
-                    if killed.is_some_and(|k| asked < k) {
+                    if s.stop_after(asked).is_some() {
                         l.lost_in_failover += 1;
                     } else {
                         l.lost_otherwise.push(format!("{id}: {v}"));
@@ -270,7 +298,8 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_kill() {
+async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_kill_and_a_rollout()
+{
     squid::require();
     let ground = support::ground_without_pods("lease-fwd").await;
     let target = support::http_target().await;
@@ -284,9 +313,7 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
     .await;
     let dir = tempfile::tempdir().unwrap();
     let leases: Api<Lease> = ground.api();
-    let names = ["a", "b", "c"];
-    let apis: Vec<SocketAddr> = names
-        .iter()
+    let apis: Vec<SocketAddr> = (0..3)
         .map(|_| {
             format!("127.0.0.1:{}", support::free_port())
                 .parse()
@@ -294,30 +321,39 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         })
         .collect();
     let probe_url = format!("http://{target}/");
-    let mut replicas: Vec<Option<Operator>> = names
-        .iter()
-        .zip(&apis)
-        .map(|(name, api)| {
-            Some(leader::replica(
-                &ground,
-                dir.path(),
-                name,
-                ["4s", "3s"],
-                &[
-                    "--discovery-bind-address",
-                    &api.to_string(),
-                    "--discovery-advertise-url",
-                    &format!("http://{api}"),
-                    "--default-probe-url",
-                    &probe_url,
-                    "--default-probe-expected-status",
-                    "200",
-                    "--max-leases-per-proxy",
-                    &CAPACITY.to_string(),
-                ],
-            ))
-        })
-        .collect();
+    let capacity = CAPACITY.to_string();
+    // Replica i, generation g, is named like "r1g0" (its Lease identity
+    // starts with it); the same port across restarts.
+    let start = |i: usize, g: usize| {
+        let api = apis[i];
+        leader::replica(
+            &ground,
+            dir.path(),
+            &format!("r{i}g{g}"),
+            ["4s", "3s"],
+            &[
+                "--discovery-bind-address",
+                &api.to_string(),
+                "--discovery-advertise-url",
+                &format!("http://{api}"),
+                "--default-probe-url",
+                &probe_url,
+                "--default-probe-expected-status",
+                "200",
+                "--max-leases-per-proxy",
+                &capacity,
+            ],
+        )
+    };
+    let mut replicas: Vec<Operator> = (0..3).map(|i| start(i, 0)).collect();
+    let leader_index = |holder: &str| {
+        holder[1..]
+            .split('g')
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
     let proxies = ground.proxies();
     for i in 0..PROXIES {
         let p = support::proxy(
@@ -359,8 +395,9 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         http: http.clone(),
         apis: apis.clone(),
         ledger: Mutex::new(Ledger::default()),
-        killed_at: Mutex::new(None),
-        stop_at: Instant::now() + Duration::from_secs(45),
+        leader_stops: Mutex::new(Vec::new()),
+        done: Default::default(),
+        stop_at: Instant::now() + Duration::from_secs(150),
     });
     let loops: Vec<_> = (0..LOOPS)
         .map(|i| tokio::spawn(crawl(shared.clone(), i as u64 + 1)))
@@ -369,26 +406,12 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
     tokio::time::sleep(Duration::from_secs(15)).await;
     let before = shared.ledger.lock().unwrap().grants;
     let old = holder(&leases).await.unwrap();
-    let idx = names
-        .iter()
-        .position(|n| old.starts_with(&format!("{n}_")))
-        .unwrap();
-    let killed = Instant::now();
-    {
-        // The killed leader's table dies with it: its leases count until
-        // now. That they live on in the next leader (re-admission) is
-        // separate work; here their renewals may answer 404.
-        let mut l = shared.ledger.lock().unwrap();
-        for h in l.leases.values_mut() {
-            h.until = h.until.min(killed);
-        }
-        *shared.killed_at.lock().unwrap() = Some(killed);
-    }
+    let idx = leader_index(&old);
+    let killed = shared.leader_stopped();
     std::process::Command::new("kill")
-        .args(["-KILL", &replicas[idx].as_ref().unwrap().pid().to_string()])
+        .args(["-KILL", &replicas[idx].pid().to_string()])
         .status()
         .unwrap();
-    drop(replicas[idx].take());
     let new = eventually(
         "another replica to lead",
         Duration::from_secs(30),
@@ -396,17 +419,53 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
     )
     .await;
     println!(
-        "leader {old} killed; {new} leads after {:?}",
+        "leader {old} SIGKILLed; {new} leads after {:?}",
         killed.elapsed()
     );
+    let unavailable_at_kill = shared.ledger.lock().unwrap().unavailable;
+    replicas[idx] = start(idx, 1);
 
+    // A rollout: each replica in turn stopped (SIGTERM) and started again.
+    let mut generation = [1usize; 3];
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let leads = holder(&leases).await.is_some_and(|h| leader_index(&h) == i);
+        let stopped = Instant::now();
+        std::process::Command::new("kill")
+            .args(["-TERM", &replicas[i].pid().to_string()])
+            .status()
+            .unwrap();
+        let status = tokio::task::block_in_place(|| replicas[i].0.wait().unwrap());
+        assert!(
+            status.success(),
+            "replica {i} exits cleanly on SIGTERM: {status:?}"
+        );
+        if leads {
+            // Its table is gone from the moment it stopped serving.
+            shared.leader_stopped();
+            let next = eventually("a new leader", Duration::from_secs(30), || async {
+                holder(&leases).await.filter(|h| leader_index(h) != i)
+            })
+            .await;
+            println!(
+                "leader r{i} stopped by SIGTERM; {next} leads after {:?}",
+                stopped.elapsed()
+            );
+        }
+        generation[i] += 1;
+        replicas[i] = start(i, generation[i]);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    shared
+        .done
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     for l in loops {
         l.await.unwrap();
     }
     let l = shared.ledger.lock().unwrap();
     let (worst, on) = l.worst();
     println!(
-        "grants {}, renewals {}, releases {}, refused (409) {}, 503 leader_unavailable {}, unreachable (killed replica) {}, lost in failover (404 on renew) {}; before the kill {before} grants; at most {worst} leases at once on {on}",
+        "grants {}, renewals {}, releases {}, refused (409) {}, 503 leader_unavailable {} ({unavailable_at_kill} by the end of the SIGKILL takeover), unreachable (stopped replica) {}, lost in failover (404 on renew) {}; before the kill {before} grants; at most {worst} leases at once on {on}",
         l.grants, l.renewals, l.releases, l.refused, l.unavailable, l.unreachable, l.lost_in_failover
     );
     assert!(
@@ -424,8 +483,8 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         l.lost_otherwise
     );
     assert!(
-        l.unavailable > 0,
-        "the crawlers saw 503 leader_unavailable during the failover"
+        unavailable_at_kill > 0,
+        "the crawlers saw 503 leader_unavailable while no replica led"
     );
     assert!(
         before > 20 && l.grants > before,
