@@ -388,6 +388,21 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         )
         .await;
     }
+    // The leader publishes where it serves on its election Lease.
+    let lease = leases.get(leader::LEASE).await.unwrap();
+    let leading = leader_index(
+        lease
+            .spec
+            .as_ref()
+            .unwrap()
+            .holder_identity
+            .as_deref()
+            .unwrap(),
+    );
+    assert_eq!(
+        lease.metadata.annotations.unwrap()["crawl.example.com/discovery-url"],
+        format!("http://{}", apis[leading])
+    );
     // Those probe leases run out before the loops start.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
