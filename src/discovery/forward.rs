@@ -163,8 +163,12 @@ impl Forwarder {
     }
 
     /// Relays `req` to the leader at `base` and its answer back.
-    async fn relay(&self, base: &str, req: Request) -> Result<Response, Unavailable> {
-        let (parts, body) = req.into_parts();
+    async fn relay(
+        &self,
+        base: &str,
+        parts: axum::http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response, Unavailable> {
         let path = parts
             .uri
             .path_and_query()
@@ -173,10 +177,6 @@ impl Forwarder {
         let uri: Uri = format!("{}{path}", base.trim_end_matches('/'))
             .parse()
             .map_err(|_| Unavailable::Unreachable)?;
-        let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
-            Ok(b) => b,
-            Err(_) => return Ok(too_large()),
-        };
         let mut out = Request::builder().method(parts.method).uri(uri);
         if let Some(h) = out.headers_mut() {
             copy(
@@ -251,8 +251,14 @@ pub(super) async fn forward(State(s): State<ApiState>, req: Request, next: Next)
         Route::Local => return next.run(req).await,
         Route::Unavailable(why) => Err(why),
         Route::Forward(base) => {
+            // Read here, so an oversized body is this replica's 413 and
+            // not counted as forwarded.
+            let (parts, body) = req.into_parts();
+            let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+                return too_large();
+            };
             let span = tracing::info_span!("forward", otel.kind = "client", leader = %base);
-            f.relay(&base, req).instrument(span).await
+            f.relay(&base, parts, body).instrument(span).await
         }
     };
     match outcome {

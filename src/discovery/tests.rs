@@ -1040,6 +1040,12 @@ async fn a_follower_relays_lease_calls_to_the_leader_s_one_table() {
             .0,
         401
     );
+    // An oversized body is the follower's own 413, not forwarded.
+    let big = vec![b' '; BODY_LIMIT + 1];
+    let (status, body) = follower
+        .call("POST", "/v1/leases", Some("t0k"), Some(big))
+        .await;
+    assert_eq!((status, code(&body)), (413, "payload_too_large"), "{body}");
     let text = follower.metrics.encode().unwrap();
     assert!(
         text.contains(r#"proxy_operator_discovery_forwarded_total{outcome="relayed"} 5"#),
