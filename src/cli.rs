@@ -146,6 +146,13 @@ pub struct Flags {
     #[arg(long, default_value = ":8090", value_name = "ADDR")]
     pub discovery_bind_address: String,
 
+    /// Base URL at which the other replicas reach this replica's discovery
+    /// API (with --leader-elect the leader publishes it on its Lease, and
+    /// followers forward lease calls there). Default: http://$POD_IP and
+    /// the port of --discovery-bind-address.
+    #[arg(long, value_name = "URL")]
+    pub discovery_advertise_url: Option<String>,
+
     /// Serve the discovery API without a bearer token when
     /// `DISCOVERY_TOKEN` is unset. Without this flag the operator refuses to
     /// start with the API on and no token.

@@ -1,7 +1,9 @@
 //! `make bench-lease`: lease acquire + release throughput and latency at
 //! 64 concurrent keep-alive connections on loopback, against the real
-//! discovery API (bearer auth on, 64 healthy proxies) and, in the same run,
-//! a bare axum handler doing nothing but answering the same two routes.
+//! discovery API (bearer auth on, 64 healthy proxies) as the leader, the
+//! same calls through a follower replica that forwards them to it, and, in
+//! the same run, a bare axum handler doing nothing but answering the same
+//! two routes.
 //! Each phase runs BENCH_SECS seconds (default 5). Ignored by `cargo test`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
-use egress_proxies_operator::discovery::{serve_on, ApiState};
+use egress_proxies_operator::discovery::{serve_on, ApiState, Forwarder, Leader, FORWARD_TIMEOUT};
 use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
 use egress_proxies_operator::operator::Metrics;
 use lease_load::{bare_server, load, print, CONNECTIONS};
@@ -70,6 +72,32 @@ async fn bench_lease_acquire_release() {
         let _ = rx.await;
     }));
 
+    // A follower: its own (unused) store, lease calls forwarded to the API
+    // above, as a replica that does not lead.
+    let leader = Leader::At(format!("http://{api}"));
+    let follower_state = ApiState::new(
+        Arc::new(proxies(fleet)),
+        Arc::new(LeaseStore::new(LeaseConfig {
+            max_leases_per_proxy: 1,
+            default_ttl: Duration::from_secs(300),
+            max_ttl: Duration::from_secs(3600),
+            cooldown: Duration::from_secs(300),
+        })),
+        Some(TOKEN),
+        &Metrics::new().discovery,
+    )
+    .with_forwarder(Forwarder::new(
+        Arc::new(move || leader.clone()),
+        FORWARD_TIMEOUT,
+        Duration::from_secs(1),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let follower = listener.local_addr().unwrap();
+    let (stop_follower, rx) = tokio::sync::oneshot::channel::<()>();
+    let follower_task = tokio::spawn(serve_on(listener, follower_state, async move {
+        let _ = rx.await;
+    }));
+
     // A bare axum handler on the same routes.
     let (stop_bare, rx) = tokio::sync::oneshot::channel::<()>();
     let bare_addr = bare_server(rx).await;
@@ -86,16 +114,22 @@ async fn bench_lease_acquire_release() {
     print("bare axum handler", &b);
     let a = load(api, TOKEN, run_for).await;
     print("discovery/lease API", &a);
+    let f = load(follower, TOKEN, run_for).await;
+    print("through a follower", &f);
     println!(
-        "lease API throughput is {:.0}% of the bare handler",
-        100.0 * a.rate() / b.rate().max(1e-9)
+        "lease API throughput is {:.0}% of the bare handler; through a follower {:.0}% of the leader",
+        100.0 * a.rate() / b.rate().max(1e-9),
+        100.0 * f.rate() / a.rate().max(1e-9)
     );
     let _ = stop_api.send(());
     let _ = stop_bare.send(());
+    let _ = stop_follower.send(());
     api_task.await.unwrap().unwrap();
+    follower_task.await.unwrap().unwrap();
     assert_eq!(
-        a.errors, 0,
+        a.errors + f.errors,
+        0,
         "the lease API must not refuse: 64 proxies, 64 connections"
     );
-    assert!(a.pairs > 0 && b.pairs > 0);
+    assert!(a.pairs > 0 && b.pairs > 0 && f.pairs > 0);
 }

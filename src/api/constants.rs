@@ -39,6 +39,10 @@ pub const UID_MARK: &str = "proxy-operator-uid";
 /// installation's instances from another cluster's.
 pub const INSTALLATION_MARK: &str = "proxy-operator-installation";
 
+/// Annotation on the leader-election Lease: the leader's discovery API
+/// base URL, where followers forward lease calls.
+pub const DISCOVERY_URL_ANNOTATION: &str = "crawl.example.com/discovery-url";
+
 /// Name of the Lease used for leader election.
 pub const LEADER_ELECTION_ID: &str = "egress-proxies-operator.crawl.example.com";
 

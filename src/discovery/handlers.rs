@@ -157,7 +157,9 @@ pub(super) async fn list_proxies(
         (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
-        (status = 422, description = "Unknown field or wrong type", body = ErrorBody)))]
+        (status = 422, description = "Unknown field or wrong type", body = ErrorBody),
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
@@ -221,7 +223,9 @@ pub(super) async fn acquire(
 /// Reads a live lease.
 #[utoipa::path(get, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
     responses((status = 200, body = LeaseResponse), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "The leased proxy is no longer healthy", body = ErrorBody)))]
+        (status = 409, description = "The leased proxy is no longer healthy", body = ErrorBody),
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn get_lease(
     State(s): State<ApiState>,
     Path(id): Path<String>,
@@ -238,7 +242,9 @@ pub(super) async fn get_lease(
     request_body(content = Option<RenewBody>, description = "Optional; an empty body is {}"),
     responses((status = 200, body = LeaseResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "The leased proxy is no longer healthy; the lease runs out", body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn renew(
     State(s): State<ApiState>,
     Path(id): Path<String>,
@@ -257,7 +263,9 @@ pub(super) async fn renew(
 
 /// Ends a lease. Idempotent: an unknown or already released lease is 204 too.
 #[utoipa::path(delete, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
-    responses((status = 204, description = "Released (or already gone)"), (status = 401, body = ErrorBody)))]
+    responses((status = 204, description = "Released (or already gone)"), (status = 401, body = ErrorBody),
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn release(State(s): State<ApiState>, Path(id): Path<String>) -> StatusCode {
     if s.leases.release(&id) {
         s.metrics.lease_event("released", 1);
@@ -271,7 +279,9 @@ pub(super) async fn release(State(s): State<ApiState>, Path(id): Path<String>) -
 #[utoipa::path(post, path = "/v1/leases/{id}/report", params(("id" = String, Path, description = "Lease id")),
     request_body = ReportBody,
     responses((status = 204, description = "Recorded"), (status = 400, description = "Malformed JSON or invalid result", body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn report(
     State(s): State<ApiState>,
     Path(id): Path<String>,

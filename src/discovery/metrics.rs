@@ -20,6 +20,13 @@ pub struct EventLabel {
     pub event: String,
 }
 
+/// Labels of the forwarded lease call counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// relayed, or why not: no_leader, not_leader, unreachable, timeout.
+    pub outcome: String,
+}
+
 /// Labels of a discovery API request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
@@ -49,6 +56,7 @@ pub struct DiscoveryMetrics {
     requests: Family<RouteLabels, Counter>,
     duration: HistogramFamily<RouteLabel>,
     lease_events: Family<EventLabel, Counter>,
+    forwarded: Family<OutcomeLabel, Counter>,
     leases_active: Scraped<i64>,
 }
 
@@ -60,6 +68,7 @@ impl DiscoveryMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(request_histogram as fn() -> Histogram),
             lease_events: Family::default(),
+            forwarded: Family::default(),
             leases_active: Scraped::default(),
         };
         registry.register(
@@ -76,6 +85,11 @@ impl DiscoveryMetrics {
             "proxy_operator_lease_events",
             "Lease outcomes: granted, refused, renewed, released, expired, and reported ok, blocked or failed",
             m.lease_events.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_forwarded",
+            "Lease calls a follower sent to the leader, by outcome: relayed, or answered 503 because of no_leader, not_leader, unreachable or timeout",
+            m.forwarded.clone(),
         );
         registry.register_collector(&[LEASES_ACTIVE], LeasesActive(m.leases_active.clone()));
         m
@@ -100,6 +114,15 @@ impl DiscoveryMetrics {
                 route: route.to_string(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one lease call a follower forwarded (or could not).
+    pub fn forwarded(&self, outcome: &str) {
+        self.forwarded
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one lease event.

@@ -4,9 +4,11 @@
 //! span and a request log line per request named by the matched route,
 //! incoming `traceparent` honoured; body cap; bearer auth), `openapi` (the
 //! document), `serving` (router and server), `model` (wire types and the
-//! listing/filter rules), `error` (the JSON error answer).
+//! listing/filter rules), `error` (the JSON error answer), `forward`
+//! (lease calls on a follower go to the leader).
 
 mod error;
+mod forward;
 mod handlers;
 pub mod metrics;
 mod middleware;
@@ -17,6 +19,9 @@ mod serving;
 mod state;
 
 pub use error::ApiError;
+pub use forward::{
+    route, Forwarder, Leader, Route, Unavailable, FORWARDED_HEADER, FORWARD_TIMEOUT,
+};
 pub use handlers::MAX_KEY_LEN;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};
 pub use model::*;

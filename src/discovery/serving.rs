@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tracing::warn;
 
+use super::forward::forward;
 use super::handlers::*;
 use super::middleware::{auth, bounded, observe, BODY_LIMIT};
 use super::openapi::openapi_json;
@@ -35,10 +36,16 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
             }),
         )
         .route("/v1/proxies", get(list_proxies))
-        .route("/v1/leases", post(acquire))
-        .route("/v1/leases/{id}", get(get_lease).delete(release))
-        .route("/v1/leases/{id}/renew", post(renew))
-        .route("/v1/leases/{id}/report", post(report))
+        // Only these go to the leader's lease store; the listing is the
+        // same watch cache on every replica.
+        .merge(
+            Router::new()
+                .route("/v1/leases", post(acquire))
+                .route("/v1/leases/{id}", get(get_lease).delete(release))
+                .route("/v1/leases/{id}/renew", post(renew))
+                .route("/v1/leases/{id}/report", post(report))
+                .route_layer(middleware::from_fn_with_state(state.clone(), forward)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // `layer` wraps every route and the fallback after routing, so

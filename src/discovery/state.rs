@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 use sha2::{Digest, Sha256};
 
+use super::forward::Forwarder;
 use super::metrics::DiscoveryMetrics;
 use super::model::{item_of, Filter, ProxyItem};
 use crate::api::Proxy;
@@ -64,6 +65,8 @@ pub struct ApiState {
     rebuilding: Arc<AtomicBool>,
     /// Where External Proxies may be offered from.
     external: Arc<ExternalNamespaces>,
+    /// Where lease calls go when this replica does not lead.
+    pub(super) forward: Arc<Forwarder>,
 }
 
 impl ApiState {
@@ -108,7 +111,15 @@ impl ApiState {
             // None until told: a namespace that may write a Proxy's status
             // must still not get its own endpoint into the pool.
             external: Arc::new(ExternalNamespaces::only([])),
+            forward: Arc::new(Forwarder::alone()),
         }
+    }
+
+    /// Serves lease calls only while `forwarder` says this replica leads,
+    /// forwarding them to the leader otherwise.
+    pub fn with_forwarder(mut self, forwarder: Forwarder) -> Self {
+        self.forward = Arc::new(forwarder);
+        self
     }
 
     /// Offers External Proxies from the namespaces `external` allows only.

@@ -49,6 +49,28 @@ impl Api {
         limits: ClientLimits,
         server: crate::server::Limits,
     ) -> Api {
+        Api::start_full(tokens, max, limits, server, Forwarder::alone()).await
+    }
+
+    /// With token `t0k`, `max` leases per proxy, lease calls routed by
+    /// `leader`.
+    async fn start_routed(max: u32, leader: Leader, timeout: Duration) -> Api {
+        let forwarder = Forwarder::new(
+            Arc::new(move || leader.clone()),
+            timeout,
+            Duration::from_secs(3),
+        );
+        let limits = (ClientLimits::default(), crate::server::DISCOVERY_LIMITS);
+        Api::start_full(&[("default", "t0k")], max, limits.0, limits.1, forwarder).await
+    }
+
+    async fn start_full(
+        tokens: &[(&str, &str)],
+        max: u32,
+        limits: ClientLimits,
+        server: crate::server::Limits,
+        forwarder: Forwarder,
+    ) -> Api {
         let source: Vec<Arc<Proxy>> = vec![
             proxy("a", "z1", "True", json!({"geo": "home"})),
             proxy("b", "z2", "True", json!({"geo": "away"})),
@@ -70,7 +92,8 @@ impl Api {
             .iter()
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
-        let state = ApiState::with_clients(Arc::new(source), leases, &tokens, &discovery);
+        let state = ApiState::with_clients(Arc::new(source), leases, &tokens, &discovery)
+            .with_forwarder(forwarder);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -911,4 +934,197 @@ async fn namespace_and_label_selector_filters() {
         "{message}"
     );
     api.stop().await;
+}
+
+#[test]
+fn forward_decision() {
+    struct Case {
+        name: &'static str,
+        leader: Leader,
+        forwarded: bool,
+        want: Route,
+    }
+    let at = || Leader::At("http://10.0.0.7:8090".into());
+    let cases = [
+        Case {
+            name: "the leader serves",
+            leader: Leader::Me,
+            forwarded: false,
+            want: Route::Local,
+        },
+        Case {
+            name: "the leader serves what a follower forwarded",
+            leader: Leader::Me,
+            forwarded: true,
+            want: Route::Local,
+        },
+        Case {
+            name: "a follower that knows the leader forwards",
+            leader: at(),
+            forwarded: false,
+            want: Route::Forward("http://10.0.0.7:8090".into()),
+        },
+        Case {
+            name: "a forwarded call at a replica that no longer leads stops here",
+            leader: at(),
+            forwarded: true,
+            want: Route::Unavailable(Unavailable::NotLeader),
+        },
+        Case {
+            name: "no leader known",
+            leader: Leader::Unknown,
+            forwarded: false,
+            want: Route::Unavailable(Unavailable::NoLeader),
+        },
+        Case {
+            name: "no leader known, forwarded",
+            leader: Leader::Unknown,
+            forwarded: true,
+            want: Route::Unavailable(Unavailable::NoLeader),
+        },
+    ];
+    for c in cases {
+        assert_eq!(route(&c.leader, c.forwarded), c.want, "{}", c.name);
+    }
+}
+
+#[tokio::test]
+async fn a_follower_relays_lease_calls_to_the_leader_s_one_table() {
+    let leader = Api::start_routed(1, Leader::Me, FORWARD_TIMEOUT).await;
+    let url = format!("http://{}", leader.addr);
+    let follower = Api::start_routed(1, Leader::At(url), FORWARD_TIMEOUT).await;
+    // Two healthy proxies, one lease each: two grants in all, wherever asked.
+    let (s1, first) = follower.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!(s1, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let (s2, _) = leader.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!(s2, 201);
+    let (s3, full) = follower.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!((s3, code(&full)), (409, "no_capacity"), "{full}");
+    assert!(
+        follower.last_retry_after().parse::<u64>().unwrap() >= 1,
+        "the leader's Retry-After is relayed"
+    );
+    // The lease lives in the leader's table: read there, renewed, reported
+    // and released through the follower.
+    let path = format!("/v1/leases/{id}");
+    assert_eq!(leader.call("GET", &path, Some("t0k"), None).await.0, 200);
+    let (renewed, body) = follower
+        .json("POST", &format!("{path}/renew"), json!({"ttlSeconds": 60}))
+        .await;
+    assert_eq!((renewed, body["ttlSeconds"].as_u64()), (200, Some(60)));
+    let report = json!({"result": "ok"});
+    assert_eq!(
+        follower
+            .json("POST", &format!("{path}/report"), report)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        follower.call("DELETE", &path, Some("t0k"), None).await.0,
+        204
+    );
+    assert_eq!(leader.call("GET", &path, Some("t0k"), None).await.0, 404);
+    // The follower checks the token itself, and the leader does again.
+    assert_eq!(
+        follower
+            .call("POST", "/v1/leases", Some("bad"), None)
+            .await
+            .0,
+        401
+    );
+    // An oversized body is the follower's own 413, not forwarded.
+    let big = vec![b' '; BODY_LIMIT + 1];
+    let (status, body) = follower
+        .call("POST", "/v1/leases", Some("t0k"), Some(big))
+        .await;
+    assert_eq!((status, code(&body)), (413, "payload_too_large"), "{body}");
+    let text = follower.metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"proxy_operator_discovery_forwarded_total{outcome="relayed"} 5"#),
+        "{text}"
+    );
+    follower.stop().await;
+    leader.stop().await;
+}
+
+#[tokio::test]
+async fn a_follower_without_a_reachable_leader_answers_503_with_retry_after() {
+    // A port nobody listens on: bound, then closed.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    // A leader that accepts connections and never answers.
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = format!("http://{}", mute.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((c, _)) = mute.accept().await {
+            open.push(c);
+        }
+    });
+    struct Case {
+        name: &'static str,
+        leader: Leader,
+        headers: &'static [(&'static str, &'static str)],
+        outcome: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "no leader known",
+            leader: Leader::Unknown,
+            headers: &[],
+            outcome: "no_leader",
+        },
+        Case {
+            name: "the leader's port is closed",
+            leader: Leader::At(gone),
+            headers: &[],
+            outcome: "unreachable",
+        },
+        Case {
+            name: "the leader does not answer",
+            leader: Leader::At(silent),
+            headers: &[],
+            outcome: "timeout",
+        },
+        Case {
+            name: "forwarded here, but this replica does not lead",
+            leader: Leader::At("http://127.0.0.1:9".into()),
+            headers: &[(FORWARDED_HEADER, "1")],
+            outcome: "not_leader",
+        },
+    ];
+    for c in cases {
+        let api = Api::start_routed(1, c.leader, Duration::from_millis(300)).await;
+        let (status, body) = api
+            .call_with("POST", "/v1/leases", Some("t0k"), c.headers, None)
+            .await;
+        assert_eq!(
+            (status, code(&body)),
+            (503, "leader_unavailable"),
+            "{}: {body}",
+            c.name
+        );
+        assert_eq!(api.last_retry_after(), "3", "{}", c.name);
+        assert!(
+            !body["error"]["message"].as_str().unwrap().contains('{'),
+            "{}: plain words: {body}",
+            c.name
+        );
+        // The listing is this replica's own.
+        assert_eq!(
+            api.call("GET", "/v1/proxies", Some("t0k"), None).await.0,
+            200
+        );
+        let text = api.metrics.encode().unwrap();
+        let want = format!(
+            r#"proxy_operator_discovery_forwarded_total{{outcome="{}"}} 1"#,
+            c.outcome
+        );
+        assert!(text.contains(&want), "{}: {text}", c.name);
+        api.stop().await;
+    }
+    held.abort();
 }

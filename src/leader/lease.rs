@@ -1,6 +1,12 @@
 //! The Lease's reads and writes: one attempt to acquire or renew, and the
 //! hand-over at shutdown. Every write carries the resourceVersion it read,
 //! so of two candidates only one write succeeds (409 for the other).
+//!
+//! The leader publishes annotations on the Lease in the same writes that
+//! acquire and renew it (where its discovery API is reached, for one), so
+//! followers learn them from the reads they make anyway.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -10,6 +16,27 @@ use tokio::time::Instant;
 
 use super::decide::{decide, Decision, Record, Seen};
 use super::Timing;
+
+/// What one attempt found out about the leadership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// This replica holds the Lease.
+    Me,
+    /// Another replica holds a live Lease; the annotations it publishes.
+    Other(BTreeMap<String, String>),
+    /// No live holder is known (free, expired, or taken by another just
+    /// now and not read yet).
+    Nobody,
+}
+
+/// Sets the annotations this replica publishes while it leads.
+fn publish_on(meta: &mut ObjectMeta, publish: &BTreeMap<String, String>) {
+    if !publish.is_empty() {
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(publish.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+}
 
 /// The election record of `lease`.
 pub fn record_of(lease: &Lease) -> Record {
@@ -26,25 +53,28 @@ pub fn record_of(lease: &Lease) -> Record {
     }
 }
 
-/// One attempt: `Ok(true)` when we hold the Lease afterwards. `seen` is
-/// what this replica saw of the Lease before; it is updated with what the
-/// attempt read.
+/// One attempt: [`Observed::Me`] when we hold the Lease afterwards, with
+/// `publish` on it. `seen` is what this replica saw of the Lease before;
+/// it is updated with what the attempt read.
 pub async fn try_once(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     timing: Timing,
+    publish: &BTreeMap<String, String>,
     seen: &mut Option<Seen>,
-) -> Result<bool, kube::Error> {
+) -> Result<Observed, kube::Error> {
     let seconds = i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let existing = api.get_opt(name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
+        let mut metadata = ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        publish_on(&mut metadata, publish);
         let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                ..Default::default()
-            },
+            metadata,
             spec: Some(LeaseSpec {
                 holder_identity: Some(me.to_string()),
                 lease_duration_seconds: Some(seconds),
@@ -54,11 +84,7 @@ pub async fn try_once(
                 ..Default::default()
             }),
         };
-        return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        };
+        return written(api.create(&PostParams::default(), &lease).await);
     };
     let (decision, observed) = decide(
         &record_of(&lease),
@@ -68,10 +94,15 @@ pub async fn try_once(
         timing.lease_duration,
     );
     *seen = Some(observed);
+    if let Decision::Follow { .. } = decision {
+        return Ok(Observed::Other(
+            lease.metadata.annotations.clone().unwrap_or_default(),
+        ));
+    }
+    publish_on(&mut lease.metadata, publish);
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
-        Decision::Follow { .. } => return Ok(false),
-        Decision::Renew => {}
+        Decision::Follow { .. } | Decision::Renew => {}
         Decision::Acquire => {
             spec.holder_identity = Some(me.to_string());
             spec.acquire_time = Some(MicroTime(now));
@@ -81,9 +112,15 @@ pub async fn try_once(
     spec.renew_time = Some(MicroTime(now));
     spec.lease_duration_seconds = Some(seconds);
     // The read resourceVersion rides along: a concurrent writer makes this 409.
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+    written(api.replace(name, &PostParams::default(), &lease).await)
+}
+
+/// A write's result: ours, or another candidate's write came first (409;
+/// who that is shows at the next read).
+fn written(res: Result<Lease, kube::Error>) -> Result<Observed, kube::Error> {
+    match res {
+        Ok(_) => Ok(Observed::Me),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Observed::Nobody),
         Err(e) => Err(e),
     }
 }

@@ -11,6 +11,11 @@
 //! composition root has stopped its leader-only work
 //! ([`Campaign::rejoin`]).
 //!
+//! While it leads, a replica publishes annotations on the Lease (where its
+//! discovery API is reached); every replica reports what it last saw of
+//! the leadership on a channel ([`Observed`]), so followers know where to
+//! send what only the leader serves.
+//!
 //! kube-lease-manager was considered; it relies on server-side-apply field
 //! ownership conflicts for mutual exclusion, which the optimistic
 //! concurrency of a plain update provides with fewer moving parts.
@@ -19,6 +24,7 @@ pub mod decide;
 pub mod lease;
 pub mod metrics;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +37,7 @@ use tracing::{info, warn};
 
 use self::decide::{after_attempt, attempt_bound, Outcome, Step, StepDown};
 pub use self::decide::{Decision, Record, Seen};
-pub use self::lease::release;
+pub use self::lease::{release, Observed};
 pub use self::metrics::LeaderMetrics;
 use crate::provider::error::plain_message;
 
@@ -67,6 +73,18 @@ impl Campaign {
     }
 }
 
+/// Who a candidate is and what it publishes while it leads.
+pub struct Candidate {
+    /// The unique identity written as the holder.
+    pub identity: String,
+    /// Annotations set on the Lease in every write that acquires or renews
+    /// it.
+    pub publish: BTreeMap<String, String>,
+    /// Told what each attempt found out (kept as it is when an attempt
+    /// fails).
+    pub observed: watch::Sender<Observed>,
+}
+
 /// Campaigns for the Lease `name` in `namespace` as `me`. The returned
 /// channel turns `true` once this replica leads. When it steps down (the
 /// Lease is another's, or no renewal succeeded within the renew deadline)
@@ -77,10 +95,15 @@ pub fn campaign(
     client: Client,
     namespace: &str,
     name: &str,
-    me: String,
+    candidate: Candidate,
     timing: Timing,
     metrics: LeaderMetrics,
 ) -> Campaign {
+    let Candidate {
+        identity: me,
+        publish,
+        observed,
+    } = candidate;
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let name = name.to_string();
     let (tx, rx) = watch::channel(false);
@@ -96,10 +119,21 @@ pub fn campaign(
             let outcome = if bound.is_zero() {
                 Outcome::Failed
             } else {
-                let attempt = lease::try_once(&api, &name, &me, timing, &mut seen);
+                let attempt = lease::try_once(&api, &name, &me, timing, &publish, &mut seen);
                 match tokio::time::timeout(bound, attempt).await {
-                    Ok(Ok(true)) => Outcome::Held,
-                    Ok(Ok(false)) => Outcome::Lost,
+                    Ok(Ok(found)) => {
+                        let held = found == Observed::Me;
+                        observed.send_if_modified(|o| {
+                            let changed = *o != found;
+                            *o = found;
+                            changed
+                        });
+                        if held {
+                            Outcome::Held
+                        } else {
+                            Outcome::Lost
+                        }
+                    }
                     Ok(Err(e)) => {
                         warn!(identity = %me, error = %plain_message(&e), "Leader election request failed");
                         Outcome::Failed
@@ -131,6 +165,9 @@ pub fn campaign(
                             }
                         }
                         deadline = None;
+                        // Not ours to serve any more, whatever the last
+                        // write said; the next attempt tells who leads.
+                        observed.send_replace(Observed::Nobody);
                         let _ = tx.send(false);
                         // Campaign again only once leader-only work stopped.
                         resume.notified().await;

@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 
 pub use self::metrics::Metrics;
 pub use self::settings::Settings;
-use crate::api::constants::LEADER_ELECTION_ID;
+use crate::api::constants::{DISCOVERY_URL_ANNOTATION, LEADER_ELECTION_ID};
 use crate::events::Events;
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
@@ -155,6 +155,11 @@ impl Operator {
             proxy_cache.clone(),
             self.providers.subscribe(),
         );
+        // What the election last saw; without it this replica leads.
+        let (observed, seen) = tokio::sync::watch::channel(match s.leader {
+            None => leader::Observed::Me,
+            Some(_) => leader::Observed::Nobody,
+        });
         if let Some(addr) = s.discovery_bind {
             runnables::spawn_discovery(
                 &mut tasks,
@@ -162,6 +167,7 @@ impl Operator {
                 s,
                 proxy_cache.clone(),
                 &self.metrics,
+                seen,
                 stop.clone().cancelled_owned(),
             );
         }
@@ -177,7 +183,7 @@ impl Operator {
                     Ok(())
                 }
                 Some(timing) => {
-                    self.lead_in_terms(timing, &stop, proxy_cache, installation_id)
+                    self.lead_in_terms(timing, observed, &stop, proxy_cache, installation_id)
                         .await
                 }
             };
@@ -253,17 +259,34 @@ impl Operator {
     async fn lead_in_terms(
         &self,
         timing: leader::Timing,
+        observed: tokio::sync::watch::Sender<leader::Observed>,
         stop: &CancellationToken,
         proxy_cache: kube::runtime::reflector::Store<crate::api::Proxy>,
         installation_id: String,
     ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
         let identity = leader_identity();
+        // Followers forward lease calls to the URL the leader publishes.
+        let publish: std::collections::BTreeMap<String, String> = self
+            .settings
+            .discovery_advertise
+            .iter()
+            .filter(|_| self.settings.discovery_bind.is_some())
+            .map(|url| (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()))
+            .collect();
+        if publish.is_empty() && self.settings.discovery_bind.is_some() {
+            warn!("No --discovery-advertise-url and no POD_IP: while this replica leads, the others cannot forward lease calls to it and answer 503");
+        }
+        let candidate = leader::Candidate {
+            identity: identity.clone(),
+            publish,
+            observed,
+        };
         let campaign = leader::campaign(
             self.client.clone(),
             namespace,
             LEADER_ELECTION_ID,
-            identity.clone(),
+            candidate,
             timing,
             self.metrics.leader.clone(),
         );

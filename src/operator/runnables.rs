@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::runtime::reflector::Store;
 use tokio::task::JoinSet;
@@ -14,10 +15,12 @@ use tracing::{error, info};
 
 use super::metrics::Metrics;
 use super::settings::{HealthSettings, ProviderChecks, Settings};
+use crate::api::constants::DISCOVERY_URL_ANNOTATION;
 use crate::api::{Proxy, ProxyPhase};
 use crate::controller::fleet::Fleet;
 use crate::discovery;
 use crate::health;
+use crate::leader::Observed;
 use crate::lease::LeaseStore;
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
@@ -79,15 +82,28 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
     counts
 }
 
-/// The discovery and lease API (every replica) with its lease sweeper.
+/// The discovery and lease API (every replica) with its lease sweeper;
+/// lease calls are served here only while `leader` says this replica
+/// leads, and forwarded to the leader otherwise.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
     cache: Store<Proxy>,
     metrics: &Metrics,
+    leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
+    // A 503 asks the crawler back after one election attempt.
+    let retry_after = settings
+        .leader
+        .map(|t| Duration::from_secs(t.retry_period.as_secs_f64().ceil() as u64))
+        .unwrap_or(Duration::from_secs(1));
+    let forwarder = discovery::Forwarder::new(
+        Arc::new(move || leader_of(&leader.borrow())),
+        discovery::FORWARD_TIMEOUT,
+        retry_after,
+    );
     let leases =
         Arc::new(LeaseStore::new(settings.leases).with_client_limits(settings.client_limits));
     let state = discovery::ApiState::with_clients(
@@ -96,12 +112,26 @@ pub fn spawn_discovery(
         &settings.discovery_tokens,
         &metrics.discovery,
     )
-    .with_external_namespaces(settings.health.defaults.external.clone());
+    .with_external_namespaces(settings.health.defaults.external.clone())
+    .with_forwarder(forwarder);
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
             error!(%addr, error = %e, "Discovery API failed");
         }
     });
+}
+
+/// Where lease calls go, from what the election last saw: here, to the
+/// URL the leader publishes on its Lease, or nowhere known.
+pub fn leader_of(observed: &Observed) -> discovery::Leader {
+    match observed {
+        Observed::Me => discovery::Leader::Me,
+        Observed::Other(published) => published
+            .get(DISCOVERY_URL_ANNOTATION)
+            .map(|url| discovery::Leader::At(url.clone()))
+            .unwrap_or(discovery::Leader::Unknown),
+        Observed::Nobody => discovery::Leader::Unknown,
+    }
 }
 
 /// The health engine (leader-only): probes every Proxy through itself and
@@ -208,6 +238,51 @@ pub fn spawn_provider_health(
 mod tests {
     use super::*;
     use crate::api::{ProxySpec, ProxyStatus};
+
+    #[test]
+    fn lease_calls_go_where_the_election_says() {
+        struct Case {
+            name: &'static str,
+            observed: Observed,
+            want: discovery::Leader,
+        }
+        let published = |pairs: &[(&str, &str)]| {
+            Observed::Other(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let cases = [
+            Case {
+                name: "this replica leads",
+                observed: Observed::Me,
+                want: discovery::Leader::Me,
+            },
+            Case {
+                name: "another leads and publishes its URL",
+                observed: published(&[
+                    (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
+                    ("other", "x"),
+                ]),
+                want: discovery::Leader::At("http://10.0.0.7:8090".into()),
+            },
+            Case {
+                name: "another leads but publishes no URL (an older version)",
+                observed: published(&[("other", "x")]),
+                want: discovery::Leader::Unknown,
+            },
+            Case {
+                name: "no live holder",
+                observed: Observed::Nobody,
+                want: discovery::Leader::Unknown,
+            },
+        ];
+        for c in cases {
+            assert_eq!(leader_of(&c.observed), c.want, "{}", c.name);
+        }
+    }
 
     #[test]
     fn every_phase_is_counted_per_provider_zero_included() {

@@ -33,6 +33,9 @@ pub struct Settings {
     pub metrics_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--discovery-bind-address` (`None`: off).
     pub discovery_bind: Option<SocketAddr>,
+    /// Where the other replicas reach this one's discovery API
+    /// (`--discovery-advertise-url`, or from `POD_IP`); `None`: unknown.
+    pub discovery_advertise: Option<String>,
     /// Leader election timing with `--leader-elect`, `None` without.
     pub leader: Option<leader::Timing>,
     /// Where the leader Lease lives, and part of the installation id.
@@ -92,14 +95,29 @@ impl Settings {
     /// Reads the flags (and `DISCOVERY_TOKEN`): every problem is listed,
     /// each naming its flag, so one start shows them all.
     pub fn from_flags(flags: &Flags) -> Result<Settings, Vec<String>> {
-        Settings::from_flags_and_env(flags, std::env::var("DISCOVERY_TOKEN").ok())
+        Settings::from_flags_and_env(
+            flags,
+            std::env::var("DISCOVERY_TOKEN").ok(),
+            std::env::var("POD_IP").ok(),
+        )
     }
 
     fn from_flags_and_env(
         flags: &Flags,
         discovery_token: Option<String>,
+        pod_ip: Option<String>,
     ) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
+        let advertise = advertise_url(
+            flags.discovery_advertise_url.as_deref(),
+            pod_ip.as_deref(),
+            cli::parse_bind(&flags.discovery_bind_address)
+                .ok()
+                .flatten(),
+        )
+        .map_err(|e| problems.push(e))
+        .ok()
+        .flatten();
         if let Err(mut p) = flags.validate() {
             problems.append(&mut p);
         }
@@ -175,6 +193,7 @@ impl Settings {
             metrics_bind: bind(&flags.metrics_bind_address),
             metrics_tls,
             discovery_bind: bind(&flags.discovery_bind_address),
+            discovery_advertise: advertise,
             leader: flags.leader_elect.then_some(leader::Timing {
                 lease_duration: flags.leader_election_lease_duration,
                 renew_deadline: flags.leader_election_renew_deadline,
@@ -218,6 +237,41 @@ impl Settings {
             gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
         })
     }
+}
+
+/// Where the other replicas reach this one's discovery API: the flag as
+/// given (plain `http`, with a host), else `http://POD_IP:port`, else the
+/// bind address when it names one; `None` when nothing tells (a leader
+/// then publishes no URL and followers answer 503 to lease calls).
+pub fn advertise_url(
+    flag: Option<&str>,
+    pod_ip: Option<&str>,
+    bind: Option<SocketAddr>,
+) -> Result<Option<String>, String> {
+    if let Some(given) = flag {
+        let url = url::Url::parse(given)
+            .map_err(|e| format!("--discovery-advertise-url {given:?}: {e}"))?;
+        if url.scheme() != "http" || url.host_str().is_none() {
+            return Err(format!(
+                "--discovery-advertise-url {given:?}: must be http://HOST[:PORT] (replicas talk plain HTTP to each other)"
+            ));
+        }
+        return Ok(Some(given.trim_end_matches('/').to_string()));
+    }
+    let Some(bind) = bind else {
+        return Ok(None);
+    };
+    let host = match pod_ip.map(str::trim).filter(|ip| !ip.is_empty()) {
+        Some(ip) => ip
+            .parse::<std::net::IpAddr>()
+            .map_err(|e| format!("POD_IP {ip:?} is not an IP address: {e}"))?,
+        None if !bind.ip().is_unspecified() => bind.ip(),
+        None => return Ok(None),
+    };
+    Ok(Some(format!(
+        "http://{}",
+        SocketAddr::new(host, bind.port())
+    )))
 }
 
 /// The discovery API fails closed: with it on, a token (`DISCOVERY_TOKEN`)
@@ -392,6 +446,7 @@ mod tests {
             match Settings::from_flags_and_env(
                 &flags(c.args, &providers),
                 c.token.map(String::from),
+                None,
             ) {
                 Ok(_) => assert!(c.problems.is_empty(), "{}: accepted", c.name),
                 Err(got) => {
@@ -423,8 +478,13 @@ mod tests {
             ],
             &providers_file(&dir),
         );
-        let s = Settings::from_flags_and_env(&f, Some("t".into())).unwrap();
+        let s =
+            Settings::from_flags_and_env(&f, Some("t".into()), Some("10.0.0.7".into())).unwrap();
         assert_eq!(s.metrics_bind, None);
+        assert_eq!(
+            s.discovery_advertise.as_deref(),
+            Some("http://10.0.0.7:9000")
+        );
         assert_eq!(s.discovery_bind, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(s.provider_checks, None, "0 turns checks off");
         assert!(s.leader.is_some());
@@ -438,10 +498,94 @@ mod tests {
     #[test]
     fn a_missing_providers_file_is_named() {
         let f = Flags::parse_from(["egress-proxies-operator"]);
-        let got = Settings::from_flags_and_env(&f, None).err().unwrap();
+        let got = Settings::from_flags_and_env(&f, None, None).err().unwrap();
         assert!(
             got.iter().any(|p| p == "--providers-config is required"),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn the_advertised_url_comes_from_the_flag_the_pod_ip_or_the_bind_address() {
+        struct Case {
+            name: &'static str,
+            flag: Option<&'static str>,
+            pod_ip: Option<&'static str>,
+            bind: Option<&'static str>,
+            want: Result<Option<&'static str>, &'static str>,
+        }
+        let cases = [
+            Case {
+                name: "the flag wins, without its trailing slash",
+                flag: Some("http://leader.example:8090/"),
+                pod_ip: Some("10.0.0.7"),
+                bind: Some("0.0.0.0:8090"),
+                want: Ok(Some("http://leader.example:8090")),
+            },
+            Case {
+                name: "POD_IP and the bind port",
+                flag: None,
+                pod_ip: Some("10.0.0.7"),
+                bind: Some("0.0.0.0:8090"),
+                want: Ok(Some("http://10.0.0.7:8090")),
+            },
+            Case {
+                name: "an IPv6 POD_IP is bracketed",
+                flag: None,
+                pod_ip: Some("fd00::7"),
+                bind: Some("0.0.0.0:8090"),
+                want: Ok(Some("http://[fd00::7]:8090")),
+            },
+            Case {
+                name: "no POD_IP: a bind address that names a host",
+                flag: None,
+                pod_ip: None,
+                bind: Some("127.0.0.3:9000"),
+                want: Ok(Some("http://127.0.0.3:9000")),
+            },
+            Case {
+                name: "no POD_IP and a wildcard bind: unknown",
+                flag: None,
+                pod_ip: None,
+                bind: Some("0.0.0.0:8090"),
+                want: Ok(None),
+            },
+            Case {
+                name: "the API off: nothing to advertise",
+                flag: None,
+                pod_ip: Some("10.0.0.7"),
+                bind: None,
+                want: Ok(None),
+            },
+            Case {
+                name: "https is refused, naming the flag",
+                flag: Some("https://leader:8090"),
+                pod_ip: None,
+                bind: Some("0.0.0.0:8090"),
+                want: Err("--discovery-advertise-url \"https://leader:8090\": must be http://"),
+            },
+            Case {
+                name: "not a URL",
+                flag: Some("leader:8090:x"),
+                pod_ip: None,
+                bind: None,
+                want: Err("--discovery-advertise-url \"leader:8090:x\""),
+            },
+            Case {
+                name: "a bad POD_IP is named",
+                flag: None,
+                pod_ip: Some("pod-ip"),
+                bind: Some("0.0.0.0:8090"),
+                want: Err("POD_IP \"pod-ip\" is not an IP address"),
+            },
+        ];
+        for c in cases {
+            let got = advertise_url(c.flag, c.pod_ip, c.bind.map(|b| b.parse().unwrap()));
+            match (got, c.want) {
+                (Ok(got), Ok(want)) => assert_eq!(got.as_deref(), want, "{}", c.name),
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{}: {got}", c.name),
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", c.name),
+            }
+        }
     }
 }

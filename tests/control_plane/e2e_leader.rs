@@ -4,7 +4,8 @@
 //! leader reconciles, and when it is killed the other takes over within the
 //! lease duration; a leader stopped by SIGTERM hands the Lease over at once;
 //! a deposed leader stops reconciling but keeps serving the discovery API
-//! and its leases, and leads again later.
+//! (lease calls only through the leader), and leads again later with its
+//! leases.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -218,13 +219,18 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     assert_eq!(scraped(metrics, lost).await, Some(1.0));
 
     // Every-replica work goes on: the discovery API answers from the
-    // cache, and the lease taken while leading is still there.
+    // cache. Lease calls go to the leader only: the usurper's Lease still
+    // names a's URL (it kept the annotation), so a forwards to itself
+    // once, and being no leader refuses rather than loop or grant.
     let (s, v) = support::api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["items"][0]["name"], "ext", "{v}");
     let renew = format!("/v1/leases/{id}/renew");
     let (s, v) = support::api_call(api, "POST", &renew, Some(TOKEN), vec![]).await;
-    assert_eq!(s, 200, "the lease survives the step-down: {v}");
+    assert_eq!(s, 503, "a follower serves no lease call itself: {v}");
+    assert_eq!(v["error"]["code"], "leader_unavailable", "{v}");
+    let not_leader = r#"proxy_operator_discovery_forwarded_total{outcome="not_leader"}"#;
+    assert_eq!(scraped(metrics, not_leader).await, Some(1.0));
 
     // Leader-only work has stopped: a new Proxy is not reconciled while
     // the usurper holds the Lease.

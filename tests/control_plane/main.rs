@@ -18,6 +18,7 @@ mod e2e_gcp_unavailable;
 mod e2e_leader;
 mod e2e_reload;
 mod gc_sweep;
+mod leader_leases;
 mod manifests;
 mod metrics_auth;
 mod otlp_grpc;

@@ -33,6 +33,7 @@ fn populated() -> Metrics {
     m.health.observe("crawl/px-1", Some("timeout"), took);
     m.discovery.observe_request("POST /v1/leases", 201, took);
     m.discovery.lease_event("granted", 1);
+    m.discovery.forwarded("relayed");
     m.gc.start(&["gcp-eu"]);
     m.gc.sweep("gcp-eu", SweepResult::Ok);
     m.gc.deleted("gcp-eu");
@@ -110,6 +111,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_discovery_requests",
             "proxy_operator_discovery_request_duration_seconds",
             "proxy_operator_lease_events",
+            "proxy_operator_discovery_forwarded",
             "proxy_operator_gc_sweeps",
             "proxy_operator_gc_deleted",
             "proxy_operator_gc_delete_failures",
