@@ -27,15 +27,17 @@ use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 pub use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
+use crate::proxy_store::{self, ProxyStore};
 pub use context::Context;
 pub use error::Error;
 
-/// Runs the Proxy controller until `shutdown` resolves. With `watch_pods`
+/// Runs the Proxy controller on `proxies` until `shutdown` resolves. With `watch_pods`
 /// (a kubernetes provider is configured) the operator's Pods are watched
 /// through their owner reference, so a Pod turning Running reaches its
 /// Proxy within seconds instead of at the next poll.
 pub async fn run(
     ctx: Arc<Context>,
+    proxies: &ProxyStore,
     namespace: Option<&str>,
     concurrency: u16,
     watch_pods: bool,
@@ -45,11 +47,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let proxies: Api<Proxy> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let mut c = Controller::new(proxies, watcher::Config::default())
+    // Fed by the process's one Proxy watch (`proxy_store`), which keeps
+    // running across reloads and terms; this controller opens none.
+    let mut c = Controller::for_shared_stream(proxies.triggers(), proxies.reader())
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown);
     // A labelled cloud-init Secret that appears, changes or gains its label
@@ -65,6 +65,7 @@ pub async fn run(
     let wc = watcher::Config::default().labels(&cloud_init::secret_selector());
     let secret_events = match ctx.secrets.take_writer() {
         Some(writer) => watcher(secrets, wc)
+            .modify(|s: &mut Secret| proxy_store::strip_meta(&mut s.metadata))
             .default_backoff()
             .reflect(writer)
             .boxed(),

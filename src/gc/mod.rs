@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kube::api::ListParams;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use tracing::{debug, error, info, warn, Instrument};
 
 use crate::api::{ProviderHealth, Proxy};
+use crate::controller::plan::{jitter, Random, SystemRandom};
 use crate::events::Events;
+use crate::paged;
 use crate::provider::error::plain_message;
 use crate::provider::registry::Registry;
 pub use metrics::{GcMetrics, SweepResult};
@@ -98,7 +100,9 @@ impl Gc {
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tokio::time::sleep(self.settings.interval) => {}
+                // Jittered, so sweeps of replicas started together (and
+                // the API list calls they make) do not line up.
+                _ = tokio::time::sleep(jitter(self.settings.interval, SystemRandom.unit())) => {}
             }
             self.sweep().await;
         }
@@ -145,10 +149,13 @@ impl Gc {
         }
 
         // Cluster-wide and uncached, so a Proxy in a namespace this replica
-        // does not watch is never mistaken for gone.
+        // does not watch is never mistaken for gone. Only UIDs are needed:
+        // metadata, in pages.
         let proxies: Api<Proxy> = Api::all(self.client.clone());
-        let live: HashSet<String> = match proxies.list(&ListParams::default()).await {
-            Ok(list) => list.items.iter().filter_map(|p| p.uid()).collect(),
+        let live: HashSet<String> = match paged::list_metadata(&proxies, &ListParams::default())
+            .await
+        {
+            Ok(items) => items.into_iter().filter_map(|p| p.metadata.uid).collect(),
             Err(e) => {
                 error!(error = %plain_message(&e), "Listing Proxies failed; skipping this GC sweep");
                 for (name, ..) in &listings {

@@ -26,31 +26,3 @@ pub use engine::Engine;
 pub use error::ProbeError;
 pub use notify::{trigger_stream, Notifier, NOTIFY_CAPACITY};
 pub use probes::{Defaults, Probes};
-
-use futures::StreamExt;
-use kube::runtime::reflector::{self, reflector, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
-
-use crate::api::Proxy;
-
-/// A cache of Proxies (shared by the health engine and the discovery API)
-/// and the future that keeps it filled; run it until shutdown.
-pub fn proxy_cache(
-    client: Client,
-    namespace: Option<&str>,
-) -> (Store<Proxy>, impl std::future::Future<Output = ()> + Send) {
-    let api: Api<Proxy> = match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    };
-    let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .for_each(|ev| async move {
-            if let Err(e) = ev {
-                tracing::warn!(error = %crate::provider::error::plain_message(&e), "Proxy cache watch error");
-            }
-        });
-    (reader, stream)
-}

@@ -31,7 +31,8 @@ use crate::events::Events;
 use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
 use crate::provider::registry::{self, Registry};
-use crate::{health, http, leader};
+use crate::proxy_store::{self, ProxyStore};
+use crate::{http, leader};
 use reload::{ProviderSet, Reloader};
 
 /// How long runnables get to finish after the stop signal.
@@ -127,10 +128,12 @@ impl Operator {
             tasks.spawn(reloader.run(stop.clone().cancelled_owned()));
         }
 
-        // One Proxy cache on every replica feeds the phase gauge, the
-        // discovery API and (on the leader) the health engine.
-        let (proxy_cache, fill_cache) =
-            health::proxy_cache(self.client.clone(), s.proxy_namespace.as_deref());
+        // One Proxy store on every replica feeds the phase gauge, the
+        // discovery API and (on the leader) the health engine, the fleet
+        // view and the controller: one watch, each Proxy held once.
+        let (proxies, fill_cache) =
+            proxy_store::proxy_store(self.client.clone(), s.proxy_namespace.as_deref());
+        let proxy_cache = proxies.reader();
         let cache_stop = stop.clone();
         tasks.spawn(async move {
             tokio::select! {
@@ -140,10 +143,10 @@ impl Operator {
         });
         // Ready once the cache has synced: before that the discovery API
         // would list nothing.
-        let (synced, ready_stop) = (proxy_cache.clone(), stop.clone());
+        let (synced, ready_stop) = (proxies.clone(), stop.clone());
         tasks.spawn(async move {
             tokio::select! {
-                res = synced.wait_until_ready() => if res.is_ok() {
+                () = synced.synced() => {
                     ready.set_ready();
                     info!("Proxy cache synced; ready");
                 },
@@ -177,13 +180,13 @@ impl Operator {
                 None => {
                     self.metrics.leader.set_leading(true);
                     let grace = std::sync::Mutex::new(SHUTDOWN_GRACE);
-                    self.lead_one_term(&stop, &grace, proxy_cache, installation_id)
+                    self.lead_one_term(&stop, &grace, proxies, installation_id)
                         .await;
                     self.metrics.leader.set_leading(false);
                     Ok(())
                 }
                 Some(timing) => {
-                    self.lead_in_terms(timing, observed, &stop, proxy_cache, installation_id)
+                    self.lead_in_terms(timing, observed, &stop, proxies, installation_id)
                         .await
                 }
             };
@@ -261,7 +264,7 @@ impl Operator {
         timing: leader::Timing,
         observed: tokio::sync::watch::Sender<leader::Observed>,
         stop: &CancellationToken,
-        proxy_cache: kube::runtime::reflector::Store<crate::api::Proxy>,
+        proxies: ProxyStore,
         installation_id: String,
     ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
@@ -306,8 +309,7 @@ impl Operator {
             }
             let term = stop.child_token();
             let grace = std::sync::Mutex::new(SHUTDOWN_GRACE);
-            let work =
-                self.lead_one_term(&term, &grace, proxy_cache.clone(), installation_id.clone());
+            let work = self.lead_one_term(&term, &grace, proxies.clone(), installation_id.clone());
             tokio::pin!(work);
             self.metrics.leader.set_leading(true);
             tokio::select! {

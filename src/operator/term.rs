@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,7 @@ use crate::api::Proxy;
 use crate::config::ProviderType;
 use crate::controller::{self, Context, HealthSource};
 use crate::gc::{self, Gc};
+use crate::proxy_store::ProxyStore;
 
 /// The health engine's notifications, handed from one provider set's
 /// controller to the next.
@@ -33,7 +34,7 @@ impl Operator {
         &self,
         term: &CancellationToken,
         grace: &Mutex<Duration>,
-        proxy_cache: Store<Proxy>,
+        proxies: ProxyStore,
         installation_id: String,
     ) {
         let s = &self.settings;
@@ -41,7 +42,7 @@ impl Operator {
         let (engine, triggers) = runnables::spawn_health_engine(
             &mut engine_work,
             &s.health,
-            proxy_cache.clone(),
+            proxies.reader(),
             &self.metrics,
             term.clone().cancelled_owned(),
         );
@@ -55,7 +56,7 @@ impl Operator {
                 &mut work,
                 &work_stop,
                 &set,
-                proxy_cache.clone(),
+                proxies.clone(),
                 installation_id.clone(),
                 engine.clone(),
                 triggers.clone(),
@@ -95,7 +96,7 @@ impl Operator {
         tasks: &mut JoinSet<()>,
         stop: &CancellationToken,
         set: &ProviderSet,
-        proxy_cache: Store<Proxy>,
+        proxies: ProxyStore,
         installation_id: String,
         engine: Arc<crate::health::Engine>,
         triggers: Triggers,
@@ -121,7 +122,7 @@ impl Operator {
         tasks.spawn(async move { gc.run(gc_stop).await });
         let fleet = Arc::new(
             controller::fleet::Fleet::new(
-                Some(proxy_cache),
+                Some(proxies.reader()),
                 entries
                     .iter()
                     .map(|p| (p.name.clone(), p.max_unavailable))
@@ -181,6 +182,7 @@ impl Operator {
             });
             controller::run(
                 ctx,
+                &proxies,
                 ns.as_deref(),
                 concurrency,
                 watch_pods,

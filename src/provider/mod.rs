@@ -169,7 +169,9 @@ pub trait Provider: Send + Sync {
     /// Deletes the instance and everything create made. Idempotent.
     async fn delete(&self, id: &str) -> Result<(), ProviderError>;
 
-    /// Every instance carrying the managed mark, for orphan GC.
+    /// Every instance carrying the managed mark, for orphan GC, which reads
+    /// IDs, marks and creation times only: a provider may list less (the
+    /// kubernetes provider lists Pod metadata, leaving `ip` and `state`).
     async fn list_by_tag(&self) -> Result<Listing, ProviderError>;
 
     /// The provider's health check, if it has one. Decorators deliberately

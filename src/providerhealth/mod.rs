@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::controller::plan::{jitter, Random, SystemRandom};
 use crate::provider::registry::CheckerEntry;
 use crate::provider::TargetStatus;
 use status::{Seen, Transition};
@@ -110,6 +111,9 @@ impl Monitor {
                 _ = &mut shutdown => return,
                 _ = ticker.tick() => {}
             }
+            // Each next round a little early, by a random share, so the
+            // checks of replicas or providers do not stay in lockstep.
+            ticker.reset_after(jitter(self.interval, SystemRandom.unit()));
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = self.round() => {}

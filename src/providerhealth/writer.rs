@@ -36,6 +36,7 @@ use crate::api::constants::{
 use crate::api::ProviderHealth;
 use crate::controller::fleet::Fleet;
 use crate::controller::metrics::ReconcileMetrics;
+use crate::controller::plan::{jitter, Random, SystemRandom};
 use crate::controller::status_patch::merge_diff;
 use crate::events::Events;
 use crate::provider::error::plain_message;
@@ -297,7 +298,7 @@ async fn reconcile(obj: Arc<ProviderHealth>, w: Arc<Writer>) -> Result<Action, E
 }
 
 fn error_policy(_obj: Arc<ProviderHealth>, _e: &Error, _w: Arc<Writer>) -> Action {
-    Action::requeue(RETRY)
+    Action::requeue(jitter(RETRY, SystemRandom.unit()))
 }
 
 /// Runs the controller until `shutdown`. `rounds` ticks after every round.

@@ -23,4 +23,5 @@ mod manifests;
 mod metrics_auth;
 mod otlp_grpc;
 mod providerhealth_writer;
+mod scale_small;
 mod secret_sentinel;

@@ -194,9 +194,6 @@ pub fn build_pod(req: &CreateRequest, image: &str, destinations: &DestinationRul
 
 /// The contract's view of a Pod.
 pub fn pod_instance(pod: &Pod) -> Instance {
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
     let ip = pod
         .status
         .as_ref()
@@ -219,12 +216,31 @@ pub fn pod_instance(pod: &Pod) -> Instance {
         }
     };
     Instance {
-        id: format!("{ns}/{name}"),
         ip,
         state,
-        uid: labels.get(UID_MARK).cloned().unwrap_or_default(),
-        installation_id: labels.get(INSTALLATION_MARK).cloned().unwrap_or_default(),
-        created_at: pod.metadata.creation_timestamp.as_ref().and_then(|t| {
+        ..meta_instance(&pod.metadata)
+    }
+}
+
+/// A Pod as GC sees it, from its metadata alone (ID, marks, creation
+/// time): the state is undeterminable without the status, so
+/// Provisioning, and there is no address.
+pub fn meta_instance(meta: &ObjectMeta) -> Instance {
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let mark = |key: &str| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(key).cloned())
+            .unwrap_or_default()
+    };
+    Instance {
+        id: format!("{ns}/{name}"),
+        ip: String::new(),
+        state: InstanceState::Provisioning,
+        uid: mark(UID_MARK),
+        installation_id: mark(INSTALLATION_MARK),
+        created_at: meta.creation_timestamp.as_ref().and_then(|t| {
             chrono::DateTime::from_timestamp(
                 t.0.as_second(),
                 t.0.subsec_nanosecond().unsigned_abs(),
@@ -295,9 +311,12 @@ impl Provider for KubernetesProvider {
     async fn list_by_tag(&self) -> Result<Listing, ProviderError> {
         let api: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&format!("{MANAGED_MARK}={MANAGED_MARK_VALUE}"));
-        let pods = api.list(&lp).await.map_err(|e| self.err(Op::List, "", e))?;
+        // GC reads marks and creation times only: metadata, in pages.
+        let pods = crate::paged::list_metadata(&api, &lp)
+            .await
+            .map_err(|e| self.err(Op::List, "", e))?;
         Ok(Listing {
-            instances: pods.items.iter().map(pod_instance).collect(),
+            instances: pods.iter().map(|p| meta_instance(&p.metadata)).collect(),
             unread_scopes: Vec::new(),
         })
     }
@@ -445,6 +464,21 @@ mod tests {
             assert_eq!(i.installation_id, "inst1");
             assert!(i.created_at.is_some());
         }
+    }
+
+    #[test]
+    fn gc_reads_the_same_marks_from_metadata_alone() {
+        let running = pod("Running", Some("10.1.2.3"), false);
+        let (full, meta) = (pod_instance(&running), meta_instance(&running.metadata));
+        assert_eq!(
+            (&meta.id, &meta.uid, &meta.installation_id, meta.created_at),
+            (&full.id, &full.uid, &full.installation_id, full.created_at)
+        );
+        assert!(meta.created_at.is_some());
+        assert_eq!(
+            (meta.ip.as_str(), meta.state),
+            ("", InstanceState::Provisioning)
+        );
     }
 
     #[test]

@@ -1,0 +1,337 @@
+//! The one Proxy store of the process (issue 19): a single watch fills a
+//! kube-runtime reflector that the phase gauge, the discovery API, the
+//! fleet view, the health engine and the Proxy controller all read, so
+//! every Proxy is held once. Objects are stripped of what no reader uses
+//! (`metadata.managedFields` and kubectl's last-applied annotation, often
+//! larger than the spec itself) before they are cached.
+//!
+//! The controller restarts on every provider reload and leadership term,
+//! while the watch runs for the life of the process; it is fed by
+//! [`ProxyStore::triggers`], which replays the store on start (as the
+//! controller's own first list would) and then follows the watch.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::{broadcast, watch};
+
+use crate::api::Proxy;
+
+/// The annotation `kubectl apply` writes: a copy of the whole applied
+/// object, never read by the operator.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Change notices buffered for a controller that is busy; one that falls
+/// further behind is handed the whole store instead (see
+/// [`ProxyStore::triggers`]), so nothing is lost, only merged.
+const TOUCH_CAPACITY: usize = 1024;
+
+/// Drops the fields no reader of the store uses, before caching.
+pub fn strip(p: &mut Proxy) {
+    strip_meta(&mut p.metadata);
+}
+
+/// Drops `managedFields` and the last-applied annotation from any cached
+/// object's metadata (the cloud-init Secret cache uses it too).
+pub fn strip_meta(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// What a watch event asks of the controllers following the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touch {
+    /// This Proxy was created or changed.
+    One(ObjectRef<Proxy>),
+    /// A (re)list finished: every Proxy is looked at again, as a fresh
+    /// watch would.
+    All,
+}
+
+/// The touch a watch event makes, if any. A deletion makes none: a Proxy
+/// with the operator's finalizer is seen as changed (its deletion
+/// timestamp) before it goes; relisted objects are announced together at
+/// the end of the list, once the store holds them.
+pub fn touch_of(event: &watcher::Event<Proxy>) -> Option<Touch> {
+    match event {
+        watcher::Event::Apply(p) => Some(Touch::One(ObjectRef::from_obj(p))),
+        watcher::Event::InitDone => Some(Touch::All),
+        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::Delete(_) => None,
+    }
+}
+
+/// A read handle on the one Proxy store, and the feed of its changes.
+#[derive(Clone)]
+pub struct ProxyStore {
+    reader: Store<Proxy>,
+    touches: broadcast::Sender<Touch>,
+    /// Set once the first list is in the store, before its `All` is sent.
+    /// Not `Store::wait_until_ready`: its one-shot channel keeps only the
+    /// last waiter's waker, and the controller waits on it, so any other
+    /// waiter could sleep forever.
+    synced: Arc<watch::Sender<bool>>,
+}
+
+impl ProxyStore {
+    /// The cached Proxies (stripped).
+    pub fn reader(&self) -> Store<Proxy> {
+        self.reader.clone()
+    }
+
+    /// Resolves once the first list is in the store (any number of
+    /// waiters).
+    pub async fn synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Every Proxy in the store once (when it has synced), then each Proxy
+    /// the watch changes, then every Proxy again after each relist: the
+    /// trigger stream a controller would get from its own watch, without
+    /// opening one. A follower that lags is handed the whole store.
+    pub fn triggers(&self) -> impl Stream<Item = Arc<Proxy>> + Send + 'static {
+        // Subscribed before the readiness check: a store not yet synced
+        // announces `All` once it is, after this point.
+        let rx = self.touches.subscribe();
+        let store = self.reader.clone();
+        let first = if *self.synced.borrow() {
+            store.state()
+        } else {
+            Vec::new()
+        };
+        let rest = futures::stream::unfold((rx, store), |(mut rx, store)| async move {
+            let batch = match rx.recv().await {
+                Ok(Touch::One(r)) => store.get(&r).into_iter().collect(),
+                Ok(Touch::All) | Err(broadcast::error::RecvError::Lagged(_)) => store.state(),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((batch, (rx, store)))
+        });
+        futures::stream::once(std::future::ready(first))
+            .chain(rest)
+            .flat_map(futures::stream::iter)
+    }
+}
+
+/// The Proxy store (all namespaces, or `namespace`) and the future that
+/// keeps it filled; run it until shutdown.
+pub fn proxy_store(
+    client: Client,
+    namespace: Option<&str>,
+) -> (ProxyStore, impl Future<Output = ()> + Send) {
+    let api: Api<Proxy> = match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let (reader, writer) = reflector::store();
+    let (touches, _) = broadcast::channel(TOUCH_CAPACITY);
+    let synced = Arc::new(watch::Sender::new(false));
+    let (tx, listed) = (touches.clone(), synced.clone());
+    let fill = watcher(api, watcher::Config::default())
+        .modify(strip)
+        .default_backoff()
+        .reflect(writer)
+        .for_each(move |ev| {
+            match ev {
+                // No follower (a replica that does not lead) is no error.
+                Ok(ev) => {
+                    if let Some(t) = touch_of(&ev) {
+                        if t == Touch::All {
+                            listed.send_replace(true);
+                        }
+                        let _ = tx.send(t);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::provider::error::plain_message(&e), "Proxy store watch error");
+                }
+            }
+            std::future::ready(())
+        });
+    let store = ProxyStore {
+        reader,
+        touches,
+        synced,
+    };
+    (store, fill)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ProxySpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use std::collections::BTreeMap;
+
+    fn proxy(annotations: &[(&str, &str)]) -> Proxy {
+        let mut p = Proxy::new("p", ProxySpec::default());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        if !annotations.is_empty() {
+            p.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            );
+        }
+        p
+    }
+
+    struct StripCase {
+        name: &'static str,
+        annotations: &'static [(&'static str, &'static str)],
+        kept: Option<&'static [&'static str]>,
+    }
+
+    #[test]
+    fn strip_drops_managed_fields_and_last_applied_only() {
+        let cases = [
+            StripCase {
+                name: "no annotations",
+                annotations: &[],
+                kept: None,
+            },
+            StripCase {
+                name: "only last-applied: the map goes",
+                annotations: &[(LAST_APPLIED, "{\"spec\":{}}")],
+                kept: None,
+            },
+            StripCase {
+                name: "others are kept",
+                annotations: &[(LAST_APPLIED, "{}"), ("team", "crawl")],
+                kept: Some(&["team"]),
+            },
+        ];
+        for c in cases {
+            let mut p = proxy(c.annotations);
+            strip(&mut p);
+            assert_eq!(p.metadata.managed_fields, None, "{}", c.name);
+            let keys: Option<Vec<&str>> = p
+                .metadata
+                .annotations
+                .as_ref()
+                .map(|a| a.keys().map(String::as_str).collect());
+            assert_eq!(keys.as_deref(), c.kept, "{}", c.name);
+        }
+    }
+
+    struct TouchCase {
+        name: &'static str,
+        event: watcher::Event<Proxy>,
+        touch: Option<Touch>,
+    }
+
+    #[test]
+    fn watch_events_touch_one_proxy_or_all_after_a_list() {
+        let p = proxy(&[]);
+        let one = Some(Touch::One(ObjectRef::new("p").within("ns")));
+        let cases = [
+            TouchCase {
+                name: "apply",
+                event: watcher::Event::Apply(p.clone()),
+                touch: one,
+            },
+            TouchCase {
+                name: "list start",
+                event: watcher::Event::Init,
+                touch: None,
+            },
+            TouchCase {
+                name: "listed object (not in the store yet)",
+                event: watcher::Event::InitApply(p.clone()),
+                touch: None,
+            },
+            TouchCase {
+                name: "list done",
+                event: watcher::Event::InitDone,
+                touch: Some(Touch::All),
+            },
+            TouchCase {
+                name: "delete",
+                event: watcher::Event::Delete(p),
+                touch: None,
+            },
+        ];
+        for c in cases {
+            assert_eq!(touch_of(&c.event), c.touch, "{}", c.name);
+        }
+    }
+
+    #[tokio::test]
+    async fn triggers_replay_the_synced_store_then_follow_changes() {
+        let (reader, mut writer) = reflector::store::<Proxy>();
+        let (touches, _) = broadcast::channel(4);
+        let mut a = proxy(&[]);
+        a.metadata.name = Some("a".into());
+        let mut b = proxy(&[]);
+        b.metadata.name = Some("b".into());
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(a.clone()),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+        }
+        let store = ProxyStore {
+            reader,
+            touches: touches.clone(),
+            synced: Arc::new(watch::Sender::new(true)),
+        };
+        let mut triggers = Box::pin(store.triggers());
+        let first = triggers.next().await.map(|p| p.metadata.name.clone());
+        assert_eq!(first, Some(Some("a".into())));
+        let ev = watcher::Event::Apply(b.clone());
+        writer.apply_watcher_event(&ev);
+        touches.send(touch_of(&ev).unwrap()).unwrap();
+        let next = triggers.next().await.map(|p| p.metadata.name.clone());
+        assert_eq!(next, Some(Some("b".into())));
+        // A follower that lagged gets the whole store.
+        for _ in 0..8 {
+            let _ = touches.send(Touch::One(ObjectRef::new("gone").within("ns")));
+        }
+        let mut names: Vec<String> = Vec::new();
+        for _ in 0..2 {
+            names.extend(triggers.next().await.and_then(|p| p.metadata.name.clone()));
+        }
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn triggers_of_a_store_not_yet_synced_wait_for_the_list() {
+        let (reader, mut writer) = reflector::store::<Proxy>();
+        let (touches, _) = broadcast::channel(4);
+        let store = ProxyStore {
+            reader,
+            touches: touches.clone(),
+            synced: Arc::new(watch::Sender::new(false)),
+        };
+        let mut triggers = Box::pin(store.triggers());
+        let early = futures::FutureExt::now_or_never(triggers.next());
+        assert!(early.is_none(), "nothing before the first list");
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(proxy(&[])),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+            if let Some(t) = touch_of(&ev) {
+                touches.send(t).unwrap();
+            }
+        }
+        let first = triggers.next().await.and_then(|p| p.metadata.name.clone());
+        assert_eq!(first.as_deref(), Some("p"));
+    }
+}
