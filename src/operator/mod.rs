@@ -160,7 +160,7 @@ impl Operator {
                 &mut tasks,
                 addr,
                 s,
-                proxy_cache.clone(),
+                (&self.client, proxy_cache.clone()),
                 &self.metrics,
                 stop.clone().cancelled_owned(),
             );
