@@ -156,6 +156,12 @@ pub struct Flags {
     #[arg(long, value_name = "DIR")]
     pub discovery_tokens_dir: Option<PathBuf>,
 
+    /// Also export the probe series per proxy (a histogram and a failure
+    /// counter for each Proxy). Off by default: the fleet-wide series,
+    /// by provider and namespace, do not grow with the number of Proxies.
+    #[arg(long)]
+    pub per_proxy_metrics: bool,
+
     /// Secret in the operator namespace holding named discovery tokens, one
     /// key per client (key: the client's name, value: its token). Watched:
     /// an edit is in force within seconds, without a restart; a content

@@ -50,6 +50,8 @@ pub struct Settings {
     /// The discovery API's clients and their bearer tokens:
     /// `DISCOVERY_TOKEN` as `default`, then `--discovery-tokens-dir`.
     pub discovery_tokens: Vec<(String, String)>,
+    /// `--per-proxy-metrics`.
+    pub per_proxy_metrics: bool,
     /// `--discovery-tokens-secret`: more clients, watched.
     pub discovery_tokens_secret: Option<String>,
     /// Per-client lease caps and the global-cooldown quorum.
@@ -206,6 +208,7 @@ impl Settings {
             },
             discovery_tokens,
             discovery_tokens_secret: flags.discovery_tokens_secret.clone(),
+            per_proxy_metrics: flags.per_proxy_metrics,
             client_limits: ClientLimits {
                 max_leases: flags.max_leases_per_client,
                 global_cooldown_min_clients: usize::from(flags.global_cooldown_min_clients),
