@@ -186,6 +186,12 @@ async fn tokens_secret_edits_take_effect_without_a_restart() {
         refusal.contains("crawler-c") || refusal.contains("Crawler_D"),
         "the refusal names the key: {refusal}"
     );
+    // The token's name is the client in the request log.
+    assert!(
+        text.lines()
+            .any(|l| l.contains("/v1/proxies") && l.contains("crawler-c")),
+        "request lines name the client: {text}"
+    );
     for secret in [
         "token-a-1",
         "token-a-2",
