@@ -166,6 +166,21 @@ pub struct Flags {
     #[arg(long, value_name = "DIR")]
     pub discovery_tokens_dir: Option<PathBuf>,
 
+    /// Also export the probe series per proxy (a histogram and a failure
+    /// counter for each Proxy). Off by default: the fleet-wide series,
+    /// by provider and namespace, do not grow with the number of Proxies.
+    #[arg(long)]
+    pub per_proxy_metrics: bool,
+
+    /// Secret in the operator namespace holding named discovery tokens, one
+    /// key per client (key: the client's name, value: its token). Watched:
+    /// an edit is in force within seconds, without a restart; a content
+    /// with an empty token or a bad client name is refused and the last
+    /// good set stays. The API then requires a token even while the Secret
+    /// is absent.
+    #[arg(long, value_name = "NAME")]
+    pub discovery_tokens_secret: Option<String>,
+
     /// Leases one client (one token name) may hold at once; 0: no limit.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub max_leases_per_client: u32,
@@ -343,6 +358,13 @@ impl Flags {
                 problems.push(format!("{flag}: {e}"));
             }
         }
+        if let Some(name) = &self.discovery_tokens_secret {
+            if !secret_name(name) {
+                problems.push(format!(
+                    "--discovery-tokens-secret must be a Secret name (1-253 of a-z, 0-9, - and ., starting and ending alphanumeric), got {name:?}"
+                ));
+            }
+        }
         if let Some(id) = &self.installation_id {
             if let Err(e) = crate::provider::naming::validate_installation_id(id) {
                 problems.push(format!("--installation-id: {e}"));
@@ -384,6 +406,17 @@ impl Flags {
             Err(problems)
         }
     }
+}
+
+/// Whether `name` is a valid Secret name (a DNS subdomain).
+fn secret_name(name: &str) -> bool {
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    name.len() <= 253
+        && edge(name.as_bytes().first())
+        && edge(name.as_bytes().last())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 
@@ -58,6 +58,9 @@ pub struct DiscoveryMetrics {
     lease_events: Family<EventLabel, Counter>,
     forwarded: Family<OutcomeLabel, Counter>,
     leases_active: Scraped<i64>,
+    token_reload_failures: Counter,
+    tokens_last_reload_successful: Gauge,
+    token_clients: Gauge,
 }
 
 impl DiscoveryMetrics {
@@ -70,6 +73,9 @@ impl DiscoveryMetrics {
             lease_events: Family::default(),
             forwarded: Family::default(),
             leases_active: Scraped::default(),
+            token_reload_failures: Counter::default(),
+            tokens_last_reload_successful: Gauge::default(),
+            token_clients: Gauge::default(),
         };
         registry.register(
             "proxy_operator_discovery_requests",
@@ -91,6 +97,23 @@ impl DiscoveryMetrics {
             "Lease calls a follower sent to the leader, by outcome: relayed, or answered 503 because of no_leader, not_leader, unreachable or timeout",
             m.forwarded.clone(),
         );
+        registry.register(
+            "proxy_operator_discovery_token_reload_failures",
+            "Contents of the discovery tokens Secret that were refused (an empty token, a bad client name, a token shared by two clients); the last good tokens stayed in force",
+            m.token_reload_failures.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_tokens_last_reload_successful",
+            "1 when the discovery tokens Secret as it is now is the set in force, 0 while a refused content waits to be fixed",
+            m.tokens_last_reload_successful.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_token_clients",
+            "Named clients whose tokens the discovery API accepts now",
+            m.token_clients.clone(),
+        );
+        // No Secret, or none read yet: nothing was refused.
+        m.tokens_last_reload_successful.set(1);
         registry.register_collector(&[LEASES_ACTIVE], LeasesActive(m.leases_active.clone()));
         m
     }
@@ -123,6 +146,19 @@ impl DiscoveryMetrics {
                 outcome: outcome.to_string(),
             })
             .inc();
+    }
+
+    /// The tokens in force are now those of `clients` clients.
+    pub fn tokens_applied(&self, clients: usize) {
+        self.token_clients
+            .set(i64::try_from(clients).unwrap_or(i64::MAX));
+        self.tokens_last_reload_successful.set(1);
+    }
+
+    /// A content of the tokens Secret was refused.
+    pub fn tokens_refused(&self) {
+        self.token_reload_failures.inc();
+        self.tokens_last_reload_successful.set(0);
     }
 
     /// Counts one lease event.

@@ -8,7 +8,6 @@
 //! known here: span names and metric labels never carry a lease id.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -20,8 +19,6 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use tracing::{info, warn, Instrument};
 
 use super::error::ApiError;
@@ -66,7 +63,7 @@ pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next)
     let route = route_label(method.as_str(), matched);
     let traced = matched != Some("/healthz");
     let span = if traced {
-        let span = tracing::info_span!("request", otel.name = %route, otel.kind = "server", http.route = %route, http.response.status_code = tracing::field::Empty);
+        let span = tracing::info_span!("request", otel.name = %route, otel.kind = "server", http.route = %route, http.response.status_code = tracing::field::Empty, client = tracing::field::Empty);
         if let Some(parent) = remote_parent(req.headers()) {
             let _ = span.set_parent(parent);
         }
@@ -91,11 +88,18 @@ pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next)
     };
     let status = resp.status().as_u16();
     let took = start.elapsed();
+    // The token's name, never the token: set by `auth` on the answer.
+    let client = resp
+        .extensions()
+        .get::<Client>()
+        .map(|c| c.0.clone())
+        .unwrap_or_default();
     span.record("http.response.status_code", status);
+    span.record("client", &*client);
     s.metrics.observe_request(&route, status, took);
     if traced {
         span.in_scope(
-            || info!(method = %method, path = %path, status, duration = ?took, "request"),
+            || info!(method = %method, path = %path, status, client = %client, duration = ?took, "request"),
         );
     }
     resp
@@ -126,27 +130,16 @@ fn exempt(path: &str) -> bool {
 
 /// Bearer auth against the configured tokens (401 otherwise), when any is
 /// set; the request carries the [`Client`] named by its token.
-pub(super) async fn auth(State(s): State<ApiState>, mut req: Request, next: Next) -> Response {
-    if s.tokens.is_empty() {
-        req.extensions_mut().insert(Client(ANONYMOUS.into()));
-        return next.run(req).await;
+pub(super) async fn auth(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    if !s.tokens.required() {
+        return with_client(req, Client(ANONYMOUS.into()), next).await;
     }
     if exempt(req.uri().path()) {
         return next.run(req).await;
     }
     let given = bearer(req.headers()).unwrap_or("");
-    // Hash first so the comparison is constant-time in the length too;
-    // every token is compared, so the time does not tell which matched.
-    let got: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    let mut found: Option<Arc<str>> = None;
-    for (name, want) in s.tokens.iter() {
-        if bool::from(got.ct_eq(want)) {
-            found = Some(name.clone());
-        }
-    }
-    if let (Some(name), false) = (found, given.is_empty()) {
-        req.extensions_mut().insert(Client(name));
-        next.run(req).await
+    if let Some(name) = s.tokens.client_of(given) {
+        with_client(req, Client(name), next).await
     } else {
         let mut resp = ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -160,6 +153,15 @@ pub(super) async fn auth(State(s): State<ApiState>, mut req: Request, next: Next
         );
         resp
     }
+}
+
+/// Runs `req` as `client`'s, and names the client on the answer for the
+/// request log line and span.
+async fn with_client(mut req: Request, client: Client, next: Next) -> Response {
+    req.extensions_mut().insert(client.clone());
+    let mut resp = next.run(req).await;
+    resp.extensions_mut().insert(client);
+    resp
 }
 
 fn bearer(h: &HeaderMap) -> Option<&str> {

@@ -17,6 +17,7 @@ mod openapi;
 mod selector;
 mod serving;
 mod state;
+mod tokens;
 
 pub use error::ApiError;
 pub use forward::{
@@ -28,6 +29,7 @@ pub use model::*;
 pub use openapi::{openapi_json, served_openapi_json};
 pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
 pub use state::{ApiState, Client, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE};
+pub use tokens::TokenSet;
 
 #[cfg(test)]
 mod tests;

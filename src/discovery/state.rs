@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
-use sha2::{Digest, Sha256};
 
 use super::forward::Forwarder;
 use super::metrics::DiscoveryMetrics;
 use super::model::{item_of, Filter, ProxyItem};
+use super::tokens::TokenSet;
 use crate::api::Proxy;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
 use crate::tenancy::ExternalNamespaces;
@@ -58,8 +58,8 @@ pub(super) type Listing = Arc<Vec<(ProxyKey, ProxyItem)>>;
 pub struct ApiState {
     pub(super) source: Arc<dyn ProxySource>,
     pub(super) leases: Arc<LeaseStore>,
-    /// Client names and the SHA-256 of their tokens; empty: open API.
-    pub(super) tokens: Arc<Vec<(Arc<str>, [u8; 32])>>,
+    /// The named tokens in force (replaced when the tokens Secret changes).
+    pub(super) tokens: Arc<TokenSet>,
     pub(super) metrics: DiscoveryMetrics,
     listing: Arc<Mutex<Option<(Instant, Listing)>>>,
     rebuilding: Arc<AtomicBool>,
@@ -93,18 +93,13 @@ impl ApiState {
         tokens: &[(String, String)],
         metrics: &DiscoveryMetrics,
     ) -> Self {
-        let tokens = tokens
-            .iter()
-            .filter(|(_, t)| !t.is_empty())
-            .map(|(n, t)| (Arc::from(n.as_str()), Sha256::digest(t.as_bytes()).into()))
-            .collect();
         let l = leases.clone();
         metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
         let metrics = metrics.clone();
         ApiState {
             source,
             leases,
-            tokens: Arc::new(tokens),
+            tokens: Arc::new(TokenSet::new(tokens, false)),
             metrics,
             listing: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
@@ -128,9 +123,16 @@ impl ApiState {
         self
     }
 
+    /// Checks tokens against `tokens`, a set its owner replaces while the
+    /// API serves (the tokens Secret's watcher).
+    pub fn with_token_set(mut self, tokens: Arc<TokenSet>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
     /// Whether a token is required.
     pub fn authenticated(&self) -> bool {
-        !self.tokens.is_empty()
+        self.tokens.required()
     }
 
     /// Every eligible proxy, sorted; rebuilt at most every

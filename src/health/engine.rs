@@ -202,7 +202,8 @@ impl Engine {
             Folded::Quiet | Folded::Publish(_) => {}
         }
         let reason = r.error.as_ref().map(ProbeError::reason);
-        self.metrics.observe(&done.key, reason, r.latency);
+        self.metrics
+            .observe(&done.key, &done.spec.provider, reason, r.latency);
         let Folded::Publish(v) = folded else {
             return;
         };
@@ -255,7 +256,7 @@ mod tests {
         use kube::runtime::watcher::Event;
         let port = answering_proxy().await;
         let mut registry = crate::metrics::Registrar::new();
-        let health = HealthMetrics::register(&mut registry);
+        let health = HealthMetrics::register(&mut registry, true);
         let metrics = registry.finish();
         let engine = Arc::new(Engine::new(
             defaults(),
@@ -300,7 +301,12 @@ mod tests {
         assert_eq!(again.name, "a");
         assert_eq!(engine.verdict("ns", "a", "u1"), None);
         assert_eq!(engine.verdict("ns", "a", "u2"), Some(true));
-        assert!(metrics.encode().unwrap().contains("proxy=\"ns/a\""));
+        let text = metrics.encode().unwrap();
+        assert!(text.contains("proxy=\"ns/a\""), "{text}");
+        assert!(
+            text.contains("{provider=\"\",proxy_namespace=\"ns\"}"),
+            "the fleet-wide series: {text}"
+        );
         // Deleted: pruned, series forgotten.
         writer.apply_watcher_event(&Event::Delete(external("a", "u2", port)));
         let mut gone = false;
@@ -348,7 +354,7 @@ mod tests {
             4,
             super::super::probe::tls_config(None).unwrap(),
             false,
-            HealthMetrics::register(&mut registry),
+            HealthMetrics::register(&mut registry, false),
         ));
         let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
         for i in 0..40 {
@@ -385,7 +391,7 @@ mod tests {
     #[test]
     fn a_result_for_an_old_uid_is_discarded() {
         let mut registry = crate::metrics::Registrar::new();
-        let health = HealthMetrics::register(&mut registry);
+        let health = HealthMetrics::register(&mut registry, true);
         let metrics = registry.finish();
         let engine = Engine::new(
             defaults(),

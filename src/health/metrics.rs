@@ -1,5 +1,8 @@
-//! The probe series, written by the health engine. Per-proxy series are
-//! removed when the Proxy goes away ([`HealthMetrics::forget_proxy`]).
+//! The probe series, written by the health engine. By default they are
+//! fleet-wide, labelled by provider and the Proxy's namespace, so their
+//! number does not grow with the fleet; `--per-proxy-metrics` adds series
+//! per proxy, removed when the Proxy goes away
+//! ([`HealthMetrics::forget_proxy`]).
 
 use std::time::Duration;
 
@@ -10,6 +13,28 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use crate::metrics::{HistogramFamily, Registrar};
 
+/// Labels of the fleet-wide probe series. The namespace label is not
+/// called `namespace`: Prometheus sets that one to the scraped Pod's
+/// namespace and would rename ours to `exported_namespace`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetLabels {
+    /// `spec.provider`; empty (no label, to Prometheus) for External Proxies.
+    pub provider: String,
+    /// The Proxy's namespace.
+    pub proxy_namespace: String,
+}
+
+/// Labels of the fleet-wide probe failure counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetFailureLabels {
+    /// `spec.provider`.
+    pub provider: String,
+    /// The Proxy's namespace.
+    pub proxy_namespace: String,
+    /// The failure's class (`ProbeError::reason`: `refused`, `timeout`, ...).
+    pub reason: String,
+}
+
 /// Labels of the per-proxy health series: `proxy` is `<namespace>/<name>`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabel {
@@ -17,12 +42,12 @@ pub struct ProxyLabel {
     pub proxy: String,
 }
 
-/// Labels of the probe failure counter.
+/// Labels of the per-proxy probe failure counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyFailureLabels {
     /// `<namespace>/<name>`.
     pub proxy: String,
-    /// The failure's class (`ProbeError::reason`: `refused`, `timeout`, ...).
+    /// The failure's class.
     pub reason: String,
 }
 
@@ -36,39 +61,82 @@ fn probe_histogram() -> Histogram {
 /// Series written by the health engine.
 #[derive(Clone)]
 pub struct HealthMetrics {
+    duration: HistogramFamily<FleetLabels>,
+    failures: Family<FleetFailureLabels, Counter>,
+    /// With `--per-proxy-metrics` only.
+    per_proxy: Option<PerProxy>,
+}
+
+#[derive(Clone)]
+struct PerProxy {
     duration: HistogramFamily<ProxyLabel>,
     failures: Family<ProxyFailureLabels, Counter>,
 }
 
 impl HealthMetrics {
-    /// The families, registered in `registry`.
-    pub fn register(registry: &mut Registrar) -> Self {
+    /// The families, registered in `registry`; the per-proxy ones only
+    /// with `per_proxy`.
+    pub fn register(registry: &mut Registrar, per_proxy: bool) -> Self {
         let m = HealthMetrics {
             duration: Family::new_with_constructor(probe_histogram as fn() -> Histogram),
             failures: Family::default(),
+            per_proxy: per_proxy.then(|| PerProxy {
+                duration: Family::new_with_constructor(probe_histogram as fn() -> Histogram),
+                failures: Family::default(),
+            }),
         };
         registry.register(
             "proxy_operator_healthcheck_duration_seconds",
-            "Duration of every health probe through a proxy",
+            "Duration of every health probe through a proxy, by provider and the Proxy's namespace",
             m.duration.clone(),
         );
         registry.register(
             "proxy_operator_healthcheck_failures",
-            "Failed health probes through a proxy",
+            "Failed health probes through a proxy, by provider, the Proxy's namespace and reason",
             m.failures.clone(),
         );
+        if let Some(p) = &m.per_proxy {
+            registry.register(
+                "proxy_operator_proxy_healthcheck_duration_seconds",
+                "Duration of every health probe through one proxy (--per-proxy-metrics)",
+                p.duration.clone(),
+            );
+            registry.register(
+                "proxy_operator_proxy_healthcheck_failures",
+                "Failed health probes through one proxy (--per-proxy-metrics)",
+                p.failures.clone(),
+            );
+        }
         m
     }
 
-    /// Records one probe of `proxy` (`<namespace>/<name>`); `failure` is
-    /// the reason of a failed one.
-    pub fn observe(&self, proxy: &str, failure: Option<&str>, took: Duration) {
+    /// Records one probe of `proxy` (`<namespace>/<name>`) of `provider`;
+    /// `failure` is the reason of a failed one.
+    pub fn observe(&self, proxy: &str, provider: &str, failure: Option<&str>, took: Duration) {
+        let proxy_namespace = proxy.split_once('/').map_or("", |(ns, _)| ns);
+        let fleet = FleetLabels {
+            provider: provider.to_string(),
+            proxy_namespace: proxy_namespace.to_string(),
+        };
+        self.duration
+            .get_or_create(&fleet)
+            .observe(took.as_secs_f64());
+        if let Some(reason) = failure {
+            self.failures
+                .get_or_create(&FleetFailureLabels {
+                    provider: fleet.provider,
+                    proxy_namespace: fleet.proxy_namespace,
+                    reason: reason.to_string(),
+                })
+                .inc();
+        }
+        let Some(p) = &self.per_proxy else { return };
         let l = ProxyLabel {
             proxy: proxy.to_string(),
         };
-        self.duration.get_or_create(&l).observe(took.as_secs_f64());
+        p.duration.get_or_create(&l).observe(took.as_secs_f64());
         if let Some(reason) = failure {
-            self.failures
+            p.failures
                 .get_or_create(&ProxyFailureLabels {
                     proxy: l.proxy,
                     reason: reason.to_string(),
@@ -77,14 +145,16 @@ impl HealthMetrics {
         }
     }
 
-    /// Removes every series of `proxy` (the Proxy went away); `reasons`
-    /// are the failure reasons it may have been counted under.
+    /// Removes every per-proxy series of `proxy` (the Proxy went away);
+    /// `reasons` are the failure reasons it may have been counted under.
+    /// The fleet-wide series stay: they are counters of the fleet.
     pub fn forget_proxy(&self, proxy: &str, reasons: &[&str]) {
-        self.duration.remove(&ProxyLabel {
+        let Some(p) = &self.per_proxy else { return };
+        p.duration.remove(&ProxyLabel {
             proxy: proxy.to_string(),
         });
         for reason in reasons {
-            self.failures.remove(&ProxyFailureLabels {
+            p.failures.remove(&ProxyFailureLabels {
                 proxy: proxy.to_string(),
                 reason: reason.to_string(),
             });

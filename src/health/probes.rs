@@ -47,6 +47,9 @@ pub const SYNC_EVERY: Duration = Duration::from_secs(1);
 pub struct ProbeSpec {
     /// The Proxy's UID when the spec was taken.
     pub uid: String,
+    /// `spec.provider`, empty for an External Proxy: a label of the
+    /// fleet-wide probe series.
+    pub provider: String,
     /// Where and what.
     pub target: ProbeTarget,
     /// Time between probes.
@@ -105,6 +108,7 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
         .unwrap_or(d.expected_status);
     Some(ProbeSpec {
         uid: p.uid().unwrap_or_default(),
+        provider: p.spec.provider.clone().unwrap_or_default(),
         target: ProbeTarget {
             proxy_host: host,
             proxy_port: port,

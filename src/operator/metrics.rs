@@ -52,17 +52,24 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every series registered. The order is the
-    /// exposition's: registered families first, then the scrape-time
-    /// collectors (phases, active leases, provider checks).
+    /// A fresh registry with every series registered, per-proxy series
+    /// off.
     pub fn new() -> Self {
+        Self::with_per_proxy(false)
+    }
+
+    /// A fresh registry with every series registered; `per_proxy`
+    /// (`--per-proxy-metrics`) adds the probe series per proxy. The order
+    /// is the exposition's: registered families first, then the
+    /// scrape-time collectors (phases, active leases, provider checks).
+    pub fn with_per_proxy(per_proxy: bool) -> Self {
         let mut registry = Registrar::new();
         // A collector: it prints after every family, first among collectors.
         let phases = PhaseGauge::register(&mut registry);
         let provider = ProviderMetrics::register(&mut registry);
         let reconcile = ReconcileMetrics::register(&mut registry);
         let throttle = ThrottleMetrics::register(&mut registry);
-        let health = HealthMetrics::register(&mut registry);
+        let health = HealthMetrics::register(&mut registry, per_proxy);
         let discovery = DiscoveryMetrics::register(&mut registry);
         let gc = GcMetrics::register(&mut registry);
         let provider_health = ProviderHealthMetrics::register(&mut registry);

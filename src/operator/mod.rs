@@ -79,7 +79,7 @@ impl Operator {
         let api_url = kube_config.cluster_url.to_string();
         let client =
             client::build(kube_config).map_err(|e| StartError::Client(plain_message(&e)))?;
-        let metrics = Metrics::new();
+        let metrics = Metrics::with_per_proxy(settings.per_proxy_metrics);
         let deps = registry::Deps {
             client: client.clone(),
             api_url,
@@ -168,7 +168,7 @@ impl Operator {
                 &mut tasks,
                 addr,
                 s,
-                proxy_cache.clone(),
+                (&self.client, proxy_cache.clone()),
                 &self.metrics,
                 seen,
                 stop.clone().cancelled_owned(),

@@ -82,14 +82,15 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
     counts
 }
 
-/// The discovery and lease API (every replica) with its lease sweeper;
-/// lease calls are served here only while `leader` says this replica
-/// leads, and forwarded to the leader otherwise.
+/// The discovery and lease API (every replica) with its lease sweeper and,
+/// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
+/// calls are served here only while `leader` says this replica leads, and
+/// forwarded to the leader otherwise.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
-    cache: Store<Proxy>,
+    (client, cache): (&kube::Client, Store<Proxy>),
     metrics: &Metrics,
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -106,14 +107,24 @@ pub fn spawn_discovery(
     );
     let leases =
         Arc::new(LeaseStore::new(settings.leases).with_client_limits(settings.client_limits));
-    let state = discovery::ApiState::with_clients(
-        Arc::new(cache),
-        leases,
-        &settings.discovery_tokens,
-        &metrics.discovery,
-    )
-    .with_external_namespaces(settings.health.defaults.external.clone())
-    .with_forwarder(forwarder);
+    let fixed = settings.discovery_tokens.clone();
+    let secret = settings.discovery_tokens_secret.clone();
+    let tokens = Arc::new(discovery::TokenSet::new(&fixed, secret.is_some()));
+    metrics.discovery.tokens_applied(fixed.len());
+    let state = discovery::ApiState::with_clients(Arc::new(cache), leases, &[], &metrics.discovery)
+        .with_token_set(tokens.clone())
+        .with_external_namespaces(settings.health.defaults.external.clone())
+        .with_forwarder(forwarder);
+    let stop = futures::FutureExt::shared(Box::pin(stop));
+    if let Some(name) = secret {
+        let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
+        let (m, stop) = (metrics.discovery.clone(), stop.clone());
+        tasks.spawn(async move {
+            let watch =
+                super::tokens::watch_secret(client, &namespace, &name, fixed, tokens, m, stop);
+            watch.await;
+        });
+    }
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
             error!(%addr, error = %e, "Discovery API failed");

@@ -53,6 +53,10 @@ pub struct Settings {
     /// The discovery API's clients and their bearer tokens:
     /// `DISCOVERY_TOKEN` as `default`, then `--discovery-tokens-dir`.
     pub discovery_tokens: Vec<(String, String)>,
+    /// `--per-proxy-metrics`.
+    pub per_proxy_metrics: bool,
+    /// `--discovery-tokens-secret`: more clients, watched.
+    pub discovery_tokens_secret: Option<String>,
     /// Per-client lease caps and the global-cooldown quorum.
     pub client_limits: ClientLimits,
     /// Orphan GC: interval, minimum age, deletes per sweep.
@@ -132,7 +136,8 @@ impl Settings {
         )
         .map_err(|e| problems.push(format!("--discovery-tokens-dir: {e}")))
         .unwrap_or_default();
-        if let Err(e) = discovery_auth(flags, !discovery_tokens.is_empty()) {
+        let has_token = !discovery_tokens.is_empty() || flags.discovery_tokens_secret.is_some();
+        if let Err(e) = discovery_auth(flags, has_token) {
             problems.push(e);
         }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
@@ -221,6 +226,8 @@ impl Settings {
                 cooldown: flags.lease_cooldown,
             },
             discovery_tokens,
+            discovery_tokens_secret: flags.discovery_tokens_secret.clone(),
+            per_proxy_metrics: flags.per_proxy_metrics,
             client_limits: ClientLimits {
                 max_leases: flags.max_leases_per_client,
                 global_cooldown_min_clients: usize::from(flags.global_cooldown_min_clients),

@@ -1,10 +1,27 @@
 //! The discovery API's named tokens: `DISCOVERY_TOKEN` (client `default`)
 //! and one file per client in `--discovery-tokens-dir` (a Secret mounted
-//! as a volume: each key a file). Pure but for reading the directory.
+//! as a volume: each key a file), both read once at startup; and the
+//! Secret `--discovery-tokens-secret`, one key per client, watched through
+//! the API server so an edit is in force within seconds without a restart.
+//! A content that does not pass [`check`] is refused (logged with the key
+//! and the reason, counted) and the last good set stays. Pure but for
+//! reading the directory and [`watch_secret`].
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::discovery::DEFAULT_CLIENT;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+use tracing::{info, info_span, warn, Instrument};
+
+use crate::discovery::metrics::DiscoveryMetrics;
+use crate::discovery::{TokenSet, DEFAULT_CLIENT};
 
 /// Whether `name` may name a client: 1-63 of `[a-z0-9-]`.
 fn valid_name(name: &str) -> bool {
@@ -63,6 +80,109 @@ pub fn gather(env: Option<&str>, dir: Option<&Path>) -> Result<Vec<(String, Stri
     }
     check(&pairs)?;
     Ok(pairs)
+}
+
+/// The clients of the tokens Secret's `data` (one key per client, the
+/// value its token, a trailing newline dropped) after the fixed ones
+/// (`DISCOVERY_TOKEN`, `--discovery-tokens-dir`), all checked together. The
+/// message names the key and the reason, never a token.
+pub fn with_secret(
+    fixed: &[(String, String)],
+    data: &BTreeMap<String, ByteString>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = fixed.to_vec();
+    for (key, value) in data {
+        let token = std::str::from_utf8(&value.0)
+            .map_err(|_| format!("key {key:?}: the token is not UTF-8 text"))?;
+        pairs.push((
+            key.clone(),
+            token.trim_end_matches(['\r', '\n']).to_string(),
+        ));
+    }
+    check(&pairs)?;
+    Ok(pairs)
+}
+
+/// What one watch event means for the tokens Secret: its data now (an
+/// absent or deleted Secret has none, so its clients get 401), or nothing
+/// to do. `seen` tracks whether the relist in progress found the Secret.
+fn secret_data(event: Event<Secret>, seen: &mut bool) -> Option<BTreeMap<String, ByteString>> {
+    match event {
+        Event::Init => {
+            *seen = false;
+            None
+        }
+        Event::InitApply(s) | Event::Apply(s) => {
+            *seen = true;
+            Some(s.data.unwrap_or_default())
+        }
+        Event::InitDone => (!*seen).then(BTreeMap::new),
+        Event::Delete(_) => Some(BTreeMap::new()),
+    }
+}
+
+/// Keeps `set` equal to the fixed clients plus those of the Secret
+/// `namespace`/`name` until `stop`; every replica runs it (each serves the
+/// API). A refused content leaves `set` as it was.
+pub async fn watch_secret(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    fixed: Vec<(String, String)>,
+    set: Arc<TokenSet>,
+    metrics: DiscoveryMetrics,
+    stop: impl Future<Output = ()>,
+) {
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let events = watcher(api, config).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut stop = std::pin::pin!(stop);
+    let mut seen = false;
+    loop {
+        let event = tokio::select! {
+            _ = &mut stop => return,
+            e = events.next() => e,
+        };
+        let data = match event {
+            None => return,
+            Some(Err(e)) => {
+                warn!(secret = %name, error = %e, "Watching the discovery tokens Secret failed; the tokens in force stay");
+                continue;
+            }
+            Some(Ok(e)) => secret_data(e, &mut seen),
+        };
+        let Some(data) = data else { continue };
+        let span = info_span!("discovery_tokens_reload", secret = %name, keys = data.len());
+        async {
+            match with_secret(&fixed, &data) {
+                Ok(pairs) => {
+                    let before = set.clients();
+                    if set.replace(&pairs) {
+                        let now = set.clients();
+                        let names = |v: &[Arc<str>]| v.join(",");
+                        let added: Vec<Arc<str>> =
+                            now.iter().filter(|n| !before.contains(n)).cloned().collect();
+                        let removed: Vec<Arc<str>> =
+                            before.iter().filter(|n| !now.contains(n)).cloned().collect();
+                        info!(
+                            clients = %names(&now),
+                            added = %names(&added),
+                            removed = %names(&removed),
+                            "Discovery tokens reloaded"
+                        );
+                    }
+                    metrics.tokens_applied(pairs.len());
+                }
+                Err(reason) => {
+                    warn!(%reason, "Refused the discovery tokens Secret's content; the last good tokens stay in force");
+                    metrics.tokens_refused();
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
 }
 
 #[cfg(test)]
@@ -140,5 +260,110 @@ mod tests {
         );
         assert!(gather(None, Some(&dir.path().join("absent"))).is_err());
         assert_eq!(gather(None, None).unwrap(), Vec::new());
+    }
+
+    fn data(d: &[(&str, &[u8])]) -> BTreeMap<String, ByteString> {
+        d.iter()
+            .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+            .collect()
+    }
+
+    #[test]
+    fn secret_contents() {
+        struct Case {
+            name: &'static str,
+            fixed: &'static [(&'static str, &'static str)],
+            data: &'static [(&'static str, &'static [u8])],
+            want: Result<&'static [(&'static str, &'static str)], &'static str>,
+        }
+        let cases = [
+            Case {
+                name: "two clients after the fixed one, newline dropped",
+                fixed: &[("default", "env")],
+                data: &[("crawler-a", b"ta\n"), ("crawler-b", b"tb")],
+                want: Ok(&[("default", "env"), ("crawler-a", "ta"), ("crawler-b", "tb")]),
+            },
+            Case {
+                name: "an empty Secret: only the fixed clients",
+                fixed: &[],
+                data: &[],
+                want: Ok(&[]),
+            },
+            Case {
+                name: "an empty value names its key",
+                fixed: &[],
+                data: &[("crawler-a", b"ta"), ("crawler-b", b"\n")],
+                want: Err("the token of client crawler-b is empty"),
+            },
+            Case {
+                name: "a key that is no client name",
+                fixed: &[],
+                data: &[("Crawler_B", b"tb")],
+                want: Err("client name \"Crawler_B\" must be 1-63 of a-z, 0-9 and -"),
+            },
+            Case {
+                name: "a key naming a fixed client",
+                fixed: &[("default", "env")],
+                data: &[("default", b"other")],
+                want: Err("client default is named twice"),
+            },
+            Case {
+                name: "a token shared with a fixed client",
+                fixed: &[("default", "secret-env")],
+                data: &[("crawler-a", b"secret-env")],
+                want: Err("clients default and crawler-a have the same token"),
+            },
+            Case {
+                name: "a value that is not text",
+                fixed: &[],
+                data: &[("crawler-a", &[0xff, 0xfe])],
+                want: Err("key \"crawler-a\": the token is not UTF-8 text"),
+            },
+        ];
+        for c in cases {
+            let got = with_secret(&pairs(c.fixed), &data(c.data));
+            match c.want {
+                Ok(want) => assert_eq!(got, Ok(pairs(want)), "{}", c.name),
+                Err(want) => {
+                    let e = got.unwrap_err();
+                    assert_eq!(e, want, "{}", c.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn watch_events_give_the_secret_data_or_nothing() {
+        let secret = |d: &[(&str, &[u8])]| Secret {
+            data: Some(data(d)),
+            ..Default::default()
+        };
+        let mut seen = false;
+        assert_eq!(secret_data(Event::Init, &mut seen), None);
+        assert_eq!(
+            secret_data(Event::InitDone, &mut seen),
+            Some(BTreeMap::new()),
+            "a relist without the Secret: none of its clients"
+        );
+        assert_eq!(secret_data(Event::Init, &mut seen), None);
+        let found = secret_data(Event::InitApply(secret(&[("a", b"t")])), &mut seen);
+        assert_eq!(found, Some(data(&[("a", b"t")])));
+        assert_eq!(
+            secret_data(Event::InitDone, &mut seen),
+            None,
+            "the relist found it: already applied"
+        );
+        let edited = secret_data(Event::Apply(secret(&[("b", b"u")])), &mut seen);
+        assert_eq!(edited, Some(data(&[("b", b"u")])));
+        assert_eq!(
+            secret_data(Event::Delete(secret(&[])), &mut seen),
+            Some(BTreeMap::new()),
+            "deleted: its clients get 401"
+        );
+        assert_eq!(
+            secret_data(Event::Apply(Secret::default()), &mut seen),
+            Some(BTreeMap::new()),
+            "a Secret without data"
+        );
     }
 }

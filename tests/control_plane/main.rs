@@ -9,6 +9,7 @@ mod support;
 
 mod cluster_kubectl;
 mod crawler_example;
+mod discovery_tokens;
 mod e2e_breaker_gcp;
 mod e2e_create_limits;
 mod e2e_events_gcp;

@@ -76,7 +76,11 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
         dir.path(),
         target,
         api_addr,
-        &["--metrics-bind-address", &metrics_addr.to_string()],
+        &[
+            "--metrics-bind-address",
+            &metrics_addr.to_string(),
+            "--per-proxy-metrics",
+        ],
     );
     let proxies: Api<Proxy> = ground.proxies();
     proxies
@@ -236,24 +240,21 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
     let (s, _) = call(api_addr, "POST", "/v1/leases", Some(TOKEN), vec![]).await;
     assert_eq!(s, 201);
 
-    // Per-proxy probe series exist, and go away with the Proxy.
+    // Fleet-wide probe series by provider and namespace; with
+    // --per-proxy-metrics, per-proxy ones too, which go away with the Proxy.
     let scrape = || async {
         let (_, v) = call(metrics_addr, "GET", "/metrics", None, vec![]).await;
         v.as_str().unwrap_or_default().to_string()
     };
     let text = scrape().await;
-    assert!(
-        text.contains(&format!(
-            "proxy_operator_healthcheck_duration_seconds_count{{proxy=\"{ns}/good\"}}"
-        )),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!(
-            "proxy_operator_healthcheck_failures_total{{proxy=\"{ns}/sink\",reason=\"timeout\"}}"
-        )),
-        "{text}"
-    );
+    for series in [
+        format!("proxy_operator_healthcheck_duration_seconds_count{{provider=\"kubernetes\",proxy_namespace=\"{ns}\"}}"),
+        format!("proxy_operator_healthcheck_failures_total{{provider=\"\",proxy_namespace=\"{ns}\",reason=\"timeout\"}}"),
+        format!("proxy_operator_proxy_healthcheck_duration_seconds_count{{proxy=\"{ns}/good\"}}"),
+        format!("proxy_operator_proxy_healthcheck_failures_total{{proxy=\"{ns}/sink\",reason=\"timeout\"}}"),
+    ] {
+        assert!(text.contains(&series), "{series} missing: {text}");
+    }
     assert!(text.contains("proxy_operator_leases_active 1"), "{text}");
     proxies
         .delete("sink", &DeleteParams::default())

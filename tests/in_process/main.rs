@@ -15,6 +15,7 @@ mod grafana_dashboard;
 mod health_probe;
 mod image;
 mod log_filter;
+mod metrics_cardinality;
 mod metrics_docs;
 mod prometheus_rules;
 mod provider_decorators;

@@ -1,7 +1,8 @@
 //! Every series the operator can export is in the table of
 //! docs/metrics.md with its type, and every series the table names is
-//! exported: the registry is the one main builds (`Metrics::new`), with a
-//! sample in every family so that every family prints.
+//! exported: the registry is the one main builds (`Metrics::with_per_proxy`,
+//! with the opt-in per-proxy series on), with a sample in every family so
+//! that every family prints.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -15,7 +16,7 @@ use egress_proxies_operator::providerhealth::metrics::TargetSample;
 
 /// The operator's registry with at least one sample in every family.
 fn populated() -> Metrics {
-    let m = Metrics::new();
+    let m = Metrics::with_per_proxy(true);
     let took = Duration::from_millis(12);
     m.provider.observe("gcp-eu", "create", "ok", took);
     m.reconcile.observe("proxy", false, took);
@@ -30,7 +31,8 @@ fn populated() -> Metrics {
             },
         )]
     });
-    m.health.observe("crawl/px-1", Some("timeout"), took);
+    m.health
+        .observe("crawl/px-1", "gcp-eu", Some("timeout"), took);
     m.discovery.observe_request("POST /v1/leases", 201, took);
     m.discovery.lease_event("granted", 1);
     m.discovery.forwarded("relayed");
@@ -108,10 +110,15 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_creates_throttled",
             "proxy_operator_healthcheck_duration_seconds",
             "proxy_operator_healthcheck_failures",
+            "proxy_operator_proxy_healthcheck_duration_seconds",
+            "proxy_operator_proxy_healthcheck_failures",
             "proxy_operator_discovery_requests",
             "proxy_operator_discovery_request_duration_seconds",
             "proxy_operator_lease_events",
             "proxy_operator_discovery_forwarded",
+            "proxy_operator_discovery_token_reload_failures",
+            "proxy_operator_discovery_tokens_last_reload_successful",
+            "proxy_operator_discovery_token_clients",
             "proxy_operator_gc_sweeps",
             "proxy_operator_gc_deleted",
             "proxy_operator_gc_delete_failures",
