@@ -14,7 +14,9 @@ use super::error::{ApiError, ApiResult};
 use super::middleware::BODY_LIMIT;
 use super::model::*;
 use super::state::{ApiState, Client, ANONYMOUS};
-use crate::lease::{AcquireError, AcquireRequest, Lease, Outcome, ProxyKey, TtlError};
+use crate::lease::{
+    AcquireError, AcquireRequest, Admission, Lease, Outcome, ProxyKey, Refusal, TtlError,
+};
 
 /// Longest `stickyKey` and `site`.
 pub const MAX_KEY_LEN: usize = 256;
@@ -102,6 +104,18 @@ fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
             .expires_at
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         ttl_seconds: u64::try_from(ttl).unwrap_or(0),
+    }
+}
+
+/// Takes in a lease another leader granted when its id is presented here
+/// first (docs/api.md, "Failover"); counts what happened.
+fn admit(s: &ApiState, id: &str) {
+    let listing = s.listing();
+    let eligible = |k: &ProxyKey| listing.binary_search_by(|(x, _)| x.cmp(k)).is_ok();
+    match s.leases.admit(id, eligible) {
+        Admission::Readmitted(_) => s.metrics.lease_event("readmitted", 1),
+        Admission::Refused(Refusal::NoRoom) => s.metrics.lease_event("readmit_refused", 1),
+        Admission::Refused(Refusal::Ineligible) | Admission::Known | Admission::Unknown => {}
     }
 }
 
@@ -226,6 +240,7 @@ pub(super) async fn get_lease(
     State(s): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<LeaseResponse>> {
+    admit(&s, &id);
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
     let item = s
         .item_for(&lease)
@@ -246,6 +261,7 @@ pub(super) async fn renew(
 ) -> ApiResult<Json<LeaseResponse>> {
     let b: RenewBody = parse_body(body, true)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    admit(&s, &id);
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
     let item = s
         .item_for(&lease)
@@ -291,6 +307,7 @@ pub(super) async fn report(
             ))
         }
     };
+    admit(&s, &id);
     s.leases
         .report(&id, outcome, b.site.as_deref())
         .ok_or_else(unknown_lease)?;

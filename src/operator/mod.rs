@@ -7,6 +7,7 @@
 //! stops its leader-only work, keeps serving, and campaigns again.
 
 pub mod client;
+pub mod lease_key;
 pub mod metrics;
 pub mod reload;
 pub mod runnables;
@@ -50,6 +51,8 @@ pub enum StartError {
     Providers(String),
     #[error("cannot read the kube-system namespace to derive the installation id (pass --installation-id): {0}")]
     InstallationId(String),
+    #[error("cannot have the lease signing key: {0}")]
+    LeaseKey(String),
     #[error("leader election stopped before this replica won")]
     LeaderElection,
 }
@@ -156,10 +159,16 @@ impl Operator {
             self.providers.subscribe(),
         );
         if let Some(addr) = s.discovery_bind {
+            // Every replica signs with the one shared key, so any of them
+            // can take in the leases another granted (docs/architecture.md).
+            let key = lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
+                .await
+                .map_err(|e| StartError::LeaseKey(e.to_string()))?;
             runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
+                key,
                 proxy_cache.clone(),
                 &self.metrics,
                 stop.clone().cancelled_owned(),

@@ -18,7 +18,7 @@ use crate::api::{Proxy, ProxyPhase};
 use crate::controller::fleet::Fleet;
 use crate::discovery;
 use crate::health;
-use crate::lease::LeaseStore;
+use crate::lease::{LeaseKey, LeaseStore};
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
@@ -84,12 +84,16 @@ pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
+    key: LeaseKey,
     cache: Store<Proxy>,
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let leases =
-        Arc::new(LeaseStore::new(settings.leases).with_client_limits(settings.client_limits));
+    let leases = Arc::new(
+        LeaseStore::new(settings.leases)
+            .with_client_limits(settings.client_limits)
+            .with_key(key),
+    );
     let state = discovery::ApiState::with_clients(
         Arc::new(cache),
         leases,
