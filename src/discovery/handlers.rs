@@ -171,7 +171,9 @@ pub(super) async fn list_proxies(
         (status = 409, description = "No healthy proxy matches (no_proxy), all are at capacity or cooling down (no_capacity), or this client holds --max-leases-per-client leases (client_limit)", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
-        (status = 422, description = "Unknown field or wrong type", body = ErrorBody)))]
+        (status = 422, description = "Unknown field or wrong type", body = ErrorBody),
+        (status = 503, description = "A new leader's recovery window after a failover (recovering): leases the previous leader granted may still be presented, so nothing new is granted yet", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until the window ends")))))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
@@ -221,13 +223,14 @@ pub(super) async fn acquire(
         }
         Err(e) => {
             s.metrics.lease_event("refused", 1);
-            let code = match e {
-                AcquireError::NoProxy => "no_proxy",
-                AcquireError::NoCapacity { .. } => "no_capacity",
-                AcquireError::ClientLimit { .. } => "client_limit",
+            let (status, code) = match e {
+                AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
+                AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
+                AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
+                AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
             };
             let wait = s.leases.retry_after(&keys, &client_name, &e);
-            Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()).retry_after(wait))
+            Err(ApiError::new(status, code, e.to_string()).retry_after(wait))
         }
     }
 }

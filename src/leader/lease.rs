@@ -35,14 +35,17 @@ pub async fn try_once(
     me: &str,
     timing: Timing,
     seen: &mut Option<Seen>,
+    publisher: &dyn super::Publisher,
 ) -> Result<bool, kube::Error> {
     let seconds = i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let existing = api.get_opt(name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
+        let published = publisher.annotations(&Default::default(), true);
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
+                annotations: Some(published.clone()),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -55,7 +58,10 @@ pub async fn try_once(
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                publisher.written(&published);
+                Ok(true)
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
         };
@@ -68,10 +74,18 @@ pub async fn try_once(
         timing.lease_duration,
     );
     *seen = Some(observed);
+    if matches!(decision, Decision::Follow { .. }) {
+        return Ok(false);
+    }
+    let read = lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    let published = publisher.annotations(read, decision == Decision::Acquire);
+    read.extend(published.clone());
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
-        Decision::Follow { .. } => return Ok(false),
-        Decision::Renew => {}
+        Decision::Follow { .. } | Decision::Renew => {}
         Decision::Acquire => {
             spec.holder_identity = Some(me.to_string());
             spec.acquire_time = Some(MicroTime(now));
@@ -82,7 +96,10 @@ pub async fn try_once(
     spec.lease_duration_seconds = Some(seconds);
     // The read resourceVersion rides along: a concurrent writer makes this 409.
     match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
+        Ok(_) => {
+            publisher.written(&published);
+            Ok(true)
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(e),
     }

@@ -129,6 +129,9 @@ impl LeaseStore {
         if st.leases.contains_key(&slot) {
             return Admission::Known;
         }
+        if st.was_released(&slot) {
+            return Admission::Unknown;
+        }
         let active = st.proxies.get(&c.proxy).map_or(0, |p| p.active);
         let max = self.config.max_leases_per_proxy;
         if let Err(why) = readmit_decision(eligible(&c.proxy), active, max) {

@@ -218,5 +218,10 @@ fn every_id_of_a_live_lease_reaches_it_at_the_same_leader() {
     );
     assert!(s.release(&r1.id));
     assert_eq!(s.get(&r2.id), None);
+    assert_eq!(
+        s.admit(&r2.id, any),
+        Admission::Unknown,
+        "a released lease is not taken in again where it was released"
+    );
     assert_eq!(s.active_on(&k("a")), 0);
 }

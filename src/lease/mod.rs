@@ -103,6 +103,13 @@ pub enum AcquireError {
         /// Of those, cooling down (globally or for the site).
         cooling: usize,
     },
+    /// A new leader's recovery window: leases the previous one granted may
+    /// still be presented.
+    #[error("a new leader is recovering the leases of the previous one; retry in {} s", wait.as_secs())]
+    Recovering {
+        /// Until grants resume.
+        wait: Duration,
+    },
 }
 
 /// A client's report on a lease.
@@ -167,7 +174,9 @@ use state::State;
 mod ids;
 pub use ids::{random_id, IdSource};
 mod failover;
+mod recovery;
 pub use failover::{readmit_decision, Admission, Refusal};
+pub use recovery::{grant_end, horizon, window_end, HORIZON_ANNOTATION};
 pub mod signed;
 pub use signed::LeaseKey;
 
@@ -237,6 +246,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
+        let expires_at = st.recovery.grant(now, req.ttl)?;
         if eligible.is_empty() {
             return Err(AcquireError::NoProxy);
         }
@@ -296,7 +306,6 @@ impl LeaseStore {
         let p = st.proxies.entry(chosen.clone()).or_default();
         p.active += 1;
         p.last_granted = Some((now, seq));
-        let expires_at = later(now, req.ttl);
         if let Some(s) = &req.sticky_key {
             // Bounded: a key the map has no room for only loses stickiness.
             let _ = st
@@ -325,9 +334,11 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
+        let old_end = st.leases.get(&slot)?.expires_at;
+        let end = st.recovery.renewal(now, ttl, old_end);
         let lease = st.leases.get_mut(&slot)?;
-        let old = (lease.expires_at, slot.clone());
-        lease.expires_at = later(now, ttl);
+        let old = (old_end, slot.clone());
+        lease.expires_at = end;
         if let Some(key) = &self.key {
             lease.id = failover::resign(key, &slot, lease);
         }
@@ -355,7 +366,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        st.end(&slot).is_some()
+        st.release(&slot).is_some()
     }
 
     /// Records a client's report on a live lease (which it keeps). Blocked

@@ -7,6 +7,7 @@
 //! stops its leader-only work, keeps serving, and campaigns again.
 
 pub mod client;
+mod horizon;
 pub mod lease_key;
 pub mod metrics;
 pub mod reload;
@@ -158,13 +159,14 @@ impl Operator {
             proxy_cache.clone(),
             self.providers.subscribe(),
         );
+        let mut leases = None;
         if let Some(addr) = s.discovery_bind {
             // Every replica signs with the one shared key, so any of them
             // can take in the leases another granted (docs/architecture.md).
             let key = lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
                 .await
                 .map_err(|e| StartError::LeaseKey(e.to_string()))?;
-            runnables::spawn_discovery(
+            leases = Some(runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
@@ -172,7 +174,7 @@ impl Operator {
                 proxy_cache.clone(),
                 &self.metrics,
                 stop.clone().cancelled_owned(),
-            );
+            ));
         }
 
         let leading = async {
@@ -186,7 +188,13 @@ impl Operator {
                     Ok(())
                 }
                 Some(timing) => {
-                    self.lead_in_terms(timing, &stop, proxy_cache, installation_id)
+                    let publisher: Arc<dyn leader::Publisher> = match leases {
+                        Some(store) => {
+                            Arc::new(horizon::Horizon::new(store, timing.retry_period * 2))
+                        }
+                        None => Arc::new(horizon::Nothing),
+                    };
+                    self.lead_in_terms(timing, &stop, proxy_cache, installation_id, publisher)
                         .await
                 }
             };
@@ -265,6 +273,7 @@ impl Operator {
         stop: &CancellationToken,
         proxy_cache: kube::runtime::reflector::Store<crate::api::Proxy>,
         installation_id: String,
+        publisher: Arc<dyn leader::Publisher>,
     ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
         let identity = leader_identity();
@@ -275,6 +284,7 @@ impl Operator {
             identity.clone(),
             timing,
             self.metrics.leader.clone(),
+            publisher,
         );
         let mut leading = campaign.leading.clone();
         let step_down_grace = timing.lease_duration.saturating_sub(timing.renew_deadline) / 2;

@@ -79,7 +79,8 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
     counts
 }
 
-/// The discovery and lease API (every replica) with its lease sweeper.
+/// The discovery and lease API (every replica) with its lease sweeper;
+/// returns its lease store.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
@@ -88,7 +89,7 @@ pub fn spawn_discovery(
     cache: Store<Proxy>,
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
-) {
+) -> Arc<LeaseStore> {
     let leases = Arc::new(
         LeaseStore::new(settings.leases)
             .with_client_limits(settings.client_limits)
@@ -96,7 +97,7 @@ pub fn spawn_discovery(
     );
     let state = discovery::ApiState::with_clients(
         Arc::new(cache),
-        leases,
+        leases.clone(),
         &settings.discovery_tokens,
         &metrics.discovery,
     )
@@ -106,6 +107,7 @@ pub fn spawn_discovery(
             error!(%addr, error = %e, "Discovery API failed");
         }
     });
+    leases
 }
 
 /// The health engine (leader-only): probes every Proxy through itself and
