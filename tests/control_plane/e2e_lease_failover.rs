@@ -155,17 +155,8 @@ async fn held_leases_survive_a_killed_leader_and_new_grants_wait_for_the_window(
     assert_eq!((s, v["error"]["code"].as_str()), (409, Some("no_capacity")));
 
     // SIGKILL: no hand-over.
-    let killed = Instant::now();
-    std::process::Command::new("kill")
-        .args(["-KILL", &a.pid().to_string()])
-        .status()
-        .unwrap();
-    drop(a);
-    eventually("b to take over", Duration::from_secs(30), || async {
-        holder(&leases_api).await.filter(|h| h.starts_with("b_"))
-    })
-    .await;
-    println!("takeover {:?} after the kill", killed.elapsed());
+    let took = leader::kill_until_held_by(a, &leases_api, "b").await;
+    println!("takeover {took:?} after the kill");
 
     // A new acquire waits for the window, told how long.
     let (s, wait, v) = acquire(api_b).await;
