@@ -172,6 +172,29 @@ impl LeaseStore {
         horizon(now, latest, r.until, longest, margin)
     }
 
+    /// The horizon to publish with the write that takes over from a
+    /// leader that published `previous`: what [`Self::horizon`] will say
+    /// once [`Self::take_over`] ran (the window and the default TTL
+    /// counted), so the leases renewed right after the take-over are not
+    /// cut short.
+    pub fn take_over_horizon(
+        &self,
+        previous: Option<DateTime<Utc>>,
+        margin: Duration,
+    ) -> DateTime<Utc> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let latest = st.ends.last().map(|(end, _)| *end);
+        let until = window_end(now, previous, self.config.max_ttl);
+        let longest = st
+            .recovery
+            .recent(now)
+            .max(self.config.default_ttl)
+            .min(self.config.max_ttl);
+        horizon(now, latest, until, longest, margin)
+    }
+
     /// `h` is on the Lease now: expiries up to it may be handed out.
     pub fn published(&self, h: DateTime<Utc>) {
         self.lock().recovery.published = Some(h);

@@ -216,6 +216,11 @@ fn req(ttl: u64) -> AcquireRequest {
 fn a_new_leader_grants_after_the_window_and_within_what_it_published() {
     let clock = FakeClock::at(t(0));
     let s = store(&clock);
+    assert_eq!(
+        s.take_over_horizon(Some(t(45)), secs(4)),
+        t(64),
+        "the write that takes over publishes what take_over will"
+    );
     s.take_over(Some(t(45)));
     assert_eq!(s.recovering_until(), Some(t(45)));
     let h = s.horizon(secs(4));

@@ -21,7 +21,15 @@ pub struct Horizon {
     /// Two retry periods.
     pub margin: Duration,
     /// The value this replica last wrote.
-    pub last: Mutex<Option<String>>,
+    last: Mutex<Option<String>>,
+    /// The previous leader's horizon, while a write that takes the Lease
+    /// over is in flight.
+    pending: Mutex<Option<Option<DateTime<Utc>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain values: a panic elsewhere cannot leave them half-written.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Horizon {
@@ -31,6 +39,7 @@ impl Horizon {
             store,
             margin,
             last: Mutex::new(None),
+            pending: Mutex::new(None),
         }
     }
 }
@@ -53,19 +62,20 @@ impl Publisher for Horizon {
         taking_over: bool,
     ) -> BTreeMap<String, String> {
         let read = read.get(HORIZON_ANNOTATION);
-        let ours =
-            read.is_some() && *self.last.lock().unwrap_or_else(|p| p.into_inner()) == read.cloned();
+        let ours = read.is_some() && *lock(&self.last) == read.cloned();
         // Still the value this replica wrote: nobody led in between (a
         // leader grants nothing before its first write), so this store
         // knows every lease and needs no window.
+        let mut h = self.store.horizon(self.margin);
+        let mut pending = lock(&self.pending);
+        *pending = None;
         if taking_over && !ours {
+            // The window opens only once this write wins: a candidate
+            // that loses the race keeps serving as it did.
             let previous = parse(read);
-            self.store.take_over(previous);
-            if let Some(until) = self.store.recovering_until() {
-                info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), "Recovering the previous leader's leases: new grants wait until then");
-            }
+            h = self.store.take_over_horizon(previous, self.margin);
+            *pending = Some(previous);
         }
-        let h = self.store.horizon(self.margin);
         BTreeMap::from([(
             HORIZON_ANNOTATION.to_string(),
             h.to_rfc3339_opts(SecondsFormat::Millis, true),
@@ -73,11 +83,16 @@ impl Publisher for Horizon {
     }
 
     fn written(&self, written: &BTreeMap<String, String>) {
+        if let Some(previous) = lock(&self.pending).take() {
+            self.store.take_over(previous);
+            if let Some(until) = self.store.recovering_until() {
+                info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), "Recovering the previous leader's leases: new grants wait until then");
+            }
+        }
         if let Some(h) = parse(written.get(HORIZON_ANNOTATION)) {
             self.store.published(h);
         }
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
-            written.get(HORIZON_ANNOTATION).cloned();
+        *lock(&self.last) = written.get(HORIZON_ANNOTATION).cloned();
     }
 }
 
@@ -91,3 +106,7 @@ impl Publisher for Nothing {
 
     fn written(&self, _: &BTreeMap<String, String>) {}
 }
+
+#[cfg(test)]
+#[path = "horizon_tests.rs"]
+mod tests;
