@@ -5,8 +5,11 @@ It acquires a lease, fetches pages through the leased proxy, renews the
 lease at half its TTL, reports each fetch, and releases the lease at the
 end. It handles the answers a crawler must expect:
 
-- 409 on acquire (no proxy free, or this client's cap): wait the seconds
-  the Retry-After header gives, then ask again;
+- 409 on acquire (no proxy free, or this client's cap), or 503 (a new
+  leader's recovery window after a failover): wait the seconds the
+  Retry-After header gives, then ask again;
+- every renewal answers a new lease id (it signs the new expiry): use the
+  id of the latest answer, the one a new leader takes in after a failover;
 - 404 on renew (the lease ended: it expired, was released, or the operator
   lost it): acquire another;
 - 409 on renew (the proxy is no longer healthy): release it and acquire
@@ -58,12 +61,13 @@ def acquire(api, ttl, filters, deadline):
             lease = r.json()
             log("leased", lease["id"], "via", lease["proxy"]["url"])
             return lease
-        if r.status_code == 409:
+        if r.status_code in (409, 503):
             wait = int(r.headers.get("Retry-After", "5"))
             code = r.json()["error"]["code"]
+            status = r.status_code
             if time.monotonic() + wait > deadline:
-                raise SystemExit(f"no lease before the deadline (last: 409 {code})")
-            log(f"no proxy free (409 {code}): waiting {wait} s as Retry-After says")
+                raise SystemExit(f"no lease before the deadline (last: {status} {code})")
+            log(f"no lease now ({status} {code}): waiting {wait} s as Retry-After says")
             time.sleep(wait)
             continue
         raise SystemExit(f"acquire failed: {r.status_code} {r.text}")
@@ -73,8 +77,10 @@ def renew(api, lease, ttl, filters, deadline):
     """The lease renewed, or another one when it is gone or unhealthy."""
     r = api.call("POST", f"/v1/leases/{lease['id']}/renew", {"ttlSeconds": ttl})
     if r.status_code == 200:
-        log("renewed", lease["id"])
-        return r.json()
+        # The answer carries a fresh id: keep that one from now on.
+        renewed = r.json()
+        log("renewed", lease["id"], "now", renewed["id"])
+        return renewed
     if r.status_code == 404:
         log("lease", lease["id"], "gone (404): acquiring another")
         return acquire(api, ttl, filters, deadline)

@@ -14,7 +14,9 @@ use super::error::{ApiError, ApiResult};
 use super::middleware::BODY_LIMIT;
 use super::model::*;
 use super::state::{ApiState, Client, ANONYMOUS};
-use crate::lease::{AcquireError, AcquireRequest, Lease, Outcome, ProxyKey, TtlError};
+use crate::lease::{
+    AcquireError, AcquireRequest, Admission, Lease, Outcome, ProxyKey, Refusal, TtlError,
+};
 
 /// Longest `stickyKey` and `site`.
 pub const MAX_KEY_LEN: usize = 256;
@@ -105,6 +107,18 @@ fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
     }
 }
 
+/// Takes in a lease another leader granted when its id is presented here
+/// first (docs/api.md, "Failover"); counts what happened.
+fn admit(s: &ApiState, id: &str) {
+    let listing = s.listing();
+    let eligible = |k: &ProxyKey| listing.binary_search_by(|(x, _)| x.cmp(k)).is_ok();
+    match s.leases.admit(id, eligible) {
+        Admission::Readmitted(_) => s.metrics.lease_event("readmitted", 1),
+        Admission::Refused(Refusal::NoRoom) => s.metrics.lease_event("readmit_refused", 1),
+        Admission::Refused(Refusal::Ineligible) | Admission::Known | Admission::Unknown => {}
+    }
+}
+
 fn unknown_lease() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "unknown_lease", "no such lease")
 }
@@ -158,8 +172,8 @@ pub(super) async fn list_proxies(
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
         (status = 422, description = "Unknown field or wrong type", body = ErrorBody),
-        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
-            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); recovering: a new leader's recovery window after a failover, when leases the previous leader granted may still be presented. Nothing was granted", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period (leader_unavailable), or until the recovery window ends (recovering)")))))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
@@ -209,13 +223,14 @@ pub(super) async fn acquire(
         }
         Err(e) => {
             s.metrics.lease_event("refused", 1);
-            let code = match e {
-                AcquireError::NoProxy => "no_proxy",
-                AcquireError::NoCapacity { .. } => "no_capacity",
-                AcquireError::ClientLimit { .. } => "client_limit",
+            let (status, code) = match e {
+                AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
+                AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
+                AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
+                AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
             };
             let wait = s.leases.retry_after(&keys, &client_name, &e);
-            Err(ApiError::new(StatusCode::CONFLICT, code, e.to_string()).retry_after(wait))
+            Err(ApiError::new(status, code, e.to_string()).retry_after(wait))
         }
     }
 }
@@ -230,6 +245,7 @@ pub(super) async fn get_lease(
     State(s): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<LeaseResponse>> {
+    admit(&s, &id);
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
     let item = s
         .item_for(&lease)
@@ -252,6 +268,7 @@ pub(super) async fn renew(
 ) -> ApiResult<Json<LeaseResponse>> {
     let b: RenewBody = parse_body(body, true)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    admit(&s, &id);
     let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
     let item = s
         .item_for(&lease)
@@ -301,6 +318,7 @@ pub(super) async fn report(
             ))
         }
     };
+    admit(&s, &id);
     s.leases
         .report(&id, outcome, b.site.as_deref())
         .ok_or_else(unknown_lease)?;

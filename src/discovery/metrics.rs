@@ -16,7 +16,8 @@ use crate::metrics::{HistogramFamily, Registrar, Scraped};
 /// Labels of a lease event counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
-    /// granted, refused, renewed, released, expired, or a report result.
+    /// granted, refused, renewed, released, expired, readmitted,
+    /// readmit_refused, or a report result.
     pub event: String,
 }
 
@@ -89,7 +90,7 @@ impl DiscoveryMetrics {
         );
         registry.register(
             "proxy_operator_lease_events",
-            "Lease outcomes: granted, refused, renewed, released, expired, and reported ok, blocked or failed",
+            "Lease outcomes: granted, refused, renewed, released, expired, readmitted (another leader's lease taken in) and readmit_refused (its proxy had no room), and reported ok, blocked or failed",
             m.lease_events.clone(),
         );
         registry.register(

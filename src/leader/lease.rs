@@ -63,13 +63,16 @@ pub async fn try_once(
     timing: Timing,
     publish: &BTreeMap<String, String>,
     seen: &mut Option<Seen>,
+    publisher: &dyn super::Publisher,
 ) -> Result<Observed, kube::Error> {
     let seconds = i32::try_from(timing.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let existing = api.get_opt(name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
+        let published = publisher.annotations(&Default::default(), true);
         let mut metadata = ObjectMeta {
             name: Some(name.to_string()),
+            annotations: Some(published.clone()),
             ..Default::default()
         };
         publish_on(&mut metadata, publish);
@@ -84,7 +87,8 @@ pub async fn try_once(
                 ..Default::default()
             }),
         };
-        return written(api.create(&PostParams::default(), &lease).await);
+        let res = api.create(&PostParams::default(), &lease).await;
+        return written(res, publisher, &published);
     };
     let (decision, observed) = decide(
         &record_of(&lease),
@@ -99,6 +103,12 @@ pub async fn try_once(
             lease.metadata.annotations.clone().unwrap_or_default(),
         ));
     }
+    let read = lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    let published = publisher.annotations(read, decision == Decision::Acquire);
+    read.extend(published.clone());
     publish_on(&mut lease.metadata, publish);
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
@@ -112,14 +122,23 @@ pub async fn try_once(
     spec.renew_time = Some(MicroTime(now));
     spec.lease_duration_seconds = Some(seconds);
     // The read resourceVersion rides along: a concurrent writer makes this 409.
-    written(api.replace(name, &PostParams::default(), &lease).await)
+    let res = api.replace(name, &PostParams::default(), &lease).await;
+    written(res, publisher, &published)
 }
 
-/// A write's result: ours, or another candidate's write came first (409;
-/// who that is shows at the next read).
-fn written(res: Result<Lease, kube::Error>) -> Result<Observed, kube::Error> {
+/// A write's result: ours (the publisher hears what is on the Lease now),
+/// or another candidate's write came first (409; who that is shows at the
+/// next read).
+fn written(
+    res: Result<Lease, kube::Error>,
+    publisher: &dyn super::Publisher,
+    published: &BTreeMap<String, String>,
+) -> Result<Observed, kube::Error> {
     match res {
-        Ok(_) => Ok(Observed::Me),
+        Ok(_) => {
+            publisher.written(published);
+            Ok(Observed::Me)
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Observed::Nobody),
         Err(e) => Err(e),
     }

@@ -52,6 +52,21 @@ pub struct Timing {
     pub retry_period: Duration,
 }
 
+/// What the leader writes on the Lease besides the election record (the
+/// lease horizon, `lease::recovery`), asked at every write.
+pub trait Publisher: Send + Sync {
+    /// The annotations to write now. `read` are those on the Lease as read;
+    /// `taking_over`: this write takes the Lease from another holder (or
+    /// none), so `read` is what the previous leader published.
+    fn annotations(
+        &self,
+        read: &std::collections::BTreeMap<String, String>,
+        taking_over: bool,
+    ) -> std::collections::BTreeMap<String, String>;
+    /// `written` is on the Lease now.
+    fn written(&self, written: &std::collections::BTreeMap<String, String>);
+}
+
 /// A running campaign.
 pub struct Campaign {
     /// `true` while leading; see [`campaign`].
@@ -98,6 +113,7 @@ pub fn campaign(
     candidate: Candidate,
     timing: Timing,
     metrics: LeaderMetrics,
+    publisher: Arc<dyn Publisher>,
 ) -> Campaign {
     let Candidate {
         identity: me,
@@ -119,7 +135,8 @@ pub fn campaign(
             let outcome = if bound.is_zero() {
                 Outcome::Failed
             } else {
-                let attempt = lease::try_once(&api, &name, &me, timing, &publish, &mut seen);
+                let attempt =
+                    lease::try_once(&api, &name, &me, timing, &publish, &mut seen, &*publisher);
                 match tokio::time::timeout(bound, attempt).await {
                     Ok(Ok(found)) => {
                         let held = found == Observed::Me;

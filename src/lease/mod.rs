@@ -2,14 +2,13 @@
 //! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
 //! and cooldown rules are pure; the HTTP layer only translates.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 mod bounds;
-use bounds::{digest, later, Caps, Cooldowns, StickyMap};
+use bounds::{digest, later};
 pub use bounds::{
     MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY, MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
     STICKY_IDLE,
@@ -104,6 +103,13 @@ pub enum AcquireError {
         /// Of those, cooling down (globally or for the site).
         cooling: usize,
     },
+    /// A new leader's recovery window: leases the previous one granted may
+    /// still be presented.
+    #[error("a new leader is recovering the leases of the previous one; retry in {} s", wait.as_secs())]
+    Recovering {
+        /// Until grants resume.
+        wait: Duration,
+    },
 }
 
 /// A client's report on a lease.
@@ -162,78 +168,17 @@ impl Default for ClientLimits {
     }
 }
 
-#[derive(Debug, Default)]
-struct ProxyState {
-    active: u32,
-    last_granted: Option<(DateTime<Utc>, u64)>,
-}
-
-#[derive(Debug)]
-struct State {
-    leases: HashMap<String, Lease>,
-    /// Every lease by its end, so expiring is O(expired), not O(leases).
-    ends: BTreeSet<(DateTime<Utc>, String)>,
-    proxies: HashMap<ProxyKey, ProxyState>,
-    cooldowns: Cooldowns,
-    sticky: StickyMap,
-    /// Live leases per client.
-    clients: HashMap<Arc<str>, u32>,
-    grants: u64,
-}
-
-impl State {
-    fn new(limits: ClientLimits) -> Self {
-        State {
-            clients: HashMap::new(),
-            leases: HashMap::new(),
-            ends: BTreeSet::new(),
-            proxies: HashMap::new(),
-            cooldowns: Cooldowns::new(
-                Caps {
-                    total: MAX_COOLDOWN_SITES,
-                    per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
-                },
-                limits.global_cooldown_min_clients,
-            ),
-            sticky: StickyMap::new(Caps {
-                total: MAX_STICKY_KEYS,
-                per_proxy: MAX_STICKY_KEYS_PER_PROXY,
-            }),
-            grants: 0,
-        }
-    }
-
-    /// Removes expired leases (their capacity comes back at once); returns
-    /// how many ended. Cooldowns and sticky keys are left to
-    /// [`LeaseStore::sweep`]: requests only compare their ends with now.
-    fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
-        let mut n = 0;
-        while self.ends.first().is_some_and(|(end, _)| *end <= now) {
-            if let Some((_, id)) = self.ends.pop_first() {
-                n += usize::from(self.end(&id).is_some());
-            }
-        }
-        n
-    }
-
-    fn end(&mut self, id: &str) -> Option<Lease> {
-        let lease = self.leases.remove(id)?;
-        self.ends.remove(&(lease.expires_at, lease.id.clone()));
-        if let Some(p) = self.proxies.get_mut(&lease.proxy) {
-            p.active = p.active.saturating_sub(1);
-        }
-        if let Some(n) = self.clients.get_mut(&lease.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.clients.remove(&lease.client);
-            }
-        }
-        Some(lease)
-    }
-}
+mod state;
+use state::State;
 
 mod ids;
 pub use ids::{random_id, IdSource};
+mod failover;
+mod recovery;
+pub use failover::{readmit_decision, Admission, Refusal};
+pub use recovery::{grant_end, horizon, window_end, HORIZON_ANNOTATION};
+pub mod signed;
+pub use signed::LeaseKey;
 
 /// The lease store.
 pub struct LeaseStore {
@@ -241,6 +186,8 @@ pub struct LeaseStore {
     limits: ClientLimits,
     clock: Arc<dyn Clock>,
     ids: IdSource,
+    /// Signs ids so another leader can take them in; `None`: random ids.
+    key: Option<LeaseKey>,
     state: Mutex<State>,
 }
 
@@ -257,6 +204,7 @@ impl LeaseStore {
             limits: ClientLimits::default(),
             clock,
             ids,
+            key: None,
             state: Mutex::new(State::new(ClientLimits::default())),
         }
     }
@@ -298,6 +246,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
+        let expires_at = st.recovery.grant(now, req.ttl)?;
         if eligible.is_empty() {
             return Err(AcquireError::NoProxy);
         }
@@ -357,15 +306,15 @@ impl LeaseStore {
         let p = st.proxies.entry(chosen.clone()).or_default();
         p.active += 1;
         p.last_granted = Some((now, seq));
-        let expires_at = later(now, req.ttl);
         if let Some(s) = &req.sticky_key {
             // Bounded: a key the map has no room for only loses stickiness.
             let _ = st
                 .sticky
                 .remember(s, &chosen, later(expires_at, STICKY_IDLE));
         }
+        let (slot, id) = self.mint(&chosen, client, expires_at);
         let lease = Lease {
-            id: (self.ids)(),
+            id,
             proxy: chosen,
             granted_at: now,
             expires_at,
@@ -373,20 +322,27 @@ impl LeaseStore {
             client: client.clone(),
         };
         *st.clients.entry(client.clone()).or_default() += 1;
-        st.ends.insert((lease.expires_at, lease.id.clone()));
-        st.leases.insert(lease.id.clone(), lease.clone());
+        st.ends.insert((lease.expires_at, slot.clone()));
+        st.leases.insert(slot, lease.clone());
         Ok(lease)
     }
 
     /// Extends a live lease to now + `ttl`; `None` when unknown or expired.
+    /// With signed ids the answer carries a fresh id signing the new expiry.
     pub fn renew(&self, id: &str, ttl: Duration) -> Option<Lease> {
+        let slot = self.slot(id)?;
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let lease = st.leases.get_mut(id)?;
-        let old = (lease.expires_at, lease.id.clone());
-        lease.expires_at = later(now, ttl);
-        let (new, lease) = ((lease.expires_at, lease.id.clone()), lease.clone());
+        let old_end = st.leases.get(&slot)?.expires_at;
+        let end = st.recovery.renewal(now, ttl, old_end);
+        let lease = st.leases.get_mut(&slot)?;
+        let old = (old_end, slot.clone());
+        lease.expires_at = end;
+        if let Some(key) = &self.key {
+            lease.id = failover::resign(key, &slot, lease);
+        }
+        let (new, lease) = ((lease.expires_at, slot), lease.clone());
         st.ends.remove(&old);
         st.ends.insert(new);
         Some(lease)
@@ -394,19 +350,23 @@ impl LeaseStore {
 
     /// A live lease.
     pub fn get(&self, id: &str) -> Option<Lease> {
+        let slot = self.slot(id)?;
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        st.leases.get(id).cloned()
+        st.leases.get(&slot).cloned()
     }
 
     /// Ends a lease; releasing an unknown or already released lease is not
     /// an error (returns false).
     pub fn release(&self, id: &str) -> bool {
+        let Some(slot) = self.slot(id) else {
+            return false;
+        };
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        st.end(id).is_some()
+        st.release(&slot).is_some()
     }
 
     /// Records a client's report on a live lease (which it keeps). Blocked
@@ -415,10 +375,11 @@ impl LeaseStore {
     /// once `global_cooldown_min_clients` distinct clients reported it).
     /// Returns the lease, or `None` when unknown.
     pub fn report(&self, id: &str, outcome: Outcome, site: Option<&str>) -> Option<Lease> {
+        let slot = self.slot(id)?;
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let lease = st.leases.get(id)?.clone();
+        let lease = st.leases.get(&slot)?.clone();
         if outcome != Outcome::Ok {
             let until = later(now, self.config.cooldown);
             match site {

@@ -55,6 +55,7 @@ impl LeaseStore {
                 retry_hint(now, by_end, |l| set.contains(&l.proxy))
             }
             AcquireError::ClientLimit { .. } => retry_hint(now, by_end, |l| &*l.client == client),
+            AcquireError::Recovering { wait } => *wait,
         }
     }
 }

@@ -7,6 +7,8 @@
 //! stops its leader-only work, keeps serving, and campaigns again.
 
 pub mod client;
+mod horizon;
+pub mod lease_key;
 pub mod metrics;
 pub mod reload;
 pub mod runnables;
@@ -51,6 +53,8 @@ pub enum StartError {
     Providers(String),
     #[error("cannot read the kube-system namespace to derive the installation id (pass --installation-id): {0}")]
     InstallationId(String),
+    #[error("cannot have the lease signing key: {0}")]
+    LeaseKey(String),
     #[error("leader election stopped before this replica won")]
     LeaderElection,
 }
@@ -163,16 +167,22 @@ impl Operator {
             None => leader::Observed::Me,
             Some(_) => leader::Observed::Nobody,
         });
+        let mut leases = None;
         if let Some(addr) = s.discovery_bind {
-            runnables::spawn_discovery(
+            // Every replica signs with the one shared key, so any of them
+            // can take in the leases another granted (docs/architecture.md).
+            let key = lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
+                .await
+                .map_err(|e| StartError::LeaseKey(e.to_string()))?;
+            leases = Some(runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
-                (&self.client, proxy_cache.clone()),
+                (&self.client, proxy_cache.clone(), key),
                 &self.metrics,
                 seen,
                 stop.clone().cancelled_owned(),
-            );
+            ));
         }
 
         let leading = async {
@@ -186,7 +196,13 @@ impl Operator {
                     Ok(())
                 }
                 Some(timing) => {
-                    self.lead_in_terms(timing, observed, &stop, proxies, installation_id)
+                    let publisher: Arc<dyn leader::Publisher> = match leases {
+                        Some(store) => {
+                            Arc::new(horizon::Horizon::new(store, timing.retry_period * 2))
+                        }
+                        None => Arc::new(horizon::Nothing),
+                    };
+                    self.lead_in_terms(timing, observed, &stop, proxies, installation_id, publisher)
                         .await
                 }
             };
@@ -266,6 +282,7 @@ impl Operator {
         stop: &CancellationToken,
         proxies: ProxyStore,
         installation_id: String,
+        publisher: Arc<dyn leader::Publisher>,
     ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
         let identity = leader_identity();
@@ -292,6 +309,7 @@ impl Operator {
             candidate,
             timing,
             self.metrics.leader.clone(),
+            publisher,
         );
         let mut leading = campaign.leading.clone();
         let step_down_grace = timing.lease_duration.saturating_sub(timing.renew_deadline) / 2;

@@ -21,7 +21,7 @@ use crate::controller::fleet::Fleet;
 use crate::discovery;
 use crate::health;
 use crate::leader::Observed;
-use crate::lease::LeaseStore;
+use crate::lease::{LeaseKey, LeaseStore};
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
 
@@ -85,16 +85,17 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
 /// The discovery and lease API (every replica) with its lease sweeper and,
 /// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
 /// calls are served here only while `leader` says this replica leads, and
-/// forwarded to the leader otherwise.
+/// forwarded to the leader otherwise. Leases are signed with `key`. Returns
+/// the lease store.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
-    (client, cache): (&kube::Client, Store<Proxy>),
+    (client, cache, key): (&kube::Client, Store<Proxy>, LeaseKey),
     metrics: &Metrics,
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
-) {
+) -> Arc<LeaseStore> {
     // A 503 asks the crawler back after one election attempt.
     let retry_after = settings
         .leader
@@ -105,16 +106,20 @@ pub fn spawn_discovery(
         discovery::FORWARD_TIMEOUT,
         retry_after,
     );
-    let leases =
-        Arc::new(LeaseStore::new(settings.leases).with_client_limits(settings.client_limits));
+    let leases = Arc::new(
+        LeaseStore::new(settings.leases)
+            .with_client_limits(settings.client_limits)
+            .with_key(key),
+    );
     let fixed = settings.discovery_tokens.clone();
     let secret = settings.discovery_tokens_secret.clone();
     let tokens = Arc::new(discovery::TokenSet::new(&fixed, secret.is_some()));
     metrics.discovery.tokens_applied(fixed.len());
-    let state = discovery::ApiState::with_clients(Arc::new(cache), leases, &[], &metrics.discovery)
-        .with_token_set(tokens.clone())
-        .with_external_namespaces(settings.health.defaults.external.clone())
-        .with_forwarder(forwarder);
+    let state =
+        discovery::ApiState::with_clients(Arc::new(cache), leases.clone(), &[], &metrics.discovery)
+            .with_token_set(tokens.clone())
+            .with_external_namespaces(settings.health.defaults.external.clone())
+            .with_forwarder(forwarder);
     let stop = futures::FutureExt::shared(Box::pin(stop));
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
@@ -130,6 +135,7 @@ pub fn spawn_discovery(
             error!(%addr, error = %e, "Discovery API failed");
         }
     });
+    leases
 }
 
 /// Where lease calls go, from what the election last saw: here, to the

@@ -17,6 +17,7 @@ mod e2e_fleet_gcp;
 mod e2e_gcp;
 mod e2e_gcp_unavailable;
 mod e2e_leader;
+mod e2e_lease_failover;
 mod e2e_reload;
 mod gc_sweep;
 mod leader_leases;

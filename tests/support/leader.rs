@@ -44,6 +44,25 @@ pub fn replica(
     Operator::spawn(cmd, &dir.join(format!("{name}.log")))
 }
 
+/// SIGKILLs the leader `leader` (no chance to release the Lease) and waits
+/// until a replica named `next` holds it; how long that took.
+pub async fn kill_until_held_by(leader: Operator, leases: &Api<Lease>, next: &str) -> Duration {
+    let killed = std::time::Instant::now();
+    std::process::Command::new("kill")
+        .args(["-KILL", &leader.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(leader);
+    let prefix = format!("{next}_");
+    eventually(
+        &format!("{next} to take over"),
+        Duration::from_secs(30),
+        || async { holder(leases).await.filter(|h| h.starts_with(&prefix)) },
+    )
+    .await;
+    killed.elapsed()
+}
+
 /// The Lease's holder.
 pub async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases.get_opt(LEASE).await.ok()??.spec?.holder_identity

@@ -476,6 +476,18 @@ pub async fn api_call(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, serde_json::Value) {
+    let (status, _, v) = api_call_retry_after(addr, method, path, token, body).await;
+    (status, v)
+}
+
+/// [`api_call`], with the answer's `Retry-After` in seconds.
+pub async fn api_call_retry_after(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, Option<u64>, serde_json::Value) {
     use http_body_util::{BodyExt, Full};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) =
@@ -495,10 +507,14 @@ pub async fn api_call(
         .await
         .unwrap();
     let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let v = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, v)
+    (status, retry_after, v)
 }
 
 /// Reads an HTTP request or response head (up to the blank line, 64 KiB at

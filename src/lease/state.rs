@@ -1,0 +1,123 @@
+//! The store's maps under its one mutex, and the two ways a lease ends
+//! (expiry, release) that keep them consistent.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::bounds::{Caps, Cooldowns, StickyMap};
+use super::{
+    ClientLimits, Lease, ProxyKey, MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY,
+    MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
+};
+
+/// Released slots remembered at most.
+pub(super) const MAX_RELEASED: usize = 100_000;
+
+#[derive(Debug, Default)]
+pub(super) struct ProxyState {
+    pub(super) active: u32,
+    pub(super) last_granted: Option<(DateTime<Utc>, u64)>,
+}
+
+#[derive(Debug)]
+pub(super) struct State {
+    /// Live leases by slot: the nonce of a signed id, else the id itself.
+    pub(super) leases: HashMap<String, Lease>,
+    /// Every lease (slot) by its end, so expiring is O(expired), not O(leases).
+    pub(super) ends: BTreeSet<(DateTime<Utc>, String)>,
+    pub(super) proxies: HashMap<ProxyKey, ProxyState>,
+    pub(super) cooldowns: Cooldowns,
+    pub(super) sticky: StickyMap,
+    /// Live leases per client.
+    pub(super) clients: HashMap<Arc<str>, u32>,
+    pub(super) grants: u64,
+    /// Slots released here, by their signed end: a released id is not
+    /// taken in again by [`super::LeaseStore::admit`] while it could be.
+    released: BTreeSet<(DateTime<Utc>, String)>,
+    released_slots: HashSet<String>,
+    /// Horizons and the recovery window (`recovery.rs`).
+    pub(super) recovery: super::recovery::Recovery,
+}
+
+impl State {
+    pub(super) fn new(limits: ClientLimits) -> Self {
+        State {
+            clients: HashMap::new(),
+            leases: HashMap::new(),
+            ends: BTreeSet::new(),
+            proxies: HashMap::new(),
+            cooldowns: Cooldowns::new(
+                Caps {
+                    total: MAX_COOLDOWN_SITES,
+                    per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
+                },
+                limits.global_cooldown_min_clients,
+            ),
+            sticky: StickyMap::new(Caps {
+                total: MAX_STICKY_KEYS,
+                per_proxy: MAX_STICKY_KEYS_PER_PROXY,
+            }),
+            grants: 0,
+            released: BTreeSet::new(),
+            released_slots: HashSet::new(),
+            recovery: Default::default(),
+        }
+    }
+
+    /// Removes expired leases (their capacity comes back at once); returns
+    /// how many ended. Cooldowns and sticky keys are left to
+    /// [`LeaseStore::sweep`]: requests only compare their ends with now.
+    pub(super) fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
+        while self.released.first().is_some_and(|(end, _)| *end <= now) {
+            self.forget_oldest_release();
+        }
+        let mut n = 0;
+        while self.ends.first().is_some_and(|(end, _)| *end <= now) {
+            if let Some((_, id)) = self.ends.pop_first() {
+                n += usize::from(self.end(&id).is_some());
+            }
+        }
+        n
+    }
+
+    /// Ends a lease by release: its ids are dead here until they expire.
+    pub(super) fn release(&mut self, slot: &str) -> Option<Lease> {
+        let lease = self.end(slot)?;
+        if self.released.len() >= MAX_RELEASED {
+            // Bounded: past it the oldest release may be taken in again,
+            // which costs capacity only if its client reuses the id.
+            self.forget_oldest_release();
+        }
+        self.released.insert((lease.expires_at, slot.to_string()));
+        self.released_slots.insert(slot.to_string());
+        Some(lease)
+    }
+
+    /// Whether `slot` was released here and could still be presented.
+    pub(super) fn was_released(&self, slot: &str) -> bool {
+        self.released_slots.contains(slot)
+    }
+
+    fn forget_oldest_release(&mut self) {
+        if let Some((_, slot)) = self.released.pop_first() {
+            self.released_slots.remove(&slot);
+        }
+    }
+
+    pub(super) fn end(&mut self, slot: &str) -> Option<Lease> {
+        let lease = self.leases.remove(slot)?;
+        self.ends.remove(&(lease.expires_at, slot.to_string()));
+        if let Some(p) = self.proxies.get_mut(&lease.proxy) {
+            p.active = p.active.saturating_sub(1);
+        }
+        if let Some(n) = self.clients.get_mut(&lease.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.clients.remove(&lease.client);
+            }
+        }
+        Some(lease)
+    }
+}
