@@ -5,12 +5,12 @@
 //! the leader is SIGKILLed, then while every replica is stopped (SIGTERM)
 //! and started again in turn. An independent ledger in the test records every
 //! grant, renewal, release and loss, and checks afterwards that no proxy
-//! was ever held more than twice at once by one leader's table (the
-//! stopped leader's leases count until it stopped: carrying them over is
-//! separate work, so a 404 on renewing one is allowed and counted);
-//! followers answer `503 leader_unavailable` with `Retry-After` while no
-//! replica leads, and no lease asked for after the last leader stop is
-//! ever unknown.
+//! was ever held more than twice at once, across leaders (a lease lives on
+//! at the next leader: its signed id is taken in when presented); that no
+//! lease renewed in time (before the expiry its last answer gave) was ever
+//! lost; that leases granted before a leader stop renewed after it; and
+//! that every 503 was `leader_unavailable` (no leader reachable) or, on
+//! acquire, `recovering` (a new leader's window), with `Retry-After`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::collections::HashMap;
@@ -86,10 +86,14 @@ struct Ledger {
     refused: u64,
     unavailable: u64,
     unreachable: u64,
-    /// 404 on renew of a lease granted before the leader was killed.
-    lost_in_failover: u64,
-    /// 404 on renew of a lease granted after: a grant nothing backed.
-    lost_otherwise: Vec<String>,
+    /// 503 recovering on acquire (a new leader's window).
+    recovering: u64,
+    /// Renewals that passed at a later leader than the one that granted.
+    survived: u64,
+    /// 404 on a renew sent after the lease's expiry: the crawler was late.
+    late: u64,
+    /// 404 on a renew sent in time: a lease lost.
+    lost: Vec<String>,
     bad_unavailable: Vec<String>,
 }
 
@@ -147,15 +151,10 @@ impl Shared {
             .find(|k| *k > asked)
     }
 
-    /// The leader is stopped now: the leases asked for until now count
-    /// until now at most. That they live on in the next leader
-    /// (re-admission) is separate work; here their renewals may answer 404.
+    /// The leader is stopped now. Its leases live on: the next leader
+    /// takes them in when they are presented.
     fn leader_stopped(&self) -> Instant {
-        let mut l = self.ledger.lock().unwrap();
         let now = Instant::now();
-        for h in l.leases.values_mut() {
-            h.until = h.until.min(now);
-        }
         self.leader_stops.lock().unwrap().push(now);
         now
     }
@@ -164,20 +163,36 @@ impl Shared {
         self.apis[rng.below(self.apis.len())]
     }
 
-    /// Notes a 503 (must be leader_unavailable with Retry-After) and
-    /// waits as told.
+    /// Notes a 503 (leader_unavailable, or recovering on acquire; with
+    /// Retry-After) and waits as told.
     async fn unavailable(&self, what: &str, retry_after: Option<u64>, body: &Value) {
+        let code = body["error"]["code"].as_str().unwrap_or("");
+        let recovering = what == "acquire" && code == "recovering";
         let ok =
-            body["error"]["code"] == "leader_unavailable" && retry_after.is_some_and(|s| s >= 1);
+            (code == "leader_unavailable" || recovering) && retry_after.is_some_and(|s| s >= 1);
         {
             let mut l = self.ledger.lock().unwrap();
-            l.unavailable += 1;
+            if recovering {
+                l.recovering += 1;
+            } else {
+                l.unavailable += 1;
+            }
             if !ok {
                 l.bad_unavailable
                     .push(format!("{what}: {retry_after:?} {body}"));
             }
         }
         tokio::time::sleep(Duration::from_secs(retry_after.unwrap_or(1).min(2))).await;
+    }
+}
+
+/// The TTL an answer surely granted. A new leader may clamp it to its
+/// horizon; the answer rounds the seconds left up, so a clamped one may be
+/// up to a second shorter than it says.
+fn granted_ttl(lease: &Value) -> Duration {
+    match lease["ttlSeconds"].as_u64().unwrap_or(TTL) {
+        full if full >= TTL => Duration::from_secs(TTL),
+        clamped => Duration::from_secs(clamped.saturating_sub(1)),
     }
 }
 
@@ -213,26 +228,25 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
             }
             other => panic!("acquire answered {other}: {v}"),
         }
-        let id = v["id"].as_str().unwrap().to_string();
-        // Asked before the kill: the killed leader may have granted it.
+        // The lease's name in the ledger: its first id (a renew answers
+        // with a fresh id, and only the newest survives a failover).
+        let key = v["id"].as_str().unwrap().to_string();
+        let mut id = key.clone();
         let asked = sent;
+        // Surely live until then: the server's clock started later.
+        let mut expires = sent + granted_ttl(&v);
         {
             let mut l = s.ledger.lock().unwrap();
             l.grants += 1;
-            let mut until = sent + Duration::from_secs(TTL);
-            if let Some(k) = s.stop_after(asked) {
-                until = until.min(k);
-            }
             l.leases.insert(
-                id.clone(),
+                key.clone(),
                 Held {
                     proxy: v["proxy"]["name"].as_str().unwrap().to_string(),
                     from: Instant::now(),
-                    until,
+                    until: expires,
                 },
             );
         }
-        let path = format!("/v1/leases/{id}");
         let mut gone = false;
         for _ in 0..rng.below(3) + 1 {
             tokio::time::sleep(Duration::from_millis(800 + 200 * rng.below(3) as u64)).await;
@@ -242,7 +256,7 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
                 &s.http,
                 s.pick(&mut rng),
                 "POST",
-                &format!("{path}/renew"),
+                &format!("/v1/leases/{id}/renew"),
                 renew,
             )
             .await
@@ -254,16 +268,24 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
             match status {
                 200 => {
                     l.renewals += 1;
-                    let h = l.leases.get_mut(&id).unwrap();
-                    h.until = h.until.max(sent + Duration::from_secs(TTL));
+                    if s.stop_after(asked).is_some_and(|stop| stop < sent) {
+                        l.survived += 1;
+                    }
+                    id = v["id"].as_str().unwrap().to_string();
+                    expires = expires.max(sent + granted_ttl(&v));
+                    let h = l.leases.get_mut(&key).unwrap();
+                    h.until = h.until.max(expires);
                 }
                 404 => {
-                    let h = l.leases.get_mut(&id).unwrap();
+                    let h = l.leases.get_mut(&key).unwrap();
                     h.until = h.until.min(sent);
-                    if s.stop_after(asked).is_some() {
-                        l.lost_in_failover += 1;
+                    if sent < expires {
+                        l.lost.push(format!(
+                            "{key}: renewed {:?} before its expiry: {v}",
+                            expires - sent
+                        ));
                     } else {
-                        l.lost_otherwise.push(format!("{id}: {v}"));
+                        l.late += 1;
                     }
                     gone = true;
                 }
@@ -282,11 +304,12 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
             continue;
         }
         let sent = Instant::now();
+        let path = format!("/v1/leases/{id}");
         match call(&s.http, s.pick(&mut rng), "DELETE", &path, json!(null)).await {
             Some((204, _, _)) => {
                 let mut l = s.ledger.lock().unwrap();
                 l.releases += 1;
-                let h = l.leases.get_mut(&id).unwrap();
+                let h = l.leases.get_mut(&key).unwrap();
                 h.until = h.until.min(sent);
             }
             // Not released: it runs out after its TTL, as the ledger has it.
@@ -342,6 +365,9 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
                 "200",
                 "--max-leases-per-proxy",
                 &capacity,
+                // A new leader's window is the longest TTL in use.
+                "--default-lease-ttl",
+                "4s",
             ],
         )
     };
@@ -480,8 +506,8 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
     let l = shared.ledger.lock().unwrap();
     let (worst, on) = l.worst();
     println!(
-        "grants {}, renewals {}, releases {}, refused (409) {}, 503 leader_unavailable {} ({unavailable_at_kill} by the end of the SIGKILL takeover), unreachable (stopped replica) {}, lost in failover (404 on renew) {}; before the kill {before} grants; at most {worst} leases at once on {on}",
-        l.grants, l.renewals, l.releases, l.refused, l.unavailable, l.unreachable, l.lost_in_failover
+        "grants {}, renewals {} ({} at a later leader than the granting one), releases {}, refused (409) {}, 503 leader_unavailable {} ({unavailable_at_kill} by the end of the SIGKILL takeover), 503 recovering {}, unreachable (stopped replica) {}, renewed too late (404) {}, lost {}; before the kill {before} grants; at most {worst} leases at once on {on}",
+        l.grants, l.renewals, l.survived, l.releases, l.refused, l.unavailable, l.recovering, l.unreachable, l.late, l.lost.len()
     );
     assert!(
         worst <= CAPACITY,
@@ -493,9 +519,13 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         l.bad_unavailable
     );
     assert!(
-        l.lost_otherwise.is_empty(),
-        "leases granted without backing (404 on renew with no leader change): {:?}",
-        l.lost_otherwise
+        l.lost.is_empty(),
+        "leases renewed in time and lost: {:?}",
+        l.lost
+    );
+    assert!(
+        l.survived > 0,
+        "leases granted before a leader stop renewed after it"
     );
     assert!(
         unavailable_at_kill > 0,
