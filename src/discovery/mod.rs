@@ -17,7 +17,7 @@ mod openapi;
 mod selector;
 mod serving;
 mod state;
-mod tokens;
+pub(crate) mod tokens;
 
 pub use error::ApiError;
 pub use forward::{

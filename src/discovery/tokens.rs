@@ -82,10 +82,11 @@ fn digests(tokens: &[(String, String)]) -> Digests {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    /// Owned (client, token) pairs.
+    pub(crate) fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
         p.iter()
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect()

@@ -188,12 +188,7 @@ pub async fn watch_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
-        p.iter()
-            .map(|(n, t)| (n.to_string(), t.to_string()))
-            .collect()
-    }
+    use crate::discovery::tokens::tests::pairs;
 
     #[test]
     fn token_rules() {
