@@ -35,6 +35,9 @@ pub struct RouteLabels {
     pub route: String,
     /// HTTP status code.
     pub status: String,
+    /// The caller: its token's name (`anonymous` on an open API, `none`
+    /// when no token was accepted). As many values as named tokens.
+    pub client: String,
 }
 
 /// Labels of a discovery API latency histogram.
@@ -126,11 +129,12 @@ impl DiscoveryMetrics {
     }
 
     /// Records one request.
-    pub fn observe_request(&self, route: &str, status: u16, took: Duration) {
+    pub fn observe_request(&self, route: &str, status: u16, client: &str, took: Duration) {
         self.requests
             .get_or_create(&RouteLabels {
                 route: route.to_string(),
                 status: status.to_string(),
+                client: if client.is_empty() { "none" } else { client }.to_string(),
             })
             .inc();
         self.duration

@@ -96,7 +96,7 @@ pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next)
         .unwrap_or_default();
     span.record("http.response.status_code", status);
     span.record("client", &*client);
-    s.metrics.observe_request(&route, status, took);
+    s.metrics.observe_request(&route, status, &client, took);
     if traced {
         span.in_scope(
             || info!(method = %method, path = %path, status, client = %client, duration = ?took, "request"),

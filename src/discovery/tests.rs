@@ -857,6 +857,16 @@ async fn each_token_is_a_client_with_its_own_lease_cap() {
     assert_eq!(api.last_retry_after(), "60");
     let (s, v) = acquire("tok-p").await;
     assert_eq!(s, 201, "another client is not held back: {v}");
+    // Each client's requests are counted under its token's name.
+    let text = api.metrics.encode().unwrap();
+    for want in [
+        r#"route="POST /v1/leases",status="201",client="greedy""#,
+        r#"route="POST /v1/leases",status="409",client="greedy""#,
+        r#"route="POST /v1/leases",status="201",client="polite""#,
+    ] {
+        assert!(text.contains(want), "no {want} in\n{text}");
+    }
+    assert!(!text.contains("tok-g"), "a token became a label");
     // One client's global report keeps the proxy from itself only.
     let id = first["id"].as_str().unwrap();
     let name = first["proxy"]["name"].as_str().unwrap().to_string();

@@ -33,7 +33,8 @@ fn populated() -> Metrics {
     });
     m.health
         .observe("crawl/px-1", "gcp-eu", Some("timeout"), took);
-    m.discovery.observe_request("POST /v1/leases", 201, took);
+    m.discovery
+        .observe_request("POST /v1/leases", 201, "crawler-a", took);
     m.discovery.lease_event("granted", 1);
     m.discovery.forwarded("relayed");
     m.gc.start(&["gcp-eu"]);
