@@ -459,7 +459,9 @@ fn the_manager_gets_least_privilege_rbac() {
     assert!(pods_role["rules"].to_string().contains("pods"));
     let base = object(docs, "ClusterRole", "egress-proxies-operator-manager-role");
     assert!(!base["rules"].to_string().contains("pods"));
-    // Leader election: the Lease in the install namespace, nothing else.
+    // In the install namespace only: the election Lease and the lease
+    // signing key Secret, each read and written by name (create cannot be
+    // limited to a name), nothing else.
     assert_eq!(namespaced.len(), 1);
     let (ns, rules) = &namespaced[0];
     assert_eq!(ns, NS);
@@ -467,11 +469,22 @@ fn the_manager_gets_least_privilege_rbac() {
         grants(rules, "coordination.k8s.io", "leases"),
         ["create", "get", "update"]
     );
-    assert!(rules.iter().all(|r| list(&r.resources) == ["leases"]));
-    assert!(rules
-        .iter()
-        .filter(|r| r.verbs != ["create"])
-        .all(|r| list(&r.resource_names) == ["egress-proxies-operator.crawl.example.com"]));
+    assert_eq!(grants(rules, "", "secrets"), ["create", "get"]);
+    for r in rules {
+        let resources = list(&r.resources);
+        assert!(
+            resources == ["leases"] || resources == ["secrets"],
+            "{resources:?}"
+        );
+        if r.verbs != ["create"] {
+            let name = if resources == ["leases"] {
+                "egress-proxies-operator.crawl.example.com"
+            } else {
+                "egress-proxies-operator-lease-key"
+            };
+            assert_eq!(list(&r.resource_names), [name], "{resources:?}");
+        }
+    }
 }
 
 #[test]
