@@ -276,6 +276,19 @@ async fn e2e_kubernetes_pod_rbac_revoked_and_restored_lose_no_ready_proxy() {
     // (config/components/kubernetes-provider): that binding is revoked.
     let docs = support::kustomize("config/default");
     apply_rbac(c, &docs);
+    // The operator's namespace is the test's: the shipped namespaced Role
+    // (the election Lease, the lease key Secret) is bound there as it is in
+    // the install namespace.
+    let here: Vec<serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding")
+        .cloned()
+        .map(|mut d| {
+            d["metadata"]["namespace"] = serde_json::Value::from(ground.ns.clone());
+            d
+        })
+        .collect();
+    apply_kinds(c, &here, &["Role", "RoleBinding"]);
     let pods_binding = docs
         .iter()
         .find(|d| {
