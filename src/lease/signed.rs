@@ -41,6 +41,14 @@ impl std::fmt::Debug for LeaseKey {
 pub struct KeyTooShort(pub usize);
 
 impl LeaseKey {
+    /// A fresh random key, known to this process only.
+    pub fn random() -> Self {
+        LeaseKey(hmac::Key::new(
+            hmac::HMAC_SHA256,
+            &random_bytes::<KEY_LEN>(),
+        ))
+    }
+
     /// A key from its bytes (at least [`KEY_LEN`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyTooShort> {
         if bytes.len() < KEY_LEN {

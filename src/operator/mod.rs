@@ -171,9 +171,19 @@ impl Operator {
         if let Some(addr) = s.discovery_bind {
             // Every replica signs with the one shared key, so any of them
             // can take in the leases another granted (docs/architecture.md).
-            let key = lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
+            let key = match lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
                 .await
-                .map_err(|e| StartError::LeaseKey(e.to_string()))?;
+            {
+                Ok(key) => key,
+                // No Secret to share (no RBAC for it, no such namespace, as
+                // under `make run`): serve with a key of this process. Lease
+                // ids stay unforgeable; only taking them in elsewhere is lost.
+                Err(e @ lease_key::KeyError::Api { .. }) => {
+                    warn!(error = %e, "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)");
+                    crate::lease::LeaseKey::random()
+                }
+                Err(e) => return Err(StartError::LeaseKey(e.to_string())),
+            };
             leases = Some(runnables::spawn_discovery(
                 &mut tasks,
                 addr,
