@@ -39,6 +39,58 @@ use support::{eventually, phase, squid, Operator};
 
 const TOKEN: &str = "bench-scale-token";
 
+/// What the Proxies are: External endpoints on the shared Squid (the
+/// default), or, with `PROVIDER=kubernetes`, kubernetes-provider Proxies
+/// whose Squid Pods the node agent runs as real processes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    External,
+    Kubernetes,
+}
+
+impl Mode {
+    fn from_env() -> Mode {
+        match std::env::var("PROVIDER").as_deref() {
+            Ok("kubernetes") => Mode::Kubernetes,
+            Ok("") | Ok("external") | Err(_) => Mode::External,
+            Ok(other) => {
+                panic!("PROVIDER={other}: the benchmark knows kubernetes (or nothing: External)")
+            }
+        }
+    }
+
+    /// Proxies by default: one Squid process per Pod bounds the kubernetes
+    /// fleet by this machine's memory.
+    fn default_n(self) -> u64 {
+        match self {
+            Mode::External => 1000,
+            Mode::Kubernetes => 50,
+        }
+    }
+
+    /// The doc markers the table goes between.
+    fn marker(self) -> &'static str {
+        match self {
+            Mode::External => "bench-scale",
+            Mode::Kubernetes => "bench-scale-kubernetes",
+        }
+    }
+
+    fn spec(self, name: &str, squid_port: u16, target: SocketAddr) -> serde_json::Value {
+        let health = json!({"url": format!("http://{target}/p/{name}"), "expectedStatus": 200});
+        match self {
+            Mode::External => json!({
+                "mode": "External",
+                "endpoint": {"host": "127.0.0.1", "port": squid_port},
+                "healthCheck": health,
+            }),
+            Mode::Kubernetes => {
+                json!({"provider": "kubernetes", "port": 3128, "healthCheck": health})
+            }
+        }
+    }
+}
+
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -51,9 +103,9 @@ type Hits = Arc<Mutex<HashMap<String, Instant>>>;
 
 /// The probe target: answers 200 to every request and records the time
 /// of the newest request per path.
-async fn recording_target() -> (SocketAddr, Hits) {
+async fn recording_target(ip: std::net::IpAddr) -> (SocketAddr, Hits) {
     use tokio::io::AsyncWriteExt;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
     let hits: Hits = Arc::default();
     let h = hits.clone();
@@ -266,7 +318,8 @@ async fn fill_leases(api: SocketAddr, count: usize) -> usize {
 #[ignore = "benchmark: run with make bench-scale N=..."]
 async fn bench_scale() {
     squid::require();
-    let n = env_or("BENCH_N", 1000).clamp(1, 100_000) as usize;
+    let mode = Mode::from_env();
+    let n = env_or("BENCH_N", mode.default_n()).clamp(1, 100_000) as usize;
     let hold = env_or("BENCH_HOLD", 30).clamp(5, 600);
     let live_leases = env_or("BENCH_LEASES", (10 * n).min(100_000) as u64) as usize;
     let lease_secs = env_or("BENCH_SECS", 5).clamp(1, 60);
@@ -274,7 +327,25 @@ async fn bench_scale() {
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
 
-    let (target, hits) = recording_target().await;
+    // Squid Pods reach the host on the cluster's bridge, never loopback.
+    let (ground, target_ip, providers) = match mode {
+        Mode::External => (
+            support::ground_without_pods("scale").await,
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            "providers: []\n".to_string(),
+        ),
+        Mode::Kubernetes => {
+            support::require_squid_pods();
+            let ground = support::ground("scale").await;
+            let ip = ground.host_ip();
+            (
+                ground,
+                ip,
+                support::kubernetes_reaching("kubernetes", "", ip),
+            )
+        }
+    };
+    let (target, hits) = recording_target(target_ip).await;
     let (squid_port, _squid) = squid::on_loopback("benchscale").await;
 
     // 1. The floor.
@@ -286,11 +357,10 @@ async fn bench_scale() {
     let bare_cpu_per_probe = bare_cpu / bare_probes.max(1) as f64;
 
     // 2. The operator, idle, then the fleet applied.
-    let ground = support::ground_without_pods("scale").await;
     let api = support::loopback();
     let metrics = support::loopback();
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+    let mut cmd = ground.discovery_operator(dir.path(), &providers, api, TOKEN);
     cmd.args(["--metrics-bind-address", &metrics.to_string()])
         .args(["--max-leases-per-proxy", &per_proxy.to_string()])
         .args(["--max-lease-ttl", "2h"]);
@@ -331,11 +401,7 @@ async fn bench_scale() {
         .map(|name| {
             let proxies = proxies.clone();
             async move {
-                let spec = json!({
-                    "mode": "External",
-                    "endpoint": {"host": "127.0.0.1", "port": squid_port},
-                    "healthCheck": {"url": format!("http://{target}/p/{name}"), "expectedStatus": 200},
-                });
+                let spec = mode.spec(&name, squid_port, target);
                 proxies
                     .create(&PostParams::default(), &support::proxy(&name, spec))
                     .await
@@ -349,7 +415,10 @@ async fn bench_scale() {
     let applied_in = applied_at.elapsed();
     eventually(
         "every Proxy Ready",
-        Duration::from_secs(60 + n as u64 / 10),
+        match mode {
+            Mode::External => Duration::from_secs(60 + n as u64 / 10),
+            Mode::Kubernetes => Duration::from_secs(120 + n as u64),
+        },
         || async { (ready.lock().unwrap().len() >= n).then_some(()) },
     )
     .await;
@@ -395,6 +464,8 @@ async fn bench_scale() {
     let (m1, _) = scrape(metrics).await;
     let probes = sum_of(&m1, "proxy_operator_healthcheck_duration_seconds_count")
         - sum_of(&m0, "proxy_operator_healthcheck_duration_seconds_count");
+    let provider_calls = sum_of(&m1, "proxy_operator_provider_requests_total")
+        - sum_of(&m0, "proxy_operator_provider_requests_total");
     let op_cpu = (cpu1 - cpu0) / window.as_secs_f64();
     let op_cpu_per_probe = (cpu1 - cpu0) / probes.max(1.0);
     ages.sort();
@@ -405,6 +476,28 @@ async fn bench_scale() {
 
     // 4. /metrics.
     let (text, scrape_took) = scrape(metrics).await;
+
+    // One more kubernetes Proxy at a time, the fleet Ready: apply to Ready.
+    let mut solo = Vec::new();
+    if mode == Mode::Kubernetes {
+        for i in 0..3 {
+            let name = format!("solo{i}");
+            let t = Instant::now();
+            proxies
+                .create(
+                    &PostParams::default(),
+                    &support::proxy(&name, mode.spec(&name, squid_port, target)),
+                )
+                .await
+                .unwrap();
+            eventually("the lone Proxy Ready", Duration::from_secs(60), || async {
+                let p = proxies.get(&name).await.ok()?;
+                (phase(&p) == Some("Ready")).then_some(())
+            })
+            .await;
+            solo.push(t.elapsed());
+        }
+    }
 
     // 5. Leases.
     let filled = fill_leases(api, live_leases).await;
@@ -420,7 +513,13 @@ async fn bench_scale() {
     let mib = |v: f64| format!("{v:.1} MiB");
     let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
     let mut rows: Vec<(String, String)> = vec![
-        ("Proxies (External, one shared Squid)".into(), n.to_string()),
+        (
+            match mode {
+                Mode::External => "Proxies (External, one shared Squid)".into(),
+                Mode::Kubernetes => "Proxies (kubernetes provider, a Squid Pod each)".into(),
+            },
+            n.to_string(),
+        ),
         ("cores".into(), cores.to_string()),
         (
             "create calls done".into(),
@@ -488,7 +587,10 @@ async fn bench_scale() {
         ));
     }
     rows.extend([
-        ("provider calls/s (External: none)".into(), "0".into()),
+        (
+            "provider calls/s (steady)".into(),
+            format!("{:.2}", provider_calls / window.as_secs_f64()),
+        ),
         (
             "/metrics size, scrape time".into(),
             format!("{:.0} KiB, {}", text.len() as f64 / 1024.0, ms(scrape_took)),
@@ -512,13 +614,24 @@ async fn bench_scale() {
             ),
         ),
     ]);
+    if !solo.is_empty() {
+        solo.sort();
+        rows.push((
+            "one more kubernetes Proxy, apply to Ready (3 in turn: min / max)".into(),
+            format!("{} / {}", ms(solo[0]), ms(solo[solo.len() - 1])),
+        ));
+    }
     let build = if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
     };
+    let provider = match mode {
+        Mode::External => "",
+        Mode::Kubernetes => " PROVIDER=kubernetes",
+    };
     let mut table = format!(
-        "`make bench-scale N={n}` ({build} build, {cores} cores, hold {hold} s, {} UTC)\n\n| figure | value |\n|---|---|\n",
+        "`make bench-scale N={n}{provider}` ({build} build, {cores} cores, hold {hold} s, {} UTC)\n\n| figure | value |\n|---|---|\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M")
     );
     for (k, v) in &rows {
@@ -526,7 +639,7 @@ async fn bench_scale() {
     }
     println!("{table}");
     if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
-        write_docs(&table);
+        write_docs(mode.marker(), &table);
     }
     assert_eq!(
         bare_failed, 0,
@@ -534,15 +647,17 @@ async fn bench_scale() {
     );
 }
 
-const START: &str = "<!-- bench-scale:start -->";
-const END: &str = "<!-- bench-scale:end -->";
-
-/// Replaces the table between the markers of docs/performance.md.
-fn write_docs(table: &str) {
+/// Replaces the table between the `<!-- marker:start/end -->` lines of
+/// docs/performance.md.
+fn write_docs(marker: &str, table: &str) {
+    let (start, end) = (
+        format!("<!-- {marker}:start -->"),
+        format!("<!-- {marker}:end -->"),
+    );
     let path = support::repo().join("docs/performance.md");
     let doc = std::fs::read_to_string(&path).unwrap();
-    let (a, b) = (doc.find(START).unwrap(), doc.find(END).unwrap());
-    let new = format!("{}{START}\n{table}{}", &doc[..a], &doc[b..]);
+    let (a, b) = (doc.find(&start).unwrap(), doc.find(&end).unwrap());
+    let new = format!("{}{start}\n{table}{}", &doc[..a], &doc[b..]);
     std::fs::write(&path, new).unwrap();
     println!("wrote the table into {}", path.display());
 }

@@ -29,15 +29,6 @@ pub enum Observed {
     Nobody,
 }
 
-/// Sets the annotations this replica publishes while it leads.
-fn publish_on(meta: &mut ObjectMeta, publish: &BTreeMap<String, String>) {
-    if !publish.is_empty() {
-        meta.annotations
-            .get_or_insert_with(BTreeMap::new)
-            .extend(publish.iter().map(|(k, v)| (k.clone(), v.clone())));
-    }
-}
-
 /// The election record of `lease`.
 pub fn record_of(lease: &Lease) -> Record {
     let spec = lease.spec.clone().unwrap_or_default();
@@ -54,14 +45,13 @@ pub fn record_of(lease: &Lease) -> Record {
 }
 
 /// One attempt: [`Observed::Me`] when we hold the Lease afterwards, with
-/// `publish` on it. `seen` is what this replica saw of the Lease before;
+/// what `publisher` gives on it. `seen` is what this replica saw of the Lease before;
 /// it is updated with what the attempt read.
 pub async fn try_once(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     timing: Timing,
-    publish: &BTreeMap<String, String>,
     seen: &mut Option<Seen>,
     publisher: &dyn super::Publisher,
 ) -> Result<Observed, kube::Error> {
@@ -70,14 +60,12 @@ pub async fn try_once(
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
         let published = publisher.annotations(&Default::default(), true);
-        let mut metadata = ObjectMeta {
-            name: Some(name.to_string()),
-            annotations: Some(published.clone()),
-            ..Default::default()
-        };
-        publish_on(&mut metadata, publish);
         let lease = Lease {
-            metadata,
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                annotations: Some(published.clone()),
+                ..Default::default()
+            },
             spec: Some(LeaseSpec {
                 holder_identity: Some(me.to_string()),
                 lease_duration_seconds: Some(seconds),
@@ -109,7 +97,6 @@ pub async fn try_once(
         .get_or_insert_with(Default::default);
     let published = publisher.annotations(read, decision == Decision::Acquire);
     read.extend(published.clone());
-    publish_on(&mut lease.metadata, publish);
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
         Decision::Follow { .. } | Decision::Renew => {}

@@ -53,7 +53,8 @@ pub struct Timing {
 }
 
 /// What the leader writes on the Lease besides the election record (the
-/// lease horizon, `lease::recovery`), asked at every write.
+/// lease horizon, `lease::recovery`, and the discovery URL through
+/// [`WithFixed`]), asked at every write.
 pub trait Publisher: Send + Sync {
     /// The annotations to write now. `read` are those on the Lease as read;
     /// `taking_over`: this write takes the Lease from another holder (or
@@ -65,6 +66,31 @@ pub trait Publisher: Send + Sync {
     ) -> std::collections::BTreeMap<String, String>;
     /// `written` is on the Lease now.
     fn written(&self, written: &std::collections::BTreeMap<String, String>);
+}
+
+/// Fixed annotations (the discovery URL followers forward to) written
+/// next to what `inner` publishes, at every write.
+pub struct WithFixed {
+    /// Written as they are.
+    pub fixed: BTreeMap<String, String>,
+    /// Asked at every write, told what was written.
+    pub inner: Arc<dyn Publisher>,
+}
+
+impl Publisher for WithFixed {
+    fn annotations(
+        &self,
+        read: &BTreeMap<String, String>,
+        taking_over: bool,
+    ) -> BTreeMap<String, String> {
+        let mut all = self.inner.annotations(read, taking_over);
+        all.extend(self.fixed.clone());
+        all
+    }
+
+    fn written(&self, written: &BTreeMap<String, String>) {
+        self.inner.written(written);
+    }
 }
 
 /// A running campaign.
@@ -88,13 +114,10 @@ impl Campaign {
     }
 }
 
-/// Who a candidate is and what it publishes while it leads.
+/// Who a candidate is.
 pub struct Candidate {
     /// The unique identity written as the holder.
     pub identity: String,
-    /// Annotations set on the Lease in every write that acquires or renews
-    /// it.
-    pub publish: BTreeMap<String, String>,
     /// Told what each attempt found out (kept as it is when an attempt
     /// fails).
     pub observed: watch::Sender<Observed>,
@@ -117,7 +140,6 @@ pub fn campaign(
 ) -> Campaign {
     let Candidate {
         identity: me,
-        publish,
         observed,
     } = candidate;
     let api: Api<Lease> = Api::namespaced(client, namespace);
@@ -135,8 +157,7 @@ pub fn campaign(
             let outcome = if bound.is_zero() {
                 Outcome::Failed
             } else {
-                let attempt =
-                    lease::try_once(&api, &name, &me, timing, &publish, &mut seen, &*publisher);
+                let attempt = lease::try_once(&api, &name, &me, timing, &mut seen, &*publisher);
                 match tokio::time::timeout(bound, attempt).await {
                     Ok(Ok(found)) => {
                         let held = found == Observed::Me;

@@ -309,9 +309,12 @@ impl Operator {
         }
         let candidate = leader::Candidate {
             identity: identity.clone(),
-            publish,
             observed,
         };
+        let publisher = Arc::new(leader::WithFixed {
+            fixed: publish,
+            inner: publisher,
+        });
         let campaign = leader::campaign(
             self.client.clone(),
             namespace,
