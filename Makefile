@@ -32,7 +32,7 @@ K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease bench-scale fuzz-api test-faults kvm-guest
+	bench-lease bench-scale bench-idle fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -76,6 +76,10 @@ bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a 
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
 
 N ?= 1000
+bench-idle: test-cluster ## Where the operator's idle memory goes: the release binary on the real test API server as bench-scale starts it, its RSS by kind of mapping (heap, thread stacks, the binary, each library) at bench-scale's idle reading and IDLE_SECS (default 30) later.
+	$(CARGO) build --release --bin egress-proxies-operator
+	IDLE_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/egress-proxies-operator $(CARGO) test --test control_plane -- idle_memory --ignored --nocapture
+
 bench-scale: test-cluster ## The operator at fleet scale on the real test ground: N External Proxies on one Squid (default N=1000), apply to Ready, RSS, CPU against a bare probe loop, API-server requests, /metrics size, leases at BENCH_LEASES live leases vs bare axum (BENCH_HOLD=30 s steady window); writes the table into docs/performance.md.
 	BENCH_N=$(N) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --nocapture
 
