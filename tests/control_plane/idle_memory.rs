@@ -139,6 +139,17 @@ fn report(pid: u32, binary: &str, when: &str) {
     for (k, (rss, anon, n)) in rows.iter().filter(|r| r.1 .0 > 0) {
         println!("{k:<52} {rss:>9} {anon:>9} {n:>5}");
     }
+    // The binary by segment: code (r-x), read-only data and what the
+    // loader reads (r--), data relocated at load (RELRO) and .data (rw-).
+    for m in maps.iter().filter(|m| m.path == binary) {
+        println!(
+            "  binary {} {:>6} KiB mapped {:>9} {:>9}",
+            m.perms,
+            (m.end - m.start) / 1024,
+            m.rss,
+            m.anon
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
