@@ -71,7 +71,7 @@ fn kind(m: &Mapping, binary: &str, guards: &[u64]) -> String {
         "[heap]" => "heap: main arena ([heap])".into(),
         "[stack]" => "main thread stack".into(),
         "" if guards.contains(&m.start) => "thread and signal stacks".into(),
-        "" if m.start % (64 << 20) == 0 && size <= 64 << 20 => "heap: thread arenas".into(),
+        "" if m.start.is_multiple_of(64 << 20) && size <= 64 << 20 => "heap: thread arenas".into(),
         "" => "heap: other anonymous (big blocks, allocator maps)".into(),
         p if p == binary => "binary (text, data, relocations)".into(),
         p if p.starts_with('[') => format!("kernel {p}"),
@@ -131,7 +131,7 @@ fn report(pid: u32, binary: &str, when: &str) {
         e.2 += 1;
     }
     let mut rows: Vec<_> = by.into_iter().collect();
-    rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
     println!(
         "{:<52} {:>9} {:>9} {:>5}",
         "mapping", "Rss KiB", "Anon KiB", "maps"
