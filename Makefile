@@ -32,7 +32,7 @@ K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease bench-scale fuzz-api test-faults kvm-guest
+	bench-lease bench-scale bench-idle fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -74,6 +74,10 @@ test-faults: test-cluster ## The fault suite: the real binary against its own te
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
+
+bench-idle: test-cluster ## Where the operator's idle memory goes: the release binary on the real test API server as bench-scale starts it, its RSS by kind of mapping (heap, thread stacks, the binary, each library) at bench-scale's idle reading and IDLE_SECS (default 30) later.
+	$(CARGO) build --release --bin egress-proxies-operator
+	IDLE_OPERATOR_BIN=$(abspath $(TARGET_DIR))/release/egress-proxies-operator $(CARGO) test --test control_plane -- idle_memory --ignored --nocapture
 
 # Proxies of make bench-scale; empty: the benchmark's default (1,000, or 50
 # with PROVIDER=kubernetes).

@@ -330,6 +330,7 @@ fn the_promised_make_targets_exist() {
         "kvm-ssh-secret",
         "check-config",
         "bench-lease",
+        "bench-idle",
         "fuzz-api",
     ] {
         let out = Command::new("make")

@@ -20,6 +20,7 @@ mod e2e_leader;
 mod e2e_lease_failover;
 mod e2e_reload;
 mod gc_sweep;
+mod idle_memory;
 mod leader_leases;
 mod manifests;
 mod metrics_auth;
