@@ -4,7 +4,11 @@
 //! same calls through a follower replica that forwards them to it, and, in
 //! the same run, a bare axum handler doing nothing but answering the same
 //! two routes.
-//! Each phase runs BENCH_SECS seconds (default 5). Ignored by `cargo test`.
+//! Each phase runs BENCH_SECS seconds (default 5). BENCH_PROXIES sets the
+//! fleet (default 64) and BENCH_LEASES the live leases (one-hour TTL) held
+//! on the leader during the load (default 0), e.g. 10000 and 100000 for
+//! issue 19's figure; each proxy then takes BENCH_LEASES / BENCH_PROXIES
+//! + 1 leases, so the load always finds room. Ignored by `cargo test`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 mod lease_load;
@@ -16,7 +20,7 @@ use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::discovery::{serve_on, ApiState, Forwarder, Leader, FORWARD_TIMEOUT};
 use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
 use egress_proxies_operator::operator::Metrics;
-use lease_load::{bare_server, load, print, CONNECTIONS};
+use lease_load::{bare_server, fill, load, print, CONNECTIONS};
 use serde_json::json;
 
 const TOKEN: &str = "bench-token";
@@ -51,10 +55,16 @@ async fn bench_lease_acquire_release() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(CONNECTIONS)
         .clamp(CONNECTIONS, 100_000);
+    let live: usize = std::env::var("BENCH_LEASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+        .min(1_000_000);
+    let per_proxy = u32::try_from(live.div_ceil(fleet) + 1).unwrap();
 
     // The real API.
     let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: 1,
+        max_leases_per_proxy: per_proxy,
         default_ttl: Duration::from_secs(300),
         max_ttl: Duration::from_secs(3600),
         cooldown: Duration::from_secs(300),
@@ -78,7 +88,7 @@ async fn bench_lease_acquire_release() {
     let follower_state = ApiState::new(
         Arc::new(proxies(fleet)),
         Arc::new(LeaseStore::new(LeaseConfig {
-            max_leases_per_proxy: 1,
+            max_leases_per_proxy: per_proxy,
             default_ttl: Duration::from_secs(300),
             max_ttl: Duration::from_secs(3600),
             cooldown: Duration::from_secs(300),
@@ -102,8 +112,10 @@ async fn bench_lease_acquire_release() {
     let (stop_bare, rx) = tokio::sync::oneshot::channel::<()>();
     let bare_addr = bare_server(rx).await;
 
+    let filled = fill(api, TOKEN, live).await;
+    assert_eq!(filled, live, "every live lease is granted");
     println!(
-        "{CONNECTIONS} connections, {fleet} healthy proxies, {secs}s per phase, {} build",
+        "{CONNECTIONS} connections, {fleet} healthy proxies, {live} live leases, {secs}s per phase, {} build",
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -129,7 +141,7 @@ async fn bench_lease_acquire_release() {
     assert_eq!(
         a.errors + f.errors,
         0,
-        "the lease API must not refuse: 64 proxies, 64 connections"
+        "the lease API must not refuse: a free lease per proxy, at least 64 proxies, 64 connections"
     );
     assert!(a.pairs > 0 && b.pairs > 0 && f.pairs > 0);
 }

@@ -284,36 +284,6 @@ fn api_requests(
     by
 }
 
-/// Fills `count` live leases (one-hour TTL) through the API on 64
-/// keep-alive connections; returns how many were granted.
-async fn fill_leases(api: SocketAddr, count: usize) -> usize {
-    let per = count.div_ceil(lease_load::CONNECTIONS);
-    let mut tasks = Vec::new();
-    for c in 0..lease_load::CONNECTIONS {
-        let n = per.min(count.saturating_sub(c * per));
-        tasks.push(tokio::spawn(async move {
-            let mut granted = 0;
-            for _ in 0..n {
-                let (s, _) = support::api_call(
-                    api,
-                    "POST",
-                    "/v1/leases",
-                    Some(TOKEN),
-                    br#"{"ttlSeconds":3600}"#.to_vec(),
-                )
-                .await;
-                granted += usize::from(s == 201);
-            }
-            granted
-        }));
-    }
-    let mut granted = 0;
-    for t in tasks {
-        granted += t.await.unwrap();
-    }
-    granted
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with make bench-scale N=..."]
 async fn bench_scale() {
@@ -500,7 +470,7 @@ async fn bench_scale() {
     }
 
     // 5. Leases.
-    let filled = fill_leases(api, live_leases).await;
+    let filled = lease_load::fill(api, TOKEN, live_leases).await;
     let (stop_bare, rx) = tokio::sync::oneshot::channel::<()>();
     let bare = lease_load::bare_server(rx).await;
     let run = Duration::from_secs(lease_secs);

@@ -111,7 +111,7 @@ fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
 /// first (docs/api.md, "Failover"); counts what happened.
 fn admit(s: &ApiState, id: &str) {
     let listing = s.listing();
-    let eligible = |k: &ProxyKey| listing.binary_search_by(|(x, _)| x.cmp(k)).is_ok();
+    let eligible = |k: &ProxyKey| listing.get(k).is_some();
     match s.leases.admit(id, eligible) {
         Admission::Readmitted(_) => s.metrics.lease_event("readmitted", 1),
         Admission::Refused(Refusal::NoRoom) => s.metrics.lease_event("readmit_refused", 1),
@@ -186,11 +186,7 @@ pub(super) async fn acquire(
     let filter = Filter::new(b.filters)
         .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", m))?;
     let listing = s.listing();
-    let keys: Vec<&ProxyKey> = listing
-        .iter()
-        .filter(|(_, i)| filter.matches(i))
-        .map(|(k, _)| k)
-        .collect();
+    let members = listing.members(&filter);
     let req = AcquireRequest {
         ttl,
         sticky_key: b.sticky_key,
@@ -200,20 +196,19 @@ pub(super) async fn acquire(
             .unwrap_or_else(|| ANONYMOUS.into()),
     };
     let client_name = req.client.clone();
-    match s.leases.acquire(&keys, &req) {
+    match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
             s.metrics.lease_event("granted", 1);
-            let item = listing
-                .iter()
-                .find(|(k, _)| *k == lease.proxy)
-                .map(|(_, i)| i.clone())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        "leased proxy vanished",
-                    )
-                })?;
+            // Chosen among this listing's members (checked against it when
+            // the store holds a newer one), so it is in the listing.
+            let Some(item) = listing.get(&lease.proxy).cloned() else {
+                s.leases.release(&lease.id);
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "leased proxy vanished",
+                ));
+            };
             let mut resp =
                 (StatusCode::CREATED, Json(lease_response(&lease, item))).into_response();
             if let Ok(v) = format!("/v1/leases/{}", lease.id).parse() {
@@ -229,7 +224,7 @@ pub(super) async fn acquire(
                 AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
                 AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
             };
-            let wait = s.leases.retry_after(&keys, &client_name, &e);
+            let wait = s.leases.retry_after_among(&members, &client_name, &e);
             Err(ApiError::new(status, code, e.to_string()).retry_after(wait))
         }
     }

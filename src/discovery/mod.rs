@@ -4,12 +4,14 @@
 //! span and a request log line per request named by the matched route,
 //! incoming `traceparent` honoured; body cap; bearer auth), `openapi` (the
 //! document), `serving` (router and server), `model` (wire types and the
-//! listing/filter rules), `error` (the JSON error answer), `forward`
+//! listing/filter rules), `listing` (the eligible proxies a request
+//! chooses from, with the matches of recent filters), `error` (the JSON error answer), `forward`
 //! (lease calls on a follower go to the leader).
 
 mod error;
 mod forward;
 mod handlers;
+mod listing;
 pub mod metrics;
 mod middleware;
 pub mod model;

@@ -67,7 +67,7 @@ pub struct ProxyList {
 }
 
 /// Filters, ANDed. Empty matches everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Filters {
     /// Provider name (exact).
@@ -310,6 +310,16 @@ impl Filter {
             .map(super::selector::parse)
             .transpose()?;
         Ok(Filter { f, selector })
+    }
+
+    /// The filters as asked.
+    pub fn filters(&self) -> &Filters {
+        &self.f
+    }
+
+    /// Whether it matches every proxy (no filter asked).
+    pub fn is_empty(&self) -> bool {
+        self.f == Filters::default()
     }
 
     /// Whether `item` passes every filter.

@@ -2,7 +2,7 @@
 //! token digest, the API's metrics and the cached listing of eligible
 //! proxies.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,8 +50,8 @@ pub const DEFAULT_CLIENT: &str = "default";
 /// The one client of an API without tokens.
 pub const ANONYMOUS: &str = "anonymous";
 
-/// Eligible proxies with their lease-store keys, sorted by namespace/name.
-pub(super) type Listing = Arc<Vec<(ProxyKey, ProxyItem)>>;
+pub(super) use super::listing::Listing;
+use super::listing::ListingData;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -63,6 +63,8 @@ pub struct ApiState {
     pub(super) metrics: DiscoveryMetrics,
     listing: Arc<Mutex<Option<(Instant, Listing)>>>,
     rebuilding: Arc<AtomicBool>,
+    /// The generation of the last listing built.
+    generations: Arc<AtomicU64>,
     /// Where External Proxies may be offered from.
     external: Arc<ExternalNamespaces>,
     /// Where lease calls go when this replica does not lead.
@@ -103,6 +105,7 @@ impl ApiState {
             metrics,
             listing: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
+            generations: Arc::new(AtomicU64::new(0)),
             // None until told: a namespace that may write a Proxy's status
             // must still not get its own endpoint into the pool.
             external: Arc::new(ExternalNamespaces::only([])),
@@ -159,6 +162,7 @@ impl ApiState {
             }
         }
         let _clear = Clear(&self.rebuilding);
+        let generation = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
         let mut items: Vec<(ProxyKey, ProxyItem)> = self
             .source
             .proxies()
@@ -167,9 +171,20 @@ impl ApiState {
             .map(|i| (i.key(), i))
             .collect();
         items.sort_by(|a, b| a.0.cmp(&b.0));
-        let items = Arc::new(items);
-        *self.listing.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), items.clone()));
+        // Keys are unique (namespace/name), so the sorted keys are the
+        // store's form of the set. Told before the listing is published:
+        // a request holding an older listing is then checked against it.
+        self.leases
+            .set_eligible(generation, items.iter().map(|(k, _)| k.clone()).collect());
+        let items = Arc::new(ListingData::new(generation, items));
+        let mut held = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        // Two first builds may race: the newer listing stays.
+        if held
+            .as_ref()
+            .is_none_or(|(_, l)| l.generation() < generation)
+        {
+            *held = Some((Instant::now(), items.clone()));
+        }
         items
     }
 
@@ -184,11 +199,7 @@ impl ApiState {
 
     /// The listing entry of a lease's proxy, while it is eligible.
     pub(super) fn item_for(&self, lease: &Lease) -> Option<ProxyItem> {
-        let listing = self.listing();
-        listing
-            .binary_search_by(|(k, _)| k.cmp(&lease.proxy))
-            .ok()
-            .map(|i| listing[i].1.clone())
+        self.listing().get(&lease.proxy).cloned()
     }
 
     /// Every Proxy the source knows, as lease-store keys (the sweep

@@ -132,7 +132,7 @@ impl LeaseStore {
         if st.was_released(&slot) {
             return Admission::Unknown;
         }
-        let active = st.proxies.get(&c.proxy).map_or(0, |p| p.active);
+        let active = st.proxies.get(&c.proxy).map_or(0, |p| p.active());
         let max = self.config.max_leases_per_proxy;
         if let Err(why) = readmit_decision(eligible(&c.proxy), active, max) {
             return Admission::Refused(why);
@@ -146,10 +146,7 @@ impl LeaseStore {
             site: None,
             client: client.clone(),
         };
-        st.proxies.entry(c.proxy).or_default().active += 1;
-        *st.clients.entry(client).or_default() += 1;
-        st.ends.insert((lease.expires_at, slot.clone()));
-        st.leases.insert(slot, lease.clone());
+        st.hold(slot, lease.clone());
         Admission::Readmitted(lease)
     }
 }

@@ -15,7 +15,10 @@ pub use bounds::{
 };
 
 mod clock;
+mod index;
 pub use clock::{Clock, FakeClock, SystemClock};
+pub use index::Candidates;
+use index::{sorted_keys, Whole};
 mod retry;
 pub use retry::{RETRY_DEFAULT, RETRY_MAX};
 
@@ -205,7 +208,10 @@ impl LeaseStore {
             clock,
             ids,
             key: None,
-            state: Mutex::new(State::new(ClientLimits::default())),
+            state: Mutex::new(State::new(
+                ClientLimits::default(),
+                config.max_leases_per_proxy,
+            )),
         }
     }
 
@@ -213,7 +219,7 @@ impl LeaseStore {
     pub fn with_client_limits(self, limits: ClientLimits) -> Self {
         LeaseStore {
             limits,
-            state: Mutex::new(State::new(limits)),
+            state: Mutex::new(State::new(limits, self.config.max_leases_per_proxy)),
             ..self
         }
     }
@@ -235,9 +241,12 @@ impl LeaseStore {
     }
 
     /// Grants a lease on one of `eligible` (healthy proxies matching the
-    /// filters). Fair choice: fewest active leases, then least recently
-    /// granted (never granted first), then namespace/name. A sticky key
-    /// keeps its proxy while that one stays eligible and has capacity.
+    /// filters), which becomes the store's eligible set. Fair choice:
+    /// fewest active leases, then least recently granted (never granted
+    /// first), then namespace/name. A sticky key keeps its proxy while that
+    /// one stays eligible and has capacity. O(eligible) to take the set in;
+    /// the API tells the set once per listing ([`LeaseStore::set_eligible`])
+    /// and asks [`LeaseStore::acquire_among`].
     pub fn acquire<K: std::borrow::Borrow<ProxyKey>>(
         &self,
         eligible: &[K],
@@ -245,67 +254,64 @@ impl LeaseStore {
     ) -> Result<Lease, AcquireError> {
         let now = self.clock.now();
         let mut st = self.lock();
+        let generation = st.next_generation();
+        st.set_eligible(generation, sorted_keys(eligible));
+        let all = Whole {
+            generation,
+            len: eligible.len(),
+        };
+        self.grant(&mut st, &all, req, now)
+    }
+
+    /// Grants a lease on one of `c` (see [`LeaseStore::acquire`] for the
+    /// order): O(log n) for the whole eligible set, plus the proxies
+    /// skipped because they cool down or, for a filtered set, do not match.
+    pub fn acquire_among(
+        &self,
+        c: &dyn Candidates,
+        req: &AcquireRequest,
+    ) -> Result<Lease, AcquireError> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.grant(&mut st, c, req, now)
+    }
+
+    /// Tells the store the eligible set (healthy proxies) of listing
+    /// `generation`; candidates of that listing then need no membership
+    /// test. Sorted, without repeats; an older generation is ignored.
+    pub fn set_eligible(&self, generation: u64, sorted: Vec<ProxyKey>) {
+        self.lock().set_eligible(generation, sorted);
+    }
+
+    fn grant(
+        &self,
+        st: &mut State,
+        c: &dyn Candidates,
+        req: &AcquireRequest,
+        now: DateTime<Utc>,
+    ) -> Result<Lease, AcquireError> {
         st.expire_leases(now);
         let expires_at = st.recovery.grant(now, req.ttl)?;
-        if eligible.is_empty() {
+        if c.is_empty() {
             return Err(AcquireError::NoProxy);
         }
         let client = &req.client;
         let max_own = self.limits.max_leases;
-        if max_own > 0 && st.clients.get(client).copied().unwrap_or(0) >= max_own {
+        if max_own > 0 && st.clients.get(client).map_or(0, |e| e.len()) >= max_own {
             return Err(AcquireError::ClientLimit { max: max_own });
         }
-        let max = self.config.max_leases_per_proxy;
-        let site = req.site.as_deref();
-        let (mut at_capacity, mut cooling) = (0, 0);
-        let any_cooldown = !st.cooldowns.is_empty();
-        let site = site.map(digest);
-        let sticky: Option<ProxyKey> = req
-            .sticky_key
-            .as_ref()
-            .and_then(|s| st.sticky.get(s, now))
-            .cloned();
-        let mut sticky_open = false;
-        // One pass, one lookup per map per candidate: this runs under the
-        // store's lock for every acquire, over every matching proxy.
-        type Rank = (u32, Option<(DateTime<Utc>, u64)>);
-        let mut best: Option<(Rank, &ProxyKey)> = None;
-        for k in eligible {
-            let k: &ProxyKey = k.borrow();
-            let p = st.proxies.get(k);
-            let active = p.map_or(0, |p| p.active);
-            if active >= max {
-                at_capacity += 1;
-                continue;
-            }
-            if any_cooldown && st.cooldowns.blocks(k, site.as_ref(), client, now) {
-                cooling += 1;
-                continue;
-            }
-            if sticky.as_ref() == Some(k) {
-                sticky_open = true;
-            }
-            let rank = (active, p.and_then(|p| p.last_granted));
-            if best.is_none_or(|(r, bk)| (&rank, k) < (&r, bk)) {
-                best = Some((rank, k));
-            }
-        }
-        let chosen = match (sticky, best) {
-            (Some(k), _) if sticky_open => k,
-            (_, Some((_, k))) => k.clone(),
-            (_, None) => {
-                return Err(AcquireError::NoCapacity {
-                    matching: eligible.len(),
-                    at_capacity,
-                    cooling,
-                })
-            }
+        let site = req.site.as_deref().map(digest);
+        let sticky = req.sticky_key.as_ref().and_then(|s| st.sticky.get(s, now));
+        let ask = index::Ask {
+            sticky,
+            site: site.as_ref(),
+            client: client.as_ref(),
+            now,
         };
+        let chosen = st.choose(c, &ask)?;
         st.grants += 1;
         let seq = st.grants;
-        let p = st.proxies.entry(chosen.clone()).or_default();
-        p.active += 1;
-        p.last_granted = Some((now, seq));
+        st.update_proxy(&chosen, |p| p.last_granted = Some((now, seq)));
         if let Some(s) = &req.sticky_key {
             // Bounded: a key the map has no room for only loses stickiness.
             let _ = st
@@ -321,9 +327,7 @@ impl LeaseStore {
             site: req.site.clone(),
             client: client.clone(),
         };
-        *st.clients.entry(client.clone()).or_default() += 1;
-        st.ends.insert((lease.expires_at, slot.clone()));
-        st.leases.insert(slot, lease.clone());
+        st.hold(slot, lease.clone());
         Ok(lease)
     }
 
@@ -336,16 +340,11 @@ impl LeaseStore {
         st.expire_leases(now);
         let old_end = st.leases.get(&slot)?.expires_at;
         let end = st.recovery.renewal(now, ttl, old_end);
-        let lease = st.leases.get_mut(&slot)?;
-        let old = (old_end, slot.clone());
-        lease.expires_at = end;
+        let lease = st.move_end(&slot, end)?;
         if let Some(key) = &self.key {
             lease.id = failover::resign(key, &slot, lease);
         }
-        let (new, lease) = ((lease.expires_at, slot), lease.clone());
-        st.ends.remove(&old);
-        st.ends.insert(new);
-        Some(lease)
+        Some(lease.clone())
     }
 
     /// A live lease.
@@ -421,7 +420,7 @@ impl LeaseStore {
 
     /// Live leases per proxy, for the listing.
     pub fn active_on(&self, key: &ProxyKey) -> u32 {
-        self.lock().proxies.get(key).map_or(0, |p| p.active)
+        self.lock().proxies.get(key).map_or(0, |p| p.active())
     }
 
     /// Forgets everything about proxies not in `present` (deleted Proxies):
@@ -430,8 +429,9 @@ impl LeaseStore {
         let mut st = self.lock();
         st.sticky.retain_proxies(present);
         st.cooldowns.retain_proxies(present);
+        // An eligible proxy stays: its state is in the index.
         st.proxies
-            .retain(|k, p| present.contains(k) || p.active > 0);
+            .retain(|k, p| present.contains(k) || p.active() > 0 || p.eligible);
     }
 }
 

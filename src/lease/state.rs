@@ -7,6 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::bounds::{Caps, Cooldowns, StickyMap};
+use super::index::{Ends, Index, ProxyState};
 use super::{
     ClientLimits, Lease, ProxyKey, MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY,
     MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
@@ -15,23 +16,23 @@ use super::{
 /// Released slots remembered at most.
 pub(super) const MAX_RELEASED: usize = 100_000;
 
-#[derive(Debug, Default)]
-pub(super) struct ProxyState {
-    pub(super) active: u32,
-    pub(super) last_granted: Option<(DateTime<Utc>, u64)>,
-}
-
 #[derive(Debug)]
 pub(super) struct State {
     /// Live leases by slot: the nonce of a signed id, else the id itself.
     pub(super) leases: HashMap<String, Lease>,
     /// Every lease (slot) by its end, so expiring is O(expired), not O(leases).
     pub(super) ends: BTreeSet<(DateTime<Utc>, String)>,
+    /// Per proxy; change through [`State::update_proxy`] (keeps `index`).
     pub(super) proxies: HashMap<ProxyKey, ProxyState>,
+    /// The eligible proxies with room in fairness order, and those with
+    /// leases by their earliest end (`index.rs`).
+    pub(super) index: Index,
+    /// `--max-leases-per-proxy`.
+    pub(super) max: u32,
     pub(super) cooldowns: Cooldowns,
     pub(super) sticky: StickyMap,
-    /// Live leases per client.
-    pub(super) clients: HashMap<Arc<str>, u32>,
+    /// Live leases' ends per client.
+    pub(super) clients: HashMap<Arc<str>, Ends>,
     pub(super) grants: u64,
     /// Slots released here, by their signed end: a released id is not
     /// taken in again by [`super::LeaseStore::admit`] while it could be.
@@ -42,8 +43,10 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new(limits: ClientLimits) -> Self {
+    pub(super) fn new(limits: ClientLimits, max: u32) -> Self {
         State {
+            index: Index::default(),
+            max,
             clients: HashMap::new(),
             leases: HashMap::new(),
             ends: BTreeSet::new(),
@@ -106,15 +109,47 @@ impl State {
         }
     }
 
+    /// Holds a new lease under `slot`: counted on its proxy and client.
+    pub(super) fn hold(&mut self, slot: String, lease: Lease) {
+        let end = lease.expires_at;
+        self.update_proxy(&lease.proxy, |p| p.ends.add(end));
+        self.clients
+            .entry(lease.client.clone())
+            .or_default()
+            .add(end);
+        self.ends.insert((end, slot.clone()));
+        self.leases.insert(slot, lease);
+    }
+
+    /// Moves the end of the lease in `slot` to `end`.
+    pub(super) fn move_end(&mut self, slot: &str, end: DateTime<Utc>) -> Option<&mut Lease> {
+        let lease = self.leases.get(slot)?;
+        let (old, proxy, client) = (lease.expires_at, lease.proxy.clone(), lease.client.clone());
+        self.update_proxy(&proxy, |p| {
+            p.ends.remove(old);
+            p.ends.add(end);
+        });
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.remove(old);
+            c.add(end);
+        }
+        self.ends.remove(&(old, slot.to_string()));
+        self.ends.insert((end, slot.to_string()));
+        let lease = self.leases.get_mut(slot)?;
+        lease.expires_at = end;
+        Some(lease)
+    }
+
     pub(super) fn end(&mut self, slot: &str) -> Option<Lease> {
         let lease = self.leases.remove(slot)?;
-        self.ends.remove(&(lease.expires_at, slot.to_string()));
-        if let Some(p) = self.proxies.get_mut(&lease.proxy) {
-            p.active = p.active.saturating_sub(1);
+        let end = lease.expires_at;
+        self.ends.remove(&(end, slot.to_string()));
+        if self.proxies.contains_key(&lease.proxy) {
+            self.update_proxy(&lease.proxy, |p| p.ends.remove(end));
         }
-        if let Some(n) = self.clients.get_mut(&lease.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(c) = self.clients.get_mut(&lease.client) {
+            c.remove(end);
+            if c.len() == 0 {
                 self.clients.remove(&lease.client);
             }
         }

@@ -109,6 +109,48 @@ pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
     }
 }
 
+/// Fills `count` live leases (one-hour TTL) through the API at `addr` on
+/// `CONNECTIONS` keep-alive connections; returns how many were granted.
+pub async fn fill(addr: SocketAddr, token: &str, count: usize) -> usize {
+    let per = count.div_ceil(CONNECTIONS);
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let n = per.min(count.saturating_sub(c * per));
+        let token = token.to_string();
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            let driver = tokio::spawn(conn);
+            let mut granted = 0;
+            for _ in 0..n {
+                let req = hyper::Request::post("/v1/leases")
+                    .header("host", "bench")
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from_static(b"{\"ttlSeconds\":3600}")))
+                    .unwrap();
+                let Ok(resp) = send.send_request(req).await else {
+                    break;
+                };
+                granted += usize::from(resp.status() == 201);
+                let _ = resp.into_body().collect().await;
+            }
+            drop(send);
+            let _ = driver.await;
+            granted
+        }));
+    }
+    let mut granted = 0;
+    for t in tasks {
+        granted += t.await.unwrap();
+    }
+    granted
+}
+
 /// One line of figures.
 pub fn print(name: &str, f: &Figures) {
     println!(
