@@ -110,7 +110,16 @@ async fn recording_target(ip: std::net::IpAddr) -> (SocketAddr, Hits) {
     let hits: Hits = Arc::default();
     let h = hits.clone();
     tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
+        loop {
+            // Out of descriptors under a burst (EMFILE) is passing: the
+            // target must outlive it, or every later probe fails.
+            let mut c = match l.accept().await {
+                Ok((c, _)) => c,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
             let h = h.clone();
             tokio::spawn(async move {
                 let head = support::read_head(&mut c).await;
@@ -325,6 +334,7 @@ async fn bench_scale() {
         .collect();
     let (bare_probes, bare_failed, bare_cpu) = bare_probe_loop(targets, hold.min(20));
     let bare_cpu_per_probe = bare_cpu / bare_probes.max(1) as f64;
+    eprintln!("bare probe loop: {bare_probes} probes, {bare_failed} failed, {bare_cpu:.1} CPU s");
 
     // 2. The operator, idle, then the fleet applied.
     let api = support::loopback();
@@ -344,6 +354,7 @@ async fn bench_scale() {
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let idle_rss = status_mib(pid, "VmRSS:");
+    let idle_anon = status_mib(pid, "RssAnon:");
 
     let proxies = ground.proxies();
     let ready: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -393,6 +404,10 @@ async fn bench_scale() {
     )
     .await;
     let all_ready = applied_at.elapsed();
+    eprintln!(
+        "{n} Proxies Ready {:.1} s after the first create",
+        all_ready.as_secs_f64()
+    );
     watch.abort();
     let mut per_proxy_ready: Vec<Duration> = {
         let ready = ready.lock().unwrap();
@@ -413,10 +428,12 @@ async fn bench_scale() {
         Instant::now(),
     );
     let mut rss = Vec::new();
+    let mut anon = Vec::new();
     let mut ages = Vec::new();
     for _ in 0..hold {
         tokio::time::sleep(Duration::from_secs(1)).await;
         rss.push(status_mib(pid, "VmRSS:"));
+        anon.push(status_mib(pid, "RssAnon:"));
         let now = Instant::now();
         let hits = hits.lock().unwrap();
         ages.extend(names.iter().map(|name| {
@@ -441,6 +458,8 @@ async fn bench_scale() {
     ages.sort();
     rss.sort_by(f64::total_cmp);
     let steady_rss = rss[rss.len() / 2];
+    anon.sort_by(f64::total_cmp);
+    let steady_anon = anon[anon.len() / 2];
     let requests = api_requests(&ground, from, to);
     let total_requests: u64 = requests.values().sum();
 
@@ -508,6 +527,10 @@ async fn bench_scale() {
             ),
         ),
         ("RSS idle (no Proxy)".into(), mib(idle_rss)),
+        (
+            "of it anonymous (heap, stacks), idle / steady".into(),
+            format!("{} / {}", mib(idle_anon), mib(steady_anon)),
+        ),
         (
             "RSS steady / peak".into(),
             format!("{} / {}", mib(steady_rss), mib(peak)),
