@@ -10,6 +10,7 @@ pub mod gcp;
 pub mod kubernetes;
 #[cfg(feature = "kvm")]
 pub mod kvm;
+pub mod listed;
 pub mod metrics;
 pub mod naming;
 pub mod registry;
