@@ -231,6 +231,13 @@ pub struct Flags {
     #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
     pub provider_check_timeout: Duration,
 
+    /// How often each gcp and kvm provider lists all its instances (one
+    /// aggregated list, one list per host), jittered up to 20% early; a
+    /// Running Proxy's check is answered from the newest listing instead of
+    /// a get per Proxy. 0 turns it off (a get per check).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub provider_list_interval: Duration,
+
     /// Log whole request and response payloads in the gcp wire log (large
     /// payloads are elided otherwise). user-data is never logged.
     #[arg(long)]

@@ -16,14 +16,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{controller, watcher, Controller, WatchStreamExt};
 use kube::Api;
 use kube::ResourceExt;
 use tracing::{debug, warn};
 
-use crate::api::constants::{MANAGED_MARK, MANAGED_MARK_VALUE};
 pub use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 use crate::provider::error::plain_message;
@@ -31,16 +30,15 @@ use crate::proxy_store::{self, ProxyStore};
 pub use context::Context;
 pub use error::Error;
 
-/// Runs the Proxy controller on `proxies` until `shutdown` resolves. With `watch_pods`
-/// (a kubernetes provider is configured) the operator's Pods are watched
-/// through their owner reference, so a Pod turning Running reaches its
-/// Proxy within seconds instead of at the next poll.
+/// Runs the Proxy controller on `proxies` until `shutdown` resolves. The
+/// providers' observations (the kubernetes provider's Pod watch) run
+/// inside it, so a Pod turning Running reaches its Proxy within seconds
+/// instead of at the next poll, and a Running Proxy's check costs no call.
 pub async fn run(
     ctx: Arc<Context>,
     proxies: &ProxyStore,
     namespace: Option<&str>,
     concurrency: u16,
-    watch_pods: bool,
     health_events: Option<
         impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
     >,
@@ -86,15 +84,13 @@ pub async fn run(
         })
         .flat_map(move |secret| futures::stream::iter(referencing(&cache.state(), &secret)));
     c = c.reconcile_on(secret_events);
-    if watch_pods {
-        let pods: Api<Pod> = match namespace {
-            Some(ns) => Api::namespaced(client, ns),
-            None => Api::all(client),
-        };
-        c = c.owns(
-            pods,
-            watcher::Config::default().labels(&format!("{MANAGED_MARK}={MANAGED_MARK_VALUE}")),
-        );
+    // Each provider that observes its instances (the kubernetes provider's
+    // Pod watch) names the Proxies whose instances changed; the watch
+    // lives as long as this controller polls it.
+    for (_, provider) in ctx.registry.providers() {
+        if let Some(changes) = provider.observe(namespace, &proxies.reader()) {
+            c = c.reconcile_on(changes);
+        }
     }
     // The health engine names the Proxies whose status it affected.
     if let Some(events) = health_events {

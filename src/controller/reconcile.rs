@@ -19,6 +19,7 @@ use super::plan::{
 };
 mod delete;
 mod events;
+mod look;
 
 use super::throttle::{admit_or_hold, hold, Held};
 use super::{cloud_init, fleet, status_patch};
@@ -400,7 +401,7 @@ async fn managed_path(
                 return Ok(hold(ctx, &provider_name, held, status, now, generation));
             }
             Step::Get => {
-                get = Some(GetOutcome::of(p()?.get(&id).await));
+                get = Some(look::look(p()?.as_ref(), &id, status).await);
                 continue;
             }
             Step::Delete {

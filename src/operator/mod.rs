@@ -88,11 +88,13 @@ impl Operator {
             client: client.clone(),
             api_url,
             gcp_wire_log_full_payloads: settings.gcp_wire_log_full_payloads,
+            list_interval: settings.provider_list_interval,
         };
         let registry = Registry::build(&settings.providers, &metrics.provider, |e| {
             registry::construct(e, &deps)
         })
-        .map_err(|e| StartError::Providers(e.to_string()))?;
+        .map_err(|e| StartError::Providers(e.to_string()))?
+        .observed_by_listing(deps.list_interval, spread);
         let (providers, _) = tokio::sync::watch::channel(Arc::new(ProviderSet {
             config: settings.providers.clone(),
             registry,
@@ -443,4 +445,11 @@ pub fn stop_on_signal(stop: CancellationToken) -> impl std::future::Future<Outpu
         info!("Shutting down");
         stop.cancel();
     }
+}
+
+/// The jitter of every periodic wait (up to 20% off), for the providers'
+/// listings: the provider layer does not depend on the controller's plan.
+fn spread(interval: std::time::Duration) -> std::time::Duration {
+    use crate::controller::plan::Random;
+    crate::controller::plan::jitter(interval, crate::controller::plan::SystemRandom.unit())
 }

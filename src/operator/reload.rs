@@ -139,7 +139,8 @@ impl Reloader {
                 let Ok(config) = parsed else { return };
                 let built = Registry::build(&config, &self.provider_metrics, |e| {
                     registry::construct(e, &self.deps)
-                });
+                })
+                .map(|r| r.observed_by_listing(self.deps.list_interval, super::spread));
                 match built {
                     Err(e) => self.refuse(&e.to_string()).await,
                     Ok(registry) => {

@@ -66,6 +66,8 @@ pub struct Settings {
     pub provider_checks: Option<ProviderChecks>,
     /// `--gcp-wire-log-full-payloads`.
     pub gcp_wire_log_full_payloads: bool,
+    /// `--provider-list-interval`; `None` when off.
+    pub provider_list_interval: Option<Duration>,
 }
 
 /// The health engine's settings.
@@ -242,6 +244,8 @@ impl Settings {
                 timeout: cli::effective_check_timeout(interval, flags.provider_check_timeout),
             }),
             gcp_wire_log_full_payloads: flags.gcp_wire_log_full_payloads,
+            provider_list_interval: (!flags.provider_list_interval.is_zero())
+                .then_some(flags.provider_list_interval),
         })
     }
 }

@@ -18,7 +18,6 @@ use tracing::info;
 use super::reload::ProviderSet;
 use super::{drain, runnables, Operator, SHUTDOWN_GRACE};
 use crate::api::Proxy;
-use crate::config::ProviderType;
 use crate::controller::{self, Context, HealthSource};
 use crate::gc::{self, Gc};
 use crate::proxy_store::ProxyStore;
@@ -103,9 +102,6 @@ impl Operator {
     ) {
         let s = &self.settings;
         let entries = &set.config.providers;
-        let watch_pods = entries
-            .iter()
-            .any(|p| p.provider_type == ProviderType::Kubernetes);
         let gc = Gc::new(
             self.client.clone(),
             set.registry.clone(),
@@ -185,7 +181,6 @@ impl Operator {
                 &proxies,
                 ns.as_deref(),
                 concurrency,
-                watch_pods,
                 Some(events),
                 ctl_stop,
             )

@@ -2,18 +2,24 @@
 //! call by result, a latency histogram) inside tracing (a client span per
 //! call). Both return the inner result unchanged, and neither forwards
 //! `checker()`: health checks are never counted or traced as calls.
+//! Observations (`observed`, `observe`) are forwarded untouched: they make
+//! no call per Proxy, so the call counters count backend calls only.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use kube::runtime::reflector::Store;
 use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::error::result_label;
 use super::metrics::ProviderMetrics;
 use super::registry::ProviderType;
-use super::{CreateRequest, ErrorClass, Instance, Listing, Op, Provider, ProviderError};
+use super::{
+    Changes, CreateRequest, ErrorClass, Instance, Listing, Observation, Op, Provider, ProviderError,
+};
+use crate::api::Proxy;
 
 /// Counts and times every call.
 pub struct MetricsProvider {
@@ -44,6 +50,13 @@ impl Provider for MetricsProvider {
     }
     fn provider_type(&self) -> ProviderType {
         self.inner.provider_type()
+    }
+    // Observations are no calls: forwarded, neither counted nor traced.
+    fn observed(&self, id: &str) -> Observation {
+        self.inner.observed(id)
+    }
+    fn observe(&self, namespace: Option<&str>, proxies: &Store<Proxy>) -> Option<Changes> {
+        self.inner.observe(namespace, proxies)
     }
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
         let t = Instant::now();
@@ -136,6 +149,13 @@ impl Provider for TracingProvider {
     }
     fn provider_type(&self) -> ProviderType {
         self.inner.provider_type()
+    }
+    // Observations are no calls: forwarded, neither counted nor traced.
+    fn observed(&self, id: &str) -> Observation {
+        self.inner.observed(id)
+    }
+    fn observe(&self, namespace: Option<&str>, proxies: &Store<Proxy>) -> Option<Changes> {
+        self.inner.observe(namespace, proxies)
     }
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
         let span = self.span(Op::Create, "");

@@ -10,9 +10,11 @@ pub mod gcp;
 pub mod kubernetes;
 #[cfg(feature = "kvm")]
 pub mod kvm;
+pub mod listed;
 pub mod metrics;
 pub mod naming;
 pub mod registry;
+pub mod slot;
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,7 +23,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::api::Placement;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::api::{Placement, Proxy};
 pub use error::{class_of, BoxError, ErrorClass, Op, ProviderError, Tagged};
 
 /// Cloud-init user-data. Its `Debug` prints only the byte count, so a
@@ -143,6 +147,30 @@ pub struct Listing {
     pub unread_scopes: Vec<String>,
 }
 
+/// What a provider's own observation (a watch, a periodic listing) says of
+/// one instance, without a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// Held by a running watch: the instance as it is now.
+    Current(Instance),
+    /// In the newest listing, which started at `listed_at`: the instance
+    /// as it was then (the reconciler takes it only for an instance that
+    /// was already running before that).
+    Listed {
+        /// The instance as listed.
+        instance: Instance,
+        /// When the listing started.
+        listed_at: DateTime<Utc>,
+    },
+    /// The observation cannot answer (not started, not synced, or the
+    /// instance is absent from it): ask `get`. Absence alone never means
+    /// gone, since an instance created a moment ago may not be seen yet.
+    Unknown,
+}
+
+/// The Proxies whose instances a provider's observation saw change.
+pub type Changes = futures::stream::BoxStream<'static, ObjectRef<Proxy>>;
+
 /// One compute backend. Implementations must be safe for concurrent use
 /// (reconciles, a GC sweep and a health round call at once) and must return
 /// errors built with [`ProviderError`], classified at this edge.
@@ -162,8 +190,9 @@ pub trait Provider: Send + Sync {
     /// `req.uid`). Should return once the request is submitted.
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError>;
 
-    /// Reads the instance. `NotFound` only when it is really gone, never
-    /// while a delete is in progress.
+    /// Reads the instance: always a backend call (the reconciler asks
+    /// [`Provider::observed`] first). `NotFound` only when it is really
+    /// gone, never while a delete is in progress.
     async fn get(&self, id: &str) -> Result<Instance, ProviderError>;
 
     /// Deletes the instance and everything create made. Idempotent.
@@ -173,6 +202,24 @@ pub trait Provider: Send + Sync {
     /// IDs, marks and creation times only: a provider may list less (the
     /// kubernetes provider lists Pod metadata, leaving `ip` and `state`).
     async fn list_by_tag(&self) -> Result<Listing, ProviderError>;
+
+    /// The instance as the provider's observation last saw it; the
+    /// reconciler asks this before `get`, which it calls only on
+    /// [`Observation::Unknown`]. No I/O.
+    fn observed(&self, _id: &str) -> Observation {
+        Observation::Unknown
+    }
+
+    /// Starts the provider's observation of the instances of Proxies in
+    /// `namespace` (all when `None`): polling the returned stream keeps it
+    /// filled and yields the Proxies whose instances changed (found in
+    /// `proxies` by the instance's UID mark, when the backend has no owner
+    /// reference); dropping it ends the observation, so it lives exactly
+    /// as long as the controller that polls it. `None` when the provider
+    /// observes nothing.
+    fn observe(&self, _namespace: Option<&str>, _proxies: &Store<Proxy>) -> Option<Changes> {
+        None
+    }
 
     /// The provider's health check, if it has one. Decorators deliberately
     /// do not forward this: checks are never counted or traced as calls.

@@ -74,6 +74,33 @@ impl Registry {
         Ok(reg)
     }
 
+    /// Wraps each decorated provider without a watch of its own (gcp, kvm)
+    /// in an observation by one listing every `interval`
+    /// ([`super::listed`]), each wait shortened by `spread`; `None` leaves
+    /// them to a `get` per check.
+    pub fn observed_by_listing(
+        mut self,
+        interval: Option<std::time::Duration>,
+        spread: super::listed::Spread,
+    ) -> Self {
+        let Some(interval) = interval else {
+            return self;
+        };
+        for provider in self.providers.values_mut() {
+            if matches!(
+                provider.provider_type(),
+                ProviderType::Gcp | ProviderType::Kvm
+            ) {
+                *provider = Arc::new(super::listed::Listed::new(
+                    provider.clone(),
+                    interval,
+                    spread,
+                ));
+            }
+        }
+        self
+    }
+
     /// The decorated provider called `name`.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
         self.providers.get(name).cloned()
@@ -104,6 +131,9 @@ pub struct Deps {
     pub api_url: String,
     /// `--gcp-wire-log-full-payloads`.
     pub gcp_wire_log_full_payloads: bool,
+    /// `--provider-list-interval`: how often providers without a watch are
+    /// listed to observe them; `None` when off.
+    pub list_interval: Option<std::time::Duration>,
 }
 
 /// Builds the provider for one config entry: the single dispatch over

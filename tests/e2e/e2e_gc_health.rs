@@ -11,7 +11,7 @@
 
 use crate::support;
 
-use support::{eventually, free_port, Ground, Operator};
+use support::{eventually, free_port, scrape, Ground, Operator};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -360,19 +360,6 @@ async fn gc_deletes_only_this_installations_orphans() {
 }
 
 const OK_SWEEPS: &str = "proxy_operator_gc_sweeps_total{provider=\"gc-kube\",result=\"ok\"}";
-
-async fn scrape(addr: &str) -> Option<String> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8(buf).ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    Some(body.to_string())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_metrics_pass_promtool_and_carry_every_series() {

@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use support::{condition, eventually, phase, proxy, Ground, Operator};
+use support::{condition, eventually, phase, proxy, sample, scrape, Ground, Operator};
 
 use std::time::Duration;
 
@@ -344,4 +344,125 @@ async fn a_resource_quota_refusal_is_quota_exceeded_not_failed() {
     assert!(message.contains("exceeded quota"), "{message}");
     assert!(!message.contains("Status {"), "{message}");
     assert_ne!(phase(&p), Some("Failed"));
+}
+
+/// Passes of the Running Proxy counted by the held-fleet test below.
+const HELD_PASSES: usize = 5;
+
+/// Issue 19: a Running kubernetes Proxy is checked from the provider's Pod
+/// watch, so holding it through reconcile passes costs no Pod GET; a
+/// killed Pod still reaches its Proxy through that watch and is replaced.
+/// Each pass is started by a spec change (the Proxy watch brings it at
+/// once) rather than the minute of a periodic resync; both run the same
+/// managed path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_kubernetes_proxy_costs_no_pod_get_and_a_killed_pod_is_replaced() {
+    support::require_squid_pods();
+    let ground = support::ground("kube-watch").await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", support::free_port());
+    let mut cmd = ground.operator(dir.path(), KUBE_ONLY);
+    cmd.args(["--metrics-bind-address", &addr]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let proxies: Api<Proxy> = ground.proxies();
+    let pods: Api<Pod> = ground.api();
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("w1", json!({"provider": "kubernetes", "port": 3128})),
+        )
+        .await
+        .unwrap();
+    let ip = eventually("Running with an IP", Duration::from_secs(60), || async {
+        let p = proxies.get("w1").await.ok()?;
+        (phase(&p) == Some("Running")).then_some(p.status?.ip?)
+    })
+    .await;
+
+    const GETS: &str = "proxy_operator_provider_requests_total{provider=\"kubernetes\",op=\"get\",";
+    const PASSES: &str = "proxy_operator_reconcile_total{controller=\"proxy\",result=\"success\"}";
+    let counts = || async {
+        let body = scrape(&addr).await?;
+        let gets: f64 = body
+            .lines()
+            .filter(|l| l.starts_with(GETS))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Some((gets, sample(&body, PASSES)?))
+    };
+    let (gets_before, passes_before) =
+        eventually("a scrape", Duration::from_secs(20), &counts).await;
+    for n in 0..HELD_PASSES {
+        let patched = proxies
+            .patch(
+                "w1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"attributes": {"pass": n.to_string()}}})),
+            )
+            .await
+            .unwrap();
+        let generation = patched.metadata.generation;
+        eventually("the pass reconciled", Duration::from_secs(30), || async {
+            let p = proxies.get("w1").await.ok()?;
+            let status = p.status.as_ref()?;
+            (status
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == generation)
+                && phase(&p) == Some("Running"))
+            .then_some(())
+        })
+        .await;
+    }
+    let (gets_after, passes_after) = eventually("a scrape", Duration::from_secs(20), &counts).await;
+    let passes = passes_after - passes_before;
+    println!(
+        "held Running: {passes} reconcile passes, {} provider gets (Pod GETs)",
+        gets_after - gets_before
+    );
+    assert!(
+        passes >= HELD_PASSES as f64,
+        "{passes} passes, want at least {HELD_PASSES}"
+    );
+    assert_eq!(
+        gets_after, gets_before,
+        "a Running Proxy's passes must be answered by the Pod watch"
+    );
+
+    // Killed: the Pod's deletion reaches the Proxy through the watch (no
+    // periodic resync is due for a minute), and a new Pod runs.
+    let old = pods.list(&Default::default()).await.unwrap().items;
+    assert_eq!(old.len(), 1);
+    let old_uid = old[0].metadata.uid.clone();
+    let killed = std::time::Instant::now();
+    pods.delete(
+        &old[0].metadata.name.clone().unwrap(),
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
+    // Within the shortest periodic resync (60 s less its 20% jitter): only
+    // the watch can have started the replacement.
+    let new_ip = eventually("a new Pod running", Duration::from_secs(45), || async {
+        let pod = pods.list(&Default::default()).await.ok()?.items.pop()?;
+        let status = pod.status.as_ref()?;
+        (pod.metadata.uid != old_uid && status.phase.as_deref() == Some("Running"))
+            .then_some(status.pod_ip.clone()?)
+    })
+    .await;
+    eventually(
+        "Running on the new Pod",
+        Duration::from_secs(45),
+        || async {
+            let p = proxies.get("w1").await.ok()?;
+            (phase(&p) == Some("Running") && p.status.as_ref()?.ip.as_ref() == Some(&new_ip))
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "killed Pod replaced, Proxy Running at {new_ip} (was {ip}) after {:.1} s",
+        killed.elapsed().as_secs_f64()
+    );
+    drop(dir);
 }

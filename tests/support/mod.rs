@@ -20,6 +20,20 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The body of a plain-HTTP `/metrics` scrape of `addr`, if it answered.
+pub async fn scrape(addr: &str) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8(buf).ok()?;
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    Some(body.to_string())
+}
+
 /// The operator binary with `providers` written to `dir/providers.yaml`,
 /// talking to the cluster in `kubeconfig` (never an in-cluster one), with
 /// its probe and discovery servers off so parallel tests share no port, and

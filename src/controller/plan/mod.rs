@@ -35,9 +35,11 @@ pub mod written;
 
 use chrono::{DateTime, Utc};
 
-use crate::api::ProxyMode;
+use crate::api::condition::{self, ConditionStatus};
+use crate::api::proxy::conditions::PROVISIONED;
+use crate::api::{ProxyMode, ProxyStatus};
 use crate::provider::error::plain_message;
-use crate::provider::{ErrorClass, Instance, Op, ProviderError};
+use crate::provider::{ErrorClass, Instance, Observation, Op, ProviderError};
 
 pub use delete::{next_delete_step, DeleteInput, DeleteStep, ReleaseReason};
 pub use end::{
@@ -68,6 +70,28 @@ pub enum GetOutcome {
 }
 
 impl GetOutcome {
+    /// What the provider's observation answers without a `get`, given the
+    /// status the pass started from: a watch's instance always; a
+    /// listing's only when it started after the instance was last seen to
+    /// turn Running (`Provisioned=True`), since an older listing may show
+    /// the incarnation a replacement deleted, under the same ID, and after
+    /// any delete this Proxy requested; nothing otherwise (then `get` is
+    /// called, and only it may say NotFound).
+    pub fn observed(o: Observation, status: &ProxyStatus) -> Option<Self> {
+        match o {
+            Observation::Current(i) => Some(GetOutcome::Found(i)),
+            Observation::Listed {
+                instance,
+                listed_at,
+            } => condition::find(&status.conditions, PROVISIONED)
+                .filter(|c| c.status == ConditionStatus::True)
+                .filter(|c| c.last_transition_time < listed_at)
+                .filter(|_| status.delete_requested_at.is_none_or(|d| d < listed_at))
+                .map(|_| GetOutcome::Found(instance)),
+            Observation::Unknown => None,
+        }
+    }
+
     /// What a `get` came to: NotFound is an answer, not a failure.
     pub fn of(res: Result<Instance, ProviderError>) -> Self {
         match res {

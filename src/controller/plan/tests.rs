@@ -131,6 +131,72 @@ fn get_outcome_table() {
 }
 
 #[test]
+fn an_observation_answers_only_for_the_incarnation_it_can_have_seen() {
+    let running = inst(InstanceState::Running, "10.0.0.1");
+    let listed = |at| Observation::Listed {
+        instance: running.clone(),
+        listed_at: t(at),
+    };
+    let provisioned = |s, at| {
+        Some(crate::api::Condition::new(
+            PROVISIONED,
+            s,
+            "Reason",
+            "",
+            t(at),
+        ))
+    };
+    let found = Some(GetOutcome::Found(running.clone()));
+    let cases = [
+        (
+            "a watch's instance: no get",
+            Observation::Current(running.clone()),
+            None,
+            found.clone(),
+        ),
+        ("unknown: ask get", Observation::Unknown, None, None),
+        (
+            "listed after the instance turned Running",
+            listed(10),
+            provisioned(ConditionStatus::True, 5),
+            found.clone(),
+        ),
+        (
+            "listed before it turned Running: maybe the old incarnation",
+            listed(5),
+            provisioned(ConditionStatus::True, 5),
+            None,
+        ),
+        (
+            "not running (provisioning, replacing): ask get",
+            listed(10),
+            provisioned(ConditionStatus::False, 5),
+            None,
+        ),
+        ("never provisioned", listed(10), None, None),
+    ];
+    for (name, observed, condition, want) in cases {
+        let status = ProxyStatus {
+            conditions: condition.into_iter().collect(),
+            ..Default::default()
+        };
+        assert_eq!(GetOutcome::observed(observed, &status), want, "{name}");
+    }
+    // A delete this Proxy requested: only a listing started after it.
+    for (name, requested, want) in [
+        ("delete requested after the listing", 12, None),
+        ("delete requested before the listing", 8, found.clone()),
+    ] {
+        let status = ProxyStatus {
+            conditions: provisioned(ConditionStatus::True, 5).into_iter().collect(),
+            delete_requested_at: Some(t(requested)),
+            ..Default::default()
+        };
+        assert_eq!(GetOutcome::observed(listed(10), &status), want, "{name}");
+    }
+}
+
+#[test]
 fn resubmission_window_table() {
     struct Case {
         name: &'static str,

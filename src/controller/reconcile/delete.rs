@@ -72,7 +72,7 @@ pub(super) async fn delete_path(
             }
             DeleteStep::ProviderNotConfigured => return Err(not_configured()),
             DeleteStep::Get => {
-                get = Some(GetOutcome::of(p()?.get(&id).await));
+                get = Some(super::look::look(p()?.as_ref(), &id, status).await);
                 continue;
             }
             DeleteStep::Delete => match p()?.delete(&id).await {

@@ -3,6 +3,7 @@
 //! generates the Squid config from the port.
 
 mod classify;
+mod observe;
 mod squid;
 
 use std::collections::BTreeMap;
@@ -20,12 +21,13 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
 pub use classify::classify;
+pub use observe::{owners, strip_pod};
 pub use squid::{destination_access, squid_conf};
 
 use super::registry::ProviderType;
 use super::{
-    Checker, CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider,
-    ProviderError, TargetStatus,
+    Changes, Checker, CreateRequest, ErrorClass, Instance, InstanceState, Listing, Observation, Op,
+    Provider, ProviderError, TargetStatus,
 };
 use crate::api::constants::{INSTALLATION_MARK, MANAGED_MARK, MANAGED_MARK_VALUE, UID_MARK};
 use crate::config::{DestinationRules, KubernetesConfig};
@@ -41,6 +43,7 @@ pub struct KubernetesProvider {
     destinations: DestinationRules,
     client: Client,
     api_url: String,
+    pods: observe::PodObserver,
 }
 
 impl KubernetesProvider {
@@ -52,6 +55,7 @@ impl KubernetesProvider {
             destinations: DestinationRules::of(&cfg.destinations),
             client,
             api_url: api_url.to_string(),
+            pods: observe::PodObserver::default(),
         }
     }
 
@@ -296,6 +300,21 @@ impl Provider for KubernetesProvider {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let pod = api.get(&name).await.map_err(|e| self.err(Op::Get, id, e))?;
         Ok(pod_instance(&pod))
+    }
+
+    fn observed(&self, id: &str) -> Observation {
+        match parse_id(id) {
+            Some((ns, name)) => self.pods.observed(&ns, &name),
+            None => Observation::Unknown,
+        }
+    }
+
+    fn observe(
+        &self,
+        namespace: Option<&str>,
+        _proxies: &kube::runtime::reflector::Store<crate::api::Proxy>,
+    ) -> Option<Changes> {
+        Some(self.pods.start(self.client.clone(), namespace))
     }
 
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
