@@ -302,7 +302,9 @@ async fn bench_scale() {
     let hold = env_or("BENCH_HOLD", 30).clamp(5, 600);
     let live_leases = env_or("BENCH_LEASES", (10 * n).min(100_000) as u64) as usize;
     let lease_secs = env_or("BENCH_SECS", 5).clamp(1, 60);
-    let per_proxy = live_leases.div_ceil(n) + 1;
+    // Room for the filled leases and every connection of the load at once,
+    // so the load measures grants, not refusals of a full small fleet.
+    let per_proxy = (live_leases + lease_load::CONNECTIONS).div_ceil(n) + 1;
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
 

@@ -599,13 +599,26 @@ pub fn install_crds(c: &test_cluster::TestCluster) {
     let dir = repo().join("crds");
     let dir = dir.to_str().unwrap();
     c.kubectl_ok(&["apply", "--server-side", "-k", dir]);
-    c.kubectl_ok(&[
+    // kubectl wait fails at once, instead of waiting, on a CRD whose status
+    // has no conditions yet (the moment after the apply): ask again.
+    let wait = [
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
         "crd/proxies.crawl.example.com",
         "crd/providerhealths.crawl.example.com",
-    ]);
+    ];
+    let started = std::time::Instant::now();
+    while !c
+        .kubectl()
+        .args(wait)
+        .output()
+        .is_ok_and(|o| o.status.success())
+        && started.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    c.kubectl_ok(&wait);
     done.push(c.kubeconfig().to_path_buf());
 }
 
