@@ -623,7 +623,14 @@ fn list(s: &mut Store, q: &HashMap<String, String>) -> Response {
                     None => true,
                 }
         })
-        .map(|i| i.body.clone())
+        .map(|i| {
+            // A forced status is the instance's status, whichever call reads it.
+            let mut b = i.body.clone();
+            if let Some(f) = b["name"].as_str().and_then(|n| s.status_override.get(n)) {
+                b["status"] = json!(f);
+            }
+            b
+        })
         .collect();
     all.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     let size = q
