@@ -237,13 +237,13 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     assert!(via.contains("guest-one"), "{via}");
     println!("the crawler's page came through {via}");
 
-    // The create is one trace: the SSH dial, the provider's image
-    // download, the SSH channel and libvirt connection of each operation,
-    // and the libvirt calls, below the reconcile span. (The host's SSH
-    // session is shared: with provider checks on, the first check may be
-    // the one that dials it.)
+    // The create is one trace: the provider's image download, the SSH
+    // channel and libvirt connection of each operation, and the libvirt
+    // calls, below the reconcile span. The host's SSH session is shared:
+    // the provider's listing (one per --provider-list-interval, the first
+    // at start) usually dials it before any reconcile, else the creating
+    // reconcile does, and the dial is in that one's trace.
     let wanted = [
-        "ssh.dial",
         "kvm.create",
         "kvm.image_download",
         "ssh.channel",
@@ -270,7 +270,13 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let dialled_by = dial.last().cloned().unwrap_or_default();
-    assert_eq!(dialled_by, "Reconcile Proxy", "ssh.dial under {dial:?}");
+    assert!(
+        ["Reconcile Proxy", "provider.list"].contains(&dialled_by.as_str()),
+        "ssh.dial under {dial:?}"
+    );
+    if dialled_by == "Reconcile Proxy" {
+        assert!(names.iter().any(|n| n == "ssh.dial"), "{names:?}");
+    }
     println!("ssh.dial under {dialled_by}");
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for n in &names {
