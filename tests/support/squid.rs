@@ -72,7 +72,8 @@ acl clients src 127.0.0.0/8\n\
 http_access deny all\n\
 pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
 coredump_dir {d}\ncache deny all\ncache_mem 8 MB\nicp_port 0\nhtcp_port 0\npinger_enable off\n\
-shutdown_lifetime 0 seconds\nvisible_hostname probe-test\nvia off\nforwarded_for delete\n"
+shutdown_lifetime 0 seconds\nvisible_hostname probe-test\nvia off\nforwarded_for delete\n\
+max_filedescriptors 16384\n"
     );
     let path = dir.path().join("squid.conf");
     std::fs::write(&path, conf).unwrap();
