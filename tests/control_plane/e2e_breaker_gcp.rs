@@ -236,18 +236,28 @@ async fn the_breaker_opens_when_most_gcp_instances_stop_at_once_keeps_them_and_c
     for v in &held_vms {
         standin.start_again(&v.instance);
     }
-    for name in &victims {
-        let v = &played[*name];
-        let ip = eventually(
-            &format!("{name}'s instance has a NAT IP"),
-            Duration::from_secs(90),
-            || async { nat_ip(&standin, &v.instance) },
-        )
-        .await;
-        squids.insert(
-            (*name).clone(),
-            squid::start(ip, v.port, &name.replace('-', ""), "http_access allow me").await,
+    // In any order: a victim whose insert is held until the breaker closes
+    // gets its NAT IP only after the others' Squids let it close.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while victims.iter().any(|n| !squids.contains_key(*n)) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the victims' instances to have NAT IPs: served {:?}",
+            squids.keys().collect::<Vec<_>>()
         );
+        for name in &victims {
+            let v = &played[*name];
+            if squids.contains_key(*name) {
+                continue;
+            }
+            if let Some(ip) = nat_ip(&standin, &v.instance) {
+                squids.insert(
+                    (*name).clone(),
+                    squid::start(ip, v.port, &name.replace('-', ""), "http_access allow me").await,
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let healed_at = Instant::now();
     let closed = until_replacing(&ph, PROVIDER, "True", "Replacing=True again", 120).await;
