@@ -25,6 +25,22 @@ pub struct Figures {
     pub p99: Duration,
 }
 
+/// One HTTP/1.1 keep-alive connection to `addr`: its sender and the task
+/// driving it.
+async fn keep_alive(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// Acquire + release pairs on `CONNECTIONS` connections for `run_for`,
 /// with the bearer `token`.
 pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
@@ -34,13 +50,7 @@ pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
     for _ in 0..CONNECTIONS {
         let token = token.to_string();
         tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            let driver = tokio::spawn(conn);
+            let (mut send, driver) = keep_alive(addr).await;
             let mut lat = Vec::new();
             let mut errors = 0;
             while Instant::now() < deadline {
@@ -118,13 +128,7 @@ pub async fn fill(addr: SocketAddr, token: &str, count: usize) -> usize {
         let n = per.min(count.saturating_sub(c * per));
         let token = token.to_string();
         tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            let driver = tokio::spawn(conn);
+            let (mut send, driver) = keep_alive(addr).await;
             let mut granted = 0;
             for _ in 0..n {
                 let req = hyper::Request::post("/v1/leases")
