@@ -14,8 +14,9 @@ use support::{eventually, phase, Operator};
 
 use std::time::Duration;
 
+use crate::e2e_create_limits::gcp_proxy;
 use egress_proxies_operator::api::Proxy;
-use gcp_standin::{StandIn, ZONE};
+use gcp_standin::StandIn;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
@@ -24,17 +25,6 @@ use serde_json::json;
 const FLEET: usize = 4;
 /// Passes each Running Proxy is held through.
 const PASSES: usize = 3;
-
-fn proxy(name: &str) -> Proxy {
-    support::proxy(
-        name,
-        json!({
-            "provider": "gcp-eu",
-            "port": 3128,
-            "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
-        }),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_gcp_fleet_is_listed_not_got_and_a_stopped_instance_is_replaced() {
@@ -53,7 +43,7 @@ async fn a_held_gcp_fleet_is_listed_not_got_and_a_stopped_instance_is_replaced()
     let names: Vec<String> = (0..FLEET).map(|i| format!("g{i}")).collect();
     for n in &names {
         proxies
-            .create(&PostParams::default(), &proxy(n))
+            .create(&PostParams::default(), &gcp_proxy(n))
             .await
             .unwrap();
     }
