@@ -299,6 +299,31 @@ async fn crashed(op: &mut Operator, dir: &Path, name: &str, point: &str) {
     );
 }
 
+/// `series` on the `/metrics` of the process `pid` (log `log`): `None`
+/// while nothing answers there yet; a panic with its log once the process
+/// has ended or its metrics server failed, so a failure says why.
+async fn scraped_live(
+    (pid, log): &(u32, std::path::PathBuf),
+    addr: std::net::SocketAddr,
+    series: &str,
+) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(") ").and_then(|(_, s)| s.chars().next());
+    let text = || std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        !matches!(state, None | Some('Z' | 'X')),
+        "the operator (pid {pid}) has ended; its log:\n{}",
+        text()
+    );
+    assert!(
+        !text().contains("Metrics server failed"),
+        "the operator serves no /metrics; its log:\n{}",
+        text()
+    );
+    tokio::net::TcpStream::connect(addr).await.ok()?;
+    support::leader::scraped(addr, series).await
+}
+
 async fn get(proxies: &Api<Proxy>, name: &str) -> Proxy {
     proxies.get(name).await.unwrap()
 }
@@ -443,14 +468,16 @@ async fn crash_at_chosen_points(ground: &Ground, backend: &Backend) {
     })
     .await;
     let released = started.elapsed();
+    let op6 = (op.pid(), dir.join("op6.log"));
     eventually("one GC sweep", Duration::from_secs(60), || async {
-        let n = support::leader::scraped(metrics, &sweeps).await?;
+        let n = scraped_live(&op6, metrics, &sweeps).await?;
         (n >= 1.0).then_some(())
     })
     .await;
     let held = backend.held().await;
-    let swept = support::leader::scraped(metrics, &sweeps).await;
-    let gc_deleted = support::leader::scraped(
+    let swept = scraped_live(&op6, metrics, &sweeps).await;
+    let gc_deleted = scraped_live(
+        &op6,
         metrics,
         &format!("proxy_operator_gc_deleted_total{{provider=\"{provider}\"}}"),
     )
