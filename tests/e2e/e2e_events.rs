@@ -156,25 +156,47 @@ async fn a_proxys_transitions_show_in_kubectl_describe_and_never_carry_cloud_ini
         )
         .await
         .unwrap();
-    // The replacement runs under the same Pod name: its Creating and
-    // Running repeat the first ones word for word, so the recorder counts
-    // them as a series on the same Events.
+    // The replacement runs under the same Pod name: its Creating repeats
+    // the first one word for word, so the recorder counts it on that
+    // Event's series. Its Running names the new Pod's address: a series of
+    // the first when the address is the same, else an Event of its own
+    // (a series keeps its first note, which would show a stale address).
+    let total = |list: &[(String, String, i32)], reason: &str| -> i32 {
+        list.iter()
+            .filter(|(r, ..)| r == reason)
+            .map(|(_, _, n)| *n)
+            .sum()
+    };
     let seen = eventually(
-        "the replacement's Running counted",
+        "the replacement's Running recorded",
         Duration::from_secs(120),
         || async {
             let list = series_of(&events, "px").await;
-            let count = |reason: &str| list.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
-            (count("Running") == Some(2)).then_some(list)
+            (total(&list, "Running") == 2).then_some(list)
         },
     )
     .await;
-    let count = |reason: &str| seen.iter().find(|(r, ..)| r == reason).map(|(_, _, n)| *n);
+    let events_of_reason = |reason: &str| seen.iter().filter(|(r, ..)| r == reason).count();
     // (Ready may come round again by now: the replacement is probed too.)
     assert_eq!(
-        (count("Replacing"), count("Creating"), count("Running")),
-        (Some(1), Some(2), Some(2)),
+        (
+            total(&seen, "Replacing"),
+            total(&seen, "Creating"),
+            events_of_reason("Creating")
+        ),
+        (1, 2, 1),
         "{seen:?}"
+    );
+    let ip = eventually(
+        "the replacement's address",
+        Duration::from_secs(30),
+        || async { proxies.get("px").await.ok()?.status?.ip },
+    )
+    .await;
+    assert!(
+        seen.iter()
+            .any(|(r, note, _)| r == "Running" && note.ends_with(&format!("at {ip}"))),
+        "no Running Event names the replacement's address {ip}: {seen:?}"
     );
     let (_, why, _) = seen.iter().find(|(r, ..)| r == "Replacing").unwrap();
     assert!(why.contains("spec changed"), "{why}");
