@@ -16,6 +16,9 @@
 //! 5. fills BENCH_LEASES live leases (default min(100000, 10 x N)) and
 //!    runs the lease load next to a bare axum handler.
 //!
+//! With BENCH_PERF=FILE, `perf record` profiles the operator during its
+//! lease load into FILE.
+//!
 //! It prints one table, and with BENCH_WRITE_DOCS=1 (the make target)
 //! writes it into docs/performance.md. Nothing here is asserted about
 //! speed; it fails only if the run itself breaks. Ignored by `cargo test`.
@@ -498,7 +501,27 @@ async fn bench_scale() {
     let bare = lease_load::bare_server(rx).await;
     let run = Duration::from_secs(lease_secs);
     let b = lease_load::load(bare, TOKEN, run).await;
+    // BENCH_PERF=FILE: a CPU profile of the operator during its lease
+    // load (perf record, call graphs), for finding where a request goes.
+    let profile = std::env::var("BENCH_PERF").ok().map(|file| {
+        std::process::Command::new("perf")
+            .args(["record", "-F", "499", "-g", "-o", &file])
+            .args([
+                "-p",
+                &pid.to_string(),
+                "--",
+                "sleep",
+                &lease_secs.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("BENCH_PERF needs perf (apt-get install linux-perf): {e}"))
+    });
     let a = lease_load::load(api, TOKEN, run).await;
+    if let Some(mut p) = profile {
+        let _ = p.wait();
+    }
     let _ = stop_bare.send(());
     let peak = status_mib(pid, "VmHWM:");
     drop(op);
