@@ -80,96 +80,53 @@ impl Events {
     /// is logged, never returned.
     pub async fn record(&self, regarding: &ObjectReference, note: Note) {
         let text = cut(&note.text);
-        let part = |v: &Option<String>| v.as_deref().unwrap_or_default().to_string();
-        let (api_version, kind, namespace, name, uid) = (
-            part(&regarding.api_version),
-            part(&regarding.kind),
-            part(&regarding.namespace),
-            part(&regarding.name),
-            part(&regarding.uid),
-        );
+        fn part(v: &Option<String>) -> &str {
+            v.as_deref().unwrap_or_default()
+        }
+        let (namespace, name) = (part(&regarding.namespace), part(&regarding.name));
         let key = series::key(
-            [&api_version, &kind, &namespace, &name, &uid],
+            [
+                part(&regarding.api_version),
+                part(&regarding.kind),
+                namespace,
+                name,
+                part(&regarding.uid),
+            ],
             note.severity.as_str(),
             note.reason,
             note.action,
             &text,
         );
         let now = Utc::now();
-        let publish = self
-            .series
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .publish(key, now);
         // Cluster-scoped objects' Events go to `default`, as kubectl
         // describe looks for them there.
-        let event_ns = if namespace.is_empty() {
-            "default".to_string()
-        } else {
-            namespace.clone()
-        };
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &event_ns);
-        let at = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let events: Api<Event> = Api::namespaced(
+            self.client.clone(),
+            if namespace.is_empty() {
+                "default"
+            } else {
+                namespace
+            },
+        );
+        let publish = self.series().publish(key, now);
         let res = match publish {
-            Publish::Repeat {
-                namespace: ns,
-                name: event,
-                count,
-            } => {
-                let series = EventSeries {
-                    count,
-                    last_observed_time: at,
-                };
-                let patch = serde_json::json!({ "series": series });
-                let patched = Api::<Event>::namespaced(self.client.clone(), &ns)
-                    .patch(&event, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                match patched {
-                    Ok(_) => Ok(()),
+            Publish::Repeat { name: event, count } => {
+                let res = repeat(&events, &event, count).await;
+                if res.is_err() {
                     // Gone (the API server's event TTL) or refused: the
                     // next repeat starts a new Event.
-                    Err(e) => {
-                        self.forget(&key);
-                        Err(e)
-                    }
+                    self.series().forget(&key);
                 }
+                res
             }
             Publish::Create => {
-                let event = Event {
-                    action: Some(note.action.into()),
-                    reason: Some(note.reason.into()),
-                    event_time: Some(at.clone()),
-                    regarding: Some(regarding.clone()),
-                    note: Some(text),
-                    metadata: ObjectMeta {
-                        namespace: Some(event_ns.clone()),
-                        name: Some(format!(
-                            "{}.{:x}",
-                            if name.is_empty() {
-                                OPERATOR_NAME
-                            } else {
-                                &name
-                            },
-                            at.0.as_nanosecond()
-                        )),
-                        ..Default::default()
-                    },
-                    reporting_controller: Some(OPERATOR_NAME.into()),
-                    reporting_instance: Some(self.instance.clone()),
-                    type_: Some(note.severity.as_str().into()),
-                    ..Default::default()
-                };
-                match events.create(&PostParams::default(), &event).await {
-                    Ok(created) => {
-                        let event_name = created.metadata.name.or(event.metadata.name);
-                        self.series
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .created(key, event_ns, event_name.unwrap_or_default(), now);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
+                let event = self.event(regarding, &note, text);
+                let res = events.create(&PostParams::default(), &event).await;
+                if res.is_ok() {
+                    let event_name = event.metadata.name.unwrap_or_default();
+                    self.series().created(key, event_name, now);
                 }
+                res.map(drop)
             }
         };
         match res {
@@ -180,12 +137,49 @@ impl Events {
         }
     }
 
-    fn forget(&self, key: &series::Key) {
-        self.series
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .forget(key);
+    fn series(&self) -> std::sync::MutexGuard<'_, Series> {
+        self.series.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// A new Event of `note` on `regarding`, named after it and the time.
+    fn event(&self, regarding: &ObjectReference, note: &Note, text: String) -> Event {
+        let at = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let named = regarding.name.as_deref().filter(|n| !n.is_empty());
+        let name = format!(
+            "{}.{:x}",
+            named.unwrap_or(OPERATOR_NAME),
+            at.0.as_nanosecond()
+        );
+        Event {
+            action: Some(note.action.into()),
+            reason: Some(note.reason.into()),
+            event_time: Some(at),
+            regarding: Some(regarding.clone()),
+            note: Some(text),
+            metadata: ObjectMeta {
+                name: Some(name),
+                ..Default::default()
+            },
+            reporting_controller: Some(OPERATOR_NAME.into()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(note.severity.as_str().into()),
+            ..Default::default()
+        }
+    }
+}
+
+/// Counts a repeat on the series of Event `name`: seen `count` times, the
+/// last now.
+async fn repeat(events: &Api<Event>, name: &str, count: i32) -> Result<(), kube::Error> {
+    let series = EventSeries {
+        count,
+        last_observed_time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let patch = serde_json::json!({ "series": series });
+    events
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
 }
 
 /// This replica's name among the reporters: the Pod name (HOSTNAME in a

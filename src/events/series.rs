@@ -41,11 +41,10 @@ pub fn key(regarding: [&str; 5], severity: &str, reason: &str, action: &str, not
     k
 }
 
-/// The Event a repeat is counted on.
+/// The Event a repeat is counted on (its namespace is the regarded
+/// object's, part of the key).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {
-    /// Its namespace.
-    pub namespace: String,
     /// Its name.
     pub name: String,
     /// Times seen so far, the first included.
@@ -60,8 +59,6 @@ pub enum Publish {
     Create,
     /// A patch of this Event's series to `count`, seen now.
     Repeat {
-        /// Namespace of the Event.
-        namespace: String,
         /// Name of the Event.
         name: String,
         /// The new count (2 for the first repeat).
@@ -118,7 +115,6 @@ impl Series {
         r.count = r.count.saturating_add(1);
         let seen_before = std::mem::replace(&mut r.last, now);
         let publish = Publish::Repeat {
-            namespace: r.namespace.clone(),
             name: r.name.clone(),
             count: r.count,
         };
@@ -130,8 +126,8 @@ impl Series {
         publish
     }
 
-    /// The Event of `key` was created as `namespace/name` at `now`.
-    pub fn created(&mut self, key: Key, namespace: String, name: String, now: DateTime<Utc>) {
+    /// The Event of `key` was created as `name` at `now`.
+    pub fn created(&mut self, key: Key, name: String, now: DateTime<Utc>) {
         self.expire(now);
         while self.by_key.len() >= self.max && !self.by_key.contains_key(&key) {
             if !self.drop_oldest() {
@@ -141,7 +137,6 @@ impl Series {
         self.by_key.insert(
             key,
             Recorded {
-                namespace,
                 name,
                 count: 1,
                 last: now,

@@ -23,19 +23,13 @@ fn run(name: &str, max: usize, steps: &[Step]) -> Series {
         let want = match step.want {
             None => Publish::Create,
             Some(count) => Publish::Repeat {
-                namespace: "ns".into(),
                 name: format!("e{}", step.key),
                 count,
             },
         };
         assert_eq!(got, want, "{name}: step {i}");
         if got == Publish::Create {
-            s.created(
-                k(step.key),
-                "ns".into(),
-                format!("e{}", step.key),
-                t(step.at),
-            );
+            s.created(k(step.key), format!("e{}", step.key), t(step.at));
         }
         assert!(s.len() <= max, "{name}: step {i}: {} over {max}", s.len());
     }
@@ -99,7 +93,7 @@ fn repeats_within_the_window_count_on_the_first_event() {
 fn a_forgotten_event_is_created_again() {
     let mut s = Series::default();
     assert_eq!(s.publish(k(1), t(0)), Publish::Create);
-    s.created(k(1), "ns".into(), "e1".into(), t(0));
+    s.created(k(1), "e1".into(), t(0));
     s.forget(&k(1));
     assert_eq!(s.publish(k(1), t(1)), Publish::Create);
 }
@@ -113,12 +107,12 @@ fn memory_stays_bounded_by_the_cap_and_the_window() {
         let mut key = [0u8; 16];
         key[..4].copy_from_slice(&i.to_le_bytes());
         assert_eq!(s.publish(key, t(0)), Publish::Create);
-        s.created(key, "ns".into(), format!("e{i}"), t(0));
+        s.created(key, format!("e{i}"), t(0));
     }
     assert_eq!(s.len(), 100);
     assert!(s.order.len() <= 2 * 100 + 16, "{}", s.order.len());
     let mut s = Series::default();
-    s.created(k(9), "ns".into(), "e9".into(), t(0));
+    s.created(k(9), "e9".into(), t(0));
     for i in 1..10_000 {
         assert!(matches!(
             s.publish(k(9), t(i / 100)),
