@@ -24,11 +24,21 @@ OPERATOR_BIN ?=
 # The test cluster: upstream programs built from the Go modules pinned under
 # tests/cluster/go, plus our launcher and node agent.
 GO ?= go
+# make test: how many test binaries run at once.
+TEST_JOBS ?= 4
 CLUSTER_BIN := $(abspath $(TARGET_DIR))/test-cluster/bin
 K8S_VERSION := v1.37.2
 K8S_VERSION_VARS := gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean
 K8S_LDFLAGS := -s -w $(foreach v,$(K8S_VERSION_VARS),-X k8s.io/component-base/version.$(v) -X k8s.io/client-go/pkg/version.$(v))
 K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kubectl
+# Each program is rebuilt only when what it is built from changes: the
+# pinned module files, the build flags and the Go version, hashed into the
+# name of a stamp beside the binaries (the content, not the files' times,
+# so a fresh clone sharing CARGO_TARGET_DIR, as .ci/run does, reuses them).
+go_stamp = $(CLUSTER_BIN)/.$(1)-$(shell { cat tests/cluster/go/$(1)/go.mod tests/cluster/go/$(1)/go.sum; echo '$(2)'; $(GO) env GOVERSION; } 2>/dev/null | sha256sum | cut -c1-16)
+K8S_STAMP := $(call go_stamp,kubernetes,$(K8S_LDFLAGS) $(K8S_TOOLS))
+ETCD_STAMP := $(call go_stamp,etcd,-s -w)
+HELM_STAMP := $(call go_stamp,helm,-s -w)
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
@@ -44,8 +54,9 @@ help: ## List the targets.
 build: ## Build the operator, crdgen and the test cluster's launcher.
 	$(CARGO) build --bins --workspace
 
-test: lint check-crds test-cluster fuzz-api ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, the API fuzz run, then every workspace test.
-	$(CARGO) test --workspace --no-fail-fast
+test: lint check-crds test-cluster ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, then every workspace test binary, the doc tests and the API fuzz run side by side (tests/runner: TEST_JOBS at a time, longest first; a table of where the time went at the end).
+	tests/with-libvirtd.sh $(CARGO) run --quiet -p test-runner -- --jobs $(TEST_JOBS) \
+		--also 'fuzz-api=CARGO="$(CARGO)" tests/fuzz-api.sh' --also 'doctests=$(CARGO) test --workspace --doc' -- --workspace
 
 lint: ## Formatting and clippy, warnings are errors.
 	$(CARGO) fmt --all --check
@@ -107,22 +118,24 @@ run-local: test-cluster ## The quickstart: the local test cluster (real Kubernet
 		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
 		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --metrics-secure=false --allow-unauthenticated-discovery $(ARGS)
 
-test-cluster: $(CLUSTER_BIN)/.kubernetes $(CLUSTER_BIN)/etcd $(CLUSTER_BIN)/helm ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op when up to date), and our launcher.
+test-cluster: $(K8S_STAMP) $(ETCD_STAMP) $(HELM_STAMP) ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op while the pinned modules are unchanged, also in a fresh clone that shares CARGO_TARGET_DIR), and our launcher.
 	$(CARGO) build -p test-cluster
 	@ln -sf ../../debug/test-cluster $(CLUSTER_BIN)/test-cluster
 
-$(CLUSTER_BIN)/.kubernetes: tests/cluster/go/kubernetes/go.mod tests/cluster/go/kubernetes/go.sum
-	@mkdir -p $(CLUSTER_BIN)
+$(K8S_STAMP):
+	@mkdir -p $(CLUSTER_BIN) && rm -f $(CLUSTER_BIN)/.kubernetes-*
 	cd tests/cluster/go/kubernetes && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(CLUSTER_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,$(K8S_TOOLS))
 	@touch $@
 
-$(CLUSTER_BIN)/etcd: tests/cluster/go/etcd/go.mod tests/cluster/go/etcd/go.sum
-	@mkdir -p $(CLUSTER_BIN)
-	cd tests/cluster/go/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $@ go.etcd.io/etcd/server/v3
+$(ETCD_STAMP):
+	@mkdir -p $(CLUSTER_BIN) && rm -f $(CLUSTER_BIN)/.etcd-*
+	cd tests/cluster/go/etcd && $(GO) build -trimpath -ldflags '-s -w' -o $(CLUSTER_BIN)/etcd go.etcd.io/etcd/server/v3
+	@touch $@
 
-$(CLUSTER_BIN)/helm: tests/cluster/go/helm/go.mod tests/cluster/go/helm/go.sum
-	@mkdir -p $(CLUSTER_BIN)
-	cd tests/cluster/go/helm && $(GO) build -trimpath -ldflags '-s -w' -o $@ helm.sh/helm/v4/cmd/helm
+$(HELM_STAMP):
+	@mkdir -p $(CLUSTER_BIN) && rm -f $(CLUSTER_BIN)/.helm-*
+	cd tests/cluster/go/helm && $(GO) build -trimpath -ldflags '-s -w' -o $(CLUSTER_BIN)/helm helm.sh/helm/v4/cmd/helm
+	@touch $@
 
 ##@ Deployment
 

@@ -1,37 +1,50 @@
 //! Discovery abuse, against the API served in a process of its own (this
 //! test binary re-run as `serve_for_abuse`: the real router, lease store
 //! and accept loop on 127.0.0.1, ten healthy Proxies, a bearer token):
-//! 5,000 idle connections, a client sending its header a byte a second,
-//! 10,000 distinct cooldown sites and 100,000 sticky keys. The server's
-//! peak RSS must stay under the pod's 128 MiB limit and the API must go on
-//! answering. It prints what was injected and what was measured (the
-//! "Discovery abuse" table of docs/reliability.md).
+//! 5,000 idle connections (4,096 admitted: the cap, counted), a client
+//! sending its header a byte a second (dropped at the 10 s header
+//! timeout), 20,000 distinct cooldown sites and 120,000 sticky keys, both
+//! beyond the lease store's caps, so that a site or key past a cap is
+//! seen not to be kept. The server's peak RSS must stay under the pod's
+//! 128 MiB limit and the API must go on answering. It prints what was
+//! injected and what was measured (the "Discovery abuse" table of
+//! docs/reliability.md). A second test serves with no connection cap and
+//! shows the admitted count then fails its check.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 #[path = "served_api/mod.rs"]
 mod served_api;
 
+use std::io::Read as _;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const TOKEN: &str = "abuse-token";
 const PROXIES: usize = 10;
 const IDLE: usize = 5_000;
-const SITES: usize = 10_000;
-const STICKY: usize = 100_000;
+/// Twice the per-proxy cap (1,000) on each of the ten proxies.
+const SITES: usize = 20_000;
+/// Beyond the total cap (100,000) and the per-proxy cap (10,000) on ten.
+const STICKY: usize = 120_000;
+/// The discovery API's connection cap (`server::DISCOVERY_LIMITS`).
+const CAP: usize = 4096;
+/// The discovery API's header timeout, in seconds (`DISCOVERY_LIMITS`).
+const HEADER_TIMEOUT_S: usize = 10;
 const POD_LIMIT_KIB: u64 = 128 * 1024;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the server of discovery_abuse_stays_within_the_pod_limit"]
 async fn serve_for_abuse() {
-    use egress_proxies_operator::discovery::{serve_on, ApiState};
+    use egress_proxies_operator::discovery::{serve_on, serve_within, ApiState};
+    use egress_proxies_operator::server::{Limits, DISCOVERY_LIMITS};
     use egress_proxies_operator::operator::Metrics;
     let addr: SocketAddr = std::env::var("ABUSE_ADDR").unwrap().parse().unwrap();
     assert!(addr.ip().is_loopback());
@@ -45,13 +58,18 @@ async fn serve_for_abuse() {
     );
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     // Stops by itself should the test that started it die.
-    serve_on(
-        listener,
-        state,
-        tokio::time::sleep(Duration::from_secs(900)),
-    )
-    .await
-    .unwrap();
+    let stop = tokio::time::sleep(Duration::from_secs(900));
+    // ABUSE_MAX_CONNECTIONS: the cap lifted, to show the check fails.
+    match std::env::var("ABUSE_MAX_CONNECTIONS") {
+        Ok(n) => {
+            let limits = Limits {
+                max_connections: n.parse().unwrap(),
+                ..DISCOVERY_LIMITS
+            };
+            serve_within(listener, state, limits, stop).await.unwrap();
+        }
+        Err(_) => serve_on(listener, state, stop).await.unwrap(),
+    }
 }
 
 /// The server process, killed when dropped.
@@ -208,55 +226,105 @@ fn padded(prefix: &str, i: usize) -> String {
     format!("{prefix}-{i:06}-{}", "x".repeat(190 - prefix.len()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn discovery_abuse_stays_within_the_pod_limit() {
-    let nofile = raise_nofile(3 * IDLE as u64);
+/// Starts the server process (with `max_connections`, else the shipped
+/// limits) on a free loopback port and waits until it answers.
+async fn start_server(max_connections: Option<usize>) -> (Server, SocketAddr) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let server = Server(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["serve_for_abuse", "--exact", "--ignored", "--nocapture"])
-            .env("ABUSE_ADDR", addr.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = server.0.id();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["serve_for_abuse", "--exact", "--ignored", "--nocapture"])
+        .env("ABUSE_ADDR", addr.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(n) = max_connections {
+        cmd.env("ABUSE_MAX_CONNECTIONS", n.to_string());
+    }
+    let server = Server(cmd.spawn().unwrap());
     answers(addr).await;
-    let rss = || status_kib(pid, "VmRSS:");
-    let mut rows: Vec<(String, String)> = Vec::new();
-    rows.push(("server started".into(), format!("RSS {} KiB", rss())));
+    (server, addr)
+}
 
-    // 1. 5,000 connections that never send a byte.
+/// Opens [`IDLE`] connections that never send a byte, then counts those
+/// the server kept open (the rest it closed at once: they read EOF or a
+/// reset). Returns them, still open, and the count.
+async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
     let mut idle = Vec::with_capacity(IDLE);
     for _ in 0..IDLE {
         idle.push(TcpStream::connect(addr).await.unwrap());
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle: Vec<std::net::TcpStream> = idle.into_iter().map(|s| s.into_std().unwrap()).collect();
+    let admitted = idle
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            matches!((&**s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    (idle, admitted)
+}
+
+/// The cap holds: no more than [`CAP`] idle connections are kept, and
+/// nearly all of them are.
+fn check_admitted(admitted: usize) -> Result<(), String> {
+    if admitted > CAP {
+        return Err(format!("{admitted} of {IDLE} idle connections admitted, over the cap of {CAP}"));
+    }
+    if admitted + 64 < CAP {
+        return Err(format!("only {admitted} of {IDLE} idle connections admitted, the cap is {CAP}"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_connection_cap_the_idle_step_fails() {
+    raise_nofile(3 * IDLE as u64);
+    let (_server, addr) = start_server(Some(1 << 20)).await;
+    let (_idle, admitted) = open_idle(addr).await;
+    println!("with no cap: {admitted} of {IDLE} idle connections admitted");
+    let verdict = check_admitted(admitted);
+    assert!(verdict.is_err(), "the check passed with no cap: {admitted} admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_abuse_stays_within_the_pod_limit() {
+    let nofile = raise_nofile(3 * IDLE as u64);
+    let (server, addr) = start_server(None).await;
+    let pid = server.0.id();
+    let rss = || status_kib(pid, "VmRSS:");
+    let mut rows: Vec<(String, String)> = Vec::new();
+    rows.push(("server started".into(), format!("RSS {} KiB", rss())));
+
+    // 1. 5,000 connections that never send a byte.
+    let (idle, admitted) = open_idle(addr).await;
     let with_idle = rss();
     let back = answers(addr).await;
     drop(idle);
     rows.push((
         format!("{IDLE} idle connections (open-files limit {nofile})"),
         format!(
-            "RSS {with_idle} KiB with them open (4096 admitted, the rest closed at once); the API answered again after {:.1} s (the idle timeout freed the slots)",
+            "RSS {with_idle} KiB with them open ({admitted} admitted, the rest closed at once); the API answered again after {:.1} s (the idle timeout freed the slots)",
             back.as_secs_f64()
         ),
     ));
+    check_admitted(admitted).unwrap();
 
-    // 2. A header sent one byte a second.
+    // 2. A header sent one byte a second: dropped at the header timeout,
+    // so it gets no more than that many seconds' bytes through (and one
+    // for the second in which the drop is seen).
     let start = Instant::now();
     let mut slow = TcpStream::connect(addr).await.unwrap();
     let mut sent = 0;
     let dropped = loop {
         assert!(
-            start.elapsed() < DEADLINE,
-            "the slow client was never dropped"
+            sent <= HEADER_TIMEOUT_S + 1,
+            "the slow client was not dropped at the {HEADER_TIMEOUT_S} s header timeout: {sent} bytes sent, one a second, in {:.1} s",
+            start.elapsed().as_secs_f64()
         );
         let byte = if sent < 16 {
             &b"GET / HTTP/1.1\r\nX"[sent..=sent]
@@ -281,7 +349,10 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
         ),
     ));
 
-    // 3. 10,000 distinct cooldown sites, reported on ten leases.
+    // 3. 20,000 distinct cooldown sites, reported on ten leases: twice
+    // what the proxies may hold. Then one more site, reported on all ten:
+    // every proxy is full, so it is kept on none, and an acquire for it is
+    // still granted (without the cap every proxy would be cooling for it).
     let mut ids = Vec::new();
     for _ in 0..PROXIES {
         let (status, v) = one(
@@ -308,16 +379,32 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
     let answers_3 = spread(addr, reports, 4).await;
     assert_eq!(answers_3.len(), SITES);
     assert!(answers_3.iter().all(|(s, _)| *s == 204));
+    let took_3 = start.elapsed();
+    let last_site = padded("site", SITES);
+    for id in &ids {
+        let body = json!({"result": "blocked", "site": last_site});
+        let (status, v) = one(addr, "POST", &format!("/v1/leases/{id}/report"), Some(body)).await;
+        assert_eq!(status, 204, "{v}");
+    }
+    let (status, v) = one(addr, "POST", "/v1/leases", Some(json!({"ttlSeconds": 3600, "site": last_site}))).await;
+    assert_eq!(
+        status, 201,
+        "a site reported past every proxy's cap is kept nowhere, so it still gets a proxy: {v}"
+    );
     rows.push((
-        format!("{SITES} distinct cooldown sites (200 bytes each)"),
+        format!("{SITES} distinct cooldown sites (200 bytes each), then one more on every proxy"),
         format!(
-            "all answered 204 in {:.1} s; RSS {} KiB",
-            start.elapsed().as_secs_f64(),
+            "all answered 204 in {:.1} s; RSS {} KiB; the one past the caps kept nowhere (its acquire granted)",
+            took_3.as_secs_f64(),
             rss()
         ),
     ));
 
-    // 4. 100,000 sticky keys, each on a one-second lease.
+    // 4. 120,000 sticky keys, each on a one-second lease: beyond what the
+    // store keeps. One key more, once every one-second lease has ended: if
+    // it were kept, its second acquire would go to its first proxy; the map
+    // is full, so the second goes by fairness to another (the first proxy
+    // now holds one lease more than the rest).
     let acquires: Vec<Vec<u8>> = (0..STICKY)
         .map(|i| {
             request(
@@ -335,11 +422,22 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
         answers_4.iter().all(|(s, _)| *s == 201 || *s == 409),
         "every acquire is granted or refused"
     );
+    let took_4 = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let last_key = json!({"ttlSeconds": 3600, "stickyKey": padded("key", STICKY)});
+    let (status, first) = one(addr, "POST", "/v1/leases", Some(last_key.clone())).await;
+    assert_eq!(status, 201, "{first}");
+    let (status, second) = one(addr, "POST", "/v1/leases", Some(last_key)).await;
+    assert_eq!(status, 201, "{second}");
+    assert_ne!(
+        first["proxy"]["name"], second["proxy"]["name"],
+        "a sticky key past the caps is not kept, so it does not pin its proxy"
+    );
     rows.push((
-        format!("{STICKY} sticky keys (200 bytes each)"),
+        format!("{STICKY} sticky keys (200 bytes each), then one more"),
         format!(
-            "{granted} granted in {:.1} s; RSS {} KiB",
-            start.elapsed().as_secs_f64(),
+            "{granted} granted in {:.1} s; RSS {} KiB; the one past the caps not kept (its second lease on another proxy)",
+            took_4.as_secs_f64(),
             rss()
         ),
     ));

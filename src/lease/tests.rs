@@ -358,12 +358,35 @@ fn random_ids_are_distinct_and_url_safe() {
 
 #[test]
 fn deleted_proxies_lose_cooldowns_and_sticky() {
+    // The cooldown half: a failed proxy, deleted and back, is not cooling.
     let (s, _) = store(1);
     let l = s.acquire(&keys(&["a"]), &req()).unwrap();
     s.report(&l.id, Outcome::Failed, None);
     s.release(&l.id);
     s.retain_proxies(&HashSet::new());
     s.acquire(&keys(&["a"]), &req()).unwrap();
+
+    // The sticky half: key K on z, while z holds one lease more than b, so
+    // fairness alone would pick b. Before z's deletion K still goes to z;
+    // after it (z back, again holding one lease) K goes by fairness to b.
+    let (s, _) = store(2);
+    let all = keys(&["b", "z"]);
+    let only_z = keys(&["z"]);
+    let sticky = AcquireRequest {
+        sticky_key: Some("K".into()),
+        ..req()
+    };
+    let first = s.acquire(&only_z, &sticky).unwrap();
+    assert!(s.release(&first.id));
+    let hold = s.acquire(&only_z, &req()).unwrap();
+    let kept = s.acquire(&all, &sticky).unwrap();
+    assert_eq!(kept.proxy.name, "z", "the key pins z over fairness");
+    assert!(s.release(&kept.id) && s.release(&hold.id));
+
+    s.retain_proxies(&keys(&["b"]).into_iter().collect());
+    let _hold = s.acquire(&only_z, &req()).unwrap();
+    let after = s.acquire(&all, &sticky).unwrap();
+    assert_eq!(after.proxy.name, "b", "z's deletion forgot the key");
 }
 
 #[test]

@@ -366,3 +366,91 @@ async fn the_real_validation_refuses_a_port_out_of_range_naming_the_field() {
     let none = kubectl(Some(&ns), &["get", "px", "bad"], "");
     assert!(!none.ok, "nothing may be stored");
 }
+
+/// Every CEL rule of the Proxy CRD (the ProviderHealth CRD has none: its
+/// bounds are plain schema) refuses its bad object on the real API server,
+/// with the field and the rule's message in kubectl's error, and stores
+/// nothing: a create leaves no object, an update leaves the old spec.
+#[tokio::test]
+async fn every_cel_rule_refuses_its_bad_object_naming_the_field() {
+    let ns = namespace("cel").await;
+    let proxy = |name: &str, spec: &str| {
+        format!("apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}}}\nspec: {spec}\n")
+    };
+    // (what, the object first stored if any, the bad object, the field, the message)
+    let cases: [(&str, Option<&str>, &str, &str, &str); 7] = [
+        (
+            "External without an endpoint",
+            None,
+            "{mode: External}",
+            "spec.endpoint",
+            "spec.endpoint is required when spec.mode is External",
+        ),
+        (
+            "Managed without a provider",
+            None,
+            "{mode: Managed, port: 3128}",
+            "spec.provider",
+            "spec.provider is required when spec.mode is Managed",
+        ),
+        (
+            "Managed with an empty provider",
+            None,
+            "{mode: Managed, provider: '', port: 3128}",
+            "spec.provider",
+            "spec.provider is required when spec.mode is Managed",
+        ),
+        (
+            "Managed without a port",
+            None,
+            "{mode: Managed, provider: kubernetes}",
+            "spec.port",
+            "spec.port is required when spec.mode is Managed",
+        ),
+        (
+            "cloudInit with both inline and secretRef",
+            None,
+            "{provider: kubernetes, port: 3128, cloudInit: {inline: x, secretRef: {name: s}}}",
+            "spec.cloudInit",
+            "exactly one of cloudInit.inline or cloudInit.secretRef must be set",
+        ),
+        (
+            "mode changed",
+            Some("{mode: External, endpoint: {host: 127.0.0.1, port: 3128}}"),
+            "{mode: Managed, provider: kubernetes, port: 3128}",
+            "spec.mode",
+            "spec.mode is immutable",
+        ),
+        (
+            "provider changed",
+            Some("{provider: gcp-a, port: 3128}"),
+            "{provider: gcp-b, port: 3128}",
+            "spec.provider",
+            "spec.provider is immutable",
+        ),
+    ];
+    for (i, (what, first, bad, field, message)) in cases.into_iter().enumerate() {
+        let name = format!("cel-{i}");
+        if let Some(first) = first {
+            let o = kubectl(Some(&ns), &["apply", "-f", "-"], &proxy(&name, first));
+            assert!(o.ok, "{what}: the first object is valid: {}", o.stderr);
+        }
+        let o = kubectl(Some(&ns), &["apply", "-f", "-"], &proxy(&name, bad));
+        assert!(!o.ok, "{what}: must be refused");
+        assert!(o.stderr.contains(field), "{what}: the error names {field}: {}", o.stderr);
+        assert!(o.stderr.contains(message), "{what}: the error says {message:?}: {}", o.stderr);
+        println!("{what}: {}", o.stderr.trim());
+        let stored = kubectl(Some(&ns), &["get", "px", &name, "-o", "jsonpath={.spec}"], "");
+        match first {
+            None => assert!(!stored.ok, "{what}: nothing may be stored: {}", stored.stdout),
+            Some(first) => {
+                assert!(stored.ok, "{what}: {}", stored.stderr);
+                let kept: serde_json::Value = serde_json::from_str(&stored.stdout).unwrap();
+                let old: serde_json::Value = serde_norway::from_str(first).unwrap();
+                for (key, value) in old.as_object().unwrap() {
+                    assert_eq!(&kept[key], value, "{what}: the old spec stays: {kept}");
+                }
+            }
+        }
+    }
+}

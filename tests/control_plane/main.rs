@@ -29,3 +29,5 @@ mod otlp_grpc;
 mod providerhealth_writer;
 mod scale_small;
 mod secret_sentinel;
+mod status_writes;
+mod sticky_leases;

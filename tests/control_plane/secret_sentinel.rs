@@ -246,12 +246,15 @@ async fn no_secret_reaches_logs_spans_metrics_status_events_or_api_errors() {
         .success());
     let t = Instant::now();
     while op.0.try_wait().unwrap().is_none() {
+        // A hang guard, far above the 5 s drain: a stop is judged by its
+        // exit status below, its time printed.
         assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "operator did not stop"
+            t.elapsed() < Duration::from_secs(120),
+            "the operator did not stop within 120 s of SIGTERM"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    println!("stopped {:?} after SIGTERM", t.elapsed());
 
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("TRACE"), "trace logging was on");

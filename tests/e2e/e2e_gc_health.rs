@@ -638,9 +638,11 @@ async fn spans_are_flushed_on_sigterm() {
         if let Some(s) = op.0.try_wait().unwrap() {
             break s;
         }
+        // A hang guard, far above the 5 s drain: a stop is judged by its
+        // exit status below, its time printed.
         assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "operator did not stop"
+            t.elapsed() < Duration::from_secs(120),
+            "the operator did not stop within 120 s of SIGTERM"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };

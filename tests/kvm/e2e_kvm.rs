@@ -20,7 +20,7 @@ use support::{eventually, Operator};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
-    let Some(env) = Env::start("e2e") else { return };
+    let env = Env::start("e2e");
     let (url, _) = env.serve_qcow2("base.qcow2", "64M");
     let providers = env.providers_yaml("kvm-test", "h1", "test-image", &url);
     let ground = support::ground_without_pods("kvm").await;

@@ -13,5 +13,6 @@ mod e2e_samples_kvm;
 mod kvm_cancel;
 mod kvm_failures;
 mod kvm_guest_cloud_config;
+mod kvm_harness;
 mod kvm_image_cache;
 mod kvm_lifecycle;

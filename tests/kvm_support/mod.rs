@@ -275,9 +275,29 @@ pub fn unavailable(why: &str) -> ! {
     panic!("the kvm suite cannot run: {why} (.ci/run installs and starts it)");
 }
 
+/// A step of the harness itself failed (a temp dir, a file it writes): the
+/// test fails with the step and the reason, never passes having tested
+/// nothing.
+fn broken(step: &str, why: impl std::fmt::Display) -> ! {
+    panic!("the kvm harness could not {step}: {why}");
+}
+
+/// A path as text for a command's argument (the harness's own paths are
+/// UTF-8; one that is not fails the test).
+fn text(p: &Path) -> &str {
+    p.to_str()
+        .unwrap_or_else(|| broken("use a path", format!("{} is not UTF-8", p.display())))
+}
+
 impl Env {
-    /// Starts everything; a missing part fails the test with the reason.
-    pub fn start(tag: &str) -> Option<Env> {
+    /// Starts everything; a missing part or a failed step fails the test
+    /// with the reason.
+    pub fn start(tag: &str) -> Env {
+        Env::start_in(tag, Path::new("/tmp"))
+    }
+
+    /// [`Env::start`] with its state under `root`.
+    pub fn start_in(tag: &str, root: &Path) -> Env {
         let turn = Turn::take();
         if let Some(why) = installed(&[
             "/usr/sbin/sshd",
@@ -291,8 +311,8 @@ impl Env {
         }
         let dir = tempfile::Builder::new()
             .prefix("epo-kvm-")
-            .tempdir_in("/tmp")
-            .ok()?;
+            .tempdir_in(root)
+            .unwrap_or_else(|e| broken(&format!("make its temp dir in {}", root.display()), e));
         let d = dir.path().to_path_buf();
         let mut daemons = Vec::new();
 
@@ -312,8 +332,8 @@ impl Env {
         if !(Path::new(LIBVIRT_SOCK).exists() && libvirt_answers()) {
             let vl = d.join("virtlogd.pid");
             let lv = d.join("libvirtd.pid");
-            let (ok1, o1) = run("/usr/sbin/virtlogd", &["-d", "-p", vl.to_str()?]);
-            let (ok2, o2) = run("/usr/sbin/libvirtd", &["-d", "-p", lv.to_str()?]);
+            let (ok1, o1) = run("/usr/sbin/virtlogd", &["-d", "-p", text(&vl)]);
+            let (ok2, o2) = run("/usr/sbin/libvirtd", &["-d", "-p", text(&lv)]);
             daemons.push(lv);
             daemons.push(vl);
             if !ok1 || !ok2 || !wait_for("libvirtd", Duration::from_secs(15), libvirt_answers) {
@@ -330,8 +350,10 @@ impl Env {
         for k in [&key_file, &host_key] {
             new_ed25519_key(k);
         }
-        std::fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys")).ok()?;
-        let host_pub = std::fs::read_to_string(d.join("host_ed25519.pub")).ok()?;
+        std::fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys"))
+            .unwrap_or_else(|e| broken("write authorized_keys", e));
+        let host_pub = std::fs::read_to_string(d.join("host_ed25519.pub"))
+            .unwrap_or_else(|e| broken("read the host key", e));
         let ssh_port = free_port();
         let cfg = format!(
             "Port {ssh_port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nAuthorizedKeysFile {ak}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nAllowStreamLocalForwarding yes\nX11Forwarding no\nLogLevel DEBUG1\n",
@@ -339,7 +361,7 @@ impl Env {
             pid = d.join("sshd.pid").display(),
             ak = d.join("authorized_keys").display(),
         );
-        std::fs::write(d.join("sshd_config"), cfg).ok()?;
+        std::fs::write(d.join("sshd_config"), cfg).unwrap_or_else(|e| broken("write sshd_config", e));
         let _ = std::fs::create_dir_all("/run/sshd");
         let sshd = Command::new("/usr/sbin/sshd")
             .args(["-D", "-E"])
@@ -376,29 +398,23 @@ impl Env {
             parts.next().unwrap_or(""),
             parts.next().unwrap_or("")
         );
-        std::fs::write(&known_hosts, line).ok()?;
+        std::fs::write(&known_hosts, line).unwrap_or_else(|e| broken("write known_hosts", e));
         // Hash it, as `ssh-keyscan -H` would.
-        let (ok, out) = run("ssh-keygen", &["-H", "-f", known_hosts.to_str()?]);
+        let (ok, out) = run("ssh-keygen", &["-H", "-f", text(&known_hosts)]);
         assert!(ok, "ssh-keygen -H: {out}");
 
         let suffix = format!("{tag}{}", std::process::id() % 100000);
         let pool = format!("epo-{suffix}");
         let pool_dir = d.join("pool");
-        std::fs::create_dir_all(&pool_dir).ok()?;
-        let (ok, out) = virsh(&[
-            "pool-create-as",
-            &pool,
-            "dir",
-            "--target",
-            pool_dir.to_str()?,
-        ]);
+        std::fs::create_dir_all(&pool_dir).unwrap_or_else(|e| broken("make the pool's dir", e));
+        let (ok, out) = virsh(&["pool-create-as", &pool, "dir", "--target", text(&pool_dir)]);
         assert!(ok, "pool-create-as: {out}");
         let bridge = format!("epobr{}", suffix.chars().rev().take(8).collect::<String>());
         let (ok, out) = run("ip", &["link", "add", &bridge, "type", "bridge"]);
         assert!(ok, "ip link add: {out}");
         let _ = run("ip", &["link", "set", &bridge, "up"]);
 
-        Some(Env {
+        Env {
             dir,
             ssh_port,
             key_file,
@@ -415,7 +431,7 @@ impl Env {
             mounts: Mutex::new(Vec::new()),
             domains: Mutex::new(Vec::new()),
             _turn: turn,
-        })
+        }
     }
 
     pub fn address(&self) -> String {
@@ -507,11 +523,11 @@ impl Env {
         name.to_string()
     }
 
-    /// A running transient dir pool on a tmpfs of `size` (e.g. "8m"), or
-    /// None when tmpfs cannot be mounted here.
-    pub fn tiny_pool(&self, name: &str, size: &str) -> Option<String> {
+    /// A running transient dir pool on a tmpfs of `size` (e.g. "8m"); a
+    /// machine that cannot mount tmpfs fails the test.
+    pub fn tiny_pool(&self, name: &str, size: &str) -> String {
         let dir = self.dir.path().join(name);
-        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| broken("make the tiny pool's dir", e));
         let (ok, out) = run(
             "mount",
             &[
@@ -520,7 +536,7 @@ impl Env {
                 "-o",
                 &format!("size={size}"),
                 "tmpfs",
-                dir.to_str()?,
+                text(&dir),
             ],
         );
         if !ok {
@@ -528,10 +544,10 @@ impl Env {
             unavailable(&format!("no tmpfs for the tiny-pool case: {out}"));
         }
         self.mounts.lock().unwrap().push(dir.clone());
-        let (ok, out) = virsh(&["pool-create-as", name, "dir", "--target", dir.to_str()?]);
+        let (ok, out) = virsh(&["pool-create-as", name, "dir", "--target", text(&dir)]);
         assert!(ok, "pool-create-as: {out}");
         self.extra_pools.lock().unwrap().push(name.to_string());
-        Some(name.to_string())
+        name.to_string()
     }
 
     /// Volume names in the pool.
