@@ -2,7 +2,8 @@
 //! test command is the one CI runs; the local run command starts the
 //! operator and a sample becomes Ready), every flag of `--help` is in
 //! docs/configuration.md, every Makefile target the docs promise exists,
-//! and no relative link in README.md or docs/ is broken. And the shape of
+//! no relative link in README.md or docs/ is broken, and every repository
+//! path their code spans name exists. And the shape of
 //! `src/` a newcomer can read: no import cycle, no file over 500 lines of
 //! non-test code, no bare libvirt numbers.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
@@ -369,13 +370,7 @@ fn the_promised_make_targets_exist() {
 
 #[test]
 fn relative_links_in_readme_and_docs_resolve() {
-    let mut files = vec![repo().join("README.md")];
-    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "md") {
-            files.push(p);
-        }
-    }
+    let files = doc_files();
     let link = regex_lite::Regex::new(r"\]\(([^)#\s]+)(#[^)]*)?\)").unwrap();
     let mut broken = Vec::new();
     for f in &files {
@@ -391,6 +386,115 @@ fn relative_links_in_readme_and_docs_resolve() {
         }
     }
     assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
+
+/// README.md and every Markdown file in docs/.
+fn doc_files() -> Vec<std::path::PathBuf> {
+    let mut files = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Top-level files a doc may name on their own in a code span.
+const TOP_LEVEL_FILES: &[&str] = &[
+    "Makefile",
+    "Cargo.toml",
+    "Cargo.lock",
+    "Dockerfile",
+    "README.md",
+    "CHANGELOG.md",
+];
+
+/// The repository paths named in `text`'s inline code spans (fenced blocks
+/// left out), with a trailing `:LINE`, `::item` or `#anchor` cut off. A
+/// span counts as a path when it starts with a top-level directory or is a
+/// top-level file; spans with spaces, globs or placeholders are examples,
+/// not paths.
+fn repo_paths_in(text: &str) -> Vec<String> {
+    // A span may run over a line break (Markdown reads it as a space).
+    let span = regex_lite::Regex::new(r"`([^`]+)`").unwrap();
+    let line_number = regex_lite::Regex::new(r":\d+(-\d+)?$").unwrap();
+    let mut prose = String::new();
+    let mut fenced = false;
+    for l in text.lines() {
+        if l.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            prose.push_str(l);
+            prose.push('\n');
+        }
+    }
+    let mut found = Vec::new();
+    for c in span.captures_iter(&prose) {
+        let s = &c[1];
+        if s.contains(char::is_whitespace) || s.contains(['*', '{', '<', '…']) || s.contains("...")
+        {
+            continue;
+        }
+        let s = s.split('#').next().unwrap();
+        let s = s.split("::").next().unwrap();
+        let s = line_number.replace(s, "").into_owned();
+        let is_path = ["src/", "tests/", "config/", "docs/", "crds/", ".ci/"]
+            .iter()
+            .any(|d| s.starts_with(d))
+            || TOP_LEVEL_FILES.contains(&s.as_str());
+        if is_path {
+            found.push(s);
+        }
+    }
+    found
+}
+
+#[test]
+fn paths_in_code_spans_of_readme_and_docs_exist() {
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for f in doc_files() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let name = f.strip_prefix(repo()).unwrap().display().to_string();
+        for path in repo_paths_in(&text) {
+            checked += 1;
+            if !repo().join(&path).exists() {
+                missing.push(format!("{name}: `{path}`"));
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} paths found in the docs");
+    assert!(
+        missing.is_empty(),
+        "{} paths in code spans name nothing in the repository:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_path_finder_reads_code_spans_as_paths() {
+    let text = "See `src/lease/bounds.rs:24`, `src/leader/mod.rs::decide`, \
+                `docs/api.md#acquire` and `Makefile`; not `make test`, \
+                `tests/*.rs`, `src/{a,b}.rs`, `docs/<name>.md`, `src/…`, \
+                `config/...` or `kubectl get px`. `make\n docker-build` is not \
+                one either, and `Cargo.lock` after it is.\n\
+                ```\n`src/in/a/fence.rs`\n```\n`.ci/run`\n";
+    assert_eq!(
+        repo_paths_in(text),
+        [
+            "src/lease/bounds.rs",
+            "src/leader/mod.rs",
+            "docs/api.md",
+            "Makefile",
+            "Cargo.lock",
+            ".ci/run",
+        ]
+    );
 }
 
 /// The top level is the project card's: nothing else but dot files.

@@ -1,7 +1,7 @@
 //! The shipped manifests: `kubectl kustomize config/default` renders, the
 //! manager Deployment keeps the runtime envelope (operator.md §9.1), its
 //! args and providers file are ones the binary accepts, and RBAC grants no
-//! more than the rules checked here. (tests/e2e/e2e_samples.rs runs the
+//! more than the rules checked here. (tests/e2e_samples.rs runs the
 //! operator under these RBAC rules and checks each one is needed.)
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 

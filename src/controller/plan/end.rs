@@ -19,8 +19,9 @@ use crate::provider::{ErrorClass, Op};
 pub const PROVISIONING_POLL: Duration = Duration::from_secs(10);
 /// Re-poll while an instance is being deleted.
 pub const DELETION_POLL: Duration = Duration::from_secs(10);
-/// How long a Running instance waits before the next `get` (catches
-/// instances that stop behind the operator's back).
+/// How long a Running instance waits before its next pass, which asks the
+/// provider's observation first and makes a `get` only when it cannot
+/// answer (catches instances that stop behind the operator's back).
 pub const RUNNING_RESYNC: Duration = Duration::from_secs(60);
 /// A quick follow-up pass.
 pub const REQUEUE_NOW: Duration = Duration::from_secs(1);
