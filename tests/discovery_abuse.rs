@@ -44,8 +44,8 @@ const DEADLINE: Duration = Duration::from_secs(120);
 #[ignore = "the server of discovery_abuse_stays_within_the_pod_limit"]
 async fn serve_for_abuse() {
     use egress_proxies_operator::discovery::{serve_on, serve_within, ApiState};
-    use egress_proxies_operator::server::{Limits, DISCOVERY_LIMITS};
     use egress_proxies_operator::operator::Metrics;
+    use egress_proxies_operator::server::{Limits, DISCOVERY_LIMITS};
     let addr: SocketAddr = std::env::var("ABUSE_ADDR").unwrap().parse().unwrap();
     assert!(addr.ip().is_loopback());
     let proxies = served_api::ready_proxies(PROXIES, "abuse", json!({}));
@@ -273,10 +273,14 @@ async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
 /// nearly all of them are.
 fn check_admitted(admitted: usize) -> Result<(), String> {
     if admitted > CAP {
-        return Err(format!("{admitted} of {IDLE} idle connections admitted, over the cap of {CAP}"));
+        return Err(format!(
+            "{admitted} of {IDLE} idle connections admitted, over the cap of {CAP}"
+        ));
     }
     if admitted + 64 < CAP {
-        return Err(format!("only {admitted} of {IDLE} idle connections admitted, the cap is {CAP}"));
+        return Err(format!(
+            "only {admitted} of {IDLE} idle connections admitted, the cap is {CAP}"
+        ));
     }
     Ok(())
 }
@@ -288,7 +292,10 @@ async fn without_the_connection_cap_the_idle_step_fails() {
     let (_idle, admitted) = open_idle(addr).await;
     println!("with no cap: {admitted} of {IDLE} idle connections admitted");
     let verdict = check_admitted(admitted);
-    assert!(verdict.is_err(), "the check passed with no cap: {admitted} admitted");
+    assert!(
+        verdict.is_err(),
+        "the check passed with no cap: {admitted} admitted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,7 +393,13 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
         let (status, v) = one(addr, "POST", &format!("/v1/leases/{id}/report"), Some(body)).await;
         assert_eq!(status, 204, "{v}");
     }
-    let (status, v) = one(addr, "POST", "/v1/leases", Some(json!({"ttlSeconds": 3600, "site": last_site}))).await;
+    let (status, v) = one(
+        addr,
+        "POST",
+        "/v1/leases",
+        Some(json!({"ttlSeconds": 3600, "site": last_site})),
+    )
+    .await;
     assert_eq!(
         status, 201,
         "a site reported past every proxy's cap is kept nowhere, so it still gets a proxy: {v}"

@@ -437,12 +437,28 @@ async fn every_cel_rule_refuses_its_bad_object_naming_the_field() {
         }
         let o = kubectl(Some(&ns), &["apply", "-f", "-"], &proxy(&name, bad));
         assert!(!o.ok, "{what}: must be refused");
-        assert!(o.stderr.contains(field), "{what}: the error names {field}: {}", o.stderr);
-        assert!(o.stderr.contains(message), "{what}: the error says {message:?}: {}", o.stderr);
+        assert!(
+            o.stderr.contains(field),
+            "{what}: the error names {field}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(message),
+            "{what}: the error says {message:?}: {}",
+            o.stderr
+        );
         println!("{what}: {}", o.stderr.trim());
-        let stored = kubectl(Some(&ns), &["get", "px", &name, "-o", "jsonpath={.spec}"], "");
+        let stored = kubectl(
+            Some(&ns),
+            &["get", "px", &name, "-o", "jsonpath={.spec}"],
+            "",
+        );
         match first {
-            None => assert!(!stored.ok, "{what}: nothing may be stored: {}", stored.stdout),
+            None => assert!(
+                !stored.ok,
+                "{what}: nothing may be stored: {}",
+                stored.stdout
+            ),
             Some(first) => {
                 assert!(stored.ok, "{what}: {}", stored.stderr);
                 let kept: serde_json::Value = serde_json::from_str(&stored.stdout).unwrap();

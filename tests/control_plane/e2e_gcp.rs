@@ -183,3 +183,57 @@ async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
         "every instance deleted with its Proxy"
     );
 }
+
+/// A delete the provider takes minutes over is asked for once: the stand-in
+/// shows the deleted instance STOPPING (to gets and listings alike) for
+/// 150 s, well past the 60 s after which an unanswered delete would be
+/// resubmitted; the operator waits while the instance shows it is going,
+/// with exactly one DELETE for it, then releases the Proxy once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_in_progress_is_not_resubmitted() {
+    const TAKES: Duration = Duration::from_secs(150);
+    let ground = support::ground_without_pods("gcp-slow-delete").await;
+    let standin = StandIn::start_for(Duration::from_secs(600)).await;
+    standin.with(|st| st.running_after_gets = 1);
+    let dir = tempfile::tempdir().unwrap();
+    let providers = format!(
+        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+        standin.url
+    );
+    let mut cmd = ground.operator(dir.path(), &providers);
+    cmd.args(["--provider-list-interval", "5s"]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let proxies: Api<Proxy> = ground.proxies();
+    proxies
+        .create(&PostParams::default(), &proxy("slow", placement(), 3128))
+        .await
+        .unwrap();
+    let id = eventually("Running", Duration::from_secs(60), || async {
+        let p = proxies.get("slow").await.ok()?;
+        let s = p.status.as_ref()?;
+        (s.phase.map(|x| x.as_str()) == Some("Running")).then(|| s.provider_id.clone())?
+    })
+    .await;
+    let name = id.rsplit('/').next().unwrap().to_string();
+    standin.with(|st| st.delete_takes = Some(TAKES));
+    let asked = std::time::Instant::now();
+    proxies
+        .delete("slow", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the Proxy released once its instance is gone",
+        TAKES + Duration::from_secs(90),
+        || async { proxies.get_opt("slow").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let deletes = standin.calls("delete", &name).len();
+    let looks = standin.calls("get", &name).len();
+    println!(
+        "a delete taking {TAKES:?}: released after {:?}; {deletes} DELETE, {looks} gets, {} listings meanwhile",
+        asked.elapsed(),
+        standin.calls("list", "").len()
+    );
+    assert_eq!(deletes, 1, "the delete in progress was resubmitted");
+    assert_eq!(standin.instance_count(), 0);
+}

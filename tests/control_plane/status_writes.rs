@@ -32,7 +32,9 @@ async fn slow_target(delay: Arc<AtomicU64>) -> SocketAddr {
                 support::read_head(&mut c).await;
                 tokio::time::sleep(Duration::from_millis(delay.load(Ordering::Relaxed))).await;
                 let _ = c
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
                     .await;
             });
         }
@@ -47,7 +49,9 @@ fn status_writes(ns: &str, since: DateTime<Utc>) -> BTreeMap<String, usize> {
     for e in support::control_plane().audit_events() {
         let o = &e["objectRef"];
         let write = matches!(e["verb"].as_str(), Some("patch" | "update"));
-        let received: Option<DateTime<Utc>> = e["requestReceivedTimestamp"].as_str().and_then(|t| t.parse().ok());
+        let received: Option<DateTime<Utc>> = e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse().ok());
         if write
             && o["resource"] == "proxies"
             && o["subresource"] == "status"
@@ -57,7 +61,9 @@ fn status_writes(ns: &str, since: DateTime<Utc>) -> BTreeMap<String, usize> {
             let (Some(name), Some(id)) = (o["name"].as_str(), e["auditID"].as_str()) else {
                 continue;
             };
-            ids.entry(name.to_string()).or_default().insert(id.to_string());
+            ids.entry(name.to_string())
+                .or_default()
+                .insert(id.to_string());
         }
     }
     ids.into_iter().map(|(n, s)| (n, s.len())).collect()
@@ -102,7 +108,10 @@ async fn status_is_written_only_when_it_changes() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     let steady = status_writes(&ground.ns, steady_from);
     println!("status writes over 60 s of a steady fleet: {steady:?}");
-    assert!(steady.is_empty(), "a steady fleet's status is not rewritten: {steady:?}");
+    assert!(
+        steady.is_empty(),
+        "a steady fleet's status is not rewritten: {steady:?}"
+    );
 
     let before: Vec<i64> = {
         let mut v = Vec::new();
@@ -114,19 +123,26 @@ async fn status_is_written_only_when_it_changes() {
     };
     let change_from = Utc::now();
     delay.store(400, Ordering::Relaxed);
-    eventually("the new latency in both statuses", Duration::from_secs(60), || async {
-        for name in PROXIES {
-            let p = serde_json::to_value(proxies.get(name).await.ok()?).unwrap();
-            (latency(&p)? >= 400).then_some(())?;
-        }
-        Some(())
-    })
+    eventually(
+        "the new latency in both statuses",
+        Duration::from_secs(60),
+        || async {
+            for name in PROXIES {
+                let p = serde_json::to_value(proxies.get(name).await.ok()?).unwrap();
+                (latency(&p)? >= 400).then_some(())?;
+            }
+            Some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let changed = status_writes(&ground.ns, change_from);
     println!("latency {before:?} ms → 400+ ms: status writes in the next 30+ s: {changed:?}");
     for name in PROXIES {
         let n = changed.get(name).copied().unwrap_or(0);
-        assert_eq!(n, 1, "{name}: one write for the latency change, then none: {changed:?}");
+        assert_eq!(
+            n, 1,
+            "{name}: one write for the latency change, then none: {changed:?}"
+        );
     }
 }

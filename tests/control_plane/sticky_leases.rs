@@ -14,14 +14,28 @@ use crate::support::{self, api_call, eventually, phase, squid, Operator};
 const TOKEN: &str = "sticky-token";
 
 async fn acquire(api: std::net::SocketAddr, body: Value) -> Value {
-    let (s, v) = api_call(api, "POST", "/v1/leases", Some(TOKEN), body.to_string().into_bytes()).await;
+    let (s, v) = api_call(
+        api,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        body.to_string().into_bytes(),
+    )
+    .await;
     assert_eq!(s, 201, "{v}");
     v
 }
 
 async fn release(api: std::net::SocketAddr, lease: &Value) {
     let id = lease["id"].as_str().unwrap();
-    let (s, v) = api_call(api, "DELETE", &format!("/v1/leases/{id}"), Some(TOKEN), Vec::new()).await;
+    let (s, v) = api_call(
+        api,
+        "DELETE",
+        &format!("/v1/leases/{id}"),
+        Some(TOKEN),
+        Vec::new(),
+    )
+    .await;
     assert_eq!(s, 204, "{v}");
 }
 
@@ -72,30 +86,53 @@ async fn a_sticky_key_keeps_its_proxy_while_healthy_and_moves_when_it_leaves() {
     // Fairness alone now picks the other proxy (the key's was granted
     // last): an unkeyed acquire shows it.
     let unkeyed = acquire(api, json!({"ttlSeconds": 60})).await;
-    assert_ne!(proxy_of(&unkeyed), home, "fairness picks the least recently granted");
+    assert_ne!(
+        proxy_of(&unkeyed),
+        home,
+        "fairness picks the least recently granted"
+    );
     release(api, &unkeyed).await;
     for round in 0..3 {
         let again = acquire(api, sticky.clone()).await;
-        assert_eq!(proxy_of(&again), home, "round {round}: same key, same proxy");
+        assert_eq!(
+            proxy_of(&again),
+            home,
+            "round {round}: same key, same proxy"
+        );
         release(api, &again).await;
     }
 
     // The key's proxy leaves: its Squid stops, its probes fail, it is no
     // longer listed; the key then gets the other proxy.
-    let (gone, other) = if home == "sq-a" { ("sq-a", "sq-b") } else { ("sq-b", "sq-a") };
+    let (gone, other) = if home == "sq-a" {
+        ("sq-a", "sq-b")
+    } else {
+        ("sq-b", "sq-a")
+    };
     let mut squids = [("sq-a", Some(squid_a)), ("sq-b", Some(squid_b))];
     for (name, s) in &mut squids {
         if *name == gone {
             drop(s.take());
         }
     }
-    eventually(&format!("{gone} unlisted"), Duration::from_secs(60), || async {
-        let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), Vec::new()).await;
-        let names: Vec<&str> = v["items"].as_array()?.iter().filter_map(|p| p["name"].as_str()).collect();
-        (s == 200 && !names.contains(&gone)).then_some(())
-    })
+    eventually(
+        &format!("{gone} unlisted"),
+        Duration::from_secs(60),
+        || async {
+            let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), Vec::new()).await;
+            let names: Vec<&str> = v["items"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            (s == 200 && !names.contains(&gone)).then_some(())
+        },
+    )
     .await;
     let moved = acquire(api, sticky).await;
     assert_eq!(proxy_of(&moved), other, "the key's proxy left: another one");
-    println!("sticky key on {home} four times; on {} once {gone} left", proxy_of(&moved));
+    println!(
+        "sticky key on {home} four times; on {} once {gone} left",
+        proxy_of(&moved)
+    );
 }

@@ -85,6 +85,8 @@ struct Inst {
     /// Gets left before a deleted instance disappears.
     deleting: Option<u32>,
     delete_op: Option<String>,
+    /// When its delete was asked for.
+    deleted_at: Option<std::time::Instant>,
 }
 
 /// Everything the stand-in knows; tests reach in through [`StandIn`].
@@ -100,6 +102,10 @@ pub struct Store {
     pub running_after_gets: u32,
     /// Gets a deleted instance stays visible (STOPPING) before it is gone.
     pub delete_gets: u32,
+    /// When set, a deleted instance stays visible (STOPPING, its delete
+    /// operation RUNNING) for this long instead, whatever is asked: a
+    /// delete that takes minutes, as real ones can.
+    pub delete_takes: Option<Duration>,
     /// RUNNING instances get no NAT IP.
     pub no_ip: bool,
     /// Every RUNNING instance gets this NAT IP (one Squid then serves
@@ -295,7 +301,7 @@ impl StandIn {
             });
             s.instances.insert(
                 (zone.into(), name.into()),
-                Inst { body, gets: 0, deleting: None, delete_op: None },
+                Inst { body, gets: 0, deleting: None, delete_op: None, deleted_at: None },
             );
         });
     }
@@ -412,6 +418,10 @@ async fn handle(
         return google_error(i.status, &i.reason, &i.message);
     }
     let mut s = store.lock().unwrap();
+    if let Some(takes) = s.delete_takes {
+        s.instances
+            .retain(|_, i| i.deleted_at.is_none_or(|t| t.elapsed() < takes));
+    }
     match kind {
         "insert" => insert(&mut s, segs[5], &q, &body),
         "get" => get(&mut s, segs[5], segs[7]),
@@ -498,6 +508,7 @@ fn insert(s: &mut Store, zone: &str, q: &HashMap<String, String>, body: &[u8]) -
             gets: 0,
             deleting: None,
             delete_op: None,
+            deleted_at: None,
         },
     );
     let provisioning = s
@@ -522,11 +533,17 @@ fn get(s: &mut Store, zone: &str, name: &str) -> Response {
     let running_after = s.running_after_gets;
     let no_ip = s.no_ip;
     let forced = s.status_override.get(name).cloned();
+    let slow_delete = s.delete_takes.is_some();
     let Some(inst) = s.instances.get_mut(&key) else {
         return not_found(zone, name);
     };
     inst.gets += 1;
     if let Some(left) = inst.deleting {
+        if slow_delete {
+            let mut b = inst.body.clone();
+            b["status"] = json!("STOPPING");
+            return ok(b);
+        }
         if left == 0 {
             s.instances.remove(&key);
             return not_found(zone, name);
@@ -586,6 +603,7 @@ fn delete(s: &mut Store, zone: &str, name: &str) -> Response {
     if let Some(inst) = s.instances.get_mut(&key) {
         inst.deleting = Some(delete_gets);
         inst.delete_op = op["name"].as_str().map(str::to_string);
+        inst.deleted_at = Some(std::time::Instant::now());
     }
     ok(op)
 }
@@ -624,10 +642,13 @@ fn list(s: &mut Store, q: &HashMap<String, String>) -> Response {
                 }
         })
         .map(|i| {
-            // A forced status is the instance's status, whichever call reads it.
+            // A forced status is the instance's status, whichever call
+            // reads it; one being deleted shows STOPPING, as to a get.
             let mut b = i.body.clone();
             if let Some(f) = b["name"].as_str().and_then(|n| s.status_override.get(n)) {
                 b["status"] = json!(f);
+            } else if i.deleting.is_some() {
+                b["status"] = json!("STOPPING");
             }
             b
         })

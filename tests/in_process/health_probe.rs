@@ -189,7 +189,10 @@ async fn a_listener_that_never_proxies_or_nothing_listening_is_unhealthy() {
     let e = r.error.as_ref().unwrap();
     assert!(e.to_string().contains("timed out"), "{r:?}");
     assert_eq!(e.reason(), "timeout", "{r:?}");
-    println!("a proxy that never answers: timeout after {:?} (limit 500 ms)", r.latency);
+    println!(
+        "a proxy that never answers: timeout after {:?} (limit 500 ms)",
+        r.latency
+    );
     let mut t = target(port, "https://127.0.0.1:9/", 204);
     t.timeout = Duration::from_millis(500);
     assert!(!probe(&t, &tls).await.ok);

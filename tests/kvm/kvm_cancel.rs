@@ -65,7 +65,10 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     env.track(&other.name);
     let t0 = Instant::now();
     let stuck_id = p.create(&stuck).await.expect("create returns its ID");
-    println!("create returned its ID after {:?} (create wait 1 s)", t0.elapsed());
+    println!(
+        "create returned its ID after {:?} (create wait 1 s)",
+        t0.elapsed()
+    );
     // Still Provisioning: the create did not wait for its download.
     let inst = p.get(&stuck_id).await.expect("get of a create in progress");
     assert_eq!(inst.state, InstanceState::Provisioning);

@@ -154,7 +154,10 @@ async fn check_reasons_and_create_classes() {
     let t = Instant::now();
     let v = p3.checker().unwrap().check().await;
     assert_eq!(v[0].reason, "Timeout", "{v:?}");
-    println!("silent host: Timeout after {:?} (check timeout 700 ms)", t.elapsed());
+    println!(
+        "silent host: Timeout after {:?} (check timeout 700 ms)",
+        t.elapsed()
+    );
 
     // Placement errors name the field.
     let mut r = request("ok");
@@ -264,7 +267,10 @@ async fn check_reasons_and_create_classes() {
             let t = Instant::now();
             let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
             assert!(e.is(ErrorClass::Transient), "{e}");
-            println!("frozen libvirtd: Transient after {:?} (call timeout 1 s)", t.elapsed());
+            println!(
+                "frozen libvirtd: Transient after {:?} (call timeout 1 s)",
+                t.elapsed()
+            );
             let v = p4.checker().unwrap().check().await;
             assert!(!v[0].ready && v[0].message.contains("no answer"), "{v:?}");
         }
@@ -278,7 +284,10 @@ async fn check_reasons_and_create_classes() {
             let t = Instant::now();
             let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
             assert!(e.is(ErrorClass::Transient), "{e}");
-            println!("frozen sshd: Transient after {:?} (call timeout 1 s)", t.elapsed());
+            println!(
+                "frozen sshd: Transient after {:?} (call timeout 1 s)",
+                t.elapsed()
+            );
         }
         let e = p4.get("hosts/h1/domains/proxy-x").await.unwrap_err();
         assert!(e.is(ErrorClass::NotFound), "after sshd resumed: {e}");

@@ -361,7 +361,8 @@ impl Env {
             pid = d.join("sshd.pid").display(),
             ak = d.join("authorized_keys").display(),
         );
-        std::fs::write(d.join("sshd_config"), cfg).unwrap_or_else(|e| broken("write sshd_config", e));
+        std::fs::write(d.join("sshd_config"), cfg)
+            .unwrap_or_else(|e| broken("write sshd_config", e));
         let _ = std::fs::create_dir_all("/run/sshd");
         let sshd = Command::new("/usr/sbin/sshd")
             .args(["-D", "-E"])

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{recently_requested, GetOutcome};
+use super::{delete_pending, GetOutcome};
 use crate::provider::ErrorClass;
 
 /// What the deletion path knows.
@@ -104,7 +104,9 @@ pub fn next_delete_step(input: &DeleteInput<'_>) -> DeleteStep {
                 message: message.clone(),
             }
         }
-        Some(GetOutcome::Found(_)) if recently_requested(input.delete_requested_at, input.now) => {
+        Some(GetOutcome::Found(inst))
+            if delete_pending(input.delete_requested_at, inst.state, input.now) =>
+        {
             DeleteStep::Wait
         }
         Some(GetOutcome::Found(_)) => DeleteStep::Delete,

@@ -39,6 +39,10 @@ pub const CLOUD_INIT_RETRY: Duration = Duration::from_secs(30);
 /// A delete is not resubmitted within this long of the last one while the
 /// instance still shows (providers may take minutes to finish a delete).
 pub const DELETE_RESUBMIT_AFTER: Duration = Duration::from_secs(60);
+/// While the instance shows it is going (Stopped or Terminated after our
+/// delete: the provider is carrying it out), the delete is resubmitted
+/// only this long after the last one, in case it was lost.
+pub const DELETE_RESUBMIT_GOING_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// The message of a Managed Proxy without a usable port.
 pub const PORT_REQUIRED: &str = "spec.port must be 1-65535 for a Managed Proxy";

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::end::is_latched;
-use super::{recently_requested, replace, GetOutcome};
+use super::{delete_pending, replace, GetOutcome};
 use crate::api::ProxyStatus;
 use crate::provider::{ErrorClass, InstanceState};
 
@@ -138,7 +138,9 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             message: message.clone(),
         },
         GetOutcome::NotFound => Step::ClearAndCreate,
-        GetOutcome::Found(_) if !hash_matches => delete_or_wait(input, ReplaceCause::SpecChanged),
+        GetOutcome::Found(inst) if !hash_matches => {
+            delete_or_wait(input, inst.state, ReplaceCause::SpecChanged)
+        }
         GetOutcome::Found(inst) => match inst.state {
             InstanceState::Provisioning => Step::WaitProvisioning,
             InstanceState::Running if !inst.ip.is_empty() => Step::Running {
@@ -148,14 +150,14 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             // treated as still provisioning rather than trusted.
             InstanceState::Running => Step::WaitProvisioning,
             s @ (InstanceState::Stopped | InstanceState::Terminated) => {
-                delete_or_wait(input, ReplaceCause::Stopped(s))
+                delete_or_wait(input, s, ReplaceCause::Stopped(s))
             }
         },
     }
 }
 
-fn delete_or_wait(input: &ManagedInput<'_>, why: ReplaceCause) -> Step {
-    if recently_requested(input.status.delete_requested_at, input.now) {
+fn delete_or_wait(input: &ManagedInput<'_>, state: InstanceState, why: ReplaceCause) -> Step {
+    if delete_pending(input.status.delete_requested_at, state, input.now) {
         Step::WaitForDeletion { why }
     } else {
         Step::Delete { why }

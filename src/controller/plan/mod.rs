@@ -39,13 +39,14 @@ use crate::api::condition::{self, ConditionStatus};
 use crate::api::proxy::conditions::PROVISIONED;
 use crate::api::{ProxyMode, ProxyStatus};
 use crate::provider::error::plain_message;
-use crate::provider::{ErrorClass, Instance, Observation, Op, ProviderError};
+use crate::provider::{ErrorClass, Instance, InstanceState, Observation, Op, ProviderError};
 
 pub use delete::{next_delete_step, DeleteInput, DeleteStep, ReleaseReason};
 pub use end::{
     backoff, delete_failure, end, is_latched, managed_failure, unavailable_retry, Backoff, End,
-    Ending, Failure, CLOUD_INIT_RETRY, DELETE_RESUBMIT_AFTER, DELETION_POLL, PROVISIONING_POLL,
-    QUOTA_RETRY, REQUEUE_NOW, RUNNING_RESYNC, UNAVAILABLE_RETRY_MAX, UNAVAILABLE_RETRY_MIN,
+    Ending, Failure, CLOUD_INIT_RETRY, DELETE_RESUBMIT_AFTER, DELETE_RESUBMIT_GOING_AFTER,
+    DELETION_POLL, PROVISIONING_POLL, QUOTA_RETRY, REQUEUE_NOW, RUNNING_RESYNC,
+    UNAVAILABLE_RETRY_MAX, UNAVAILABLE_RETRY_MIN,
 };
 pub use jitter::{jitter, jittered, Fixed, Random, SystemRandom};
 pub use managed::{create_port, next_managed_step, ManagedInput, ReplaceCause, Step};
@@ -125,13 +126,25 @@ pub fn path(deleting: bool, mode: ProxyMode) -> Path {
     }
 }
 
-/// Whether a delete requested at `at` is recent enough at `now` not to be
-/// resubmitted ([`DELETE_RESUBMIT_AFTER`]).
-pub(crate) fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+/// Whether a delete requested at `at` is still to be waited for at `now`
+/// rather than resubmitted: within [`DELETE_RESUBMIT_AFTER`] of the
+/// request; and while the instance, in `state`, shows it is going (Stopped
+/// or Terminated: the provider is carrying the delete out, which may take
+/// minutes), within [`DELETE_RESUBMIT_GOING_AFTER`]. So a slow delete is
+/// asked for once, and one that was lost is asked for again.
+pub(crate) fn delete_pending(
+    at: Option<DateTime<Utc>>,
+    state: InstanceState,
+    now: DateTime<Utc>,
+) -> bool {
+    let wait = match state {
+        InstanceState::Stopped | InstanceState::Terminated => DELETE_RESUBMIT_GOING_AFTER,
+        InstanceState::Provisioning | InstanceState::Running => DELETE_RESUBMIT_AFTER,
+    };
     at.is_some_and(|t| {
         now.signed_duration_since(t)
             .to_std()
-            .map(|age| age < DELETE_RESUBMIT_AFTER)
+            .map(|age| age < wait)
             // A request time in the future (clock skew) counts as recent.
             .unwrap_or(true)
     })

@@ -198,39 +198,50 @@ fn an_observation_answers_only_for_the_incarnation_it_can_have_seen() {
 
 #[test]
 fn resubmission_window_table() {
-    struct Case {
-        name: &'static str,
-        at: Option<i64>,
-        want: bool,
-    }
+    use crate::provider::InstanceState::{Provisioning, Running, Stopped, Terminated};
+    // (case, requested at (s, now is 0), the instance's state, wait)
     let cases = [
-        Case {
-            name: "never requested",
-            at: None,
-            want: false,
-        },
-        Case {
-            name: "just now",
-            at: Some(0),
-            want: true,
-        },
-        Case {
-            name: "59s ago",
-            at: Some(-59),
-            want: true,
-        },
-        Case {
-            name: "60s ago: resubmit",
-            at: Some(-60),
-            want: false,
-        },
-        Case {
-            name: "in the future (clock skew) counts as recent",
-            at: Some(30),
-            want: true,
-        },
+        ("never requested", None, Running, false),
+        ("just now", Some(0), Running, true),
+        ("59s ago", Some(-59), Running, true),
+        (
+            "60s ago, still running: resubmit",
+            Some(-60),
+            Running,
+            false,
+        ),
+        (
+            "60s ago, still provisioning: resubmit",
+            Some(-60),
+            Provisioning,
+            false,
+        ),
+        (
+            "60s ago, stopping: the delete goes on",
+            Some(-60),
+            Stopped,
+            true,
+        ),
+        (
+            "14 min ago, terminated: the delete goes on",
+            Some(-14 * 60),
+            Terminated,
+            true,
+        ),
+        (
+            "15 min ago, still going: resubmit, it may be lost",
+            Some(-15 * 60),
+            Stopped,
+            false,
+        ),
+        (
+            "in the future (clock skew) counts as recent",
+            Some(30),
+            Running,
+            true,
+        ),
     ];
-    for c in cases {
-        assert_eq!(recently_requested(c.at.map(t), t(0)), c.want, "{}", c.name);
+    for (name, at, state, want) in cases {
+        assert_eq!(delete_pending(at.map(t), state, t(0)), want, "{name}");
     }
 }

@@ -21,7 +21,11 @@ pub struct Binary {
 /// stderr as cargo renders it.
 pub fn build(cargo: &str, cargo_args: &[String]) -> Result<Vec<Binary>, String> {
     let out = Command::new(cargo)
-        .args(["test", "--no-run", "--message-format=json-render-diagnostics"])
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
         .args(cargo_args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -101,7 +105,11 @@ mod tests {
         let names: Vec<&str> = found.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(
             names,
-            ["egress-proxies-operator (lib)", "control_plane", "test-cluster (bin)"]
+            [
+                "egress-proxies-operator (lib)",
+                "control_plane",
+                "test-cluster (bin)"
+            ]
         );
         assert_eq!(found[1].path, PathBuf::from("/t/deps/control_plane-2"));
         assert_eq!(found[2].cwd, PathBuf::from("/w/tests/cluster"));

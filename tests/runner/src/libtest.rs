@@ -40,7 +40,7 @@ fn count(summary: &str, word: &str) -> u64 {
             let mut it = part.split_whitespace().rev();
             let w = it.next()?;
             let n = it.next()?;
-            (w == word).then(|| n.parse().ok()).flatten()
+            (w == word).then(|| n.parse::<u64>().ok()).flatten()
         })
         .sum()
 }

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+#[derive(Debug)]
 struct Args {
     jobs: usize,
     only: Vec<String>,
@@ -77,7 +78,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let target = PathBuf::from(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()));
+    let target =
+        PathBuf::from(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()));
     let times_file = target.join("test-runner/times.tsv");
     let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let binaries = match cargo::build(&cargo_bin, &args.cargo_args) {
@@ -93,9 +95,16 @@ fn main() -> ExitCode {
         eprintln!("test-runner: no job matches --only {}", args.only.join(","));
         return ExitCode::from(2);
     }
-    println!("test-runner: {} jobs, {} at a time, longest first:", jobs.len(), args.jobs);
+    println!(
+        "test-runner: {} jobs, {} at a time, longest first:",
+        jobs.len(),
+        args.jobs
+    );
     for j in &jobs {
-        let threads = j.threads.map(|t| format!(", {t} test threads")).unwrap_or_default();
+        let threads = j
+            .threads
+            .map(|t| format!(", {t} test threads"))
+            .unwrap_or_default();
         println!("  {} (about {}{threads})", j.name, report::mmss(j.estimate));
     }
     if args.list {
@@ -144,7 +153,10 @@ fn main() -> ExitCode {
     let times: Vec<(String, Duration)> = rows.iter().map(|r| (r.name.clone(), r.took)).collect();
     let _ = std::fs::create_dir_all(target.join("test-runner"));
     if let Err(e) = std::fs::write(&times_file, plan::write_history(&history, &times)) {
-        eprintln!("test-runner: could not keep the times in {}: {e}", times_file.display());
+        eprintln!(
+            "test-runner: could not keep the times in {}: {e}",
+            times_file.display()
+        );
     }
     if rows.iter().all(|r| r.result.is_ok()) {
         ExitCode::SUCCESS
@@ -164,20 +176,36 @@ mod tests {
     #[test]
     fn flags_and_cargo_args() {
         let a = args(&[
-            "--jobs", "3", "--only", "kvm,e2e", "--also", "fuzz=tests/fuzz-api.sh x=1", "--",
-            "--no-default-features", "--workspace",
+            "--jobs",
+            "3",
+            "--only",
+            "kvm,e2e",
+            "--also",
+            "fuzz=tests/fuzz-api.sh x=1",
+            "--",
+            "--no-default-features",
+            "--workspace",
         ])
         .unwrap();
         assert_eq!(a.jobs, 3);
         assert_eq!(a.only, ["kvm", "e2e"]);
-        assert_eq!(a.also, [("fuzz".to_string(), "tests/fuzz-api.sh x=1".to_string())]);
+        assert_eq!(
+            a.also,
+            [("fuzz".to_string(), "tests/fuzz-api.sh x=1".to_string())]
+        );
         assert_eq!(a.cargo_args, ["--no-default-features", "--workspace"]);
     }
 
     #[test]
     fn bad_flags_say_which() {
-        assert!(args(&["--jobs"]).unwrap_err().contains("--jobs needs a value"));
-        assert!(args(&["--also", "nocmd"]).unwrap_err().contains("NAME=SHELL_COMMAND"));
-        assert!(args(&["--frobnicate"]).unwrap_err().contains("--frobnicate"));
+        assert!(args(&["--jobs"])
+            .unwrap_err()
+            .contains("--jobs needs a value"));
+        assert!(args(&["--also", "nocmd"])
+            .unwrap_err()
+            .contains("NAME=SHELL_COMMAND"));
+        assert!(args(&["--frobnicate"])
+            .unwrap_err()
+            .contains("--frobnicate"));
     }
 }

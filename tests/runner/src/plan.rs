@@ -101,10 +101,7 @@ pub fn read_history(text: &str) -> HashMap<String, Duration> {
 
 /// The times file for this run's jobs, merged over the old one's (a run of
 /// a few jobs keeps the others' times).
-pub fn write_history(
-    old: &HashMap<String, Duration>,
-    ran: &[(String, Duration)],
-) -> String {
+pub fn write_history(old: &HashMap<String, Duration>, ran: &[(String, Duration)]) -> String {
     let mut all = old.clone();
     for (name, took) in ran {
         all.insert(name.clone(), *took);
@@ -137,7 +134,13 @@ mod tests {
     fn the_longest_start_first_by_history_then_by_first_estimates() {
         let history = read_history("kvm\t900\nnewcomer\t5.5\n");
         let jobs = jobs(
-            vec![bin("newcomer"), bin("control_plane"), bin("kvm"), bin("a"), bin("b")],
+            vec![
+                bin("newcomer"),
+                bin("control_plane"),
+                bin("kvm"),
+                bin("a"),
+                bin("b"),
+            ],
             vec![("fuzz-api".into(), "tests/fuzz-api.sh".into())],
             &history,
             &[],

@@ -13,10 +13,16 @@ use crate::plan::{Job, Program};
 
 /// What the pool tells as it goes.
 pub enum Event {
-    Started { name: String, at: Duration },
+    Started {
+        name: String,
+        at: Duration,
+    },
     Finished(Finished),
     /// Once a minute: which jobs still run.
-    Running { at: Duration, names: Vec<String> },
+    Running {
+        at: Duration,
+        names: Vec<String>,
+    },
 }
 
 pub struct Finished {
@@ -44,9 +50,16 @@ pub fn run(
     let start = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..width.max(1) {
-        let (queue, running, tx, logs) = (queue.clone(), running.clone(), tx.clone(), logs.to_path_buf());
+        let (queue, running, tx, logs) = (
+            queue.clone(),
+            running.clone(),
+            tx.clone(),
+            logs.to_path_buf(),
+        );
         workers.push(std::thread::spawn(move || loop {
-            let Some(job) = lock(&queue).pop_front() else { break };
+            let Some(job) = lock(&queue).pop_front() else {
+                break;
+            };
             lock(&running).push(job.name.clone());
             let _ = tx.send(Event::Started {
                 name: job.name.clone(),
@@ -197,11 +210,17 @@ mod tests {
         // ended.
         let first_sleeper_done = finished.iter().position(|f| f.name != "b").unwrap();
         for (name, done_before) in &started {
-            assert!(*done_before <= first_sleeper_done, "{name} waited for a sleeper");
+            assert!(
+                *done_before <= first_sleeper_done,
+                "{name} waited for a sleeper"
+            );
         }
         let by = |n: &str| finished.iter().find(|f| f.name == n).unwrap();
         assert!(by("a one").result.is_ok());
-        assert_eq!(std::fs::read_to_string(&by("a one").log).unwrap(), "from-a\n");
+        assert_eq!(
+            std::fs::read_to_string(&by("a one").log).unwrap(),
+            "from-a\n"
+        );
         assert!(by("a one").log.ends_with("a_one.log"));
         assert!(by("b").result.as_ref().unwrap_err().contains('3'));
     }

@@ -25,7 +25,10 @@ pub fn render(rows: &[Row], wall: Duration, slowest: usize) -> String {
     let mut out = String::new();
     let mut rows: Vec<&Row> = rows.iter().collect();
     rows.sort_by_key(|r| r.started);
-    let _ = writeln!(out, "\n| job | started | wall | passed | failed | ignored | result |");
+    let _ = writeln!(
+        out,
+        "\n| job | started | wall | passed | failed | ignored | result |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for r in &rows {
         let result = match &r.result {
@@ -46,9 +49,14 @@ pub fn render(rows: &[Row], wall: Duration, slowest: usize) -> String {
     }
     let mut tests: Vec<(&str, &str, Duration)> = rows
         .iter()
-        .flat_map(|r| r.outcome.times.iter().map(|(t, d)| (r.name.as_str(), t.as_str(), *d)))
+        .flat_map(|r| {
+            r.outcome
+                .times
+                .iter()
+                .map(|(t, d)| (r.name.as_str(), t.as_str(), *d))
+        })
         .collect();
-    tests.sort_by(|a, b| b.2.cmp(&a.2));
+    tests.sort_by_key(|t| std::cmp::Reverse(t.2));
     if !tests.is_empty() {
         let _ = writeln!(out, "\nslowest tests:\n\n| test | time |\n|---|---|");
         for (job, test, d) in tests.iter().take(slowest) {
@@ -100,10 +108,16 @@ mod tests {
             Duration::from_secs(125),
             2,
         );
-        assert!(text.ends_with("\nwall time 2:05\nsuite: 6 passed, 3 failed\n"), "{text}");
+        assert!(
+            text.ends_with("\nwall time 2:05\nsuite: 6 passed, 3 failed\n"),
+            "{text}"
+        );
         let crashed = text.find("| crashed | 0:00 | 1:15 |").unwrap();
         assert!(crashed < text.find("| late |").unwrap());
         assert!(text.contains("FAILED (signal: 9)"));
-        assert!(text.contains("| late late_t | 0:11 |\n| red red_t | 0:06 |\n\n"), "{text}");
+        assert!(
+            text.contains("| late late_t | 0:11 |\n| red red_t | 0:06 |\n\n"),
+            "{text}"
+        );
     }
 }
