@@ -165,6 +165,9 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     let stdout = state.path().join("run-local.out");
     let mut child = Command::new("make")
         .current_dir(&clone)
+        // A newcomer's clone keeps its state in its own target/ (the suite
+        // may share a CARGO_TARGET_DIR outside the clone).
+        .env_remove("CARGO_TARGET_DIR")
         .args(["-s", "-o", "test-cluster", "run-local"])
         .arg(format!("OPERATOR_BIN={operator}"))
         .arg(format!("CLUSTER_BIN={}", cluster_bin.display()))

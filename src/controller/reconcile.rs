@@ -29,9 +29,7 @@ use crate::crashpoint;
 use crate::fleet::RecycleStep;
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
-use crate::provider::{
-    CreateRequest, ErrorClass, InstanceState, Op, Provider, ProviderError, UserData,
-};
+use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
 use delete::delete_path;
 
 /// Steps of one managed pass; every step either ends the pass or adds an
@@ -450,11 +448,7 @@ async fn managed_path(
             Step::WaitProvisioning => Ending::Provisioning,
             Step::Running { ip } => match ctx.fleet.step(proxy, status, now) {
                 RecycleStep::Replace(done)
-                    if !plan::delete_pending(
-                        status.delete_requested_at,
-                        InstanceState::Running,
-                        now,
-                    ) =>
+                    if !plan::recently_requested(status.delete_requested_at, now) =>
                 {
                     match p()?.delete(&id).await {
                         Ok(()) => {

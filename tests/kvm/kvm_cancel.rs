@@ -44,10 +44,20 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     // Without a sha256 the base is named by its URL.
     let slow_base = base_volume_for_url(&slow_url, ImageFormat::Raw);
     let (fast_url, _) = env.serve_qcow2("fast.qcow2", "16M");
+    // A second slow image (2 MiB, 32 chunks 150 ms apart: about 5 s), for a
+    // create still downloading while another is cancelled.
+    let slow2_file = env.dir.path().join("slow2.raw");
+    std::fs::write(&slow2_file, vec![9u8; 2 << 20]).unwrap();
+    let slow2_url = env
+        .http
+        .add_slow("/slow2.raw", &slow2_file, Duration::from_millis(150));
     let mut cfg = env.config();
     let mut slow = kvm_support::bios_image(slow_url.clone());
     slow.format = Some("raw".into());
     cfg.images.insert("slow".into(), slow);
+    let mut slow2 = kvm_support::bios_image(slow2_url);
+    slow2.format = Some("raw".into());
+    cfg.images.insert("slow2".into(), slow2);
     cfg.images
         .insert("fast".into(), kvm_support::bios_image(fast_url));
     // The same slow bytes under a checksum they do not have.
@@ -89,11 +99,32 @@ async fn a_slow_create_goes_on_in_the_background_and_delete_cancels_it() {
     let verdicts = p.checker().unwrap().check().await;
     assert!(verdicts[0].ready, "{verdicts:?}");
 
+    // Another create on the same host, still downloading its own image
+    // while the stuck one is cancelled below.
+    let beside = request("beside", "slow2");
+    env.track(&beside.name);
+    let beside_id = p.create(&beside).await.expect("create beside, downloading");
+    let inst = p.get(&beside_id).await.expect("get of the create beside");
+    assert_eq!(inst.state, InstanceState::Provisioning, "still downloading");
+
     // Deleting the stuck one cancels its download: nothing of it is left.
     p.delete(&stuck_id).await.unwrap();
     assert!(p.get(&stuck_id).await.unwrap_err().is(ErrorClass::NotFound));
     assert!(!env.volumes().contains(&format!("{slow_base}.sha256")));
     assert!(!env.domain_exists(&stuck.name));
+
+    // The cancel was the stuck one's alone: the create beside it goes on,
+    // its one download not restarted, and its domain is defined.
+    until(
+        "the create beside the cancel",
+        Duration::from_secs(60),
+        || env.domain_exists(&beside.name),
+    )
+    .await;
+    let inst = p.get(&beside_id).await.expect("get of the create beside");
+    assert_eq!(inst.uid, beside.uid);
+    assert_eq!(env.http.hits("/slow2.raw"), 1, "its download ran once");
+    p.delete(&beside_id).await.unwrap();
 
     // The partial base is replaced by the next create (now unthrottled).
     env.http.add_slow("/slow.raw", &slow_file, Duration::ZERO);
