@@ -5,7 +5,9 @@
 //!
 //! The router applies these with `Router::layer`, which wraps each route
 //! after routing, so the matched route pattern (axum's [`MatchedPath`]) is
-//! known here: span names and metric labels never carry a lease id.
+//! known here: span names and metric labels never carry a lease id, and
+//! the request log line names a lease by a short digest of its id
+//! ([`loggable_path`]): an id is the bearer's hold on its lease.
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use sha2::Digest as _;
 use tracing::{info, warn, Instrument};
 
 use super::error::ApiError;
@@ -41,6 +44,23 @@ pub fn route_label(method: &str, matched: Option<&str>) -> String {
     format!("{m} {}", matched.unwrap_or(UNMATCHED))
 }
 
+/// `path` as the request log line shows it: a lease id after
+/// `/v1/leases/` becomes `id:` and the first 8 hex digits of its SHA-256,
+/// enough to follow one lease through a log and nothing to present.
+pub fn loggable_path(path: &str) -> String {
+    const LEASES: &str = "/v1/leases/";
+    let Some(rest) = path.strip_prefix(LEASES) else {
+        return path.to_string();
+    };
+    let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if id.is_empty() {
+        return path.to_string();
+    }
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{LEASES}id:{short}{tail}")
+}
+
 /// The caller's span named by a W3C `traceparent` (and `tracestate`), as
 /// the context to parent the server span on; `None` without a valid one.
 /// `baggage` is not read.
@@ -55,7 +75,7 @@ pub(super) async fn observe(State(s): State<ApiState>, req: Request, next: Next)
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     let start = Instant::now();
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    let path = loggable_path(req.uri().path());
     let matched = req
         .extensions()
         .get::<MatchedPath>()
@@ -168,4 +188,38 @@ fn bearer(h: &HeaderMap) -> Option<&str> {
     let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loggable_path;
+
+    #[test]
+    fn lease_ids_are_logged_as_a_short_digest() {
+        let id = "v1.AAECAwQFBgcICQoLDA0ODw.secret-tag";
+        for (path, kept) in [
+            (format!("/v1/leases/{id}"), "/v1/leases/id:"),
+            (format!("/v1/leases/{id}/renew"), "/v1/leases/id:"),
+            (format!("/v1/leases/{id}/report"), "/v1/leases/id:"),
+        ] {
+            let shown = loggable_path(&path);
+            assert!(shown.starts_with(kept), "{shown}");
+            assert!(
+                !shown.contains("secret-tag") && !shown.contains("AAECAw"),
+                "{shown}"
+            );
+            assert_eq!(
+                shown.len(),
+                kept.len() + 8 + path.len() - "/v1/leases/".len() - id.len()
+            );
+        }
+        // The same id, the same digest: one lease can be followed.
+        assert_eq!(
+            loggable_path(&format!("/v1/leases/{id}")),
+            loggable_path(&format!("/v1/leases/{id}/renew")).trim_end_matches("/renew")
+        );
+        for plain in ["/v1/leases", "/v1/leases/", "/v1/proxies", "/healthz"] {
+            assert_eq!(loggable_path(plain), plain);
+        }
+    }
 }

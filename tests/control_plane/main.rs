@@ -23,6 +23,7 @@ mod e2e_reload;
 mod gc_sweep;
 mod idle_memory;
 mod leader_leases;
+mod lease_logs;
 mod manifests;
 mod metrics_auth;
 mod otlp_grpc;
