@@ -44,10 +44,7 @@ async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
     let standin = StandIn::start().await;
     standin.with(|st| st.running_after_gets = 1);
     let dir = tempfile::tempdir().unwrap();
-    let providers = format!(
-        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
-        standin.url
-    );
+    let providers = standin.providers_yaml();
     let _op = Operator::spawn(
         ground.operator(dir.path(), &providers),
         &dir.path().join("operator.log"),
@@ -196,10 +193,7 @@ async fn a_delete_in_progress_is_not_resubmitted() {
     let standin = StandIn::start_for(Duration::from_secs(600)).await;
     standin.with(|st| st.running_after_gets = 1);
     let dir = tempfile::tempdir().unwrap();
-    let providers = format!(
-        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
-        standin.url
-    );
+    let providers = standin.providers_yaml();
     let mut cmd = ground.operator(dir.path(), &providers);
     cmd.args(["--provider-list-interval", "5s"]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));

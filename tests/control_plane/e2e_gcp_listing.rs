@@ -32,10 +32,7 @@ async fn a_held_gcp_fleet_is_listed_not_got_and_a_stopped_instance_is_replaced()
     let standin = StandIn::start_for(Duration::from_secs(300)).await;
     standin.with(|st| st.running_after_gets = 1);
     let dir = tempfile::tempdir().unwrap();
-    let providers = format!(
-        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
-        standin.url
-    );
+    let providers = standin.providers_yaml();
     let mut cmd = ground.operator(dir.path(), &providers);
     cmd.args(["--provider-list-interval", "2s"]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));

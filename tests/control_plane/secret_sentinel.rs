@@ -135,10 +135,7 @@ async fn no_secret_reaches_logs_spans_metrics_status_events_or_api_errors() {
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = support::loopback();
     let metrics_addr: SocketAddr = support::loopback();
-    let providers = format!(
-        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
-        standin.url
-    );
+    let providers = standin.providers_yaml();
     let mut cmd = ground.operator(dir.path(), &providers);
     cmd.args(["--discovery-bind-address", &api_addr.to_string()])
         .args(["--metrics-bind-address", &metrics_addr.to_string()])

@@ -262,6 +262,16 @@ impl StandIn {
         });
     }
 
+    /// A providers file of one gcp provider `gcp-eu` (project
+    /// `my-project`, network tag `egress-proxy`) on this stand-in, without
+    /// credentials.
+    pub fn providers_yaml(&self) -> String {
+        format!(
+            "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+            self.url
+        )
+    }
+
     pub fn requests(&self) -> Vec<(String, String, String)> {
         self.with(|s| s.requests.clone())
     }
