@@ -12,15 +12,14 @@ if ! command -v virsh >/dev/null || [ ! -x /usr/sbin/libvirtd ] || answers; then
   exec "$@"
 fi
 dir=$(mktemp -d /tmp/epo-libvirtd.XXXXXX)
+pids=()
 stop() {
-  for p in libvirtd virtlogd; do
-    [ -s "$dir/$p.pid" ] && kill "$(cat "$dir/$p.pid")" 2>/dev/null || true
-  done
+  # The pids were read at start: each daemon removes its pid file as it
+  # exits.
+  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null
   for _ in $(seq 1 50); do
     alive=0
-    for p in libvirtd virtlogd; do
-      [ -s "$dir/$p.pid" ] && kill -0 "$(cat "$dir/$p.pid")" 2>/dev/null && alive=1
-    done
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && break
     sleep 0.2
   done
@@ -30,5 +29,8 @@ trap stop EXIT
 /usr/sbin/virtlogd -d -p "$dir/virtlogd.pid"
 /usr/sbin/libvirtd -d -p "$dir/libvirtd.pid"
 for _ in $(seq 1 75); do answers && break; sleep 0.2; done
+for p in libvirtd virtlogd; do
+  [ -s "$dir/$p.pid" ] && pids+=("$(cat "$dir/$p.pid")")
+done
 answers || { echo "with-libvirtd: libvirtd did not answer within 15 s" >&2; exit 1; }
 "$@"
