@@ -123,6 +123,24 @@ fn unknown_lease() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "unknown_lease", "no such lease")
 }
 
+/// The caller: its token's name (the anonymous name without tokens), as
+/// acquire records it on a lease.
+fn caller(client: Option<Extension<Client>>) -> std::sync::Arc<str> {
+    client
+        .map(|Extension(c)| c.0)
+        .unwrap_or_else(|| ANONYMOUS.into())
+}
+
+/// The live lease `id` when `caller` holds it. Another client's lease is
+/// as unknown to the caller as one that never was: an id seen in passing
+/// (a log, a proxy's access log) is no hold on the lease.
+fn own_lease(s: &ApiState, id: &str, caller: &str) -> ApiResult<Lease> {
+    s.leases
+        .get(id)
+        .filter(|l| &*l.client == caller)
+        .ok_or_else(unknown_lease)
+}
+
 /// 409: the lease is live but its proxy left the healthy set.
 fn proxy_unavailable(lease: &Lease) -> ApiError {
     ApiError::new(
@@ -191,9 +209,7 @@ pub(super) async fn acquire(
         ttl,
         sticky_key: b.sticky_key,
         site: b.site,
-        client: client
-            .map(|Extension(c)| c.0)
-            .unwrap_or_else(|| ANONYMOUS.into()),
+        client: caller(client),
     };
     let client_name = req.client.clone();
     match s.leases.acquire_among(&members, &req) {
@@ -238,10 +254,11 @@ pub(super) async fn acquire(
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn get_lease(
     State(s): State<ApiState>,
+    client: Option<Extension<Client>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<LeaseResponse>> {
     admit(&s, &id);
-    let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
+    let lease = own_lease(&s, &id, &caller(client))?;
     let item = s
         .item_for(&lease)
         .ok_or_else(|| proxy_unavailable(&lease))?;
@@ -258,13 +275,14 @@ pub(super) async fn get_lease(
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn renew(
     State(s): State<ApiState>,
+    client: Option<Extension<Client>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<LeaseResponse>> {
     let b: RenewBody = parse_body(body, true)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
     admit(&s, &id);
-    let lease = s.leases.get(&id).ok_or_else(unknown_lease)?;
+    let lease = own_lease(&s, &id, &caller(client))?;
     let item = s
         .item_for(&lease)
         .ok_or_else(|| proxy_unavailable(&lease))?;
@@ -273,13 +291,18 @@ pub(super) async fn renew(
     Ok(Json(lease_response(&lease, item)))
 }
 
-/// Ends a lease. Idempotent: an unknown or already released lease is 204 too.
+/// Ends a lease. Idempotent: an unknown or already released lease is 204
+/// too, and so is another client's, which is left alone.
 #[utoipa::path(delete, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
     responses((status = 204, description = "Released (or already gone)"), (status = 401, body = ErrorBody),
         (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
-pub(super) async fn release(State(s): State<ApiState>, Path(id): Path<String>) -> StatusCode {
-    if s.leases.release(&id) {
+pub(super) async fn release(
+    State(s): State<ApiState>,
+    client: Option<Extension<Client>>,
+    Path(id): Path<String>,
+) -> StatusCode {
+    if own_lease(&s, &id, &caller(client)).is_ok() && s.leases.release(&id) {
         s.metrics.lease_event("released", 1);
     }
     StatusCode::NO_CONTENT
@@ -296,6 +319,7 @@ pub(super) async fn release(State(s): State<ApiState>, Path(id): Path<String>) -
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn report(
     State(s): State<ApiState>,
+    client: Option<Extension<Client>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<StatusCode> {
@@ -314,6 +338,7 @@ pub(super) async fn report(
         }
     };
     admit(&s, &id);
+    own_lease(&s, &id, &caller(client))?;
     s.leases
         .report(&id, outcome, b.site.as_deref())
         .ok_or_else(unknown_lease)?;

@@ -1138,3 +1138,55 @@ async fn a_follower_without_a_reachable_leader_answers_503_with_retry_after() {
     }
     held.abort();
 }
+
+#[tokio::test]
+async fn a_lease_belongs_to_the_client_that_holds_it() {
+    let api = Api::start_clients(
+        &[("alice", "tok-a"), ("bob", "tok-b")],
+        10,
+        ClientLimits::default(),
+    )
+    .await;
+    let (s, lease) = api
+        .call("POST", "/v1/leases", Some("tok-a"), Some(b"{}".to_vec()))
+        .await;
+    assert_eq!(s, 201, "{lease}");
+    let id = lease["id"].as_str().unwrap();
+    let path = format!("/v1/leases/{id}");
+    // Bob, holding the id, meets it as an unknown lease everywhere.
+    for (method, p, body) in [
+        ("GET", path.clone(), None),
+        ("POST", format!("{path}/renew"), Some(b"{}".to_vec())),
+        (
+            "POST",
+            format!("{path}/report"),
+            Some(br#"{"result": "failed"}"#.to_vec()),
+        ),
+    ] {
+        let (s, v) = api.call(method, &p, Some("tok-b"), body).await;
+        assert_eq!(
+            (s, code(&v)),
+            (404, "unknown_lease"),
+            "bob's {method} {p}: {v}"
+        );
+    }
+    // His release is answered as for any unknown id, and changes nothing.
+    let (s, _) = api.call("DELETE", &path, Some("tok-b"), None).await;
+    assert_eq!(s, 204);
+    // Alice still holds it, renews it and may end it.
+    let (s, v) = api.call("GET", &path, Some("tok-a"), None).await;
+    assert_eq!(s, 200, "alice still holds her lease: {v}");
+    let (s, v) = api
+        .call(
+            "POST",
+            &format!("{path}/renew"),
+            Some("tok-a"),
+            Some(b"{}".to_vec()),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = api.call("DELETE", &path, Some("tok-a"), None).await;
+    assert_eq!(s, 204);
+    let (s, v) = api.call("GET", &path, Some("tok-a"), None).await;
+    assert_eq!((s, code(&v)), (404, "unknown_lease"), "{v}");
+}
