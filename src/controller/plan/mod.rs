@@ -141,15 +141,6 @@ pub(crate) fn delete_pending(
         InstanceState::Stopped | InstanceState::Terminated => DELETE_RESUBMIT_GOING_AFTER,
         InstanceState::Provisioning | InstanceState::Running => DELETE_RESUBMIT_AFTER,
     };
-    within(at, wait, now)
-}
-
-/// [`delete_pending`] for an instance that still runs (a recycle's).
-pub(crate) fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
-    delete_pending(at, InstanceState::Running, now)
-}
-
-fn within(at: Option<DateTime<Utc>>, wait: std::time::Duration, now: DateTime<Utc>) -> bool {
     at.is_some_and(|t| {
         now.signed_duration_since(t)
             .to_std()
@@ -157,6 +148,11 @@ fn within(at: Option<DateTime<Utc>>, wait: std::time::Duration, now: DateTime<Ut
             // A request time in the future (clock skew) counts as recent.
             .unwrap_or(true)
     })
+}
+
+/// [`delete_pending`] for an instance that still runs (a recycle's).
+pub(crate) fn recently_requested(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    delete_pending(at, InstanceState::Running, now)
 }
 
 #[cfg(test)]
