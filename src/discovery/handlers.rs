@@ -114,7 +114,9 @@ fn admit(s: &ApiState, id: &str) {
     let eligible = |k: &ProxyKey| listing.get(k).is_some();
     match s.leases.admit(id, eligible) {
         Admission::Readmitted(_) => s.metrics.lease_event("readmitted", 1),
-        Admission::Refused(Refusal::NoRoom) => s.metrics.lease_event("readmit_refused", 1),
+        Admission::Refused(Refusal::NoRoom | Refusal::ClientLimit) => {
+            s.metrics.lease_event("readmit_refused", 1)
+        }
         Admission::Refused(Refusal::Ineligible) | Admission::Known | Admission::Unknown => {}
     }
 }

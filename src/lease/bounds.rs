@@ -105,7 +105,16 @@ impl StickyMap {
         proxy: &ProxyKey,
         until: DateTime<Utc>,
     ) -> Result<(), Full> {
-        let d = digest(key);
+        self.remember_digest(digest(key), proxy, until)
+    }
+
+    /// [`StickyMap::remember`] for a key already digested (a hand-over).
+    pub fn remember_digest(
+        &mut self,
+        d: KeyDigest,
+        proxy: &ProxyKey,
+        until: DateTime<Utc>,
+    ) -> Result<(), Full> {
         if let Some((p, end)) = self.map.get_mut(&d) {
             if p.as_ref() == proxy {
                 *end = (*end).max(until);
@@ -143,6 +152,17 @@ impl StickyMap {
     /// Forgets mappings that ended by `now`; returns how many.
     pub fn sweep(&mut self, now: DateTime<Utc>) -> usize {
         self.retain(|_, until| until > now)
+    }
+
+    /// Every mapping live at `now`: (key digest, proxy, end).
+    pub fn live(
+        &self,
+        now: DateTime<Utc>,
+    ) -> impl Iterator<Item = (&KeyDigest, &ProxyKey, DateTime<Utc>)> {
+        self.map
+            .iter()
+            .filter(move |(_, (_, until))| *until > now)
+            .map(|(d, (p, until))| (d, p.as_ref(), *until))
     }
 
     /// Forgets mappings to proxies not in `present`.
@@ -250,7 +270,16 @@ impl Cooldowns {
         site: &str,
         until: DateTime<Utc>,
     ) -> Result<(), Full> {
-        let d = digest(site);
+        self.put_site_digest(proxy, digest(site), until)
+    }
+
+    /// [`Cooldowns::put_site`] for a site already digested (a hand-over).
+    pub fn put_site_digest(
+        &mut self,
+        proxy: &ProxyKey,
+        d: KeyDigest,
+        until: DateTime<Utc>,
+    ) -> Result<(), Full> {
         if let Some(t) = self
             .proxies
             .get_mut(proxy)
@@ -273,6 +302,36 @@ impl Cooldowns {
             .insert(d, until);
         self.sites += 1;
         Ok(())
+    }
+
+    /// Every cooldown live at `now`: per proxy, the global reports
+    /// (client, end) and the site entries (site digest, end).
+    #[allow(clippy::type_complexity)] // two plain lists per proxy
+    pub fn live(
+        &self,
+        now: DateTime<Utc>,
+    ) -> impl Iterator<
+        Item = (
+            &ProxyKey,
+            Vec<(&Arc<str>, DateTime<Utc>)>,
+            Vec<(&KeyDigest, DateTime<Utc>)>,
+        ),
+    > {
+        self.proxies.iter().map(move |(p, c)| {
+            let global = c
+                .global
+                .iter()
+                .filter(|(_, t)| *t > now)
+                .map(|(who, t)| (who, *t))
+                .collect();
+            let sites = c
+                .sites
+                .iter()
+                .filter(|(_, t)| **t > now)
+                .map(|(d, t)| (d, *t))
+                .collect();
+            (p, global, sites)
+        })
     }
 
     /// Removes cooldowns that ended by `now`.

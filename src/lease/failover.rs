@@ -31,17 +31,38 @@ pub enum Refusal {
     /// Its proxy's table is full: others presented their ids first. Only a
     /// client that reused a released id can cause this.
     NoRoom,
+    /// Its client holds `--max-leases-per-client` leases already: taking it
+    /// in would let a client past its cap across a leader change.
+    ClientLimit,
 }
 
-/// Whether a signed, live lease on a proxy that is `eligible` and holds
-/// `active` of `max` leases is taken in: first come, first served, never
-/// past capacity.
-pub fn readmit_decision(eligible: bool, active: u32, max: u32) -> Result<(), Refusal> {
-    if !eligible {
+/// What a store knows when it is presented a signed, live lease it does
+/// not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presented {
+    /// Its proxy is still offered.
+    pub eligible: bool,
+    /// Leases its proxy holds, of `max`.
+    pub active: u32,
+    /// `--max-leases-per-proxy`.
+    pub max: u32,
+    /// Leases its client holds, of `client_max` (0: no cap).
+    pub held: u32,
+    /// `--max-leases-per-client`.
+    pub client_max: u32,
+}
+
+/// Whether a presented lease is taken in: first come, first served,
+/// never past a proxy's capacity nor a client's cap.
+pub fn readmit_decision(p: Presented) -> Result<(), Refusal> {
+    if !p.eligible {
         return Err(Refusal::Ineligible);
     }
-    if active >= max {
+    if p.active >= p.max {
         return Err(Refusal::NoRoom);
+    }
+    if p.client_max > 0 && p.held >= p.client_max {
+        return Err(Refusal::ClientLimit);
     }
     Ok(())
 }
@@ -132,12 +153,17 @@ impl LeaseStore {
         if st.was_released(&slot) {
             return Admission::Unknown;
         }
-        let active = st.proxies.get(&c.proxy).map_or(0, |p| p.active());
-        let max = self.config.max_leases_per_proxy;
-        if let Err(why) = readmit_decision(eligible(&c.proxy), active, max) {
+        let client: Arc<str> = Arc::from(c.client.as_str());
+        let presented = Presented {
+            eligible: eligible(&c.proxy),
+            active: st.proxies.get(&c.proxy).map_or(0, |p| p.active()),
+            max: self.config.max_leases_per_proxy,
+            held: st.clients.get(&client).map_or(0, |e| e.len()),
+            client_max: self.limits.max_leases,
+        };
+        if let Err(why) = readmit_decision(presented) {
             return Admission::Refused(why);
         }
-        let client: Arc<str> = Arc::from(c.client.as_str());
         let lease = Lease {
             id: id.to_string(),
             proxy: c.proxy.clone(),

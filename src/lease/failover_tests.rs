@@ -52,57 +52,77 @@ fn any(_: &ProxyKey) -> bool {
 
 #[test]
 fn readmit_rules() {
-    struct Case {
-        name: &'static str,
-        eligible: bool,
-        active: u32,
-        max: u32,
-        want: Result<(), Refusal>,
-    }
+    let room = Presented {
+        eligible: true,
+        active: 1,
+        max: 2,
+        held: 0,
+        client_max: 0,
+    };
     let cases = [
-        Case {
-            name: "room left",
-            eligible: true,
-            active: 1,
-            max: 2,
-            want: Ok(()),
-        },
-        Case {
-            name: "empty table",
-            eligible: true,
-            active: 0,
-            max: 1,
-            want: Ok(()),
-        },
-        Case {
-            name: "full: first come first served",
-            eligible: true,
-            active: 2,
-            max: 2,
-            want: Err(Refusal::NoRoom),
-        },
-        Case {
-            name: "leasing turned off",
-            eligible: true,
-            active: 0,
-            max: 0,
-            want: Err(Refusal::NoRoom),
-        },
-        Case {
-            name: "proxy left the healthy set",
-            eligible: false,
-            active: 0,
-            max: 2,
-            want: Err(Refusal::Ineligible),
-        },
+        ("room left", room, Ok(())),
+        (
+            "empty table",
+            Presented {
+                active: 0,
+                max: 1,
+                ..room
+            },
+            Ok(()),
+        ),
+        (
+            "full: first come first served",
+            Presented { active: 2, ..room },
+            Err(Refusal::NoRoom),
+        ),
+        (
+            "leasing turned off",
+            Presented {
+                active: 0,
+                max: 0,
+                ..room
+            },
+            Err(Refusal::NoRoom),
+        ),
+        (
+            "proxy left the healthy set",
+            Presented {
+                eligible: false,
+                active: 0,
+                ..room
+            },
+            Err(Refusal::Ineligible),
+        ),
+        (
+            "client below its cap",
+            Presented {
+                held: 2,
+                client_max: 3,
+                ..room
+            },
+            Ok(()),
+        ),
+        (
+            "client at its cap: taking it in would pass it",
+            Presented {
+                held: 3,
+                client_max: 3,
+                ..room
+            },
+            Err(Refusal::ClientLimit),
+        ),
+        (
+            "no client cap",
+            Presented {
+                held: 1_000,
+                client_max: 0,
+                ..room
+            },
+            Ok(()),
+        ),
     ];
-    for c in cases {
-        assert_eq!(
-            readmit_decision(c.eligible, c.active, c.max),
-            c.want,
-            "{}",
-            c.name
-        );
+    for (name, presented, want) in cases {
+        assert_eq!(readmit_decision(presented), want, "{name}");
     }
 }
 
@@ -224,4 +244,56 @@ fn every_id_of_a_live_lease_reaches_it_at_the_same_leader() {
         "a released lease is not taken in again where it was released"
     );
     assert_eq!(s.active_on(&k("a")), 0);
+}
+
+#[test]
+fn leases_taken_in_count_against_the_clients_cap() {
+    let clock = clock();
+    let limits = crate::lease::ClientLimits {
+        max_leases: 2,
+        global_cooldown_min_clients: 1,
+    };
+    let old = leader(10, 1, &clock).with_client_limits(limits);
+    let held: Vec<_> = ["a", "b"]
+        .map(|p| old.acquire(&[k(p)], &req("greedy")).unwrap())
+        .into();
+    let new = leader(10, 1, &clock).with_client_limits(limits);
+    // A grant at the new leader before the old leases are presented...
+    let extra = new.acquire(&[k("c")], &req("greedy")).unwrap();
+    assert!(matches!(
+        new.admit(&held[0].id, any),
+        Admission::Readmitted(_)
+    ));
+    // ...leaves room for one of the two old leases only.
+    assert_eq!(
+        new.admit(&held[1].id, any),
+        Admission::Refused(Refusal::ClientLimit)
+    );
+    assert_eq!(new.get(&held[1].id), None);
+    assert!(new.acquire(&[k("d")], &req("greedy")).is_err());
+    assert!(new.get(&extra.id).is_some());
+    let other = new.acquire(&[k("d")], &req("polite"));
+    assert!(other.is_ok(), "another client's cap is its own");
+}
+
+#[test]
+fn a_released_id_is_remembered_for_its_whole_ttl_however_many_follow() {
+    let clock = clock();
+    let old = leader(1, 1, &clock);
+    let first = old.acquire(&[k("a")], &req("c")).unwrap();
+    assert!(old.release(&first.id));
+    // More releases than the count the memory used to be capped at.
+    for _ in 0..100_001 {
+        let l = old.acquire(&[k("a")], &req("c")).unwrap();
+        assert!(old.release(&l.id));
+    }
+    assert_eq!(
+        old.admit(&first.id, any),
+        Admission::Unknown,
+        "still remembered while its TTL runs"
+    );
+    assert_eq!(old.active_on(&k("a")), 0);
+    clock.advance(Duration::from_secs(61));
+    let s = old.acquire(&[k("a")], &req("c")).unwrap();
+    assert!(old.release(&s.id));
 }

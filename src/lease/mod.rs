@@ -173,12 +173,14 @@ impl Default for ClientLimits {
 
 mod state;
 use state::State;
+mod snapshot;
+pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};
 
 mod ids;
 pub use ids::{random_id, IdSource};
 mod failover;
 mod recovery;
-pub use failover::{readmit_decision, Admission, Refusal};
+pub use failover::{readmit_decision, Admission, Presented, Refusal};
 pub use recovery::{grant_end, horizon, window_end, HORIZON_ANNOTATION};
 pub mod signed;
 pub use signed::LeaseKey;
@@ -309,6 +311,7 @@ impl LeaseStore {
             now,
         };
         let chosen = st.choose(c, &ask)?;
+        st.recovery.note(now, req.ttl);
         st.grants += 1;
         let seq = st.grants;
         st.update_proxy(&chosen, |p| p.last_granted = Some((now, seq)));

@@ -104,18 +104,44 @@ impl Recovery {
         }
     }
 
-    fn note(&mut self, now: DateTime<Utc>, ttl: Duration) {
+    /// Counts `ttl`, granted at `now`, for as long as a lease of it could
+    /// run. Only a granted TTL counts: one asked for and refused never
+    /// stretches the next leader's window.
+    pub(super) fn note(&mut self, now: DateTime<Utc>, ttl: Duration) {
         if ttl >= self.recent(now) {
             self.longest = Some((ttl, now));
         }
     }
 
+    /// The longest TTL counted and the milliseconds left of its count.
+    pub(super) fn longest_left(&self, now: DateTime<Utc>) -> Option<(u64, u64)> {
+        let (ttl, at) = self.longest?;
+        let left = (later(at, ttl) - now).num_milliseconds();
+        let left = u64::try_from(left).ok().filter(|l| *l > 0)?;
+        Some((u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX), left))
+    }
+
+    /// Counts `ttl` for `left_ms` more (a hand-over's count).
+    pub(super) fn count_longest(&mut self, now: DateTime<Utc>, ttl: Duration, left_ms: u64) {
+        if ttl < self.recent(now) {
+            return;
+        }
+        let left = chrono::Duration::milliseconds(i64::try_from(left_ms).unwrap_or(i64::MAX));
+        let ttl_c = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let at = now
+            .checked_add_signed(left)
+            .and_then(|end| end.checked_sub_signed(ttl_c))
+            .unwrap_or(now);
+        self.longest = Some((ttl, at));
+    }
+
+    /// The end of a lease granted at `now` for `ttl`, or how long to wait;
+    /// the TTL is counted only once the grant is made ([`Self::note`]).
     pub(super) fn grant(
         &mut self,
         now: DateTime<Utc>,
         ttl: Duration,
     ) -> Result<DateTime<Utc>, AcquireError> {
-        self.note(now, ttl);
         grant_end(
             now,
             later(now, ttl),

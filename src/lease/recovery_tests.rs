@@ -251,3 +251,35 @@ fn without_an_election_nothing_waits_or_clamps() {
     assert_eq!(l.expires_at, t(600));
     assert_eq!(s.recovering_until(), None);
 }
+
+#[test]
+fn only_a_granted_ttl_stretches_the_horizon() {
+    let clock = FakeClock::at(t(0));
+    let s = store(&clock);
+    s.take_over(None);
+    s.published(s.horizon(secs(4)));
+    assert_eq!(s.horizon(secs(4)), t(64), "the default TTL");
+    // Refused: no healthy proxy, then a full one. Neither counts.
+    assert_eq!(
+        s.acquire::<ProxyKey>(&[], &req(600)),
+        Err(AcquireError::NoProxy)
+    );
+    s.acquire(&[k("a")], &req(60)).unwrap();
+    s.acquire(&[k("a")], &req(60)).unwrap();
+    assert!(matches!(
+        s.acquire(&[k("a")], &req(600)),
+        Err(AcquireError::NoCapacity { .. })
+    ));
+    assert_eq!(
+        s.horizon(secs(4)),
+        t(64),
+        "asked for and refused: not counted"
+    );
+    // Granted (clamped to what is published): counted from now on.
+    let l = s.acquire(&[k("b")], &req(600)).unwrap();
+    assert_eq!(l.expires_at, t(64));
+    assert_eq!(s.horizon(secs(4)), t(604));
+    // It counts for as long as a lease of it could run, then no more.
+    clock.advance(secs(601));
+    assert_eq!(s.horizon(secs(4)), t(601 + 4));
+}

@@ -13,9 +13,6 @@ use super::{
     MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
 };
 
-/// Released slots remembered at most.
-pub(super) const MAX_RELEASED: usize = 100_000;
-
 #[derive(Debug)]
 pub(super) struct State {
     /// Live leases by slot: the nonce of a signed id, else the id itself.
@@ -88,14 +85,24 @@ impl State {
     /// Ends a lease by release: its ids are dead here until they expire.
     pub(super) fn release(&mut self, slot: &str) -> Option<Lease> {
         let lease = self.end(slot)?;
-        if self.released.len() >= MAX_RELEASED {
-            // Bounded: past it the oldest release may be taken in again,
-            // which costs capacity only if its client reuses the id.
-            self.forget_oldest_release();
-        }
-        self.released.insert((lease.expires_at, slot.to_string()));
-        self.released_slots.insert(slot.to_string());
+        self.remember_release(slot, lease.expires_at);
         Some(lease)
+    }
+
+    /// Remembers that `slot` was released, until `end`: as long as any of
+    /// its ids could be presented, however many are released meanwhile
+    /// (each costs about 100 bytes for at most `--max-lease-ttl`).
+    pub(super) fn remember_release(&mut self, slot: &str, end: DateTime<Utc>) {
+        if self.released_slots.insert(slot.to_string()) {
+            self.released.insert((end, slot.to_string()));
+        }
+    }
+
+    /// Released slots by their end.
+    pub(super) fn released(&self) -> impl Iterator<Item = (DateTime<Utc>, &str)> {
+        self.released
+            .iter()
+            .map(|(end, slot)| (*end, slot.as_str()))
     }
 
     /// Whether `slot` was released here and could still be presented.

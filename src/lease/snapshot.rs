@@ -1,0 +1,235 @@
+//! The store's whole state as a value, for a planned hand-over: a leader
+//! that stops on purpose exports it, the next leader imports it and grants
+//! at once, with no recovery window (docs/architecture.md, "Hand-over").
+//!
+//! Every time is kept as a duration from the export, never as a wall-clock
+//! date: the importer counts it from its own clock, so clock skew between
+//! replicas cannot shorten a lease, a cooldown or a released id's memory.
+//! The time the snapshot spends in transit is added to each (the importer
+//! does not know it), which only errs on the safe side. Sticky keys and
+//! sites are kept as the digests the store holds, never as sent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::bounds::{later, KeyDigest};
+use super::{failover, Lease, LeaseStore, ProxyKey};
+
+/// The format's version; an importer refuses any other.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// A lease store's state, times relative to the export. Serialized as
+/// compact JSON (tuples are arrays): about 80 bytes a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// [`SNAPSHOT_VERSION`].
+    pub v: u32,
+    /// Proxies named below by their index here: (namespace, name).
+    pub proxies: Vec<(String, String)>,
+    /// Live leases: (slot, proxy, client, ms left, ms since granted, site).
+    pub leases: Vec<(String, u32, String, u64, u64, Option<String>)>,
+    /// Released slots that could still be presented: (slot, ms left).
+    pub released: Vec<(String, u64)>,
+    /// Sticky keys: (key digest, proxy, ms left).
+    pub sticky: Vec<(String, u32, u64)>,
+    /// Global cooldown reports: (proxy, client, ms left).
+    pub global: Vec<(u32, String, u64)>,
+    /// Site cooldowns: (proxy, site digest, ms left).
+    pub sites: Vec<(u32, String, u64)>,
+    /// The longest TTL granted recently and ms left of its count, so the
+    /// next leader's horizons still cover it.
+    pub longest: Option<(u64, u64)>,
+}
+
+/// Why a snapshot was not imported.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Written by another version of the format.
+    #[error("lease state format version {0} is not {SNAPSHOT_VERSION}")]
+    Version(u32),
+    /// An entry names a proxy past the table, or a digest is malformed.
+    #[error("lease state is inconsistent: {0}")]
+    Inconsistent(&'static str),
+}
+
+fn ms_left(now: DateTime<Utc>, end: DateTime<Utc>) -> Option<u64> {
+    let ms = (end - now).num_milliseconds();
+    u64::try_from(ms).ok().filter(|ms| *ms > 0)
+}
+
+fn after(now: DateTime<Utc>, ms: u64) -> DateTime<Utc> {
+    later(now, Duration::from_millis(ms))
+}
+
+fn encode_digest(d: &KeyDigest) -> String {
+    data_encoding::BASE64URL_NOPAD.encode(d)
+}
+
+fn decode_digest(s: &str) -> Result<KeyDigest, SnapshotError> {
+    data_encoding::BASE64URL_NOPAD
+        .decode(s.as_bytes())
+        .ok()
+        .and_then(|b| KeyDigest::try_from(b).ok())
+        .ok_or(SnapshotError::Inconsistent("a digest is malformed"))
+}
+
+/// Numbers proxies in the order first met.
+#[derive(Default)]
+struct Table {
+    index: BTreeMap<ProxyKey, u32>,
+    list: Vec<(String, String)>,
+}
+
+impl Table {
+    fn of(&mut self, p: &ProxyKey) -> u32 {
+        if let Some(i) = self.index.get(p) {
+            return *i;
+        }
+        let i = u32::try_from(self.list.len()).unwrap_or(u32::MAX);
+        self.index.insert(p.clone(), i);
+        self.list.push((p.namespace.clone(), p.name.clone()));
+        i
+    }
+}
+
+impl LeaseStore {
+    /// Everything live at this moment, for the next leader.
+    pub fn export(&self) -> Snapshot {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let mut t = Table::default();
+        let mut s = Snapshot {
+            v: SNAPSHOT_VERSION,
+            ..Default::default()
+        };
+        for (slot, l) in &st.leases {
+            let Some(left) = ms_left(now, l.expires_at) else {
+                continue;
+            };
+            let age = u64::try_from((now - l.granted_at).num_milliseconds()).unwrap_or(0);
+            let p = t.of(&l.proxy);
+            let entry = (
+                slot.clone(),
+                p,
+                l.client.to_string(),
+                left,
+                age,
+                l.site.clone(),
+            );
+            s.leases.push(entry);
+        }
+        s.released = st
+            .released()
+            .filter_map(|(end, slot)| Some((slot.to_string(), ms_left(now, end)?)))
+            .collect();
+        for (d, p, until) in st.sticky.live(now) {
+            if let Some(left) = ms_left(now, until) {
+                s.sticky.push((encode_digest(d), t.of(p), left));
+            }
+        }
+        for (p, global, sites) in st.cooldowns.live(now) {
+            let i = t.of(p);
+            for (who, until) in global {
+                s.global
+                    .extend(ms_left(now, until).map(|l| (i, who.to_string(), l)));
+            }
+            for (d, until) in sites {
+                s.sites
+                    .extend(ms_left(now, until).map(|l| (i, encode_digest(d), l)));
+            }
+        }
+        s.longest = st.recovery.longest_left(now);
+        s.proxies = t.list;
+        s
+    }
+
+    /// Takes in `s`, exported by the previous leader, as if every lease,
+    /// release, cooldown and sticky key had happened here; what this store
+    /// already holds stays as it is. Past the store's caps an entry is not
+    /// kept, as it would not have been here.
+    pub fn import(&self, s: &Snapshot) -> Result<(), SnapshotError> {
+        if s.v != SNAPSHOT_VERSION {
+            return Err(SnapshotError::Version(s.v));
+        }
+        let proxy = |i: u32| {
+            s.proxies
+                .get(usize::try_from(i).unwrap_or(usize::MAX))
+                .map(|(namespace, name)| ProxyKey {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                })
+                .ok_or(SnapshotError::Inconsistent("an entry names no proxy"))
+        };
+        // Checked whole before anything changes: a bad snapshot changes
+        // nothing.
+        let mut sticky = Vec::with_capacity(s.sticky.len());
+        for (d, p, left) in &s.sticky {
+            sticky.push((decode_digest(d)?, proxy(*p)?, *left));
+        }
+        let mut sites = Vec::with_capacity(s.sites.len());
+        for (p, d, left) in &s.sites {
+            sites.push((proxy(*p)?, decode_digest(d)?, *left));
+        }
+        let mut leases = Vec::with_capacity(s.leases.len());
+        for (slot, p, client, left, age, site) in &s.leases {
+            leases.push((slot, proxy(*p)?, client, *left, *age, site));
+        }
+        let mut global = Vec::with_capacity(s.global.len());
+        for (p, client, left) in &s.global {
+            global.push((proxy(*p)?, Arc::<str>::from(client.as_str()), *left));
+        }
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let mut clients: BTreeMap<&str, Arc<str>> = BTreeMap::new();
+        for (slot, proxy, client, left, age, site) in leases {
+            if st.leases.contains_key(slot.as_str()) || st.was_released(slot) {
+                continue;
+            }
+            let client = clients
+                .entry(client.as_str())
+                .or_insert_with(|| Arc::from(client.as_str()))
+                .clone();
+            let granted_at = now - chrono::Duration::milliseconds(i64::try_from(age).unwrap_or(0));
+            let mut lease = Lease {
+                id: slot.clone(),
+                proxy,
+                granted_at,
+                expires_at: after(now, left),
+                site: site.clone(),
+                client,
+            };
+            if let Some(key) = &self.key {
+                lease.id = failover::resign(key, slot, &lease);
+            }
+            st.hold(slot.clone(), lease);
+        }
+        for (slot, left) in &s.released {
+            st.remember_release(slot, after(now, *left));
+        }
+        for (d, p, left) in sticky {
+            // Bounded as a grant is: a key past the caps loses stickiness.
+            let _ = st.sticky.remember_digest(d, &p, after(now, left));
+        }
+        for (p, d, left) in sites {
+            let _ = st.cooldowns.put_site_digest(&p, d, after(now, left));
+        }
+        for (p, client, left) in global {
+            st.cooldowns.put_global(&p, &client, after(now, left));
+        }
+        if let Some((ttl, left)) = s.longest {
+            st.recovery
+                .count_longest(now, Duration::from_millis(ttl), left);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;

@@ -1,0 +1,215 @@
+use std::time::Duration;
+
+use chrono::TimeZone;
+
+use super::super::signed::KEY_LEN;
+use super::super::{
+    AcquireError, AcquireRequest, Admission, Clock, FakeClock, LeaseConfig, LeaseKey, Outcome,
+};
+use super::*;
+
+fn k(name: &str) -> ProxyKey {
+    ProxyKey {
+        namespace: "crawl".into(),
+        name: name.into(),
+    }
+}
+
+fn store(clock: &FakeClock) -> LeaseStore {
+    let cfg = LeaseConfig {
+        max_leases_per_proxy: 2,
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+        cooldown: Duration::from_secs(120),
+    };
+    LeaseStore::with(
+        cfg,
+        Arc::new(clock.clone()),
+        Box::new(super::super::random_id),
+    )
+    .with_key(LeaseKey::from_bytes(&[7; KEY_LEN]).unwrap())
+}
+
+fn req(client: &str, sticky: Option<&str>, site: Option<&str>) -> AcquireRequest {
+    AcquireRequest {
+        ttl: Duration::from_secs(60),
+        client: client.into(),
+        sticky_key: sticky.map(String::from),
+        site: site.map(String::from),
+    }
+}
+
+fn at(h: u32) -> FakeClock {
+    FakeClock::at(Utc.with_ymd_and_hms(2026, 12, 4, h, 0, 0).unwrap())
+}
+
+/// The old leader's state: `a` full (two leases, one under a sticky key),
+/// `b` reported failed by team-x and blocked for one site, one released
+/// lease on `c`.
+struct Old {
+    store: LeaseStore,
+    held: Vec<Lease>,
+    released: Lease,
+}
+
+fn old_leader(clock: &FakeClock) -> Old {
+    let store = store(clock);
+    let all = [k("a"), k("b"), k("c")];
+    let a1 = store
+        .acquire(&[k("a")], &req("team-x", Some("session-1"), None))
+        .unwrap();
+    let a2 = store
+        .acquire(&[k("a")], &req("team-y", None, None))
+        .unwrap();
+    let b = store
+        .acquire(&[k("b")], &req("team-x", None, None))
+        .unwrap();
+    store.report(&b.id, Outcome::Failed, None).unwrap();
+    store
+        .report(&b.id, Outcome::Blocked, Some("shop.example"))
+        .unwrap();
+    let c = store
+        .acquire(&[k("c")], &req("team-y", None, None))
+        .unwrap();
+    assert!(store.release(&c.id));
+    assert_eq!(store.active(), 3, "{all:?}");
+    Old {
+        store,
+        held: vec![a1, a2, b],
+        released: c,
+    }
+}
+
+#[test]
+fn the_next_leader_starts_with_the_whole_state_whatever_its_clock_says() {
+    // The next leader's clock is an hour behind the old one's: times travel
+    // as durations, so nothing ends early or late.
+    for next_hour in [11, 12, 13] {
+        let old_clock = at(12);
+        let old = old_leader(&old_clock);
+        old_clock.advance(Duration::from_secs(10));
+        let snap = old.store.export();
+        let json = serde_json::to_vec(&snap).unwrap();
+        let clock = at(next_hour);
+        let new = store(&clock);
+        new.import(&serde_json::from_slice(&json).unwrap()).unwrap();
+        let all = [k("a"), k("b"), k("c")];
+
+        for l in &old.held {
+            let got = new.get(&l.id).expect("every held lease is known");
+            assert_eq!((&got.proxy, &got.client), (&l.proxy, &l.client));
+            assert_eq!(
+                got.expires_at,
+                clock.now() + chrono::Duration::seconds(50),
+                "50 s were left of its 60"
+            );
+            assert_ne!(got.id, l.id, "re-signed with this clock's expiry");
+        }
+        assert_eq!(new.active_on(&k("a")), 2, "a stays full");
+        // The released id is still dead here.
+        assert_eq!(new.admit(&old.released.id, |_| true), Admission::Unknown);
+        // team-x's failure report still withholds b from team-x; the
+        // sticky key still leads to a (full, so refused, not moved).
+        let x = new.acquire(&all, &req("team-x", None, None)).unwrap();
+        assert_eq!(x.proxy, k("c"), "b is cooling down for team-x");
+        assert!(
+            matches!(
+                new.acquire(&[k("a")], &req("team-z", Some("session-1"), None)),
+                Err(AcquireError::NoCapacity { .. })
+            ),
+            "a is at capacity"
+        );
+        // b is blocked for the site, for everyone.
+        let site = new
+            .acquire(
+                &[k("b"), k("c")],
+                &req("team-z", None, Some("shop.example")),
+            )
+            .unwrap();
+        assert_eq!(site.proxy, k("c"));
+        // Once a lease of `a` ends, its sticky key leads back to it.
+        assert!(new.release(&old.held[1].id));
+        let sticky = new
+            .acquire(&all, &req("team-z", Some("session-1"), None))
+            .unwrap();
+        assert_eq!(sticky.proxy, k("a"), "the sticky key survived");
+        // Renewing a lease the old leader granted works here.
+        assert!(new
+            .renew(&old.held[0].id, Duration::from_secs(60))
+            .is_some());
+        // Ends come with time: the cooldowns after their 120 s.
+        clock.advance(Duration::from_secs(111));
+        assert!(new.get(&old.held[2].id).is_none(), "its 50 s ran out");
+        let b = new.acquire(&[k("b")], &req("team-x", None, None)).unwrap();
+        assert_eq!(b.proxy, k("b"), "the cooldown ended");
+    }
+}
+
+#[test]
+fn importing_keeps_what_the_store_holds_and_counts_each_lease_once() {
+    let clock = at(12);
+    let old = old_leader(&clock);
+    let new = store(&clock);
+    // Presented before the snapshot came: taken in, then not doubled.
+    assert!(matches!(
+        new.admit(&old.held[0].id, |_| true),
+        Admission::Readmitted(_)
+    ));
+    new.import(&old.store.export()).unwrap();
+    assert_eq!(new.active_on(&k("a")), 2);
+    assert_eq!(new.active(), 3);
+    // Twice changes nothing either.
+    new.import(&old.store.export()).unwrap();
+    assert_eq!(new.active(), 3);
+}
+
+#[test]
+fn a_bad_snapshot_changes_nothing() {
+    let clock = at(12);
+    let old = old_leader(&clock);
+    let good = old.store.export();
+    let cases = [
+        (
+            "another version",
+            Snapshot {
+                v: 2,
+                ..good.clone()
+            },
+            SnapshotError::Version(2),
+        ),
+        (
+            "a lease names no proxy",
+            Snapshot {
+                proxies: vec![],
+                ..good.clone()
+            },
+            SnapshotError::Inconsistent("an entry names no proxy"),
+        ),
+        (
+            "a digest is not 16 bytes",
+            Snapshot {
+                sticky: vec![("AAAA".into(), 0, 1000)],
+                ..good.clone()
+            },
+            SnapshotError::Inconsistent("a digest is malformed"),
+        ),
+    ];
+    for (name, snap, want) in cases {
+        let new = store(&clock);
+        assert_eq!(new.import(&snap), Err(want), "{name}");
+        assert_eq!(new.active(), 0, "{name}: nothing taken in");
+        assert_eq!(new.held(), (0, 0), "{name}");
+    }
+}
+
+#[test]
+fn what_has_ended_is_not_handed_over() {
+    let clock = at(12);
+    let old = old_leader(&clock);
+    clock.advance(Duration::from_secs(60));
+    let snap = old.store.export();
+    assert!(snap.leases.is_empty(), "{snap:?}");
+    assert!(snap.released.is_empty(), "{snap:?}");
+    assert_eq!(snap.global.len(), 1, "the 120 s cooldown runs on");
+    assert_eq!(snap.sticky.len(), 1, "sticky keys outlive their lease");
+}
