@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::discovery::{serve_on, ApiState, Forwarder, Leader, FORWARD_TIMEOUT};
-use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
+use egress_proxies_operator::lease::{LeaseConfig, LeaseKey, LeaseStore};
 use egress_proxies_operator::operator::Metrics;
 use lease_load::{bare_server, fill, load, print, CONNECTIONS};
 use serde_json::json;
@@ -69,12 +69,15 @@ async fn bench_lease_acquire_release() {
         max_ttl: Duration::from_secs(3600),
         cooldown: Duration::from_secs(300),
     }));
+    // The replicas' shared key: the follower signs its forwards with it.
+    let key = LeaseKey::random();
     let state = ApiState::new(
         Arc::new(proxies(fleet)),
         leases,
         Some(TOKEN),
         &Metrics::new().discovery,
-    );
+    )
+    .with_forwarder(Forwarder::alone().with_key(key.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = listener.local_addr().unwrap();
     let (stop_api, rx) = tokio::sync::oneshot::channel::<()>();
@@ -96,11 +99,14 @@ async fn bench_lease_acquire_release() {
         Some(TOKEN),
         &Metrics::new().discovery,
     )
-    .with_forwarder(Forwarder::new(
-        Arc::new(move || leader.clone()),
-        FORWARD_TIMEOUT,
-        Duration::from_secs(1),
-    ));
+    .with_forwarder(
+        Forwarder::new(
+            Arc::new(move || leader.clone()),
+            FORWARD_TIMEOUT,
+            Duration::from_secs(1),
+        )
+        .with_key(key),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let follower = listener.local_addr().unwrap();
     let (stop_follower, rx) = tokio::sync::oneshot::channel::<()>();

@@ -18,13 +18,22 @@ use hyper_util::rt::TokioExecutor;
 use tracing::{warn, Instrument};
 
 use super::error::ApiError;
+use super::internal::{
+    sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
+};
 use super::middleware::BODY_LIMIT;
-use super::state::ApiState;
+use super::state::{ApiState, Client};
+use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
 
-/// Marks a request a follower forwarded: a replica that gets one and does
-/// not lead answers 503 rather than forward it again (no loops).
-pub const FORWARDED_HEADER: &str = "x-egress-forwarded";
+/// What the follower keeps of its wait for the leader to use itself: the
+/// leader's deadline ends this much before the follower gives up, so a
+/// lease is never granted after the follower answered 503.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+
+/// The test hook that holds every forwarded call this long (milliseconds)
+/// before the leader serves it: a slow leader on demand.
+pub const HOLD_ENV: &str = "PROXY_OPERATOR_TEST_HOLD_FORWARDED_MS";
 
 /// How long a follower waits for the leader (connect and answer) before
 /// it answers 503 `leader_unavailable`.
@@ -50,6 +59,9 @@ pub enum Leader {
     At(String),
     /// No leader is known, or it published no URL.
     Unknown,
+    /// The election Lease names a URL without a seal of this installation
+    /// (forged, or another installation's): nothing is sent to it.
+    Unverified,
 }
 
 /// What to do with a lease call.
@@ -74,6 +86,11 @@ pub enum Unavailable {
     Unreachable,
     /// The leader did not answer within the forward timeout.
     Timeout,
+    /// The Lease names a URL that is not sealed with the shared key.
+    Unverified,
+    /// The leader refused this replica's forward signature (the replicas
+    /// sign with different lease keys).
+    Refused,
 }
 
 impl Unavailable {
@@ -84,6 +101,8 @@ impl Unavailable {
             Unavailable::NotLeader => "not_leader",
             Unavailable::Unreachable => "unreachable",
             Unavailable::Timeout => "timeout",
+            Unavailable::Unverified => "unverified",
+            Unavailable::Refused => "refused",
         }
     }
 
@@ -101,6 +120,12 @@ impl Unavailable {
             Unavailable::Timeout => {
                 "the leading replica, which holds the lease table, did not answer in time; retry after Retry-After seconds"
             }
+            Unavailable::Unverified => {
+                "the leader election Lease names a discovery URL that no replica of this installation sealed; nothing is forwarded to it; retry after Retry-After seconds"
+            }
+            Unavailable::Refused => {
+                "the leading replica refused this replica's forward signature (do the replicas share the lease key Secret?); retry after Retry-After seconds"
+            }
         }
     }
 }
@@ -113,6 +138,7 @@ pub fn route(leader: &Leader, forwarded: bool) -> Route {
         (Leader::At(url), false) => Route::Forward(url.clone()),
         (Leader::At(_), true) => Route::Unavailable(Unavailable::NotLeader),
         (Leader::Unknown, _) => Route::Unavailable(Unavailable::NoLeader),
+        (Leader::Unverified, _) => Route::Unavailable(Unavailable::Unverified),
     }
 }
 
@@ -123,6 +149,11 @@ pub struct Forwarder {
     client: HttpClient<HttpConnector, Body>,
     timeout: Duration,
     retry_after: Duration,
+    /// Signs forwards and checks those that arrive; `None`: none are sent
+    /// signed or taken (a replica without an election).
+    pub(super) key: Option<LeaseKey>,
+    /// The test hook's hold ([`HOLD_ENV`]).
+    hold: Option<Duration>,
 }
 
 impl Forwarder {
@@ -139,11 +170,25 @@ impl Forwarder {
         let client = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let hold = std::env::var(HOLD_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
         Forwarder {
             leader,
             client,
             timeout,
             retry_after,
+            key: None,
+            hold,
+        }
+    }
+
+    /// Signs and checks forwards with `key`, the shared lease key.
+    pub fn with_key(self, key: LeaseKey) -> Self {
+        Forwarder {
+            key: Some(key),
+            ..self
         }
     }
 
@@ -162,12 +207,17 @@ impl Forwarder {
         .into_response()
     }
 
-    /// Relays `req` to the leader at `base` and its answer back.
+    /// Relays `req` of `client` to the leader at `base` and its answer
+    /// back: signed for that client, never with the crawler's token; a
+    /// call whose answer is lost in transit is sent once more with the
+    /// same request key (the leader answers it with the same lease), while
+    /// the leader's deadline still ends before this replica gives up.
     async fn relay(
         &self,
         base: &str,
         parts: axum::http::request::Parts,
         body: Bytes,
+        client: &str,
     ) -> Result<Response, Unavailable> {
         let path = parts
             .uri
@@ -177,39 +227,93 @@ impl Forwarder {
         let uri: Uri = format!("{}{path}", base.trim_end_matches('/'))
             .parse()
             .map_err(|_| Unavailable::Unreachable)?;
-        let mut out = Request::builder().method(parts.method).uri(uri);
-        if let Some(h) = out.headers_mut() {
-            copy(
-                &parts.headers,
-                h,
-                &[header::AUTHORIZATION, header::CONTENT_TYPE],
-            );
-            h.insert(FORWARDED_HEADER, HeaderValue::from_static("1"));
-            inject_trace_context(h);
-        }
-        let out = out
-            .body(Body::from(body))
-            .map_err(|_| Unavailable::Unreachable)?;
-        let answer = async {
-            let resp = self.client.request(out).await.map_err(|e| {
-                warn!(leader = %base, error = %plain_message(&e), "Cannot forward a lease call to the leader");
-                Unavailable::Unreachable
-            })?;
-            let (parts, body) = resp.into_parts();
-            let bytes: Bytes = axum::body::to_bytes(Body::new(body), RELAY_LIMIT)
-                .await
-                .map_err(|_| Unavailable::Unreachable)?;
-            Ok::<_, Unavailable>((parts, bytes))
+        let started = tokio::time::Instant::now();
+        let request_key = crate::lease::random_id();
+        let attempt = |budget: Duration| {
+            let deadline_ms = budget.as_millis().to_string();
+            let f = Forward {
+                method: parts.method.as_str(),
+                path,
+                client,
+                request_key: &request_key,
+                deadline_ms: &deadline_ms,
+                body: &body,
+            };
+            let mut out = Request::builder()
+                .method(parts.method.clone())
+                .uri(uri.clone());
+            if let Some(h) = out.headers_mut() {
+                copy(&parts.headers, h, &[header::CONTENT_TYPE]);
+                if let Some(key) = &self.key {
+                    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
+                    h.extend(header_values([
+                        (FORWARD_HEADER, signed.as_str()),
+                        (CLIENT_HEADER, client),
+                        (REQUEST_KEY_HEADER, request_key.as_str()),
+                        (DEADLINE_HEADER, deadline_ms.as_str()),
+                    ]));
+                }
+                inject_trace_context(h);
+            }
+            out.body(Body::from(body.clone()))
         };
-        let (parts, bytes) = tokio::time::timeout(self.timeout, answer)
-            .await
-            .map_err(|_| Unavailable::Timeout)??;
+        let mut sent = 0;
+        let answer = loop {
+            sent += 1;
+            let left = self.timeout.saturating_sub(started.elapsed());
+            let budget = left.saturating_sub(DEADLINE_MARGIN);
+            let out = attempt(budget).map_err(|_| Unavailable::Unreachable)?;
+            match tokio::time::timeout(left, self.exchange(base, out)).await {
+                Err(_) => return Err(Unavailable::Timeout),
+                Ok(Ok(answer)) => break answer,
+                Ok(Err(why)) if sent > 1 || budget.is_zero() => return Err(why),
+                Ok(Err(_)) => continue,
+            }
+        };
+        let (parts, bytes) = answer;
+        if parts.status == StatusCode::UNAUTHORIZED {
+            warn!(leader = %base, "The leader refused this replica's forward signature");
+            return Err(Unavailable::Refused);
+        }
         let mut resp = Response::new(Body::from(bytes));
         *resp.status_mut() = parts.status;
         copy(&parts.headers, resp.headers_mut(), &RELAYED);
         Ok(resp)
     }
+
+    /// One request to the leader and its whole answer.
+    async fn exchange(
+        &self,
+        base: &str,
+        out: Request,
+    ) -> Result<(axum::http::response::Parts, Bytes), Unavailable> {
+        let resp = self.client.request(out).await.map_err(|e| {
+            warn!(leader = %base, error = %plain_message(&e), "Cannot forward a lease call to the leader");
+            Unavailable::Unreachable
+        })?;
+        let (parts, body) = resp.into_parts();
+        let bytes: Bytes = axum::body::to_bytes(Body::new(body), RELAY_LIMIT)
+            .await
+            .map_err(|_| Unavailable::Unreachable)?;
+        Ok((parts, bytes))
+    }
 }
+
+/// Header pairs, those whose value is not a valid header value left out
+/// (a client name is a Kubernetes-style name, always valid).
+fn header_values<'a>(
+    pairs: impl IntoIterator<Item = (&'static str, &'a str)> + 'a,
+) -> impl Iterator<Item = (Option<HeaderName>, HeaderValue)> + 'a {
+    pairs.into_iter().filter_map(|(name, value)| {
+        let v = HeaderValue::from_str(value).ok()?;
+        Some((Some(HeaderName::from_static(name)), v))
+    })
+}
+
+/// When a forwarded call must be answered by: its arrival plus the budget
+/// the follower gave.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline(pub(super) tokio::time::Instant);
 
 /// `from`'s values of `names`, copied into `to`.
 fn copy(from: &HeaderMap, to: &mut HeaderMap, names: &[HeaderName]) {
@@ -244,13 +348,36 @@ fn too_large() -> Response {
 /// to the leader otherwise, 503 `leader_unavailable` with `Retry-After`
 /// when the leader is not known or not reached, never a grant this
 /// replica could not back.
-pub(super) async fn forward(State(s): State<ApiState>, req: Request, next: Next) -> Response {
-    let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+pub(super) async fn forward(State(s): State<ApiState>, mut req: Request, next: Next) -> Response {
+    let arrived = tokio::time::Instant::now();
+    let forwarded = req.headers().contains_key(FORWARD_HEADER);
     let f = &s.forward;
     let outcome = match route(&(f.leader)(), forwarded) {
+        Route::Local if forwarded => {
+            let budget = req
+                .headers()
+                .get(DEADLINE_HEADER)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .map(Duration::from_millis);
+            if let Some(budget) = budget {
+                req.extensions_mut().insert(Deadline(arrived + budget));
+            }
+            if let Some(hold) = f.hold {
+                // A stalled leader (CPU starved, a lock held long): the
+                // call goes on after the stall in the same poll, however
+                // the follower's connection fared meanwhile.
+                tokio::task::block_in_place(|| std::thread::sleep(hold));
+            }
+            return next.run(req).await;
+        }
         Route::Local => return next.run(req).await,
         Route::Unavailable(why) => Err(why),
         Route::Forward(base) => {
+            let client = req
+                .extensions()
+                .get::<Client>()
+                .map(|c| c.0.clone())
+                .unwrap_or_else(|| super::state::ANONYMOUS.into());
             // Read here, so an oversized body is this replica's 413 and
             // not counted as forwarded.
             let (parts, body) = req.into_parts();
@@ -258,7 +385,7 @@ pub(super) async fn forward(State(s): State<ApiState>, req: Request, next: Next)
                 return too_large();
             };
             let span = tracing::info_span!("forward", otel.kind = "client", leader = %base);
-            f.relay(&base, parts, body).instrument(span).await
+            f.relay(&base, parts, body, &client).instrument(span).await
         }
     };
     match outcome {

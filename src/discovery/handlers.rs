@@ -5,12 +5,14 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ApiResult};
+use super::forward::Deadline;
+use super::internal::REQUEST_KEY_HEADER;
 use super::middleware::BODY_LIMIT;
 use super::model::*;
 use super::state::{ApiState, Client, ANONYMOUS};
@@ -197,8 +199,15 @@ pub(super) async fn list_proxies(
 pub(super) async fn acquire(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
+    forwarded: Option<Extension<Deadline>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    // Only a forwarded call (its signature checked) carries these.
+    let deadline = forwarded.map(|Extension(d)| d.0);
+    let request_key = deadline
+        .and(headers.get(REQUEST_KEY_HEADER))
+        .and_then(|v| v.to_str().ok());
     let b: AcquireBody = parse_body(body, true)?;
     check_len("stickyKey", &b.sticky_key)?;
     check_len("site", &b.site)?;
@@ -214,25 +223,27 @@ pub(super) async fn acquire(
         client: caller(client),
     };
     let client_name = req.client.clone();
+    if let Some(lease) = request_key.and_then(|k| granted_before(&s, &client_name, k)) {
+        return created(&s, &listing, lease);
+    }
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        // The follower has answered 503 by now: a grant would be a lease
+        // nobody holds.
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "leader_unavailable",
+            "the leader got this forwarded call after the forwarding replica gave up on it; nothing was granted",
+        )
+        .retry_after(std::time::Duration::from_secs(1)));
+    }
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
             s.metrics.lease_event("granted", 1);
-            // Chosen among this listing's members (checked against it when
-            // the store holds a newer one), so it is in the listing.
-            let Some(item) = listing.get(&lease.proxy).cloned() else {
-                s.leases.release(&lease.id);
-                return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "leased proxy vanished",
-                ));
-            };
-            let mut resp =
-                (StatusCode::CREATED, Json(lease_response(&lease, item))).into_response();
-            if let Ok(v) = format!("/v1/leases/{}", lease.id).parse() {
-                resp.headers_mut().insert(header::LOCATION, v);
+            if let Some(k) = request_key {
+                let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
+                r.put(client_name, k, lease.id.clone(), std::time::Instant::now());
             }
-            Ok(resp)
+            created(&s, &listing, lease)
         }
         Err(e) => {
             s.metrics.lease_event("refused", 1);
@@ -246,6 +257,35 @@ pub(super) async fn acquire(
             Err(ApiError::new(status, code, e.to_string()).retry_after(wait))
         }
     }
+}
+
+/// The live lease `client` was granted under request key `key`, when
+/// the forwarding replica sends the same acquire again.
+fn granted_before(s: &ApiState, client: &std::sync::Arc<str>, key: &str) -> Option<Lease> {
+    let id = {
+        let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
+        r.get(client, key, std::time::Instant::now())?.clone()
+    };
+    s.leases.get(&id).filter(|l| &l.client == client)
+}
+
+/// 201 with `lease`, on a proxy of `listing`.
+fn created(s: &ApiState, listing: &super::state::Listing, lease: Lease) -> ApiResult<Response> {
+    // Chosen among this listing's members (checked against it when the
+    // store holds a newer one), so it is in the listing.
+    let Some(item) = listing.get(&lease.proxy).cloned() else {
+        s.leases.release(&lease.id);
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "leased proxy vanished",
+        ));
+    };
+    let mut resp = (StatusCode::CREATED, Json(lease_response(&lease, item))).into_response();
+    if let Ok(v) = format!("/v1/leases/{}", lease.id).parse() {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(resp)
 }
 
 /// Reads a live lease.
@@ -293,21 +333,27 @@ pub(super) async fn renew(
     Ok(Json(lease_response(&lease, item)))
 }
 
-/// Ends a lease. Idempotent: an unknown or already released lease is 204
-/// too, and so is another client's, which is left alone.
+/// Ends a lease. An id that names no live lease of the caller (unknown,
+/// expired, already released, another client's) is `404 unknown_lease`,
+/// all alike, so a caller learns nothing of other clients' ids.
 #[utoipa::path(delete, path = "/v1/leases/{id}", params(("id" = String, Path, description = "Lease id")),
-    responses((status = 204, description = "Released (or already gone)"), (status = 401, body = ErrorBody),
+    responses((status = 204, description = "Released"), (status = 401, body = ErrorBody),
+        (status = 404, description = "unknown_lease: no live lease of this client has this id (unknown, expired, already released, or another client's)", body = ErrorBody),
         (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn release(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
     Path(id): Path<String>,
-) -> StatusCode {
-    if own_lease(&s, &id, &caller(client)).is_ok() && s.leases.release(&id) {
-        s.metrics.lease_event("released", 1);
+) -> ApiResult<StatusCode> {
+    // A lease another leader granted is taken in first, so it can end.
+    admit(&s, &id);
+    own_lease(&s, &id, &caller(client))?;
+    if !s.leases.release(&id) {
+        return Err(unknown_lease());
     }
-    StatusCode::NO_CONTENT
+    s.metrics.lease_event("released", 1);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Reports how a leased proxy did. `blocked` or `failed` withholds the

@@ -24,7 +24,8 @@ pub struct EventLabel {
 /// Labels of the forwarded lease call counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    /// relayed, or why not: no_leader, not_leader, unreachable, timeout.
+    /// relayed, or why not: no_leader, not_leader, unreachable, timeout,
+    /// unverified, refused.
     pub outcome: String,
 }
 
@@ -98,7 +99,7 @@ impl DiscoveryMetrics {
         );
         registry.register(
             "proxy_operator_discovery_forwarded",
-            "Lease calls a follower sent to the leader, by outcome: relayed, or answered 503 because of no_leader, not_leader, unreachable or timeout",
+            "Lease calls a follower sent to the leader, by outcome: relayed, or answered 503 because of no_leader, not_leader, unreachable, timeout, unverified (the Lease names an unsealed URL) or refused (the leader refused the forward signature)",
             m.forwarded.clone(),
         );
         registry.register(

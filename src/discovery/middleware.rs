@@ -12,6 +12,7 @@
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -25,6 +26,9 @@ use sha2::Digest as _;
 use tracing::{info, warn, Instrument};
 
 use super::error::ApiError;
+use super::internal::{
+    verify_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
+};
 use super::state::{ApiState, Client, ANONYMOUS};
 
 /// Request bodies above this answer 413.
@@ -151,6 +155,9 @@ fn exempt(path: &str) -> bool {
 /// Bearer auth against the configured tokens (401 otherwise), when any is
 /// set; the request carries the [`Client`] named by its token.
 pub(super) async fn auth(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    if req.headers().contains_key(FORWARD_HEADER) {
+        return forwarded(&s, req, next).await;
+    }
     if !s.tokens.required() {
         return with_client(req, Client(ANONYMOUS.into()), next).await;
     }
@@ -173,6 +180,51 @@ pub(super) async fn auth(State(s): State<ApiState>, req: Request, next: Next) ->
         );
         resp
     }
+}
+
+/// A call another replica forwarded: it authenticated the crawler itself
+/// and signed the call for that client with the shared key; this replica
+/// checks the signature (never a crawler's token) and serves it as that
+/// client's. A refused signature is 401 with the reason, for the follower
+/// to report.
+async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body exceeds {BODY_LIMIT} bytes"),
+        )
+        .into_response();
+    };
+    let h = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let client = h(CLIENT_HEADER);
+    let f = Forward {
+        method: parts.method.as_str(),
+        path: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        client,
+        request_key: h(REQUEST_KEY_HEADER),
+        deadline_ms: h(DEADLINE_HEADER),
+        body: &body,
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    if let Err(e) = verify_forward(s.forward.key.as_ref(), h(FORWARD_HEADER), &f, now) {
+        warn!(reason = %e, "Refused a forwarded lease call");
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!("forwarded call refused: {e}"),
+        )
+        .into_response();
+    }
+    let client = Client(client.into());
+    with_client(Request::from_parts(parts, Body::from(body)), client, next).await
 }
 
 /// Runs `req` as `client`'s, and names the client on the answer for the

@@ -11,20 +11,20 @@
 mod error;
 mod forward;
 mod handlers;
+pub mod internal;
 mod listing;
 pub mod metrics;
 mod middleware;
 pub mod model;
 mod openapi;
+mod replay;
 mod selector;
 mod serving;
 mod state;
 pub(crate) mod tokens;
 
 pub use error::ApiError;
-pub use forward::{
-    route, Forwarder, Leader, Route, Unavailable, FORWARDED_HEADER, FORWARD_TIMEOUT,
-};
+pub use forward::{route, Forwarder, Leader, Route, Unavailable, FORWARD_TIMEOUT, HOLD_ENV};
 pub use handlers::MAX_KEY_LEN;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};
 pub use model::*;

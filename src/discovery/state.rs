@@ -69,6 +69,8 @@ pub struct ApiState {
     external: Arc<ExternalNamespaces>,
     /// Where lease calls go when this replica does not lead.
     pub(super) forward: Arc<Forwarder>,
+    /// Forwarded acquires answered, by request key (`replay.rs`).
+    pub(super) replays: Arc<Mutex<super::replay::Replays>>,
 }
 
 impl ApiState {
@@ -110,6 +112,7 @@ impl ApiState {
             // must still not get its own endpoint into the pool.
             external: Arc::new(ExternalNamespaces::only([])),
             forward: Arc::new(Forwarder::alone()),
+            replays: Arc::default(),
         }
     }
 

@@ -9,7 +9,12 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::api::Proxy;
-use crate::lease::{ClientLimits, LeaseConfig, LeaseStore};
+use crate::lease::{ClientLimits, LeaseConfig, LeaseKey, LeaseStore};
+
+/// The key the replicas of a test share.
+fn shared_key() -> LeaseKey {
+    LeaseKey::from_bytes(&[9; crate::lease::signed::KEY_LEN]).unwrap()
+}
 use crate::metrics::{Exposition, Registrar};
 
 fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
@@ -59,7 +64,8 @@ impl Api {
             Arc::new(move || leader.clone()),
             timeout,
             Duration::from_secs(3),
-        );
+        )
+        .with_key(shared_key());
         let limits = (ClientLimits::default(), crate::server::DISCOVERY_LIMITS);
         Api::start_full(&[("default", "t0k")], max, limits.0, limits.1, forwarder).await
     }
@@ -546,12 +552,13 @@ async fn lease_lifecycle_capacity_cooldown() {
         )
         .await;
     assert_eq!((s, code(&bad)), (400, "invalid_result"));
-    for _ in 0..2 {
+    // Released once; again, it is an id of no live lease.
+    for want in [204, 404] {
         assert_eq!(
             api.call("DELETE", &format!("/v1/leases/{id_a}"), Some("t0k"), None)
                 .await
                 .0,
-            204
+            want
         );
     }
     let (s, v) = api
@@ -992,6 +999,12 @@ fn forward_decision() {
             forwarded: true,
             want: Route::Unavailable(Unavailable::NoLeader),
         },
+        Case {
+            name: "a URL without a valid seal gets nothing",
+            leader: Leader::Unverified,
+            forwarded: false,
+            want: Route::Unavailable(Unavailable::Unverified),
+        },
     ];
     for c in cases {
         assert_eq!(route(&c.leader, c.forwarded), c.want, "{}", c.name);
@@ -1077,39 +1090,61 @@ async fn a_follower_without_a_reachable_leader_answers_503_with_retry_after() {
     struct Case {
         name: &'static str,
         leader: Leader,
-        headers: &'static [(&'static str, &'static str)],
+        signed: bool,
         outcome: &'static str,
     }
     let cases = [
         Case {
             name: "no leader known",
             leader: Leader::Unknown,
-            headers: &[],
+            signed: false,
             outcome: "no_leader",
         },
         Case {
             name: "the leader's port is closed",
             leader: Leader::At(gone),
-            headers: &[],
+            signed: false,
             outcome: "unreachable",
         },
         Case {
             name: "the leader does not answer",
             leader: Leader::At(silent),
-            headers: &[],
+            signed: false,
             outcome: "timeout",
         },
         Case {
             name: "forwarded here, but this replica does not lead",
             leader: Leader::At("http://127.0.0.1:9".into()),
-            headers: &[(FORWARDED_HEADER, "1")],
+            signed: true,
             outcome: "not_leader",
+        },
+        Case {
+            name: "the Lease names a URL nobody sealed",
+            leader: Leader::Unverified,
+            signed: false,
+            outcome: "unverified",
         },
     ];
     for c in cases {
         let api = Api::start_routed(1, c.leader, Duration::from_millis(300)).await;
+        // A call another replica forwarded, signed with the shared key.
+        let f = internal::Forward {
+            method: "POST",
+            path: "/v1/leases",
+            client: "default",
+            request_key: "",
+            deadline_ms: "",
+            body: b"",
+        };
+        let signed =
+            internal::sign_forward(&shared_key(), &f, chrono::Utc::now().timestamp_millis());
+        let headers = [
+            (internal::FORWARD_HEADER, signed.as_str()),
+            (internal::CLIENT_HEADER, "default"),
+        ];
+        let headers: &[(&str, &str)] = if c.signed { &headers } else { &[] };
         let (status, body) = api
-            .call_with("POST", "/v1/leases", Some("t0k"), c.headers, None)
+            .call_with("POST", "/v1/leases", Some("t0k"), headers, None)
             .await;
         assert_eq!(
             (status, code(&body)),
@@ -1162,6 +1197,7 @@ async fn a_lease_belongs_to_the_client_that_holds_it() {
             format!("{path}/report"),
             Some(br#"{"result": "failed"}"#.to_vec()),
         ),
+        ("DELETE", path.clone(), None),
     ] {
         let (s, v) = api.call(method, &p, Some("tok-b"), body).await;
         assert_eq!(
@@ -1170,9 +1206,11 @@ async fn a_lease_belongs_to_the_client_that_holds_it() {
             "bob's {method} {p}: {v}"
         );
     }
-    // His release is answered as for any unknown id, and changes nothing.
-    let (s, _) = api.call("DELETE", &path, Some("tok-b"), None).await;
-    assert_eq!(s, 204);
+    // As for an id that never was: nothing tells bob it exists.
+    let (s, v) = api
+        .call("DELETE", "/v1/leases/v1.AAAA", Some("tok-b"), None)
+        .await;
+    assert_eq!((s, code(&v)), (404, "unknown_lease"), "{v}");
     // Alice still holds it, renews it and may end it.
     let (s, v) = api.call("GET", &path, Some("tok-a"), None).await;
     assert_eq!(s, 200, "alice still holds her lease: {v}");
@@ -1189,4 +1227,178 @@ async fn a_lease_belongs_to_the_client_that_holds_it() {
     assert_eq!(s, 204);
     let (s, v) = api.call("GET", &path, Some("tok-a"), None).await;
     assert_eq!((s, code(&v)), (404, "unknown_lease"), "{v}");
+}
+
+/// A request head, read up to the blank line.
+async fn read_head(c: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && c.read(&mut b).await.unwrap() == 1 {
+        head.push(b[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// The headers of a signed forward of `body` to `path` for `client`.
+fn forward_headers(
+    key: &LeaseKey,
+    path: &'static str,
+    client: &'static str,
+    request_key: &'static str,
+    deadline_ms: &'static str,
+    body: &'static [u8],
+) -> Vec<(&'static str, String)> {
+    let f = internal::Forward {
+        method: "POST",
+        path,
+        client,
+        request_key,
+        deadline_ms,
+        body,
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    vec![
+        (
+            internal::FORWARD_HEADER,
+            internal::sign_forward(key, &f, now),
+        ),
+        (internal::CLIENT_HEADER, client.to_string()),
+        (internal::REQUEST_KEY_HEADER, request_key.to_string()),
+        (internal::DEADLINE_HEADER, deadline_ms.to_string()),
+    ]
+}
+
+fn as_pairs<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[tokio::test]
+async fn a_forward_is_signed_for_the_client_and_never_carries_the_crawlers_token() {
+    // A leader that records what it is sent.
+    let recorder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", recorder.local_addr().unwrap());
+    let seen = tokio::spawn(async move {
+        let (mut c, _) = recorder.accept().await.unwrap();
+        let head = read_head(&mut c).await;
+        use tokio::io::AsyncWriteExt;
+        let answer = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        c.write_all(answer.as_bytes()).await.unwrap();
+        head
+    });
+    let follower = Api::start_routed(1, Leader::At(url), FORWARD_TIMEOUT).await;
+    let (s, _) = follower.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!(s, 409, "the leader's answer is relayed");
+    let head = seen.await.unwrap().to_ascii_lowercase();
+    assert!(
+        !head.contains("t0k"),
+        "the crawler's token stays here: {head}"
+    );
+    assert!(!head.contains("authorization"), "{head}");
+    for h in [
+        "x-egress-forward: v1.",
+        "x-egress-client: default",
+        "x-egress-request-key: ",
+        "x-egress-deadline-ms: ",
+    ] {
+        assert!(head.contains(h), "{h} in {head}");
+    }
+    follower.stop().await;
+}
+
+#[tokio::test]
+async fn a_forwarded_acquire_sent_again_gets_the_same_lease_and_a_late_one_gets_none() {
+    let leader = Api::start_routed(5, Leader::Me, FORWARD_TIMEOUT).await;
+    let active = || async {
+        let text = leader.metrics.encode().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("proxy_operator_leases_active "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    let send = |h: Vec<(&'static str, String)>| {
+        let leader = &leader;
+        async move {
+            leader
+                .call_with(
+                    "POST",
+                    "/v1/leases",
+                    None,
+                    &as_pairs(&h),
+                    Some(b"{}".to_vec()),
+                )
+                .await
+        }
+    };
+    let key = shared_key();
+    let (s1, first) = send(forward_headers(
+        &key,
+        "/v1/leases",
+        "default",
+        "rk-1",
+        "1500",
+        b"{}",
+    ))
+    .await;
+    assert_eq!(s1, 201, "a signed forward needs no token: {first}");
+    // The answer was lost; the follower sends the same call again.
+    let (s2, again) = send(forward_headers(
+        &key,
+        "/v1/leases",
+        "default",
+        "rk-1",
+        "1500",
+        b"{}",
+    ))
+    .await;
+    assert_eq!((s2, &again["id"]), (201, &first["id"]), "{again}");
+    assert_eq!(active().await, 1.0, "one lease, not two");
+    // Another client's call under the same key is its own.
+    let (s3, other) = send(forward_headers(
+        &key,
+        "/v1/leases",
+        "team-b",
+        "rk-1",
+        "1500",
+        b"{}",
+    ))
+    .await;
+    assert_eq!(s3, 201, "{other}");
+    assert_ne!(other["id"], first["id"]);
+    // Past its deadline (the follower answered 503 already): nothing.
+    let (s4, late) = send(forward_headers(
+        &key,
+        "/v1/leases",
+        "default",
+        "rk-2",
+        "0",
+        b"{}",
+    ))
+    .await;
+    assert_eq!((s4, code(&late)), (503, "leader_unavailable"), "{late}");
+    assert_eq!(active().await, 2.0, "nothing granted that nobody holds");
+    // Signed with another installation's key, or for another body: 401.
+    let other_key = LeaseKey::from_bytes(&[3; crate::lease::signed::KEY_LEN]).unwrap();
+    let (s5, v) = send(forward_headers(
+        &other_key,
+        "/v1/leases",
+        "default",
+        "rk-3",
+        "1500",
+        b"{}",
+    ))
+    .await;
+    assert_eq!((s5, code(&v)), (401, "unauthorized"), "{v}");
+    let (s6, v) = send(forward_headers(
+        &key,
+        "/v1/leases",
+        "default",
+        "rk-4",
+        "1500",
+        br#"{"ttlSeconds":5}"#,
+    ))
+    .await;
+    assert_eq!((s6, code(&v)), (401, "unauthorized"), "{v}");
+    assert_eq!(active().await, 2.0);
+    leader.stop().await;
 }

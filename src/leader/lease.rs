@@ -7,6 +7,7 @@
 //! followers learn them from the reads they make anyway.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -59,7 +60,7 @@ pub async fn try_once(
     let existing = api.get_opt(name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
-        let published = publisher.annotations(&Default::default(), true);
+        let published = publisher.annotations(&Default::default(), Some(Duration::ZERO));
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
@@ -85,6 +86,7 @@ pub async fn try_once(
         Instant::now(),
         timing.lease_duration,
     );
+    let unchanged_for = observed.at.elapsed();
     *seen = Some(observed);
     if let Decision::Follow { .. } = decision {
         return Ok(Observed::Other(
@@ -95,7 +97,11 @@ pub async fn try_once(
         .metadata
         .annotations
         .get_or_insert_with(Default::default);
-    let published = publisher.annotations(read, decision == Decision::Acquire);
+    let taking_over = (decision == Decision::Acquire).then_some(unchanged_for);
+    if taking_over.is_some() {
+        publisher.prepare(read).await;
+    }
+    let published = publisher.annotations(read, taking_over);
     read.extend(published.clone());
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
@@ -134,12 +140,13 @@ fn written(
 /// Gives the Lease up if `me` holds it, the way client-go's
 /// `ReleaseOnCancel` does: no holder and a one-second duration, so a
 /// follower takes over at its next attempt instead of after a full lease
-/// duration. Call it only once leader-only work has stopped.
+/// duration; `annotations` are written in the same update (a hand-over).
+/// Call it only once leader-only work has stopped.
 pub async fn release(
     client: Client,
-    namespace: &str,
-    name: &str,
+    (namespace, name): (&str, &str),
     me: &str,
+    annotations: BTreeMap<String, String>,
 ) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let Some(mut lease) = api.get_opt(name).await? else {
@@ -149,6 +156,11 @@ pub async fn release(
         return Ok(false);
     }
     let now = k8s_openapi::jiff::Timestamp::now();
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .extend(annotations);
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);

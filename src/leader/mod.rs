@@ -55,17 +55,28 @@ pub struct Timing {
 /// What the leader writes on the Lease besides the election record (the
 /// lease horizon, `lease::recovery`, and the discovery URL through
 /// [`WithFixed`]), asked at every write.
+#[async_trait::async_trait]
 pub trait Publisher: Send + Sync {
+    /// Before a write that takes the Lease over: what `read` (the previous
+    /// leader's annotations) names may be fetched now (a hand-over).
+    async fn prepare(&self, _read: &BTreeMap<String, String>) {}
     /// The annotations to write now. `read` are those on the Lease as read;
     /// `taking_over`: this write takes the Lease from another holder (or
-    /// none), so `read` is what the previous leader published.
+    /// none), so `read` is what the previous leader published, and the
+    /// record read has been unchanged, as this replica saw it, for the
+    /// given time (its own monotonic clock, so skew cannot shorten it).
     fn annotations(
         &self,
-        read: &std::collections::BTreeMap<String, String>,
-        taking_over: bool,
-    ) -> std::collections::BTreeMap<String, String>;
+        read: &BTreeMap<String, String>,
+        taking_over: Option<Duration>,
+    ) -> BTreeMap<String, String>;
     /// `written` is on the Lease now.
-    fn written(&self, written: &std::collections::BTreeMap<String, String>);
+    fn written(&self, written: &BTreeMap<String, String>);
+    /// The annotations of the write that gives the Lease up at shutdown,
+    /// once leader-only work has stopped (a hand-over).
+    async fn releasing(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
 }
 
 /// Fixed annotations (the discovery URL followers forward to) written
@@ -77,11 +88,16 @@ pub struct WithFixed {
     pub inner: Arc<dyn Publisher>,
 }
 
+#[async_trait::async_trait]
 impl Publisher for WithFixed {
+    async fn prepare(&self, read: &BTreeMap<String, String>) {
+        self.inner.prepare(read).await;
+    }
+
     fn annotations(
         &self,
         read: &BTreeMap<String, String>,
-        taking_over: bool,
+        taking_over: Option<Duration>,
     ) -> BTreeMap<String, String> {
         let mut all = self.inner.annotations(read, taking_over);
         all.extend(self.fixed.clone());
@@ -90,6 +106,10 @@ impl Publisher for WithFixed {
 
     fn written(&self, written: &BTreeMap<String, String>) {
         self.inner.written(written);
+    }
+
+    async fn releasing(&self) -> BTreeMap<String, String> {
+        self.inner.releasing().await
     }
 }
 

@@ -226,6 +226,11 @@ impl LeaseStore {
         }
     }
 
+    /// The store's clock now.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
     /// The limits in force.
     pub fn config(&self) -> LeaseConfig {
         self.config

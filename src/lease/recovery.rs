@@ -187,14 +187,20 @@ impl LeaseStore {
     }
 
     /// The horizon to publish now, `margin` past the latest expiry this
-    /// store may hand out before its next write.
+    /// store may hand out before its next write: a grant of the default
+    /// TTL can come at any moment (without it counted, a horizon less than
+    /// a second ahead would refuse every grant, and nothing would ever be
+    /// granted to count), a longer TTL once one was granted.
     pub fn horizon(&self, margin: Duration) -> DateTime<Utc> {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
         let latest = st.ends.last().map(|(end, _)| *end);
         let r = &st.recovery;
-        let longest = r.recent(now).min(self.config.max_ttl);
+        let longest = r
+            .recent(now)
+            .max(self.config.default_ttl)
+            .min(self.config.max_ttl);
         horizon(now, latest, r.until, longest, margin)
     }
 

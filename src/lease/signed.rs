@@ -139,6 +139,25 @@ fn sign(key: &LeaseKey, payload: &[u8]) -> hmac::Tag {
     ctx.sign()
 }
 
+/// A tag over `data` for `purpose` (a domain of its own: never a valid
+/// id's tag, whose payload starts with [`VERSION`]).
+pub fn seal(key: &LeaseKey, purpose: &str, data: &[u8]) -> Vec<u8> {
+    let mut ctx = hmac::Context::with_key(&key.0);
+    ctx.update(purpose.as_bytes());
+    ctx.update(&[0]);
+    ctx.update(data);
+    ctx.sign().as_ref().to_vec()
+}
+
+/// Whether `tag` is [`seal`]'s for `purpose` and `data` (constant time).
+pub fn sealed(key: &LeaseKey, purpose: &str, data: &[u8], tag: &[u8]) -> bool {
+    let mut signed = Vec::with_capacity(purpose.len() + 1 + data.len());
+    signed.extend_from_slice(purpose.as_bytes());
+    signed.push(0);
+    signed.extend_from_slice(data);
+    hmac::verify(&key.0, &signed, tag).is_ok()
+}
+
 /// The claims of `id` when `key` signed it, whatever its expiry.
 pub fn open(key: &LeaseKey, id: &str) -> Result<Claims, IdError> {
     let body = id.strip_prefix(VERSION).ok_or(IdError::Version)?;

@@ -1,6 +1,7 @@
 //! The leader's lease horizon on its election Lease: what this replica's
 //! lease store may hand out, published at every renew write; on taking
-//! over, the previous leader's horizon opens the recovery window
+//! over, the previous leader's hand-over (`super::handover`) is imported,
+//! or, when there is none, its horizon opens the recovery window
 //! (`lease::recovery`).
 
 use std::collections::BTreeMap;
@@ -10,8 +11,19 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use tracing::{info, warn};
 
+use super::handover::{HandOver, Pointer, HANDOVER_ANNOTATION};
 use crate::leader::Publisher;
-use crate::lease::{LeaseStore, HORIZON_ANNOTATION};
+use crate::lease::{LeaseStore, Snapshot, HORIZON_ANNOTATION};
+
+/// How long writing the hand-over, and first waiting for the discovery
+/// API to stop, may each take at shutdown.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The horizon again, in milliseconds after the write that carries it: a
+/// successor counts it from when it first saw that write, by its own
+/// clock, so clock skew between replicas cannot shorten the window.
+/// [`HORIZON_ANNOTATION`] (RFC 3339, the leader's clock) is for people.
+pub const HORIZON_MS_ANNOTATION: &str = "crawl.example.com/lease-horizon-ms";
 
 /// Publishes the horizon of `store`, `margin` (two retry periods) past the
 /// latest expiry it may hand out before its next write.
@@ -20,11 +32,26 @@ pub struct Horizon {
     pub store: Arc<LeaseStore>,
     /// Two retry periods.
     pub margin: Duration,
+    /// Loads a previous leader's hand-over (`None`: ids are signed with a
+    /// key of this process, which no other process could have sealed).
+    handover: Option<Arc<HandOver>>,
     /// The value this replica last wrote.
     last: Mutex<Option<String>>,
-    /// The previous leader's horizon, while a write that takes the Lease
-    /// over is in flight.
-    pending: Mutex<Option<Option<DateTime<Utc>>>>,
+    /// The horizon of the write in flight.
+    computed: Mutex<Option<DateTime<Utc>>>,
+    /// A hand-over loaded for the next take-over write.
+    loaded: Mutex<Option<Snapshot>>,
+    /// What the write that takes the Lease over, in flight, starts with.
+    pending: Mutex<Option<TakeOver>>,
+}
+
+/// How a term starts once its take-over write wins.
+enum TakeOver {
+    /// With the previous leader's state, or with the window until its
+    /// horizon when the state does not import.
+    HandOver(Snapshot, Option<DateTime<Utc>>),
+    /// With the window until the previous leader's horizon.
+    Window(Option<DateTime<Utc>>),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -33,15 +60,42 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Horizon {
-    /// Publishes `store`'s horizon with `margin`.
-    pub fn new(store: Arc<LeaseStore>, margin: Duration) -> Self {
+    /// Publishes `store`'s horizon with `margin`; takes over through
+    /// `handover` when the previous leader wrote one.
+    pub fn new(store: Arc<LeaseStore>, margin: Duration, handover: Option<Arc<HandOver>>) -> Self {
         Horizon {
             store,
             margin,
+            handover,
             last: Mutex::new(None),
+            computed: Mutex::new(None),
+            loaded: Mutex::new(None),
             pending: Mutex::new(None),
         }
     }
+}
+
+/// The previous leader's horizon by this replica's clock at `now`, from
+/// what it published (`read`) and how long this replica has seen that
+/// write unchanged: the relative form when present, else (an older
+/// version) the leader's own date.
+pub fn previous_horizon(
+    read: &BTreeMap<String, String>,
+    unchanged_for: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    if let Some(v) = read.get(HORIZON_MS_ANNOTATION) {
+        match v.parse::<i64>() {
+            Ok(ms) => {
+                let seen = now - chrono::Duration::from_std(unchanged_for).unwrap_or_default();
+                return Some(seen + chrono::Duration::milliseconds(ms));
+            }
+            Err(e) => {
+                warn!(annotation = HORIZON_MS_ANNOTATION, value = %v, error = %e, "Ignoring an unreadable lease horizon on the leader Lease")
+            }
+        }
+    }
+    parse(read.get(HORIZON_ANNOTATION))
 }
 
 fn parse(v: Option<&String>) -> Option<DateTime<Utc>> {
@@ -55,52 +109,151 @@ fn parse(v: Option<&String>) -> Option<DateTime<Utc>> {
     }
 }
 
+/// `h` as published at `now`: the date, and the milliseconds after now,
+/// rounded up.
+fn published(h: DateTime<Utc>, now: DateTime<Utc>) -> [(String, String); 2] {
+    let us = (h - now).num_microseconds().unwrap_or(i64::MAX).max(0);
+    let ms = us.saturating_add(999) / 1000;
+    [
+        (
+            HORIZON_ANNOTATION.to_string(),
+            h.to_rfc3339_opts(SecondsFormat::Millis, true),
+        ),
+        (HORIZON_MS_ANNOTATION.to_string(), ms.to_string()),
+    ]
+}
+
+#[async_trait::async_trait]
 impl Publisher for Horizon {
+    async fn prepare(&self, read: &BTreeMap<String, String>) {
+        *lock(&self.loaded) = None;
+        let (Some(h), Some(v)) = (&self.handover, read.get(HANDOVER_ANNOTATION)) else {
+            return;
+        };
+        let loaded = match Pointer::parse(v) {
+            Ok(None) => return,
+            Ok(Some(p)) => h.load(&p).await,
+            Err(e) => Err(e),
+        };
+        match loaded {
+            Ok(s) => *lock(&self.loaded) = Some(s),
+            Err(e) => {
+                warn!(error = %e, "Cannot load the previous leader's hand-over; new grants wait for its recovery window instead")
+            }
+        }
+    }
+
     fn annotations(
         &self,
         read: &BTreeMap<String, String>,
-        taking_over: bool,
+        taking_over: Option<Duration>,
     ) -> BTreeMap<String, String> {
-        let read = read.get(HORIZON_ANNOTATION);
-        let ours = read.is_some() && *lock(&self.last) == read.cloned();
+        let now = self.store.now();
+        let ours = read
+            .get(HORIZON_ANNOTATION)
+            .is_some_and(|v| lock(&self.last).as_ref() == Some(v));
         // Still the value this replica wrote: nobody led in between (a
         // leader grants nothing before its first write), so this store
         // knows every lease and needs no window.
         let mut h = self.store.horizon(self.margin);
+        let mut out = BTreeMap::new();
         let mut pending = lock(&self.pending);
         *pending = None;
-        if taking_over && !ours {
-            // The window opens only once this write wins: a candidate
-            // that loses the race keeps serving as it did.
-            let previous = parse(read);
+        if let Some(unchanged_for) = taking_over.filter(|_| !ours) {
+            // The window, or the hand-over, starts only once this write
+            // wins: a candidate that loses the race keeps serving as it did.
+            let previous = previous_horizon(read, unchanged_for, now);
             h = self.store.take_over_horizon(previous, self.margin);
-            *pending = Some(previous);
+            *pending = Some(match lock(&self.loaded).take() {
+                Some(s) => TakeOver::HandOver(s, previous),
+                None => TakeOver::Window(previous),
+            });
+            // Taken: a later successor must not load it again.
+            out.insert(HANDOVER_ANNOTATION.to_string(), String::new());
         }
-        BTreeMap::from([(
-            HORIZON_ANNOTATION.to_string(),
-            h.to_rfc3339_opts(SecondsFormat::Millis, true),
-        )])
+        *lock(&self.computed) = Some(h);
+        out.extend(published(h, now));
+        out
     }
 
     fn written(&self, written: &BTreeMap<String, String>) {
-        if let Some(previous) = lock(&self.pending).take() {
-            self.store.take_over(previous);
-            if let Some(until) = self.store.recovering_until() {
-                info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), "Recovering the previous leader's leases: new grants wait until then");
+        match lock(&self.pending).take() {
+            None => {}
+            Some(TakeOver::Window(previous)) => self.open_window(previous),
+            Some(TakeOver::HandOver(s, previous)) => {
+                self.store.take_over(None);
+                match self.store.import(&s) {
+                    Ok(()) => {
+                        info!(leases = s.leases.len(), sticky_keys = s.sticky.len(), cooldowns = s.global.len() + s.sites.len(), "Took over the previous leader's leases, cooldowns and sticky keys from its hand-over; granting at once")
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "Cannot take in the previous leader's hand-over; new grants wait for its recovery window instead");
+                        self.open_window(previous);
+                    }
+                }
             }
         }
-        if let Some(h) = parse(written.get(HORIZON_ANNOTATION)) {
+        if let Some(h) = lock(&self.computed).take() {
             self.store.published(h);
         }
         *lock(&self.last) = written.get(HORIZON_ANNOTATION).cloned();
+    }
+
+    async fn releasing(&self) -> BTreeMap<String, String> {
+        let Some(h) = &self.handover else {
+            return BTreeMap::new();
+        };
+        self.hand_over(h)
+            .await
+            .map(|v| BTreeMap::from([(HANDOVER_ANNOTATION.to_string(), v)]))
+            .unwrap_or_default()
+    }
+}
+
+impl Horizon {
+    /// Writes the hand-over once the discovery API stopped serving (so
+    /// nothing changes the table after), bounded by [`HANDOVER_TIMEOUT`].
+    async fn hand_over(&self, h: &HandOver) -> Option<String> {
+        if tokio::time::timeout(HANDOVER_TIMEOUT, h.served.cancelled())
+            .await
+            .is_err()
+        {
+            warn!("The discovery API is still serving; writing the lease hand-over anyway");
+        }
+        match tokio::time::timeout(HANDOVER_TIMEOUT, h.write()).await {
+            Ok(Ok((value, leases))) => {
+                info!(leases, "Wrote the lease table for the next leader");
+                Some(value)
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "Cannot write the lease hand-over; the next leader waits for the recovery window instead");
+                None
+            }
+            Err(_) => {
+                warn!(limit = ?HANDOVER_TIMEOUT, "Writing the lease hand-over timed out; the next leader waits for the recovery window instead");
+                None
+            }
+        }
+    }
+
+    fn open_window(&self, previous: Option<DateTime<Utc>>) {
+        self.store.take_over(previous);
+        if let Some(until) = self.store.recovering_until() {
+            info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), "Recovering the previous leader's leases: new grants wait until then");
+        }
     }
 }
 
 /// Publishes nothing (the discovery API is off).
 pub struct Nothing;
 
+#[async_trait::async_trait]
 impl Publisher for Nothing {
-    fn annotations(&self, _: &BTreeMap<String, String>, _: bool) -> BTreeMap<String, String> {
+    fn annotations(
+        &self,
+        _: &BTreeMap<String, String>,
+        _: Option<Duration>,
+    ) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
 

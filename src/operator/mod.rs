@@ -7,6 +7,7 @@
 //! stops its leader-only work, keeps serving, and campaigns again.
 
 pub mod client;
+pub mod handover;
 mod horizon;
 pub mod lease_key;
 pub mod metrics;
@@ -173,28 +174,42 @@ impl Operator {
         if let Some(addr) = s.discovery_bind {
             // Every replica signs with the one shared key, so any of them
             // can take in the leases another granted (docs/architecture.md).
-            let key = match lease_key::load_or_create(self.client.clone(), &s.operator_namespace)
-                .await
+            let (key, shared) = match lease_key::load_or_create(
+                self.client.clone(),
+                &s.operator_namespace,
+            )
+            .await
             {
-                Ok(key) => key,
+                Ok(key) => (key, true),
                 // No Secret to share (no RBAC for it, no such namespace, as
                 // under `make run`): serve with a key of this process. Lease
                 // ids stay unforgeable; only taking them in elsewhere is lost.
                 Err(e @ lease_key::KeyError::Api { .. }) => {
                     warn!(error = %e, "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)");
-                    crate::lease::LeaseKey::random()
+                    (crate::lease::LeaseKey::random(), false)
                 }
                 Err(e) => return Err(StartError::LeaseKey(e.to_string())),
             };
-            leases = Some(runnables::spawn_discovery(
+            let (store, served) = runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
-                (&self.client, proxy_cache.clone(), key),
+                (&self.client, proxy_cache.clone(), key.clone()),
                 &self.metrics,
                 seen,
                 stop.clone().cancelled_owned(),
-            ));
+            );
+            // A key of this process only seals nothing another could open.
+            let handover = shared.then(|| {
+                Arc::new(handover::HandOver {
+                    store: store.clone(),
+                    key: key.clone(),
+                    namespace: s.operator_namespace.clone(),
+                    client: self.client.clone(),
+                    served,
+                })
+            });
+            leases = Some((store, handover, key));
         }
 
         let leading = async {
@@ -208,12 +223,23 @@ impl Operator {
                     Ok(())
                 }
                 Some(timing) => {
-                    let publisher: Arc<dyn leader::Publisher> = match leases {
-                        Some(store) => {
-                            Arc::new(horizon::Horizon::new(store, timing.retry_period * 2))
-                        }
-                        None => Arc::new(horizon::Nothing),
+                    let (inner, key): (Arc<dyn leader::Publisher>, _) = match leases {
+                        Some((store, handover, key)) => (
+                            Arc::new(horizon::Horizon::new(
+                                store,
+                                timing.retry_period * 2,
+                                handover,
+                            )),
+                            Some(key),
+                        ),
+                        None => (Arc::new(horizon::Nothing), None),
                     };
+                    // Followers forward lease calls to the URL the leader
+                    // publishes, and only when its seal checks.
+                    let publisher = Arc::new(leader::WithFixed {
+                        fixed: self.discovery_annotations(key.as_ref()),
+                        inner,
+                    });
                     self.lead_in_terms(timing, observed, &stop, proxies, installation_id, publisher)
                         .await
                 }
@@ -294,29 +320,14 @@ impl Operator {
         stop: &CancellationToken,
         proxies: ProxyStore,
         installation_id: String,
-        publisher: Arc<dyn leader::Publisher>,
+        publisher: Arc<leader::WithFixed>,
     ) -> Result<(), StartError> {
         let namespace = &self.settings.operator_namespace;
         let identity = leader_identity();
-        // Followers forward lease calls to the URL the leader publishes.
-        let publish: std::collections::BTreeMap<String, String> = self
-            .settings
-            .discovery_advertise
-            .iter()
-            .filter(|_| self.settings.discovery_bind.is_some())
-            .map(|url| (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()))
-            .collect();
-        if publish.is_empty() && self.settings.discovery_bind.is_some() {
-            warn!("No --discovery-advertise-url and no POD_IP: while this replica leads, the others cannot forward lease calls to it and answer 503");
-        }
         let candidate = leader::Candidate {
             identity: identity.clone(),
             observed,
         };
-        let publisher = Arc::new(leader::WithFixed {
-            fixed: publish,
-            inner: publisher,
-        });
         let campaign = leader::campaign(
             self.client.clone(),
             namespace,
@@ -324,7 +335,7 @@ impl Operator {
             candidate,
             timing,
             self.metrics.leader.clone(),
-            publisher,
+            publisher.clone(),
         );
         let mut leading = campaign.leading.clone();
         let step_down_grace = timing.lease_duration.saturating_sub(timing.renew_deadline) / 2;
@@ -350,7 +361,7 @@ impl Operator {
                 // which here only `stop` does.
                 _ = &mut work => {
                     self.metrics.leader.set_leading(false);
-                    self.release(campaign, &identity).await;
+                    self.release(campaign, &identity, &*publisher).await;
                     return Ok(());
                 }
                 lost = leading.wait_for(|l| !*l) => {
@@ -372,22 +383,51 @@ impl Operator {
                 _ = stop.cancelled() => {
                     work.await;
                     self.metrics.leader.set_leading(false);
-                    self.release(campaign, &identity).await;
+                    self.release(campaign, &identity, &*publisher).await;
                     return Ok(());
                 }
             }
         }
     }
 
+    /// Where this replica's discovery API is reached, sealed with `key`
+    /// (the lease key), for the Lease while it leads.
+    fn discovery_annotations(
+        &self,
+        key: Option<&crate::lease::LeaseKey>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let s = &self.settings;
+        let (Some(url), Some(key)) = (&s.discovery_advertise, key) else {
+            if s.discovery_bind.is_some() {
+                warn!("No --discovery-advertise-url and no POD_IP: while this replica leads, the others cannot forward lease calls to it and answer 503");
+            }
+            return Default::default();
+        };
+        std::collections::BTreeMap::from([
+            (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()),
+            (
+                crate::discovery::internal::URL_SEAL_ANNOTATION.to_string(),
+                crate::discovery::internal::seal_url(key, url),
+            ),
+        ])
+    }
+
     /// Leader-only work has stopped: hand the Lease over now rather than
-    /// make the next leader wait out its duration.
-    async fn release(&self, campaign: leader::Campaign, identity: &str) {
+    /// make the next leader wait out its duration, with what `publisher`
+    /// writes for the next leader (the lease table's hand-over).
+    async fn release(
+        &self,
+        campaign: leader::Campaign,
+        identity: &str,
+        publisher: &dyn leader::Publisher,
+    ) {
         campaign.stop().await;
+        let annotations = publisher.releasing().await;
         let release = leader::release(
             self.client.clone(),
-            &self.settings.operator_namespace,
-            LEADER_ELECTION_ID,
+            (&self.settings.operator_namespace, LEADER_ELECTION_ID),
             identity,
+            annotations,
         );
         match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
             Ok(Ok(true)) => info!(lease = LEADER_ELECTION_ID, "Released the leader lease"),

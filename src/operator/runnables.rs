@@ -19,6 +19,7 @@ use crate::api::constants::DISCOVERY_URL_ANNOTATION;
 use crate::api::{Proxy, ProxyPhase};
 use crate::controller::fleet::Fleet;
 use crate::discovery;
+use crate::discovery::internal::{url_sealed, URL_SEAL_ANNOTATION};
 use crate::health;
 use crate::leader::Observed;
 use crate::lease::{LeaseKey, LeaseStore};
@@ -86,7 +87,7 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
 /// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
 /// calls are served here only while `leader` says this replica leads, and
 /// forwarded to the leader otherwise. Leases are signed with `key`. Returns
-/// the lease store.
+/// the lease store, and a token cancelled once the API stopped serving.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
@@ -95,17 +96,19 @@ pub fn spawn_discovery(
     metrics: &Metrics,
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> Arc<LeaseStore> {
+) -> (Arc<LeaseStore>, CancellationToken) {
     // A 503 asks the crawler back after one election attempt.
     let retry_after = settings
         .leader
         .map(|t| Duration::from_secs(t.retry_period.as_secs_f64().ceil() as u64))
         .unwrap_or(Duration::from_secs(1));
+    let trusted = key.clone();
     let forwarder = discovery::Forwarder::new(
-        Arc::new(move || leader_of(&leader.borrow())),
+        Arc::new(move || leader_of(&leader.borrow(), &trusted)),
         discovery::FORWARD_TIMEOUT,
         retry_after,
-    );
+    )
+    .with_key(key.clone());
     let leases = Arc::new(
         LeaseStore::new(settings.leases)
             .with_client_limits(settings.client_limits)
@@ -130,23 +133,36 @@ pub fn spawn_discovery(
             watch.await;
         });
     }
+    let served = CancellationToken::new();
+    let done = served.clone();
     tasks.spawn(async move {
         if let Err(e) = discovery::serve(addr, state, stop).await {
             error!(%addr, error = %e, "Discovery API failed");
         }
+        done.cancel();
     });
-    leases
+    (leases, served)
 }
 
 /// Where lease calls go, from what the election last saw: here, to the
-/// URL the leader publishes on its Lease, or nowhere known.
-pub fn leader_of(observed: &Observed) -> discovery::Leader {
+/// URL the leader publishes on its Lease when it carries the seal of
+/// `key` (the shared lease key), or nowhere.
+pub fn leader_of(observed: &Observed, key: &LeaseKey) -> discovery::Leader {
     match observed {
         Observed::Me => discovery::Leader::Me,
-        Observed::Other(published) => published
-            .get(DISCOVERY_URL_ANNOTATION)
-            .map(|url| discovery::Leader::At(url.clone()))
-            .unwrap_or(discovery::Leader::Unknown),
+        Observed::Other(published) => match published.get(DISCOVERY_URL_ANNOTATION) {
+            None => discovery::Leader::Unknown,
+            Some(url) => {
+                let seal = published
+                    .get(URL_SEAL_ANNOTATION)
+                    .map_or("", |s| s.as_str());
+                if url_sealed(key, url, seal) {
+                    discovery::Leader::At(url.clone())
+                } else {
+                    discovery::Leader::Unverified
+                }
+            }
+        },
         Observed::Nobody => discovery::Leader::Unknown,
     }
 }
@@ -255,6 +271,11 @@ pub fn spawn_provider_health(
 mod tests {
     use super::*;
     use crate::api::{ProxySpec, ProxyStatus};
+    use crate::discovery::internal::seal_url;
+
+    fn key(b: u8) -> LeaseKey {
+        LeaseKey::from_bytes(&[b; crate::lease::signed::KEY_LEN]).unwrap()
+    }
 
     #[test]
     fn lease_calls_go_where_the_election_says() {
@@ -278,12 +299,43 @@ mod tests {
                 want: discovery::Leader::Me,
             },
             Case {
-                name: "another leads and publishes its URL",
+                name: "another leads and publishes its URL, sealed",
                 observed: published(&[
                     (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
+                    (
+                        URL_SEAL_ANNOTATION,
+                        &seal_url(&key(1), "http://10.0.0.7:8090"),
+                    ),
                     ("other", "x"),
                 ]),
                 want: discovery::Leader::At("http://10.0.0.7:8090".into()),
+            },
+            Case {
+                name: "a URL without a seal: forged, or an older version",
+                observed: published(&[(DISCOVERY_URL_ANNOTATION, "http://10.6.6.6:8090")]),
+                want: discovery::Leader::Unverified,
+            },
+            Case {
+                name: "another URL under a genuine seal",
+                observed: published(&[
+                    (DISCOVERY_URL_ANNOTATION, "http://10.6.6.6:8090"),
+                    (
+                        URL_SEAL_ANNOTATION,
+                        &seal_url(&key(1), "http://10.0.0.7:8090"),
+                    ),
+                ]),
+                want: discovery::Leader::Unverified,
+            },
+            Case {
+                name: "sealed by another installation",
+                observed: published(&[
+                    (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
+                    (
+                        URL_SEAL_ANNOTATION,
+                        &seal_url(&key(2), "http://10.0.0.7:8090"),
+                    ),
+                ]),
+                want: discovery::Leader::Unverified,
             },
             Case {
                 name: "another leads but publishes no URL (an older version)",
@@ -297,7 +349,7 @@ mod tests {
             },
         ];
         for c in cases {
-            assert_eq!(leader_of(&c.observed), c.want, "{}", c.name);
+            assert_eq!(leader_of(&c.observed, &key(1)), c.want, "{}", c.name);
         }
     }
 

@@ -312,6 +312,20 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
                 let h = l.leases.get_mut(&key).unwrap();
                 h.until = h.until.min(sent);
             }
+            // Ended already: only right once its TTL surely ran out.
+            Some((404, _, v)) => {
+                let mut l = s.ledger.lock().unwrap();
+                let h = l.leases.get_mut(&key).unwrap();
+                h.until = h.until.min(sent);
+                if sent < expires {
+                    l.lost.push(format!(
+                        "{key}: released {:?} before its expiry, answered 404: {v}",
+                        expires - sent
+                    ));
+                } else {
+                    l.late += 1;
+                }
+            }
             // Not released: it runs out after its TTL, as the ledger has it.
             Some((503, retry_after, v)) => s.unavailable("release", retry_after, &v).await,
             Some((other, _, v)) => panic!("release answered {other}: {v}"),

@@ -459,9 +459,9 @@ fn the_manager_gets_least_privilege_rbac() {
     assert!(pods_role["rules"].to_string().contains("pods"));
     let base = object(docs, "ClusterRole", "egress-proxies-operator-manager-role");
     assert!(!base["rules"].to_string().contains("pods"));
-    // In the install namespace only: the election Lease and the lease
-    // signing key Secret, each read and written by name (create cannot be
-    // limited to a name), nothing else.
+    // In the install namespace only: the election Lease, the lease signing
+    // key Secret and the lease hand-over Secrets, each read and written by
+    // name (create cannot be limited to a name), nothing else.
     assert_eq!(namespaced.len(), 1);
     let (ns, rules) = &namespaced[0];
     assert_eq!(ns, NS);
@@ -469,7 +469,10 @@ fn the_manager_gets_least_privilege_rbac() {
         grants(rules, "coordination.k8s.io", "leases"),
         ["create", "get", "update"]
     );
-    assert_eq!(grants(rules, "", "secrets"), ["create", "get"]);
+    assert_eq!(grants(rules, "", "secrets"), ["create", "get", "update"]);
+    let state: Vec<String> = (0..egress_proxies_operator::operator::handover::MAX_CHUNKS)
+        .map(|i| format!("egress-proxies-operator-lease-state-{i}"))
+        .collect();
     for r in rules {
         let resources = list(&r.resources);
         assert!(
@@ -477,12 +480,15 @@ fn the_manager_gets_least_privilege_rbac() {
             "{resources:?}"
         );
         if r.verbs != ["create"] {
-            let name = if resources == ["leases"] {
-                "egress-proxies-operator.crawl.example.com"
+            let names: Vec<String> = if resources == ["leases"] {
+                vec!["egress-proxies-operator.crawl.example.com".into()]
+            } else if r.verbs == ["get"] {
+                vec!["egress-proxies-operator-lease-key".into()]
             } else {
-                "egress-proxies-operator-lease-key"
+                assert_eq!(r.verbs, ["get", "update"], "{resources:?}");
+                state.clone()
             };
-            assert_eq!(list(&r.resource_names), [name], "{resources:?}");
+            assert_eq!(list(&r.resource_names), names, "{resources:?}");
         }
     }
 }

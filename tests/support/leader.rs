@@ -21,8 +21,20 @@ pub fn replica(
     ground: &Ground,
     dir: &Path,
     name: &str,
+    timing: [&str; 2],
+    extra: &[&str],
+) -> Operator {
+    replica_with_env(ground, dir, name, timing, extra, &[])
+}
+
+/// [`replica`], with `env` set (a test hook).
+pub fn replica_with_env(
+    ground: &Ground,
+    dir: &Path,
+    name: &str,
     [lease, renew]: [&str; 2],
     extra: &[&str],
+    env: &[(&str, &str)],
 ) -> Operator {
     // The ground's operator keeps its Lease in the test's namespace.
     let mut cmd = ground.operator(
@@ -40,7 +52,8 @@ pub fn replica(
     ])
     .args(extra)
     .env("DISCOVERY_TOKEN", TOKEN)
-    .env("POD_NAME", name);
+    .env("POD_NAME", name)
+    .envs(env.iter().copied());
     Operator::spawn(cmd, &dir.join(format!("{name}.log")))
 }
 

@@ -1,0 +1,277 @@
+//! Trust between replicas (docs/architecture.md, "Replicas trust only each
+//! other"): everything one replica acts on from another is sealed with the
+//! shared lease key. The leader seals the discovery URL it publishes on
+//! its election Lease, so a follower forwards only to a URL a replica of
+//! this installation published; a follower signs every forwarded call
+//! (method, path, client, time, request key, deadline, body) instead of
+//! passing the crawler's token on, so the token never leaves the replica
+//! that received it and a captured signature is good for that one request
+//! for a minute at most. Pure: time is an argument.
+
+use sha2::{Digest as _, Sha256};
+
+use crate::lease::signed::{seal, sealed};
+use crate::lease::LeaseKey;
+
+/// The signed forward: `v1.<unix ms>.<seal>`. Its presence marks a
+/// forwarded call (a replica that does not lead answers 503 rather than
+/// forward it again).
+pub const FORWARD_HEADER: &str = "x-egress-forward";
+/// The client the follower authenticated (the name of its token).
+pub const CLIENT_HEADER: &str = "x-egress-client";
+/// The follower's request key: a retry of one forwarded acquire carries
+/// the same key and gets the same lease.
+pub const REQUEST_KEY_HEADER: &str = "x-egress-request-key";
+/// Milliseconds the leader has to answer, from when it reads the call: a
+/// grant later than that is not made (the follower has given up by then).
+pub const DEADLINE_HEADER: &str = "x-egress-deadline-ms";
+/// The seal of the discovery URL on the election Lease.
+pub const URL_SEAL_ANNOTATION: &str = "crawl.example.com/discovery-url-seal";
+
+/// How far a forward's time may be from the leader's clock.
+pub const MAX_SKEW_MS: i64 = 60_000;
+
+const URL_PURPOSE: &str = "discovery-url";
+const FORWARD_PURPOSE: &str = "forward";
+
+/// The seal of `url`, as published.
+pub fn seal_url(key: &LeaseKey, url: &str) -> String {
+    data_encoding::BASE64URL_NOPAD.encode(&seal(key, URL_PURPOSE, url.as_bytes()))
+}
+
+/// Whether `published` is `url`'s seal under `key`.
+pub fn url_sealed(key: &LeaseKey, url: &str, published: &str) -> bool {
+    data_encoding::BASE64URL_NOPAD
+        .decode(published.as_bytes())
+        .is_ok_and(|tag| sealed(key, URL_PURPOSE, url.as_bytes(), &tag))
+}
+
+/// What a forward's signature covers.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward<'a> {
+    /// HTTP method.
+    pub method: &'a str,
+    /// Path and query.
+    pub path: &'a str,
+    /// The client the follower authenticated.
+    pub client: &'a str,
+    /// The request key ("" when none).
+    pub request_key: &'a str,
+    /// The deadline header's value ("" when none).
+    pub deadline_ms: &'a str,
+    /// The body.
+    pub body: &'a [u8],
+}
+
+impl Forward<'_> {
+    fn message(&self, at_ms: i64) -> Vec<u8> {
+        let mut m = Vec::with_capacity(160);
+        for part in [
+            self.method,
+            self.path,
+            self.client,
+            self.request_key,
+            self.deadline_ms,
+        ] {
+            m.extend_from_slice(part.as_bytes());
+            m.push(b'\n');
+        }
+        m.extend_from_slice(at_ms.to_string().as_bytes());
+        m.push(b'\n');
+        m.extend_from_slice(&Sha256::digest(self.body));
+        m
+    }
+}
+
+/// The [`FORWARD_HEADER`] value of `f` sent at `now_ms`.
+pub fn sign_forward(key: &LeaseKey, f: &Forward<'_>, now_ms: i64) -> String {
+    let tag = seal(key, FORWARD_PURPOSE, &f.message(now_ms));
+    format!(
+        "v1.{now_ms}.{}",
+        data_encoding::BASE64URL_NOPAD.encode(&tag)
+    )
+}
+
+/// Why a forwarded call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardRefused {
+    /// Not `v1.<ms>.<seal>`.
+    #[error("malformed forward signature")]
+    Malformed,
+    /// Signed too long ago or too far ahead: a replay, or clocks apart.
+    #[error("forward signed {0} ms away from this replica's clock")]
+    Stale(i64),
+    /// Not signed with this installation's lease key, or altered.
+    #[error("forward signature does not match")]
+    Seal,
+    /// This replica has no shared key to check with.
+    #[error("this replica checks no forwards (it has no shared lease key)")]
+    NoKey,
+}
+
+/// Checks `header` for `f` at `now_ms`.
+pub fn verify_forward(
+    key: Option<&LeaseKey>,
+    header: &str,
+    f: &Forward<'_>,
+    now_ms: i64,
+) -> Result<(), ForwardRefused> {
+    let key = key.ok_or(ForwardRefused::NoKey)?;
+    let rest = header
+        .strip_prefix("v1.")
+        .ok_or(ForwardRefused::Malformed)?;
+    let (at, tag) = rest.split_once('.').ok_or(ForwardRefused::Malformed)?;
+    let at: i64 = at.parse().map_err(|_| ForwardRefused::Malformed)?;
+    let tag = data_encoding::BASE64URL_NOPAD
+        .decode(tag.as_bytes())
+        .map_err(|_| ForwardRefused::Malformed)?;
+    let skew = now_ms.saturating_sub(at);
+    if skew.abs() > MAX_SKEW_MS {
+        return Err(ForwardRefused::Stale(skew));
+    }
+    if !sealed(key, FORWARD_PURPOSE, &f.message(at), &tag) {
+        return Err(ForwardRefused::Seal);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::signed::KEY_LEN;
+
+    fn key(b: u8) -> LeaseKey {
+        LeaseKey::from_bytes(&[b; KEY_LEN]).unwrap()
+    }
+
+    const F: Forward<'static> = Forward {
+        method: "POST",
+        path: "/v1/leases",
+        client: "team-a",
+        request_key: "rk-1",
+        deadline_ms: "1500",
+        body: br#"{"ttlSeconds":60}"#,
+    };
+
+    #[test]
+    fn a_forward_checks_only_as_signed_under_the_shared_key_and_fresh() {
+        let now = 1_800_000_000_000;
+        let h = sign_forward(&key(1), &F, now);
+        assert_eq!(verify_forward(Some(&key(1)), &h, &F, now + 500), Ok(()));
+        let cases = [
+            (
+                "another installation's key",
+                Some(key(2)),
+                h.clone(),
+                F,
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "no shared key here",
+                None,
+                h.clone(),
+                F,
+                now,
+                ForwardRefused::NoKey,
+            ),
+            (
+                "another client",
+                Some(key(1)),
+                h.clone(),
+                Forward {
+                    client: "team-b",
+                    ..F
+                },
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "another path",
+                Some(key(1)),
+                h.clone(),
+                Forward {
+                    path: "/v1/leases/x",
+                    ..F
+                },
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "another body",
+                Some(key(1)),
+                h.clone(),
+                Forward { body: b"{}", ..F },
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "another request key",
+                Some(key(1)),
+                h.clone(),
+                Forward {
+                    request_key: "rk-2",
+                    ..F
+                },
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "a longer deadline",
+                Some(key(1)),
+                h.clone(),
+                Forward {
+                    deadline_ms: "9000",
+                    ..F
+                },
+                now,
+                ForwardRefused::Seal,
+            ),
+            (
+                "replayed two minutes on",
+                Some(key(1)),
+                h.clone(),
+                F,
+                now + 120_000,
+                ForwardRefused::Stale(120_000),
+            ),
+            (
+                "the crawler's bearer token instead",
+                Some(key(1)),
+                "Bearer s3cret".into(),
+                F,
+                now,
+                ForwardRefused::Malformed,
+            ),
+            (
+                "no seal",
+                Some(key(1)),
+                format!("v1.{now}."),
+                F,
+                now,
+                ForwardRefused::Seal,
+            ),
+        ];
+        for (name, k, header, f, at, want) in cases {
+            assert_eq!(
+                verify_forward(k.as_ref(), &header, &f, at),
+                Err(want),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_url_is_trusted_only_with_its_seal() {
+        let url = "http://10.0.0.7:8090";
+        let s = seal_url(&key(1), url);
+        assert!(url_sealed(&key(1), url, &s));
+        assert!(!url_sealed(&key(2), url, &s), "another installation");
+        assert!(
+            !url_sealed(&key(1), "http://10.6.6.6:8090", &s),
+            "another URL"
+        );
+        assert!(!url_sealed(&key(1), url, ""), "none");
+        assert!(!url_sealed(&key(1), url, "!!"), "malformed");
+    }
+}

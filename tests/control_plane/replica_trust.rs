@@ -1,0 +1,246 @@
+//! Replicas trust only each other, on the real test cluster (issue 31):
+//! a follower forwards lease calls only to a discovery URL sealed with the
+//! shared lease key, signs them for the client it authenticated and never
+//! sends the crawler's token on; a forwarded acquire the leader gets too
+//! late to answer in time grants nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, PostParams};
+use serde_json::{json, Value};
+
+use egress_proxies_operator::discovery::internal::{seal_url, URL_SEAL_ANNOTATION};
+use egress_proxies_operator::discovery::HOLD_ENV;
+use egress_proxies_operator::lease::LeaseKey;
+
+use crate::support::leader::{self, campaigning, holder, LEASE, TOKEN};
+use crate::support::{self, api_call, eventually, phase, squid, Ground};
+
+fn replica(
+    ground: &Ground,
+    dir: &Path,
+    name: &str,
+    (api, target): (SocketAddr, SocketAddr),
+    env: &[(&str, &str)],
+) -> support::Operator {
+    leader::replica_with_env(
+        ground,
+        dir,
+        name,
+        ["4s", "3s"],
+        &[
+            "--discovery-bind-address",
+            &api.to_string(),
+            "--discovery-advertise-url",
+            &format!("http://{api}"),
+            "--default-probe-url",
+            &format!("http://{target}/"),
+            "--default-probe-expected-status",
+            "200",
+            "--max-leases-per-proxy",
+            "1",
+        ],
+        env,
+    )
+}
+
+async fn acquire(api: SocketAddr) -> (u16, Value) {
+    api_call(api, "POST", "/v1/leases", Some(TOKEN), b"{}".to_vec()).await
+}
+
+/// A leader `a` and a follower `b`, one Ready External Proxy of one slot.
+async fn two_replicas(
+    prefix: &str,
+    hold_forwarded: Option<&str>,
+) -> (
+    Ground,
+    tempfile::TempDir,
+    [SocketAddr; 2],
+    [support::Operator; 2],
+    support::squid::Squid,
+) {
+    squid::require();
+    let ground = support::ground_without_pods(prefix).await;
+    let dir = tempfile::tempdir().unwrap();
+    let target = support::http_target().await;
+    let port = support::free_port();
+    let squid = squid::start(Ipv4Addr::LOCALHOST, port, prefix, "http_access allow me").await;
+    let apis = [support::loopback(), support::loopback()];
+    let hold: Vec<(&str, &str)> = hold_forwarded
+        .map(|ms| (HOLD_ENV, ms))
+        .into_iter()
+        .collect();
+    let a = replica(&ground, dir.path(), "a", (apis[0], target), &hold);
+    let leases: Api<Lease> = ground.api();
+    eventually("a to lead", Duration::from_secs(30), || async {
+        holder(&leases).await.filter(|h| h.starts_with("a_"))
+    })
+    .await;
+    let b = replica(&ground, dir.path(), "b", (apis[1], target), &[]);
+    campaigning(&dir.path().join("b.log")).await;
+    let proxies = ground.proxies();
+    let p = support::proxy(
+        "sq-1",
+        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port}}),
+    );
+    proxies.create(&PostParams::default(), &p).await.unwrap();
+    eventually("the Proxy Ready", Duration::from_secs(60), || async {
+        (phase(&proxies.get("sq-1").await.ok()?) == Some("Ready")).then_some(())
+    })
+    .await;
+    (ground, dir, apis, [a, b], squid)
+}
+
+/// A listener that records the head of every request it is sent and
+/// answers `409 no_capacity`.
+async fn recorder() -> (String, Arc<Mutex<Vec<String>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let head = support::read_head(&mut c).await;
+                seen.lock().unwrap().push(head);
+                let body = r#"{"error":{"code":"no_capacity","message":"recorded"}}"#;
+                let answer = format!("HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = c.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, heads)
+}
+
+/// Makes "mallory" hold the election Lease for a minute, naming `url`
+/// with `seal` as where lease calls go.
+async fn take_lease(leases: &Api<Lease>, url: &str, seal: &str) {
+    let mut l = leases.get(LEASE).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = Some("mallory".into());
+    spec.lease_duration_seconds = Some(60);
+    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    let a = l.metadata.annotations.get_or_insert_with(Default::default);
+    a.insert("crawl.example.com/discovery-url".into(), url.into());
+    a.insert(URL_SEAL_ANNOTATION.into(), seal.into());
+    leases
+        .replace(LEASE, &PostParams::default(), &l)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token() {
+    let (ground, _dir, apis, _replicas, _squid) = two_replicas("trust", None).await;
+    let leases: Api<Lease> = ground.api();
+    // Through the follower, to the leader at its sealed URL.
+    let (s, v) = acquire(apis[1]).await;
+    assert_eq!(s, 201, "forwarded to the sealed URL: {v}");
+
+    // Someone who may update the Lease names their own URL.
+    let (url, heads) = recorder().await;
+    take_lease(&leases, &url, "forged").await;
+    for api in apis {
+        let (s, v) = eventually(
+            "the forged URL refused",
+            Duration::from_secs(30),
+            || async {
+                let (s, v) = acquire(api).await;
+                let msg = v["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                msg.contains("no replica of this installation sealed")
+                    .then_some((s, v))
+            },
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (503, Some("leader_unavailable")),
+            "{v}"
+        );
+    }
+    // Another installation's seal is no better.
+    let other = seal_url(&LeaseKey::random(), &url);
+    take_lease(&leases, &url, &other).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for api in apis {
+        assert_eq!(acquire(api).await.0, 503);
+    }
+    assert!(
+        heads.lock().unwrap().is_empty(),
+        "nothing was sent to the forged URL: {:?}",
+        heads.lock().unwrap()
+    );
+
+    // Sealed with the installation's key (only a replica, or whoever can
+    // read its Secret, can): forwards go there, signed, without the token.
+    let secrets: Api<Secret> = ground.api();
+    let key = secrets
+        .get("egress-proxies-operator-lease-key")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["key"]
+        .clone();
+    let key = LeaseKey::from_bytes(&key.0).unwrap();
+    take_lease(&leases, &url, &seal_url(&key, &url)).await;
+    let (s, v) = eventually(
+        "a forward to the sealed URL",
+        Duration::from_secs(30),
+        || async {
+            let (s, v) = acquire(apis[1]).await;
+            (s == 409).then_some((s, v))
+        },
+    )
+    .await;
+    assert_eq!(v["error"]["message"], "recorded", "{s} {v}");
+    let heads = heads.lock().unwrap().clone();
+    assert!(!heads.is_empty());
+    for head in &heads {
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            !head.contains(TOKEN),
+            "the crawler's token never leaves: {head}"
+        );
+        assert!(!lower.contains("authorization"), "{head}");
+        assert!(lower.contains("x-egress-forward: v1."), "{head}");
+        assert!(lower.contains("x-egress-client: default"), "{head}");
+    }
+    println!("{} forwards recorded, none with a token", heads.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_answering_a_forward_after_3_s_leaves_no_lease_nobody_holds() {
+    // The leader holds every forwarded call 3 s, past the follower's 2 s.
+    let (_ground, _dir, apis, _replicas, _squid) = two_replicas("slowfwd", Some("3000")).await;
+    let asked = Instant::now();
+    let (s, v) = acquire(apis[1]).await;
+    println!("the follower answered {s} after {:?}: {v}", asked.elapsed());
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("leader_unavailable")),
+        "{v}"
+    );
+    // Once the leader has served the held call, its one slot is still free:
+    // a direct acquire at the leader gets it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (s, v) = acquire(apis[0]).await;
+    assert_eq!(s, 201, "no phantom lease holds the only slot: {v}");
+    let (s, v) = acquire(apis[0]).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("no_capacity")),
+        "{v}"
+    );
+}
