@@ -153,6 +153,17 @@ pub struct Flags {
     #[arg(long, value_name = "URL")]
     pub discovery_advertise_url: Option<String>,
 
+    /// Connections the discovery API holds open at once.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub discovery_max_connections: u32,
+
+    /// Connections one source address may hold open on the discovery API
+    /// (0: no cap of its own), so that one client reopening idle
+    /// connections cannot keep crawlers or the other replicas' forwards
+    /// out. Crawlers behind one NAT address share it.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub discovery_max_connections_per_address: u32,
+
     /// Serve the discovery API without a bearer token when
     /// `DISCOVERY_TOKEN` is unset. Without this flag the operator refuses to
     /// start with the API on and no token.

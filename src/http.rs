@@ -22,7 +22,7 @@ use crate::server;
 /// Whether `/readyz` answers ready: once the Proxy cache has synced for
 /// the first time (the discovery API serves from it), and from then on.
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<AtomicBool>, Arc<std::sync::Mutex<Option<String>>>);
 
 impl Readiness {
     /// Not ready yet.
@@ -39,6 +39,26 @@ impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
+
+    /// Something a reader of `/readyz` should know though the replica
+    /// serves (a degraded mode), shown after `ok`.
+    pub fn set_detail(&self, detail: &str) {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(detail.to_string());
+    }
+
+    /// The answer to `/readyz`.
+    pub fn answer(&self) -> (StatusCode, String) {
+        if !self.is_ready() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the Proxy cache has not synced yet".to_string(),
+            );
+        }
+        match &*self.1.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(d) => (StatusCode::OK, format!("ok; {d}")),
+            None => (StatusCode::OK, "ok".to_string()),
+        }
+    }
 }
 
 /// Serves `/healthz` (always `ok`) and `/readyz` (503 until `ready`) until
@@ -53,17 +73,8 @@ pub async fn serve_probes(
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.is_ready();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ok")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "the Proxy cache has not synced yet",
-                        )
-                    }
-                }
+                let answer = ready.answer();
+                async move { answer }
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr).await?;

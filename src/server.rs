@@ -7,7 +7,9 @@
 //! client can grow the process's memory by opening connections. The
 //! metrics server may run it over TLS.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +34,11 @@ pub struct Limits {
     /// Connections open at once; one more is closed as soon as it is
     /// accepted.
     pub max_connections: usize,
+    /// Connections one source address may hold open at once (0: no cap
+    /// of its own), so one client (one pod reopening idle connections)
+    /// cannot keep every other out; one more from it is closed as soon as
+    /// it is accepted.
+    pub max_per_address: usize,
     /// Time a connection has to send a request's whole header, counted from
     /// when the server waits for it: a new connection, and a kept-alive one
     /// between requests (so this is also the idle timeout).
@@ -50,6 +57,7 @@ pub struct Limits {
 /// bodies (the body itself is capped by the API's router, at 64 KiB).
 pub const DISCOVERY_LIMITS: Limits = Limits {
     max_connections: 4096,
+    max_per_address: 512,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
     request_timeout: Some(Duration::from_secs(30)),
@@ -59,6 +67,8 @@ pub const DISCOVERY_LIMITS: Limits = Limits {
 /// Their handlers read no body, so none is ever buffered.
 pub const PROBE_LIMITS: Limits = Limits {
     max_connections: 256,
+    // One kubelet and a scraper or two: their addresses are few.
+    max_per_address: 0,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
     request_timeout: Some(Duration::from_secs(30)),
@@ -109,13 +119,14 @@ async fn serve_with(
     };
     let service = RequestBodyTimeout::new(app, limits.body_read_timeout);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = PerAddress::default();
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     debug!(error = %e, "Accept failed");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -127,6 +138,14 @@ async fn serve_with(
             debug!(
                 max = limits.max_connections,
                 "Connection refused: too many open"
+            );
+            drop(stream);
+            continue;
+        };
+        let Some(held) = per_address.take(peer.ip(), limits.max_per_address) else {
+            debug!(
+                max = limits.max_per_address,
+                "Connection refused: too many open from one address"
             );
             drop(stream);
             continue;
@@ -145,12 +164,51 @@ async fn serve_with(
                     }
                 }
             }
-            drop(slot);
+            drop((slot, held));
         });
     }
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     Ok(())
+}
+
+/// Open connections by source address.
+#[derive(Clone, Default)]
+struct PerAddress(Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>);
+
+/// One connection counted against its address until dropped.
+struct Held(PerAddress, IpAddr);
+
+/// Whether an address holding `held` connections may open one more
+/// under a cap of `max` (0: no cap).
+pub fn admits(held: usize, max: usize) -> bool {
+    max == 0 || held < max
+}
+
+impl PerAddress {
+    fn take(&self, ip: IpAddr, max: usize) -> Option<Held> {
+        // IPv4 clients of a dual-stack listener are one address either way.
+        let ip = ip.to_canonical();
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_default();
+        if !admits(*n, max) {
+            return None;
+        }
+        *n += 1;
+        Some(Held(self.clone(), ip))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut m = (self.0).0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
 }
 
 /// One connection's requests, until it closes or the server drains.

@@ -14,6 +14,7 @@ use super::*;
 
 const SHORT: Limits = Limits {
     max_connections: 2,
+    max_per_address: 0,
     header_read_timeout: Duration::from_millis(300),
     body_read_timeout: Duration::from_millis(300),
     request_timeout: Some(Duration::from_millis(600)),
@@ -190,4 +191,69 @@ async fn a_body_that_stops_arriving_fails_the_read() {
         "a client error, not the echo: {answer}"
     );
     s.stop().await;
+}
+
+/// A connection from `ip` (a loopback address) to `addr`, with a request
+/// answered on it: it holds a slot.
+async fn held_from(ip: [u8; 4], addr: std::net::SocketAddr) -> Option<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind((std::net::Ipv4Addr::from(ip), 0).into()).unwrap();
+    let mut c = sock.connect(addr).await.unwrap();
+    let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut buf = [0u8; 12];
+    match c.read_exact(&mut buf).await {
+        Ok(_) if &buf == b"HTTP/1.1 200" => Some(c),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_and_others_still_get_in() {
+    let s = Server::start(Limits {
+        max_connections: 8,
+        max_per_address: 2,
+        header_read_timeout: Duration::from_secs(3600),
+        ..SHORT
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            held_from([127, 0, 0, 2], s.addr)
+                .await
+                .expect("within its share"),
+        );
+    }
+    assert!(
+        held_from([127, 0, 0, 2], s.addr).await.is_none(),
+        "a third from the same address is closed unanswered"
+    );
+    for ip in [[127, 0, 0, 1], [127, 0, 0, 3]] {
+        held.push(
+            held_from(ip, s.addr)
+                .await
+                .expect("another address gets in"),
+        );
+    }
+    // Its share comes back as its connections close.
+    held.remove(0);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while held_from([127, 0, 0, 2], s.addr).await.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no share came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+#[test]
+fn admission_by_address() {
+    for (held, max, want) in [
+        (0, 0, true),
+        (10_000, 0, true),
+        (1, 2, true),
+        (2, 2, false),
+        (3, 2, false),
+    ] {
+        assert_eq!(admits(held, max), want, "{held} held of {max}");
+    }
 }

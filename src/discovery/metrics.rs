@@ -66,6 +66,7 @@ pub struct DiscoveryMetrics {
     token_reload_failures: Counter,
     tokens_last_reload_successful: Gauge,
     token_clients: Gauge,
+    lease_key_shared: Gauge,
 }
 
 impl DiscoveryMetrics {
@@ -81,6 +82,7 @@ impl DiscoveryMetrics {
             token_reload_failures: Counter::default(),
             tokens_last_reload_successful: Gauge::default(),
             token_clients: Gauge::default(),
+            lease_key_shared: Gauge::default(),
         };
         registry.register(
             "proxy_operator_discovery_requests",
@@ -116,6 +118,11 @@ impl DiscoveryMetrics {
             "proxy_operator_discovery_token_clients",
             "Named clients whose tokens the discovery API accepts now",
             m.token_clients.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_key_shared",
+            "1 when lease ids are signed with the key every replica shares (the lease key Secret), 0 when with a key of this process only (the Secret is forbidden or absent): leases then do not survive a restart or a leader change",
+            m.lease_key_shared.clone(),
         );
         // No Secret, or none read yet: nothing was refused.
         m.tokens_last_reload_successful.set(1);
@@ -159,6 +166,12 @@ impl DiscoveryMetrics {
         self.token_clients
             .set(i64::try_from(clients).unwrap_or(i64::MAX));
         self.tokens_last_reload_successful.set(1);
+    }
+
+    /// Lease ids are signed with the shared key (`true`) or one of this
+    /// process only.
+    pub fn lease_key(&self, shared: bool) {
+        self.lease_key_shared.set(i64::from(shared));
     }
 
     /// A content of the tokens Secret was refused.

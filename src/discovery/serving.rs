@@ -77,15 +77,16 @@ pub async fn sweep(state: ApiState, shutdown: impl Future<Output = ()>) {
     }
 }
 
-/// Serves the API on `addr` until `shutdown` resolves (graceful), with
-/// the lease sweeper alongside.
+/// Serves the API on `addr` within `limits` until `shutdown` resolves
+/// (graceful), with the lease sweeper alongside.
 pub async fn serve(
     addr: SocketAddr,
     state: ApiState,
+    limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_on(listener, state, shutdown).await
+    serve_within(listener, state, limits, shutdown).await
 }
 
 /// As [`serve`], on a bound listener (tests bind port 0).

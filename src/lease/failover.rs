@@ -173,6 +173,7 @@ impl LeaseStore {
             client: client.clone(),
         };
         st.hold(slot, lease.clone());
+        self.changed();
         Admission::Readmitted(lease)
     }
 }

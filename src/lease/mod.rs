@@ -2,6 +2,7 @@
 //! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
 //! and cooldown rules are pure; the HTTP layer only translates.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -194,6 +195,12 @@ pub struct LeaseStore {
     /// Signs ids so another leader can take them in; `None`: random ids.
     key: Option<LeaseKey>,
     state: Mutex<State>,
+    /// Counts take-overs: a follower's copy of the leader's table is not
+    /// applied once this store took over since it asked.
+    term: AtomicU64,
+    /// Counts changes a follower's copy would miss (grants, renewals,
+    /// releases, reports, leases taken in).
+    version: AtomicU64,
 }
 
 impl LeaseStore {
@@ -214,7 +221,23 @@ impl LeaseStore {
                 ClientLimits::default(),
                 config.max_leases_per_proxy,
             )),
+            term: AtomicU64::new(0),
+            version: AtomicU64::new(0),
         }
+    }
+
+    /// Take-overs so far ([`LeaseStore::replace`]).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    /// Changes so far: a follower's copy is up to date while it is the same.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    fn changed(&self) {
+        self.version.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The same (empty) store with per-client limits.
@@ -336,6 +359,7 @@ impl LeaseStore {
             client: client.clone(),
         };
         st.hold(slot, lease.clone());
+        self.changed();
         Ok(lease)
     }
 
@@ -352,7 +376,9 @@ impl LeaseStore {
         if let Some(key) = &self.key {
             lease.id = failover::resign(key, &slot, lease);
         }
-        Some(lease.clone())
+        let lease = lease.clone();
+        self.changed();
+        Some(lease)
     }
 
     /// A live lease.
@@ -373,7 +399,11 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        st.release(&slot).is_some()
+        let released = st.release(&slot).is_some();
+        if released {
+            self.changed();
+        }
+        released
     }
 
     /// Records a client's report on a live lease (which it keeps). Blocked
@@ -396,6 +426,7 @@ impl LeaseStore {
                 }
                 None => st.cooldowns.put_global(&lease.proxy, &lease.client, until),
             }
+            self.changed();
         }
         Some(lease)
     }

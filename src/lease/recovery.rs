@@ -177,6 +177,7 @@ impl LeaseStore {
     pub fn take_over(&self, previous: Option<DateTime<Utc>>) {
         let now = self.clock.now();
         let mut st = self.lock();
+        self.term.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let r = &mut st.recovery;
         r.until = window_end(now, previous, self.config.max_ttl);
         r.bounded = true;

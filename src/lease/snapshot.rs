@@ -149,10 +149,115 @@ impl LeaseStore {
     }
 
     /// Takes in `s`, exported by the previous leader, as if every lease,
-    /// release, cooldown and sticky key had happened here; what this store
-    /// already holds stays as it is. Past the store's caps an entry is not
-    /// kept, as it would not have been here.
+    /// release, cooldown and sticky key had happened here. A lease this
+    /// store holds keeps the later of the two ends; one `s` released ends
+    /// here too. Past the store's caps an entry is not kept, as it would
+    /// not have been here.
     pub fn import(&self, s: &Snapshot) -> Result<(), SnapshotError> {
+        let plan = Plan::of(s)?;
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        self.apply(&mut st, &plan, s, now);
+        self.changed();
+        Ok(())
+    }
+
+    /// A follower's warm copy: the store becomes `s` (the leader's state)
+    /// as a whole, unless this store took over since `term` was read
+    /// ([`LeaseStore::term`]): then it leads, and its table is its own.
+    pub fn replace(&self, s: &Snapshot, term: u64) -> Result<bool, SnapshotError> {
+        let plan = Plan::of(s)?;
+        let now = self.clock.now();
+        let mut st = self.lock();
+        if self.term() != term {
+            return Ok(false);
+        }
+        let recovery = std::mem::take(&mut st.recovery);
+        *st = super::state::State::new(self.limits, self.config.max_leases_per_proxy);
+        st.recovery = recovery;
+        self.apply(&mut st, &plan, s, now);
+        Ok(true)
+    }
+
+    fn apply(
+        &self,
+        st: &mut super::state::State,
+        plan: &Plan<'_>,
+        s: &Snapshot,
+        now: DateTime<Utc>,
+    ) {
+        let mut clients: BTreeMap<&str, Arc<str>> = BTreeMap::new();
+        for (slot, proxy, client, left, age, site) in &plan.leases {
+            let end = after(now, *left);
+            if st.leases.contains_key(slot.as_str()) {
+                let held = st.leases.get(slot.as_str()).map(|l| l.expires_at);
+                if held.is_some_and(|h| h < end) {
+                    st.move_end(slot, end);
+                }
+                continue;
+            }
+            if st.was_released(slot) {
+                continue;
+            }
+            let client = clients
+                .entry(client.as_str())
+                .or_insert_with(|| Arc::from(client.as_str()))
+                .clone();
+            let age = chrono::Duration::milliseconds(i64::try_from(*age).unwrap_or(0));
+            let mut lease = Lease {
+                id: (*slot).clone(),
+                proxy: proxy.clone(),
+                granted_at: now - age,
+                expires_at: end,
+                site: (*site).clone(),
+                client,
+            };
+            if let Some(key) = &self.key {
+                lease.id = failover::resign(key, slot, &lease);
+            }
+            st.hold((*slot).clone(), lease);
+        }
+        for (slot, left) in &s.released {
+            st.end(slot);
+            st.remember_release(slot, after(now, *left));
+        }
+        for (d, p, left) in &plan.sticky {
+            // Bounded as a grant is: a key past the caps loses stickiness.
+            let _ = st.sticky.remember_digest(*d, p, after(now, *left));
+        }
+        for (p, d, left) in &plan.sites {
+            let _ = st.cooldowns.put_site_digest(p, *d, after(now, *left));
+        }
+        for (p, client, left) in &plan.global {
+            st.cooldowns.put_global(p, client, after(now, *left));
+        }
+        if let Some((ttl, left)) = s.longest {
+            st.recovery
+                .count_longest(now, Duration::from_millis(ttl), left);
+        }
+    }
+}
+
+/// A snapshot checked whole, its proxies and digests resolved: a bad
+/// snapshot changes nothing.
+#[allow(clippy::type_complexity)] // the snapshot's own tuples, resolved
+struct Plan<'a> {
+    leases: Vec<(
+        &'a String,
+        ProxyKey,
+        &'a String,
+        u64,
+        u64,
+        &'a Option<String>,
+    )>,
+    sticky: Vec<(KeyDigest, ProxyKey, u64)>,
+    sites: Vec<(ProxyKey, KeyDigest, u64)>,
+    global: Vec<(ProxyKey, Arc<str>, u64)>,
+}
+
+impl<'a> Plan<'a> {
+    fn of(s: &'a Snapshot) -> Result<Self, SnapshotError> {
         if s.v != SNAPSHOT_VERSION {
             return Err(SnapshotError::Version(s.v));
         }
@@ -165,68 +270,27 @@ impl LeaseStore {
                 })
                 .ok_or(SnapshotError::Inconsistent("an entry names no proxy"))
         };
-        // Checked whole before anything changes: a bad snapshot changes
-        // nothing.
-        let mut sticky = Vec::with_capacity(s.sticky.len());
+        let mut plan = Plan {
+            leases: Vec::with_capacity(s.leases.len()),
+            sticky: Vec::with_capacity(s.sticky.len()),
+            sites: Vec::with_capacity(s.sites.len()),
+            global: Vec::with_capacity(s.global.len()),
+        };
         for (d, p, left) in &s.sticky {
-            sticky.push((decode_digest(d)?, proxy(*p)?, *left));
+            plan.sticky.push((decode_digest(d)?, proxy(*p)?, *left));
         }
-        let mut sites = Vec::with_capacity(s.sites.len());
         for (p, d, left) in &s.sites {
-            sites.push((proxy(*p)?, decode_digest(d)?, *left));
+            plan.sites.push((proxy(*p)?, decode_digest(d)?, *left));
         }
-        let mut leases = Vec::with_capacity(s.leases.len());
         for (slot, p, client, left, age, site) in &s.leases {
-            leases.push((slot, proxy(*p)?, client, *left, *age, site));
+            plan.leases
+                .push((slot, proxy(*p)?, client, *left, *age, site));
         }
-        let mut global = Vec::with_capacity(s.global.len());
         for (p, client, left) in &s.global {
-            global.push((proxy(*p)?, Arc::<str>::from(client.as_str()), *left));
+            plan.global
+                .push((proxy(*p)?, Arc::from(client.as_str()), *left));
         }
-        let now = self.clock.now();
-        let mut st = self.lock();
-        st.expire_leases(now);
-        let mut clients: BTreeMap<&str, Arc<str>> = BTreeMap::new();
-        for (slot, proxy, client, left, age, site) in leases {
-            if st.leases.contains_key(slot.as_str()) || st.was_released(slot) {
-                continue;
-            }
-            let client = clients
-                .entry(client.as_str())
-                .or_insert_with(|| Arc::from(client.as_str()))
-                .clone();
-            let granted_at = now - chrono::Duration::milliseconds(i64::try_from(age).unwrap_or(0));
-            let mut lease = Lease {
-                id: slot.clone(),
-                proxy,
-                granted_at,
-                expires_at: after(now, left),
-                site: site.clone(),
-                client,
-            };
-            if let Some(key) = &self.key {
-                lease.id = failover::resign(key, slot, &lease);
-            }
-            st.hold(slot.clone(), lease);
-        }
-        for (slot, left) in &s.released {
-            st.remember_release(slot, after(now, *left));
-        }
-        for (d, p, left) in sticky {
-            // Bounded as a grant is: a key past the caps loses stickiness.
-            let _ = st.sticky.remember_digest(d, &p, after(now, left));
-        }
-        for (p, d, left) in sites {
-            let _ = st.cooldowns.put_site_digest(&p, d, after(now, left));
-        }
-        for (p, client, left) in global {
-            st.cooldowns.put_global(&p, &client, after(now, left));
-        }
-        if let Some((ttl, left)) = s.longest {
-            st.recovery
-                .count_longest(now, Duration::from_millis(ttl), left);
-        }
-        Ok(())
+        Ok(plan)
     }
 }
 

@@ -23,8 +23,18 @@ pub const DATA_KEY: &str = "key";
 /// Why the key could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    /// Reading or creating the Secret failed.
+    /// Reading or creating the Secret is forbidden, or its namespace does
+    /// not exist: asking again will not help.
     #[error("cannot read or create Secret {namespace}/{SECRET_NAME}: {message}")]
+    Unavailable {
+        /// Operator namespace.
+        namespace: String,
+        /// The API server's words.
+        message: String,
+    },
+    /// Reading or creating the Secret failed for now (the API server
+    /// unreachable, overloaded, timing out): worth asking again.
+    #[error("cannot read or create Secret {namespace}/{SECRET_NAME} yet: {message}")]
     Api {
         /// Operator namespace.
         namespace: String,
@@ -41,6 +51,19 @@ pub enum KeyError {
     },
 }
 
+/// What a failed read or create of the Secret in `namespace` means:
+/// forbidden (403) or no such namespace (404) will not change by asking
+/// again; anything else (unreachable, 5xx, 429, a timeout) may.
+pub fn classify(namespace: &str, e: &kube::Error) -> KeyError {
+    let (namespace, message) = (namespace.to_string(), plain_message(e));
+    match e {
+        kube::Error::Api(s) if s.code == 403 || s.code == 404 => {
+            KeyError::Unavailable { namespace, message }
+        }
+        _ => KeyError::Api { namespace, message },
+    }
+}
+
 /// The key in `secret`, or what is wrong with it.
 pub fn key_of(secret: &Secret) -> Result<LeaseKey, String> {
     let bytes = secret
@@ -54,10 +77,7 @@ pub fn key_of(secret: &Secret) -> Result<LeaseKey, String> {
 /// Reads the key Secret in `namespace`, creating it when missing.
 pub async fn load_or_create(client: Client, namespace: &str) -> Result<LeaseKey, KeyError> {
     let api: Api<Secret> = Api::namespaced(client, namespace);
-    let api_err = |e: kube::Error| KeyError::Api {
-        namespace: namespace.to_string(),
-        message: plain_message(&e),
-    };
+    let api_err = |e: kube::Error| classify(namespace, &e);
     let bad = |reason| KeyError::Bad {
         namespace: namespace.to_string(),
         reason,
@@ -95,5 +115,87 @@ pub async fn load_or_create(client: Client, namespace: &str) -> Result<LeaseKey,
             key_of(&s).map_err(bad)
         }
         Err(e) => Err(api_err(e)),
+    }
+}
+
+/// How long to wait before asking again after a transient error, at most.
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The key every replica shares, asked again after a transient error
+/// (signing with a key of this process only would strand its leases at
+/// the next restart or leader change), until `stop` fires (`Ok(None)`).
+/// Only when the Secret is forbidden or its namespace absent, a key of
+/// this process: said in the log, as `proxy_operator_lease_key_shared 0`
+/// and on `/readyz`. `(key, shared)`.
+pub async fn shared_or_own(
+    client: &Client,
+    namespace: &str,
+    stop: &tokio_util::sync::CancellationToken,
+    metrics: &crate::discovery::metrics::DiscoveryMetrics,
+    ready: &crate::http::Readiness,
+) -> Result<Option<(LeaseKey, bool)>, KeyError> {
+    let mut wait = std::time::Duration::from_secs(1);
+    loop {
+        match load_or_create(client.clone(), namespace).await {
+            Ok(key) => {
+                metrics.lease_key(true);
+                return Ok(Some((key, true)));
+            }
+            // No Secret to share (no RBAC for it, no such namespace, as
+            // under `make run`): serve with a key of this process. Lease
+            // ids stay unforgeable; only taking them in elsewhere is lost.
+            Err(e @ KeyError::Unavailable { .. }) => {
+                tracing::warn!(error = %e, "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change, and this replica's forwards are refused. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)");
+                metrics.lease_key(false);
+                ready.set_detail("lease ids are signed with a key of this process only (the lease key Secret is forbidden or absent): leases do not survive a restart or a leader change");
+                return Ok(Some((LeaseKey::random(), false)));
+            }
+            Err(e @ KeyError::Api { .. }) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "Cannot read the lease signing key yet; asking again");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => return Ok(None),
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            status: Some(kube::core::response::StatusSummary::Failure),
+            code,
+            message: format!("{reason} for the test"),
+            reason: reason.into(),
+            metadata: None,
+            details: None,
+        }))
+    }
+
+    #[test]
+    fn only_a_forbidden_or_absent_secret_falls_back_to_a_key_of_this_process() {
+        let cases = [
+            (status(403, "Forbidden"), true),
+            (status(404, "NotFound"), true),
+            (status(500, "InternalError"), false),
+            (status(503, "ServiceUnavailable"), false),
+            (status(429, "TooManyRequests"), false),
+            (status(504, "Timeout"), false),
+        ];
+        for (e, permanent) in cases {
+            let got = classify("ops", &e);
+            assert_eq!(
+                matches!(got, KeyError::Unavailable { .. }),
+                permanent,
+                "{e}: {got}"
+            );
+            assert!(got.to_string().contains("for the test"), "{got}");
+        }
     }
 }

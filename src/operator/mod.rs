@@ -148,18 +148,6 @@ impl Operator {
                 _ = cache_stop.cancelled() => {}
             }
         });
-        // Ready once the cache has synced: before that the discovery API
-        // would list nothing.
-        let (synced, ready_stop) = (proxies.clone(), stop.clone());
-        tasks.spawn(async move {
-            tokio::select! {
-                () = synced.synced() => {
-                    ready.set_ready();
-                    info!("Proxy cache synced; ready");
-                },
-                _ = ready_stop.cancelled() => {}
-            }
-        });
         runnables::count_phases(
             &self.metrics,
             proxy_cache.clone(),
@@ -174,21 +162,17 @@ impl Operator {
         if let Some(addr) = s.discovery_bind {
             // Every replica signs with the one shared key, so any of them
             // can take in the leases another granted (docs/architecture.md).
-            let (key, shared) = match lease_key::load_or_create(
-                self.client.clone(),
+            let key = lease_key::shared_or_own(
+                &self.client,
                 &s.operator_namespace,
+                &stop,
+                &self.metrics.discovery,
+                &ready,
             )
             .await
-            {
-                Ok(key) => (key, true),
-                // No Secret to share (no RBAC for it, no such namespace, as
-                // under `make run`): serve with a key of this process. Lease
-                // ids stay unforgeable; only taking them in elsewhere is lost.
-                Err(e @ lease_key::KeyError::Api { .. }) => {
-                    warn!(error = %e, "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)");
-                    (crate::lease::LeaseKey::random(), false)
-                }
-                Err(e) => return Err(StartError::LeaseKey(e.to_string())),
+            .map_err(|e| StartError::LeaseKey(e.to_string()))?;
+            let Some((key, shared)) = key else {
+                return Ok(()); // stopped while the API server was away
             };
             let (store, served) = runnables::spawn_discovery(
                 &mut tasks,
@@ -211,6 +195,19 @@ impl Operator {
             });
             leases = Some((store, handover, key));
         }
+        // Ready once the cache has synced (before that the discovery API
+        // would list nothing) and the lease key is settled (before that it
+        // does not listen).
+        let (synced, ready_stop) = (proxies.clone(), stop.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                () = synced.synced() => {
+                    ready.set_ready();
+                    info!("Proxy cache synced; ready");
+                },
+                _ = ready_stop.cancelled() => {}
+            }
+        });
 
         let leading = async {
             let res = match s.leader {

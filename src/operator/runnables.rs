@@ -135,8 +135,9 @@ pub fn spawn_discovery(
     }
     let served = CancellationToken::new();
     let done = served.clone();
+    let limits = settings.discovery_limits;
     tasks.spawn(async move {
-        if let Err(e) = discovery::serve(addr, state, stop).await {
+        if let Err(e) = discovery::serve(addr, state, limits, stop).await {
             error!(%addr, error = %e, "Discovery API failed");
         }
         done.cancel();

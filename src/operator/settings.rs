@@ -33,6 +33,8 @@ pub struct Settings {
     pub metrics_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--discovery-bind-address` (`None`: off).
     pub discovery_bind: Option<SocketAddr>,
+    /// The discovery API's connection limits.
+    pub discovery_limits: crate::server::Limits,
     /// Where the other replicas reach this one's discovery API
     /// (`--discovery-advertise-url`, or from `POD_IP`); `None`: unknown.
     pub discovery_advertise: Option<String>,
@@ -200,6 +202,13 @@ impl Settings {
             metrics_bind: bind(&flags.metrics_bind_address),
             metrics_tls,
             discovery_bind: bind(&flags.discovery_bind_address),
+            discovery_limits: crate::server::Limits {
+                max_connections: usize::try_from(flags.discovery_max_connections)
+                    .unwrap_or(usize::MAX),
+                max_per_address: usize::try_from(flags.discovery_max_connections_per_address)
+                    .unwrap_or(usize::MAX),
+                ..crate::server::DISCOVERY_LIMITS
+            },
             discovery_advertise: advertise,
             leader: flags.leader_elect.then_some(leader::Timing {
                 lease_duration: flags.leader_election_lease_duration,

@@ -8,6 +8,7 @@ mod gcp_standin;
 mod support;
 
 mod cluster_kubectl;
+mod connection_fairness;
 mod crawler_example;
 mod discovery_tokens;
 mod e2e_breaker_gcp;
@@ -24,6 +25,7 @@ mod gc_sweep;
 mod idle_memory;
 mod leader_leases;
 mod lease_handover;
+mod lease_key_fallback;
 mod lease_logs;
 mod manifests;
 mod metrics_auth;
