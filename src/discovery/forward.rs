@@ -145,8 +145,8 @@ pub fn route(leader: &Leader, forwarded: bool) -> Route {
 /// The follower's side: where the leader is, one pooled HTTP client, and
 /// the waits.
 pub struct Forwarder {
-    leader: Arc<dyn Fn() -> Leader + Send + Sync>,
-    client: HttpClient<HttpConnector, Body>,
+    pub(super) leader: Arc<dyn Fn() -> Leader + Send + Sync>,
+    pub(super) client: HttpClient<HttpConnector, Body>,
     timeout: Duration,
     retry_after: Duration,
     /// Signs forwards and checks those that arrive; `None`: none are sent

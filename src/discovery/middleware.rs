@@ -224,7 +224,9 @@ async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
         .into_response();
     }
     let client = Client(client.into());
-    with_client(Request::from_parts(parts, Body::from(body)), client, next).await
+    let mut req = Request::from_parts(parts, Body::from(body));
+    req.extensions_mut().insert(super::feed::Replica);
+    with_client(req, client, next).await
 }
 
 /// Runs `req` as `client`'s, and names the client on the answer for the

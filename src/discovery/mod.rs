@@ -9,6 +9,7 @@
 //! (lease calls on a follower go to the leader).
 
 mod error;
+pub mod feed;
 mod forward;
 mod handlers;
 pub mod internal;

@@ -36,6 +36,9 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
             }),
         )
         .route("/v1/proxies", get(list_proxies))
+        // Replicas only (a signed call): the leader's table for warm
+        // followers. Not in the OpenAPI document: not for crawlers.
+        .route(super::feed::FEED_PATH, get(super::feed::lease_state))
         // Only these go to the leader's lease store; the listing is the
         // same watch cache on every replica.
         .merge(
@@ -118,6 +121,13 @@ pub async fn serve_within(
         }
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stop));
+    let follower = {
+        let mut rx = rx.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        tokio::spawn(super::feed::follow(state.clone(), stop))
+    };
     // The router bounds each request itself (its JSON 408 is logged and
     // counted); the accept loop keeps the connection bounds.
     let app = router(state, limits.request_timeout);
@@ -132,5 +142,6 @@ pub async fn serve_within(
     .await;
     drop(rx);
     let _ = sweeper.await;
+    let _ = follower.await;
     res
 }

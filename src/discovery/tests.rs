@@ -1402,3 +1402,43 @@ async fn a_forwarded_acquire_sent_again_gets_the_same_lease_and_a_late_one_gets_
     assert_eq!(active().await, 2.0);
     leader.stop().await;
 }
+
+#[tokio::test]
+async fn a_follower_keeps_a_copy_of_the_leaders_table_and_crawlers_cannot_read_it() {
+    let leader = Api::start_routed(5, Leader::Me, FORWARD_TIMEOUT).await;
+    let url = format!("http://{}", leader.addr);
+    let follower = Api::start_routed(5, Leader::At(url), FORWARD_TIMEOUT).await;
+    for _ in 0..2 {
+        let (s, v) = leader.json("POST", "/v1/leases", json!({})).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let active = |api: &Api| {
+        let text = api.metrics.encode().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("proxy_operator_leases_active "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while active(&follower) != Some(2.0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower's copy: {:?}",
+            active(&follower)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A release at the leader reaches the copy too.
+    let (_, v) = leader.json("POST", "/v1/leases", json!({})).await;
+    let path = format!("/v1/leases/{}", v["id"].as_str().unwrap());
+    assert_eq!(leader.call("DELETE", &path, Some("t0k"), None).await.0, 204);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while active(&follower) != Some(2.0) || active(&leader) != Some(2.0) {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The table is for replicas: a crawler's token meets an unknown route.
+    let (s, v) = leader.call("GET", feed::FEED_PATH, Some("t0k"), None).await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    follower.stop().await;
+    leader.stop().await;
+}

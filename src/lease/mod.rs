@@ -182,7 +182,9 @@ pub use ids::{random_id, IdSource};
 mod failover;
 mod recovery;
 pub use failover::{readmit_decision, Admission, Presented, Refusal};
-pub use recovery::{grant_end, horizon, window_end, HORIZON_ANNOTATION};
+pub use recovery::{
+    grant_end, horizon, take_over_window, window_end, FEED_SLACK, HORIZON_ANNOTATION, WARM_WINDOW,
+};
 pub mod signed;
 pub use signed::LeaseKey;
 
@@ -201,6 +203,8 @@ pub struct LeaseStore {
     /// Counts changes a follower's copy would miss (grants, renewals,
     /// releases, reports, leases taken in).
     version: AtomicU64,
+    /// When this store, following, last had the leader's whole table.
+    fed_at: Mutex<Option<DateTime<Utc>>>,
 }
 
 impl LeaseStore {
@@ -223,7 +227,19 @@ impl LeaseStore {
             )),
             term: AtomicU64::new(0),
             version: AtomicU64::new(0),
+            fed_at: Mutex::new(None),
         }
+    }
+
+    /// The store holds the leader's whole table as of now (a follower's
+    /// copy is current).
+    pub fn fed(&self) {
+        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.clock.now());
+    }
+
+    /// When the store last held the leader's whole table, following.
+    pub fn fed_at(&self) -> Option<DateTime<Utc>> {
+        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Take-overs so far ([`LeaseStore::replace`]).

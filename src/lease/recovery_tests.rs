@@ -284,3 +284,53 @@ fn only_a_granted_ttl_stretches_the_horizon() {
     clock.advance(secs(601));
     assert_eq!(s.horizon(secs(4)), t(601 + 60 + 4));
 }
+
+#[test]
+fn a_warm_copy_shortens_the_window_to_seconds() {
+    let now = t(100);
+    let cases = [
+        (
+            "copy current when the leader went silent (15 s ago)",
+            Some(t(900)),
+            15,
+            Some(t(86)),
+            Some(t(102)),
+        ),
+        (
+            "copy current up to 3 s before the silence",
+            Some(t(900)),
+            15,
+            Some(t(82)),
+            Some(t(102)),
+        ),
+        (
+            "copy stale: the whole previous horizon",
+            Some(t(900)),
+            15,
+            Some(t(60)),
+            Some(t(900)),
+        ),
+        ("never fed", Some(t(900)), 15, None, Some(t(900))),
+        (
+            "a previous horizon sooner than the warm window",
+            Some(t(101)),
+            15,
+            Some(t(86)),
+            Some(t(101)),
+        ),
+        (
+            "no previous horizon: no window",
+            None,
+            15,
+            Some(t(86)),
+            None,
+        ),
+    ];
+    for (name, previous, silent, fed, want) in cases {
+        assert_eq!(
+            take_over_window(now, previous, secs(silent), fed),
+            want,
+            "{name}"
+        );
+    }
+}

@@ -213,3 +213,24 @@ fn what_has_ended_is_not_handed_over() {
     assert_eq!(snap.global.len(), 1, "the 120 s cooldown runs on");
     assert_eq!(snap.sticky.len(), 1, "sticky keys outlive their lease");
 }
+
+#[test]
+fn a_followers_copy_is_the_leaders_table_until_it_takes_over() {
+    let clock = at(12);
+    let leader = old_leader(&clock);
+    let follower = store(&clock);
+    // Something the leader no longer has: gone after the copy.
+    follower
+        .acquire(&[k("z")], &req("team-z", None, None))
+        .unwrap();
+    let term = follower.term();
+    assert_eq!(follower.replace(&leader.store.export(), term), Ok(true));
+    assert_eq!(follower.active(), 3, "the leader's three leases, only");
+    assert_eq!(follower.active_on(&k("z")), 0);
+    assert_eq!(follower.active_on(&k("a")), 2);
+    // Once it took over, a copy asked for before is not applied.
+    follower.take_over(None);
+    let fresh = store(&clock).export();
+    assert_eq!(follower.replace(&fresh, term), Ok(false));
+    assert_eq!(follower.active(), 3, "its own table stays");
+}

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::handover::{HandOver, Pointer, HANDOVER_ANNOTATION};
 use crate::leader::Publisher;
-use crate::lease::{LeaseStore, Snapshot, HORIZON_ANNOTATION};
+use crate::lease::{take_over_window, LeaseStore, Snapshot, HORIZON_ANNOTATION};
 
 /// How long writing the hand-over, and first waiting for the discovery
 /// API to stop, may each take at shutdown.
@@ -164,9 +164,11 @@ impl Publisher for Horizon {
             // wins: a candidate that loses the race keeps serving as it did.
             let previous = previous_horizon(read, unchanged_for, now);
             h = self.store.take_over_horizon(previous, self.margin);
+            // A warm copy of the table shortens the window to seconds.
+            let window = take_over_window(now, previous, unchanged_for, self.store.fed_at());
             *pending = Some(match lock(&self.loaded).take() {
-                Some(s) => TakeOver::HandOver(s, previous),
-                None => TakeOver::Window(previous),
+                Some(s) => TakeOver::HandOver(s, window),
+                None => TakeOver::Window(window),
             });
             // Taken: a later successor must not load it again.
             out.insert(HANDOVER_ANNOTATION.to_string(), String::new());
@@ -238,8 +240,9 @@ impl Horizon {
 
     fn open_window(&self, previous: Option<DateTime<Utc>>) {
         self.store.take_over(previous);
+        let leases = self.store.active();
         if let Some(until) = self.store.recovering_until() {
-            info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), "Recovering the previous leader's leases: new grants wait until then");
+            info!(until = %until.to_rfc3339_opts(SecondsFormat::Secs, true), known_leases = leases, "Recovering the previous leader's leases: new grants wait until then");
         }
     }
 }
