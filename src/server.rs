@@ -20,7 +20,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -39,6 +38,10 @@ pub struct Limits {
     /// cannot keep every other out; one more from it is closed as soon as
     /// it is accepted.
     pub max_per_address: usize,
+    /// Of `max_connections`, how many only addresses proved to be the
+    /// operator's own replicas ([`Trusted`]) may take, so that forwards
+    /// between replicas get in while others hold every other connection.
+    pub reserved: usize,
     /// Time a connection has to send a request's whole header, counted from
     /// when the server waits for it: a new connection, and a kept-alive one
     /// between requests (so this is also the idle timeout).
@@ -58,6 +61,7 @@ pub struct Limits {
 pub const DISCOVERY_LIMITS: Limits = Limits {
     max_connections: 4096,
     max_per_address: 512,
+    reserved: 64,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
     request_timeout: Some(Duration::from_secs(30)),
@@ -69,6 +73,7 @@ pub const PROBE_LIMITS: Limits = Limits {
     max_connections: 256,
     // One kubelet and a scraper or two: their addresses are few.
     max_per_address: 0,
+    reserved: 0,
     header_read_timeout: Duration::from_secs(10),
     body_read_timeout: Duration::from_secs(10),
     request_timeout: Some(Duration::from_secs(30)),
@@ -89,7 +94,49 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, app, limits, None, shutdown).await
+    serve_with(listener, app, (limits, Trusted::default()), None, shutdown).await
+}
+
+/// [`serve`], with the reserved connections for the `trusted` addresses.
+pub async fn serve_trusting(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    trusted: Trusted,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, app, (limits, trusted), None, shutdown).await
+}
+
+/// The address a request's connection comes from, in its extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub IpAddr);
+
+/// How long an address stays trusted after it last proved itself.
+pub const TRUST_FOR: Duration = Duration::from_secs(60);
+
+/// Addresses that proved to be the operator's own replicas (a call signed
+/// with the shared lease key), and when they last did.
+#[derive(Clone, Default)]
+pub struct Trusted(Arc<std::sync::Mutex<HashMap<IpAddr, tokio::time::Instant>>>);
+
+impl Trusted {
+    /// `ip` just proved itself.
+    pub fn trust(&self, ip: IpAddr) {
+        let now = tokio::time::Instant::now();
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= 1024 {
+            m.retain(|_, at| now.saturating_duration_since(*at) < TRUST_FOR);
+        }
+        m.insert(ip.to_canonical(), now);
+    }
+
+    /// Whether `ip` proved itself within [`TRUST_FOR`].
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ip.to_canonical())
+            .is_some_and(|at| at.elapsed() < TRUST_FOR)
+    }
 }
 
 /// [`serve`] over TLS: each connection's handshake must finish within the
@@ -101,7 +148,14 @@ pub async fn serve_tls(
     tls: TlsAcceptor,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, app, limits, Some(tls), shutdown).await
+    serve_with(
+        listener,
+        app,
+        (limits, Trusted::default()),
+        Some(tls),
+        shutdown,
+    )
+    .await
 }
 
 type Service = RequestBodyTimeout<Router>;
@@ -109,7 +163,7 @@ type Service = RequestBodyTimeout<Router>;
 async fn serve_with(
     listener: TcpListener,
     app: Router,
-    limits: Limits,
+    (limits, trusted): (Limits, Trusted),
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -118,7 +172,9 @@ async fn serve_with(
         None => app,
     };
     let service = RequestBodyTimeout::new(app, limits.body_read_timeout);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let reserved = limits.reserved.min(limits.max_connections);
+    let slots = Arc::new(Semaphore::new(limits.max_connections - reserved));
+    let kept = Arc::new(Semaphore::new(reserved));
     let per_address = PerAddress::default();
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -134,7 +190,12 @@ async fn serve_with(
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) if trusted.is_trusted(peer.ip()) => kept.clone().try_acquire_owned(),
+            Err(e) => Err(e),
+        };
+        let Ok(slot) = slot else {
             debug!(
                 max = limits.max_connections,
                 "Connection refused: too many open"
@@ -152,13 +213,16 @@ async fn serve_with(
         };
         let _ = stream.set_nodelay(true);
         let (service, watcher, tls) = (service.clone(), graceful.watcher(), tls.clone());
+        let peer = Peer(peer.ip().to_canonical());
         tokio::spawn(async move {
             match tls {
-                None => connection(stream, service, limits, watcher).await,
+                None => connection(stream, (service, peer), limits, watcher).await,
                 Some(tls) => {
                     let handshake = tls.accept(stream);
                     match tokio::time::timeout(limits.header_read_timeout, handshake).await {
-                        Ok(Ok(stream)) => connection(stream, service, limits, watcher).await,
+                        Ok(Ok(stream)) => {
+                            connection(stream, (service, peer), limits, watcher).await
+                        }
                         Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
                         Err(_) => debug!("TLS handshake timed out"),
                     }
@@ -212,14 +276,21 @@ impl Drop for Held {
 }
 
 /// One connection's requests, until it closes or the server drains.
-async fn connection<I>(io: I, service: Service, limits: Limits, watcher: Watcher)
+async fn connection<I>(io: I, (service, peer): (Service, Peer), limits: Limits, watcher: Watcher)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(peer);
+        let mut s = service.clone();
+        // A Router is always ready (and the body timeout around it asks
+        // only it), so `call` needs no `poll_ready` first.
+        tower::Service::call(&mut s, req)
+    });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+        .serve_connection(TokioIo::new(io), service);
     if let Err(e) = watcher.watch(conn).await {
         debug!(error = %e, "Connection ended with an error");
     }

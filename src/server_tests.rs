@@ -15,6 +15,7 @@ use super::*;
 const SHORT: Limits = Limits {
     max_connections: 2,
     max_per_address: 0,
+    reserved: 0,
     header_read_timeout: Duration::from_millis(300),
     body_read_timeout: Duration::from_millis(300),
     request_timeout: Some(Duration::from_millis(600)),
@@ -256,4 +257,69 @@ fn admission_by_address() {
     ] {
         assert_eq!(admits(held, max), want, "{held} held of {max}");
     }
+}
+
+#[tokio::test]
+async fn connections_kept_for_replicas_admit_only_trusted_addresses() {
+    let trusted = Trusted::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits {
+        max_connections: 3,
+        max_per_address: 0,
+        reserved: 1,
+        header_read_timeout: Duration::from_secs(3600),
+        ..SHORT
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let task = tokio::spawn(serve_trusting(
+        listener,
+        app,
+        limits,
+        trusted.clone(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    // Two general slots, taken by 127.0.0.2.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            held_from([127, 0, 0, 2], addr)
+                .await
+                .expect("a general slot"),
+        );
+    }
+    assert!(
+        held_from([127, 0, 0, 3], addr).await.is_none(),
+        "the kept slot is not for an untrusted address"
+    );
+    trusted.trust([127, 0, 0, 3].into());
+    held.push(
+        held_from([127, 0, 0, 3], addr)
+            .await
+            .expect("a trusted replica gets the kept slot"),
+    );
+    assert!(
+        held_from([127, 0, 0, 3], addr).await.is_none(),
+        "one kept slot"
+    );
+    let _ = tx.send(());
+    drop(held);
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn trust_lasts_a_minute_per_address() {
+    let t = Trusted::default();
+    let (a, b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+    t.trust(a);
+    assert!(t.is_trusted(a));
+    assert!(!t.is_trusted(b));
+    let mapped: IpAddr = std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x0a00, 1]).into();
+    assert!(
+        t.is_trusted(mapped),
+        "an IPv4-mapped address is the same address"
+    );
 }

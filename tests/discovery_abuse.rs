@@ -59,8 +59,9 @@ async fn serve_for_abuse() {
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     // Stops by itself should the test that started it die.
     let stop = tokio::time::sleep(Duration::from_secs(900));
-    // Every attack here comes from one address: the per-address cap is
-    // lifted so that the total cap is what is measured (the per-address
+    // Every attack here comes from one address: the per-address cap (and
+    // the connections kept for replicas) are lifted so that the total cap
+    // is what is measured (the per-address
     // cap has its own tests: src/server_tests.rs and the system test
     // connection_fairness). ABUSE_MAX_CONNECTIONS: the total cap lifted,
     // to show the check fails.
@@ -70,6 +71,7 @@ async fn serve_for_abuse() {
     let limits = Limits {
         max_connections,
         max_per_address: 0,
+        reserved: 0,
         ..DISCOVERY_LIMITS
     };
     serve_within(listener, state, limits, stop).await.unwrap();

@@ -436,7 +436,7 @@ fn the_schema_refuses_wrong_types_naming_the_key() {
 
 /// The objects of the release still in the cluster (by its instance label).
 fn release_objects(c: &test_cluster::TestCluster, release: &str) -> Vec<String> {
-    let kinds = "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,clusterroles,clusterrolebindings";
+    let kinds = "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,poddisruptionbudgets,clusterroles,clusterrolebindings";
     let selector = format!("app.kubernetes.io/instance={release}");
     c.kubectl_ok(&["get", kinds, "-A", "-l", &selector, "-o", "name"])
         .lines()
@@ -595,7 +595,7 @@ async fn e2e_helm_install_upgrade_uninstall() {
         assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
     }
 
-    // 4. helm upgrade with changed values: two replicas at debug and a
+    // 4. helm upgrade with changed values: the two replicas at debug and a
     // second provider, seen in the running Deployment and a new
     // ProviderHealth; the generated token survives the upgrade.
     let mut two = providers["providers"].clone();
@@ -627,7 +627,7 @@ async fn e2e_helm_install_upgrade_uninstall() {
         "jsonpath={.status.readyReplicas}",
     ]);
     assert_eq!(ready, "2", "two replicas Ready after the upgrade");
-    // Every Pod left (the old one gone) runs at debug.
+    // Every Pod left (the old ones gone) runs at debug.
     eventually("two Pods at debug", Duration::from_secs(120), || async {
         let args = manager_pods(
             c,
@@ -646,7 +646,8 @@ async fn e2e_helm_install_upgrade_uninstall() {
     assert_eq!(
         phase(&p),
         Some("Ready"),
-        "the Proxy stays Ready through the upgrade"
+        "the Proxy stays Ready through the upgrade: {:?}",
+        p.status.as_ref().map(|s| &s.conditions)
     );
     let health: Api<ProviderHealth> = Api::all(client.clone());
     eventually(

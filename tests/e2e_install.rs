@@ -1,9 +1,11 @@
 //! Installed as users install it: `kubectl apply --server-side -k
-//! config/default` on the real test cluster. The operator runs as its Pod
-//! (uid 65532, read-only root, 128Mi limit) under its ServiceAccount and
-//! the shipped RBAC; a kubernetes-provider Proxy and one whose cloud-init
-//! comes from a Secret become Ready through real Squid Pods; deleting a
-//! Proxy removes its Pod; deleting the namespace removes everything; the
+//! config/default` on the real test cluster. The operator runs as its two
+//! Pods (uid 65532, read-only root, 128Mi limit) under its ServiceAccount
+//! and the shipped RBAC; a kubernetes-provider Proxy and one whose
+//! cloud-init comes from a Secret become Ready through real Squid Pods;
+//! leases, a sticky key and a site cooldown hold through a rolling restart
+//! of the Deployment while new leases keep being granted; deleting a Proxy
+//! removes its Pod; deleting the namespace removes everything; the
 //! operator is never refused by the API server.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
@@ -21,7 +23,7 @@ const DEPLOYMENT: &str = "egress-proxies-operator-controller-manager";
 const SA: &str = "egress-proxies-operator-controller-manager";
 
 /// The host processes running the operator binary with `--leader-elect`
-/// (the Deployment's args): the node agent's containers.
+/// (the Deployment's args) as uid 65532: the node agent's containers.
 fn operator_pids() -> Vec<u32> {
     let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let mut pids = Vec::new();
@@ -39,8 +41,11 @@ fn operator_pids() -> Vec<u32> {
         // By name: the node agent runs a program its Pod's /tmp would hide
         // (a checkout under /tmp) from a bind mount of its own.
         let name = |p: &str| std::path::Path::new(p).file_name().map(|n| n.to_owned());
+        // Other test binaries run replicas with --leader-elect too, as
+        // root: the Pods' run as 65532 (asserted below on every replica).
         if args.first().and_then(|a| name(a)) == name(bin)
             && args.iter().any(|a| a == "--leader-elect")
+            && uid(pid) == Some(65532)
         {
             pids.push(pid);
         }
@@ -95,22 +100,207 @@ fn rolled_out(c: &test_cluster::TestCluster) {
 }
 
 async fn check_operator_process() {
-    let pids = eventually("the operator process", Duration::from_secs(30), || async {
-        let p = operator_pids();
-        (p.len() == 1).then_some(p)
-    })
+    let pids = eventually(
+        "the two replicas' processes",
+        Duration::from_secs(30),
+        || async {
+            let p = operator_pids();
+            (p.len() == 2).then_some(p)
+        },
+    )
     .await;
-    let pid = pids[0];
-    assert_eq!(uid(pid), Some(65532), "the operator must run as uid 65532");
+    for pid in pids {
+        assert_eq!(uid(pid), Some(65532), "the operator must run as uid 65532");
+        assert!(
+            root_read_only(pid),
+            "the operator's root filesystem must be read-only"
+        );
+        assert_eq!(
+            memory_limit(pid),
+            Some(128 * 1024 * 1024),
+            "the 128Mi limit must be enforced"
+        );
+    }
+}
+
+const TOKEN: &str = "install-test-token";
+
+/// The discovery API of every Ready operator Pod.
+async fn ready_apis(client: &kube::Client) -> Vec<std::net::SocketAddr> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mine = ListParams::default().labels("control-plane=controller-manager");
+    let Ok(list) = pods.list(&mine).await else {
+        return Vec::new();
+    };
+    list.items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let s = p.status.as_ref()?;
+            let ready = s
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ip = s.pod_ip.as_ref()?;
+            ready.then(|| format!("{ip}:8090").parse().ok())?
+        })
+        .collect()
+}
+
+/// One lease call on a fresh connection; `None` when the Pod did not
+/// answer (it is going away).
+async fn lease_call(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> Option<(u16, serde_json::Value)> {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (status, b) = raw_call(addr, None, (method, path), Some(TOKEN), &body).await?;
+    Some((
+        status,
+        serde_json::from_str(&b).unwrap_or(serde_json::Value::Null),
+    ))
+}
+
+/// A lease call at any Ready replica, until one answers.
+async fn at_any(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    eventually(
+        &format!("{method} {path}"),
+        Duration::from_secs(60),
+        || async {
+            for api in ready_apis(client).await {
+                if let Some(answer) = lease_call(api, method, path, body.clone()).await {
+                    return Some(answer);
+                }
+            }
+            None
+        },
+    )
+    .await
+}
+
+fn proxy_of(lease: &serde_json::Value) -> String {
+    lease["proxy"]["name"].as_str().unwrap().to_string()
+}
+
+/// Issue 31 on the shipped Deployment: a rolling restart of its two
+/// replicas while a crawler keeps acquiring. New leases keep being granted
+/// (never `503 recovering`), the leases held before renew after, and a
+/// sticky key and a site cooldown are still in force.
+async fn leases_hold_through_a_rolling_restart(
+    c: &'static test_cluster::TestCluster,
+    client: &kube::Client,
+) {
+    let grant = |body: serde_json::Value| async move {
+        let (s, v) = at_any(client, "POST", "/v1/leases", body).await;
+        assert_eq!(s, 201, "{v}");
+        v
+    };
+    // Two leases under one sticky key on X, one on Y reported blocked for
+    // a site.
+    let s1 = grant(serde_json::json!({"stickyKey": "s1"})).await;
+    let s2 = grant(serde_json::json!({"stickyKey": "s1"})).await;
+    let x = proxy_of(&s1);
+    assert_eq!(proxy_of(&s2), x);
+    let blocked = grant(serde_json::json!({})).await;
+    let y = proxy_of(&blocked);
+    assert_ne!(x, y, "the fairest proxy holds no lease");
+    let report = format!("/v1/leases/{}/report", blocked["id"].as_str().unwrap());
+    let (s, v) = at_any(
+        client,
+        "POST",
+        &report,
+        serde_json::json!({"result": "blocked", "site": "shop.example"}),
+    )
+    .await;
+    assert_eq!(s, 204, "{v}");
+
+    // The rollout, and a crawler acquiring (and releasing) every 250 ms
+    // through any Ready replica meanwhile.
+    let restart = tokio::task::spawn_blocking(move || {
+        let deployment = format!("deployment/{DEPLOYMENT}");
+        c.kubectl_ok(&["-n", NS, "rollout", "restart", &deployment]);
+        rolled_out(c);
+    });
+    let started = std::time::Instant::now();
+    let (mut grants, mut unavailable, mut gone) = (Vec::new(), 0, 0);
+    while !restart.is_finished() {
+        for api in ready_apis(client).await.into_iter().take(1) {
+            match lease_call(
+                api,
+                "POST",
+                "/v1/leases",
+                serde_json::json!({"ttlSeconds": 30}),
+            )
+            .await
+            {
+                Some((201, v)) => {
+                    grants.push(started.elapsed());
+                    let path = format!("/v1/leases/{}", v["id"].as_str().unwrap());
+                    let _ = lease_call(api, "DELETE", &path, serde_json::Value::Null).await;
+                }
+                Some((503, v)) => {
+                    assert_eq!(
+                        v["error"]["code"], "leader_unavailable",
+                        "never a recovery window: {v}"
+                    );
+                    unavailable += 1;
+                }
+                Some((s, v)) => panic!("acquire during the rollout answered {s}: {v}"),
+                None => gone += 1,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    restart.await.unwrap();
+    let took = started.elapsed();
+    let mut edges = vec![Duration::ZERO];
+    edges.extend(grants.iter().copied());
+    edges.push(took);
+    let longest = edges.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    println!(
+        "rolling restart of 2 replicas in {:.1} s: {} grants, {unavailable} 503 leader_unavailable, {gone} calls to a Pod going away; longest time without a new grant {:.1} s",
+        took.as_secs_f64(),
+        grants.len(),
+        longest.as_secs_f64()
+    );
     assert!(
-        root_read_only(pid),
-        "the operator's root filesystem must be read-only"
+        longest < Duration::from_secs(10),
+        "new leases are granted through the rollout, not after a recovery window: {longest:?}"
     );
+
+    // Every lease held before renews after, on its proxy.
+    for held in [&s1, &s2, &blocked] {
+        let path = format!("/v1/leases/{}/renew", held["id"].as_str().unwrap());
+        let (s, v) = at_any(client, "POST", &path, serde_json::json!({})).await;
+        assert_eq!(s, 200, "a lease held before the rollout renews after: {v}");
+        assert_eq!(proxy_of(&v), proxy_of(held));
+    }
+    // Y is still blocked for the site (else Y, with fewer leases, is
+    // fairer)...
+    let site = grant(serde_json::json!({"site": "shop.example"})).await;
+    assert_eq!(proxy_of(&site), x, "the site cooldown survived: {site}");
+    let path = format!("/v1/leases/{}", site["id"].as_str().unwrap());
     assert_eq!(
-        memory_limit(pid),
-        Some(128 * 1024 * 1024),
-        "the 128Mi limit must be enforced"
+        at_any(client, "DELETE", &path, serde_json::Value::Null)
+            .await
+            .0,
+        204
     );
+    // ...and the sticky key still leads to X.
+    let again = grant(serde_json::json!({"stickyKey": "s1"})).await;
+    assert_eq!(proxy_of(&again), x, "the sticky key survived: {again}");
 }
 
 /// The operator Pod's `/metrics` (port 8443): 200 with a metrics-reader
@@ -164,7 +354,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "secret",
         "generic",
         "discovery-token",
-        "--from-literal=token=install-test-token",
+        &format!("--from-literal=token={TOKEN}"),
     ]);
     c.kubectl_ok(&[
         "apply",
@@ -200,6 +390,7 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     let patch = serde_json::json!([
         {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--default-probe-url=http://{target}/")},
         {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--default-probe-expected-status=200"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--max-leases-per-proxy=3"},
     ]);
     c.kubectl_ok(&[
         "-n",
@@ -252,6 +443,12 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
             !c.is_local() || ip.starts_with("10.216."),
             "{name}: the Pod's own address, got {ip}"
         );
+    }
+
+    // 4b. Leases hold through a rolling restart of the two replicas (the
+    // Pods' addresses are on the launcher's bridge).
+    if c.is_local() {
+        leases_hold_through_a_rolling_restart(c, &client).await;
     }
 
     // 5. kubectl get ph shows the provider the default install defines.

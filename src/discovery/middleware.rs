@@ -223,6 +223,9 @@ async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
         )
         .into_response();
     }
+    if let Some(peer) = parts.extensions.get::<crate::server::Peer>() {
+        s.peers.trust(peer.0);
+    }
     let client = Client(client.into());
     let mut req = Request::from_parts(parts, Body::from(body));
     req.extensions_mut().insert(super::feed::Replica);

@@ -130,12 +130,13 @@ pub async fn serve_within(
     };
     // The router bounds each request itself (its JSON 408 is logged and
     // counted); the accept loop keeps the connection bounds.
+    let peers = state.peers.clone();
     let app = router(state, limits.request_timeout);
     let server_limits = Limits {
         request_timeout: None,
         ..limits
     };
-    let res = crate::server::serve(listener, app, server_limits, async move {
+    let res = crate::server::serve_trusting(listener, app, server_limits, peers, async move {
         shutdown.await;
         let _ = tx.send(true);
     })

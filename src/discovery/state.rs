@@ -71,6 +71,9 @@ pub struct ApiState {
     pub(super) forward: Arc<Forwarder>,
     /// Forwarded acquires answered, by request key (`replay.rs`).
     pub(super) replays: Arc<Mutex<super::replay::Replays>>,
+    /// Addresses whose signed calls proved them replicas: they may use
+    /// the connections kept for forwards.
+    pub(super) peers: crate::server::Trusted,
 }
 
 impl ApiState {
@@ -113,6 +116,7 @@ impl ApiState {
             external: Arc::new(ExternalNamespaces::only([])),
             forward: Arc::new(Forwarder::alone()),
             replays: Arc::default(),
+            peers: crate::server::Trusted::default(),
         }
     }
 

@@ -1331,26 +1331,12 @@ async fn a_forwarded_acquire_sent_again_gets_the_same_lease_and_a_late_one_gets_
         }
     };
     let key = shared_key();
-    let (s1, first) = send(forward_headers(
-        &key,
-        "/v1/leases",
-        "default",
-        "rk-1",
-        "1500",
-        b"{}",
-    ))
-    .await;
+    let rk1 = || forward_headers(&key, "/v1/leases", "default", "rk-1", "1500", b"{}");
+    let (s1, first) = send(rk1()).await;
     assert_eq!(s1, 201, "a signed forward needs no token: {first}");
-    // The answer was lost; the follower sends the same call again.
-    let (s2, again) = send(forward_headers(
-        &key,
-        "/v1/leases",
-        "default",
-        "rk-1",
-        "1500",
-        b"{}",
-    ))
-    .await;
+    // The answer was lost; the follower sends the same call again (signed
+    // anew, with the same request key).
+    let (s2, again) = send(rk1()).await;
     assert_eq!((s2, &again["id"]), (201, &first["id"]), "{again}");
     assert_eq!(active().await, 1.0, "one lease, not two");
     // Another client's call under the same key is its own.

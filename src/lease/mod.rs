@@ -2,7 +2,7 @@
 //! by one mutex, driven by an injectable clock. Choice, TTL bounds, capacity
 //! and cooldown rules are pure; the HTTP layer only translates.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -229,31 +229,6 @@ impl LeaseStore {
             version: AtomicU64::new(0),
             fed_at: Mutex::new(None),
         }
-    }
-
-    /// The store holds the leader's whole table as of now (a follower's
-    /// copy is current).
-    pub fn fed(&self) {
-        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.clock.now());
-    }
-
-    /// When the store last held the leader's whole table, following.
-    pub fn fed_at(&self) -> Option<DateTime<Utc>> {
-        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Take-overs so far ([`LeaseStore::replace`]).
-    pub fn term(&self) -> u64 {
-        self.term.load(Ordering::SeqCst)
-    }
-
-    /// Changes so far: a follower's copy is up to date while it is the same.
-    pub fn version(&self) -> u64 {
-        self.version.load(Ordering::SeqCst)
-    }
-
-    fn changed(&self) {
-        self.version.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The same (empty) store with per-client limits.

@@ -2,6 +2,9 @@
 //! that stops on purpose exports it, the next leader imports it and grants
 //! at once, with no recovery window (docs/architecture.md, "Hand-over").
 //!
+//! A follower keeps such a copy of the leader's table, replaced whole
+//! (`discovery::feed`); the store's term and change counter tell when.
+//!
 //! Every time is kept as a duration from the export, never as a wall-clock
 //! date: the importer counts it from its own clock, so clock skew between
 //! replicas cannot shorten a lease, a cooldown or a released id's memory.
@@ -10,6 +13,7 @@
 //! sites are kept as the digests the store holds, never as sent.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +101,31 @@ impl Table {
 }
 
 impl LeaseStore {
+    /// Take-overs so far ([`LeaseStore::replace`]).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    /// Changes so far: a follower's copy is up to date while it is the same.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn changed(&self) {
+        self.version.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The store holds the leader's whole table as of now (a follower's
+    /// copy is current).
+    pub fn fed(&self) {
+        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.clock.now());
+    }
+
+    /// When the store last held the leader's whole table, following.
+    pub fn fed_at(&self) -> Option<DateTime<Utc>> {
+        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Everything live at this moment, for the next leader.
     pub fn export(&self) -> Snapshot {
         let now = self.clock.now();

@@ -205,6 +205,11 @@ impl Settings {
             discovery_limits: crate::server::Limits {
                 max_connections: usize::try_from(flags.discovery_max_connections)
                     .unwrap_or(usize::MAX),
+                // Kept for the other replicas' forwards: a sixteenth, at
+                // most the shipped 64.
+                reserved: usize::try_from(flags.discovery_max_connections / 16)
+                    .unwrap_or(usize::MAX)
+                    .min(crate::server::DISCOVERY_LIMITS.reserved),
                 max_per_address: usize::try_from(flags.discovery_max_connections_per_address)
                     .unwrap_or(usize::MAX),
                 ..crate::server::DISCOVERY_LIMITS

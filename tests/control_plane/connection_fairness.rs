@@ -1,9 +1,9 @@
 //! One address cannot keep the discovery API to itself (issue 31): for
 //! 60 s a client on 127.0.0.2 keeps reopening as many idle connections to
 //! the leader as it can, refreshed every 9 s (inside the 10 s header
-//! timeout); meanwhile another client on 127.0.0.1 lists proxies at the
+//! timeout); meanwhile another client on 127.0.0.3 lists proxies at the
 //! leader and a crawler acquires through the follower, whose forwards go
-//! to the leader. A short run without the per-address cap shows what the
+//! to the leader from 127.0.0.1. A short run without the per-address cap shows what the
 //! cap prevents.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
@@ -16,36 +16,27 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::support::leader::{self, campaigning, holder, TOKEN};
 use crate::support::{self, eventually, phase, squid, Ground};
 
 const TOTAL: &str = "64";
 
-/// One request on a fresh connection from 127.0.0.1; its status, or
-/// `None` when the connection was refused, closed or timed out.
+/// One request on a fresh connection from 127.0.0.3 (not the replicas'
+/// 127.0.0.1, whose signed calls earn it the connections kept for
+/// replicas); its status, or `None` when the connection was refused,
+/// closed or timed out.
 async fn try_call(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
-    let attempt = async {
-        let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let body = if method == "POST" {
-            r#"{"ttlSeconds":1}"#
-        } else {
-            ""
-        };
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        c.write_all(req.as_bytes()).await.ok()?;
-        let mut out = Vec::new();
-        c.read_to_end(&mut out).await.ok()?;
-        let text = String::from_utf8_lossy(&out);
-        text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+    let body = if method == "POST" {
+        r#"{"ttlSeconds":1}"#
+    } else {
+        ""
     };
-    tokio::time::timeout(Duration::from_secs(3), attempt)
+    let from = Some(Ipv4Addr::new(127, 0, 0, 3));
+    support::raw_call(addr, from, (method, path), Some(TOKEN), body)
         .await
-        .ok()?
+        .map(|(s, _)| s)
 }
 
 /// `n` loops that hold connections from 127.0.0.2 to `addr` until
@@ -137,28 +128,15 @@ async fn start_replicas(
     let apis = [support::loopback(), support::loopback()];
     let leases: Api<Lease> = ground.api();
     let start = |name: &str, api: SocketAddr| {
-        leader::replica(
-            ground,
-            dir,
-            name,
-            ["4s", "3s"],
-            &[
-                "--discovery-bind-address",
-                &api.to_string(),
-                "--discovery-advertise-url",
-                &format!("http://{api}"),
-                "--default-probe-url",
-                &format!("http://{target}/"),
-                "--default-probe-expected-status",
-                "200",
-                "--max-leases-per-proxy",
-                "10000",
-                "--discovery-max-connections",
-                TOTAL,
-                "--discovery-max-connections-per-address",
-                per_address,
-            ],
-        )
+        let caps = [
+            "--max-leases-per-proxy",
+            "10000",
+            "--discovery-max-connections",
+            TOTAL,
+            "--discovery-max-connections-per-address",
+            per_address,
+        ];
+        leader::serving_replica(ground, dir, name, (api, target), &caps, &[])
     };
     let a = start(&format!("a{per_address}"), apis[0]);
     let prefix = format!("a{per_address}_");

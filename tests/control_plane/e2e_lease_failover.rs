@@ -41,26 +41,16 @@ fn replica(
     api: SocketAddr,
     target: SocketAddr,
 ) -> support::Operator {
-    leader::replica(
-        ground,
-        dir,
-        name,
-        ["4s", "3s"],
-        &[
-            "--discovery-bind-address",
-            &api.to_string(),
-            "--default-probe-url",
-            &format!("http://{target}/"),
-            "--default-probe-expected-status",
-            "200",
-            "--max-leases-per-proxy",
-            &CAPACITY.to_string(),
-            // The TTL the crawler asks for: a horizon counts the default
-            // from the start of a term.
-            "--default-lease-ttl",
-            "30s",
-        ],
-    )
+    let capacity = CAPACITY.to_string();
+    // The TTL the crawler asks for: a horizon counts the default from the
+    // start of a term.
+    let flags = [
+        "--max-leases-per-proxy",
+        &capacity,
+        "--default-lease-ttl",
+        "30s",
+    ];
+    leader::serving_replica(ground, dir, name, (api, target), &flags, &[])
 }
 
 async fn renew(api: SocketAddr, id: &str) -> (u16, Value) {

@@ -1,9 +1,10 @@
 //! One capacity view across replicas: three operator processes with
 //! --leader-elect on the real test cluster (control plane only), eight
 //! External Proxies on one real Squid, two leases per proxy. Fifty crawler
-//! loops acquire, renew and release through randomly chosen replicas while
-//! the leader is SIGKILLed, then while every replica is stopped (SIGTERM)
-//! and started again in turn. An independent ledger in the test records every
+//! loops acquire, renew and release through randomly chosen replicas for
+//! three minutes while the leader is SIGKILLed, every replica is stopped
+//! (SIGTERM) and started again in turn, and then leaders are SIGKILLed at
+//! random, 8 to 20 s apart (issue 31). An independent ledger in the test records every
 //! grant, renewal, release and loss, and checks afterwards that no proxy
 //! was ever held more than twice at once, across leaders (a lease lives on
 //! at the next leader: its signed id is taken in when presented); that no
@@ -32,6 +33,8 @@ const CAPACITY: usize = 2;
 const PROXIES: usize = 8;
 const LOOPS: usize = 50;
 const TTL: u64 = 4;
+/// How long the crawlers run.
+const CRAWL_SECS: u64 = 180;
 
 type Http = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
@@ -119,6 +122,61 @@ impl Ledger {
 }
 
 /// A small deterministic generator per loop (no dependency needed).
+impl Ledger {
+    /// A call `what` on lease `key`, sent at `sent`, answered 404: the
+    /// lease ended then at the latest, and rightly only when its expiry
+    /// (`expires`, as its answers gave it) had passed.
+    fn ended(&mut self, key: &str, (sent, expires): (Instant, Instant), what: &str, v: &Value) {
+        let h = self.leases.get_mut(key).unwrap();
+        h.until = h.until.min(sent);
+        if sent < expires {
+            self.lost.push(format!(
+                "{key}: {what} {:?} before its expiry, answered 404: {v}",
+                expires - sent
+            ));
+        } else {
+            self.late += 1;
+        }
+    }
+}
+
+/// The replica index of a Lease holder ("r1g0_1234": 1).
+fn leader_index(holder: &str) -> usize {
+    holder[1..]
+        .split('g')
+        .next()
+        .unwrap()
+        .parse::<usize>()
+        .unwrap()
+}
+
+/// SIGKILLs the leader among `replicas` and waits until another leads;
+/// its index, and when it was killed.
+async fn kill_the_leader(
+    leases: &Api<Lease>,
+    replicas: &[Operator],
+    shared: &Shared,
+) -> (usize, Instant) {
+    let old = holder(leases).await.unwrap();
+    let idx = leader_index(&old);
+    let killed = shared.leader_stopped();
+    std::process::Command::new("kill")
+        .args(["-KILL", &replicas[idx].pid().to_string()])
+        .status()
+        .unwrap();
+    let new = eventually(
+        "another replica to lead",
+        Duration::from_secs(30),
+        || async { holder(leases).await.filter(|h| *h != old) },
+    )
+    .await;
+    println!(
+        "leader {old} SIGKILLed; {new} leads after {:?}",
+        killed.elapsed()
+    );
+    (idx, killed)
+}
+
 struct Rng(u64);
 impl Rng {
     fn below(&mut self, n: usize) -> usize {
@@ -277,16 +335,7 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
                     h.until = h.until.max(expires);
                 }
                 404 => {
-                    let h = l.leases.get_mut(&key).unwrap();
-                    h.until = h.until.min(sent);
-                    if sent < expires {
-                        l.lost.push(format!(
-                            "{key}: renewed {:?} before its expiry: {v}",
-                            expires - sent
-                        ));
-                    } else {
-                        l.late += 1;
-                    }
+                    l.ended(&key, (sent, expires), "renewed", &v);
                     gone = true;
                 }
                 503 => {
@@ -315,16 +364,7 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
             // Ended already: only right once its TTL surely ran out.
             Some((404, _, v)) => {
                 let mut l = s.ledger.lock().unwrap();
-                let h = l.leases.get_mut(&key).unwrap();
-                h.until = h.until.min(sent);
-                if sent < expires {
-                    l.lost.push(format!(
-                        "{key}: released {:?} before its expiry, answered 404: {v}",
-                        expires - sent
-                    ));
-                } else {
-                    l.late += 1;
-                }
+                l.ended(&key, (sent, expires), "released", &v);
             }
             // Not released: it runs out after its TTL, as the ledger has it.
             Some((503, retry_after, v)) => s.unavailable("release", retry_after, &v).await,
@@ -335,7 +375,7 @@ async fn crawl(s: Arc<Shared>, seed: u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_kill_and_a_rollout()
+async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_kills_and_a_rollout()
 {
     squid::require();
     let ground = support::ground_without_pods("lease-fwd").await;
@@ -357,43 +397,21 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
                 .unwrap()
         })
         .collect();
-    let probe_url = format!("http://{target}/");
     let capacity = CAPACITY.to_string();
     // Replica i, generation g, is named like "r1g0" (its Lease identity
     // starts with it); the same port across restarts.
     let start = |i: usize, g: usize| {
-        let api = apis[i];
-        leader::replica(
-            &ground,
-            dir.path(),
-            &format!("r{i}g{g}"),
-            ["4s", "3s"],
-            &[
-                "--discovery-bind-address",
-                &api.to_string(),
-                "--discovery-advertise-url",
-                &format!("http://{api}"),
-                "--default-probe-url",
-                &probe_url,
-                "--default-probe-expected-status",
-                "200",
-                "--max-leases-per-proxy",
-                &capacity,
-                // A new leader's window is the longest TTL in use.
-                "--default-lease-ttl",
-                "4s",
-            ],
-        )
+        // A new leader's window is the longest TTL in use.
+        let flags = [
+            "--max-leases-per-proxy",
+            &capacity,
+            "--default-lease-ttl",
+            "4s",
+        ];
+        let name = format!("r{i}g{g}");
+        leader::serving_replica(&ground, dir.path(), &name, (apis[i], target), &flags, &[])
     };
     let mut replicas: Vec<Operator> = (0..3).map(|i| start(i, 0)).collect();
-    let leader_index = |holder: &str| {
-        holder[1..]
-            .split('g')
-            .next()
-            .unwrap()
-            .parse::<usize>()
-            .unwrap()
-    };
     let proxies = ground.proxies();
     for i in 0..PROXIES {
         let p = support::proxy(
@@ -452,31 +470,16 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         ledger: Mutex::new(Ledger::default()),
         leader_stops: Mutex::new(Vec::new()),
         done: Default::default(),
-        stop_at: Instant::now() + Duration::from_secs(150),
+        stop_at: Instant::now() + Duration::from_secs(CRAWL_SECS + 30),
     });
+    let crawling = Instant::now();
     let loops: Vec<_> = (0..LOOPS)
         .map(|i| tokio::spawn(crawl(shared.clone(), i as u64 + 1)))
         .collect();
 
     tokio::time::sleep(Duration::from_secs(15)).await;
     let before = shared.ledger.lock().unwrap().grants;
-    let old = holder(&leases).await.unwrap();
-    let idx = leader_index(&old);
-    let killed = shared.leader_stopped();
-    std::process::Command::new("kill")
-        .args(["-KILL", &replicas[idx].pid().to_string()])
-        .status()
-        .unwrap();
-    let new = eventually(
-        "another replica to lead",
-        Duration::from_secs(30),
-        || async { holder(&leases).await.filter(|h| *h != old) },
-    )
-    .await;
-    println!(
-        "leader {old} SIGKILLed; {new} leads after {:?}",
-        killed.elapsed()
-    );
+    let (idx, _) = kill_the_leader(&leases, &replicas, &shared).await;
     let unavailable_at_kill = shared.ledger.lock().unwrap().unavailable;
     replicas[idx] = start(idx, 1);
 
@@ -510,7 +513,28 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
         generation[i] += 1;
         replicas[i] = start(i, generation[i]);
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Then leaders killed at random, 8 to 20 s apart, until three minutes
+    // of crawling have passed.
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut kills = 1;
+    loop {
+        let pause = Duration::from_millis(8_000 + 1_000 * rng.below(13) as u64);
+        if crawling.elapsed() + pause + Duration::from_secs(10) > Duration::from_secs(CRAWL_SECS) {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        let (idx, killed) = kill_the_leader(&leases, &replicas, &shared).await;
+        kills += 1;
+        println!(
+            "kill {kills} at {:.0} s of crawling",
+            (killed - crawling).as_secs_f64()
+        );
+        generation[idx] += 1;
+        replicas[idx] = start(idx, generation[idx]);
+    }
+    while crawling.elapsed() < Duration::from_secs(CRAWL_SECS) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     shared
         .done
         .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -522,6 +546,10 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_a_leader_
     println!(
         "grants {}, renewals {} ({} at a later leader than the granting one), releases {}, refused (409) {}, 503 leader_unavailable {} ({unavailable_at_kill} by the end of the SIGKILL takeover), 503 recovering {}, unreachable (stopped replica) {}, renewed too late (404) {}, lost {}; before the kill {before} grants; at most {worst} leases at once on {on}",
         l.grants, l.renewals, l.survived, l.releases, l.refused, l.unavailable, l.recovering, l.unreachable, l.late, l.lost.len()
+    );
+    println!(
+        "{kills} leader kills and a rollout in {:.0} s of crawling",
+        crawling.elapsed().as_secs_f64()
     );
     assert!(
         worst <= CAPACITY,

@@ -30,17 +30,7 @@ fn replica(
     target: SocketAddr,
     extra: &[&str],
 ) -> support::Operator {
-    let mut args = vec![
-        "--discovery-bind-address".to_string(),
-        api.to_string(),
-        "--default-probe-url".into(),
-        format!("http://{target}/"),
-        "--default-probe-expected-status".into(),
-        "200".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    leader::replica(ground, dir, name, ["4s", "3s"], &args)
+    leader::serving_replica(ground, dir, name, (api, target), extra, &[])
 }
 
 async fn post(api: SocketAddr, path: &str, body: Value) -> (u16, Option<u64>, Value) {

@@ -12,17 +12,7 @@ const TOKEN: &str = "fallback-token";
 
 /// `/readyz`'s status and body, once the probe server listens.
 async fn readyz(addr: std::net::SocketAddr) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
-    c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut out = Vec::new();
-    c.read_to_end(&mut out).await.ok()?;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    Some((status, body.to_string()))
+    support::raw_call(addr, None, ("GET", "/readyz"), None, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,11 @@
-//! A lease id is its bearer's hold on the lease: the real binary, logging
-//! at TRACE and exporting its spans, serves a crawler's acquire, get,
-//! renew, report and release, and neither its log nor any exported span
-//! holds the id; the request lines name the lease by a short digest.
+//! A lease belongs to its client, and its id reaches no log (issue 31): the
+//! real binary, logging at TRACE and exporting its spans, with two named
+//! clients. Bob's get, renew, report and release of the default client's
+//! lease, of a malformed id and of an id signed with another key all
+//! answer `404 unknown_lease`, and the lease is still held; its holder then
+//! gets, renews, reports and releases it. Neither the log nor any exported
+//! span holds the id or a token; the request lines name the lease by a
+//! short digest.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::sync::{Arc, Mutex};
@@ -13,9 +17,10 @@ use serde_json::json;
 use crate::support::{self, api_call, eventually, phase, squid, Operator};
 
 const TOKEN: &str = "lease-logs-token";
+const BOB: &str = "bob-lease-logs-token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_lease_id_reaches_the_trace_log_or_a_span() {
+async fn another_clients_calls_meet_404_and_no_lease_id_or_token_reaches_the_log() {
     squid::require();
     let ground = support::ground_without_pods("lease-logs").await;
     let target = support::http_target().await;
@@ -26,8 +31,12 @@ async fn no_lease_id_reaches_the_trace_log_or_a_span() {
     let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("operator.log");
+    let tokens = dir.path().join("tokens");
+    std::fs::create_dir(&tokens).unwrap();
+    std::fs::write(tokens.join("bob"), BOB).unwrap();
     let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
-    cmd.args(["--default-probe-url", &format!("http://{target}/")])
+    cmd.args(["--discovery-tokens-dir", tokens.to_str().unwrap()])
+        .args(["--default-probe-url", &format!("http://{target}/")])
         .args(["--default-probe-expected-status", "200"])
         .env("LOG_LEVEL", "trace")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
@@ -58,6 +67,43 @@ async fn no_lease_id_reaches_the_trace_log_or_a_span() {
     .await;
     let id = lease["id"].as_str().unwrap().to_string();
     let path = format!("/v1/leases/{id}");
+    // Bob holds the id, a malformed one, and one whose tag another key
+    // made (the id with its last character changed): the same 404 for
+    // each call, and nothing is released.
+    let last = id.chars().last().unwrap();
+    let forged = format!(
+        "{}{}",
+        &id[..id.len() - 1],
+        if last == 'A' { 'B' } else { 'A' }
+    );
+    for (who, token, lease_id) in [
+        ("bob", BOB, id.as_str()),
+        ("bob", BOB, "v1.not-an-id"),
+        ("the holder", TOKEN, forged.as_str()),
+    ] {
+        let p = format!("/v1/leases/{lease_id}");
+        for (method, p, body) in [
+            ("GET", p.clone(), Vec::new()),
+            (
+                "POST",
+                format!("{p}/renew"),
+                br#"{"ttlSeconds": 60}"#.to_vec(),
+            ),
+            (
+                "POST",
+                format!("{p}/report"),
+                br#"{"result": "failed"}"#.to_vec(),
+            ),
+            ("DELETE", p.clone(), Vec::new()),
+        ] {
+            let (s, v) = api_call(api, method, &p, Some(token), body).await;
+            assert_eq!(
+                (s, v["error"]["code"].as_str()),
+                (404, Some("unknown_lease")),
+                "{who}: {method} {p}: {v}"
+            );
+        }
+    }
     for (method, path, body, want) in [
         ("GET", path.clone(), Vec::new(), 200),
         (
@@ -94,13 +140,13 @@ async fn no_lease_id_reaches_the_trace_log_or_a_span() {
     let text = std::fs::read_to_string(&log).unwrap_or(text);
     // The id, and each of its long parts (a nonce or a tag alone is
     // nearly as telling).
-    let mut secrets = vec![id.clone()];
+    let mut secrets = vec![id.clone(), forged.clone(), TOKEN.into(), BOB.into()];
     secrets.extend(id.split('.').filter(|p| p.len() >= 16).map(String::from));
     let lines = text.lines().count();
     for s in &secrets {
         assert!(
             !text.contains(s.as_str()),
-            "the TRACE log holds the lease id (or part {s})"
+            "the TRACE log holds a lease id, a part of one, or a token ({s})"
         );
     }
     let bodies = exported.lock().unwrap().clone();
@@ -109,7 +155,7 @@ async fn no_lease_id_reaches_the_trace_log_or_a_span() {
         for s in &secrets {
             assert!(
                 !b.windows(s.len()).any(|w| w == s.as_bytes()),
-                "an exported span holds the lease id (or part {s})"
+                "an exported span holds a lease id, a part of one, or a token ({s})"
             );
         }
     }
@@ -118,7 +164,7 @@ async fn no_lease_id_reaches_the_trace_log_or_a_span() {
         .filter(|l| l.contains("/v1/leases/id:"))
         .count();
     assert!(
-        digests >= 4,
+        digests >= 16,
         "the request lines name the lease by its digest"
     );
     println!(

@@ -27,28 +27,11 @@ fn replica(
     ground: &Ground,
     dir: &Path,
     name: &str,
-    (api, target): (SocketAddr, SocketAddr),
+    addrs: (SocketAddr, SocketAddr),
     env: &[(&str, &str)],
 ) -> support::Operator {
-    leader::replica_with_env(
-        ground,
-        dir,
-        name,
-        ["4s", "3s"],
-        &[
-            "--discovery-bind-address",
-            &api.to_string(),
-            "--discovery-advertise-url",
-            &format!("http://{api}"),
-            "--default-probe-url",
-            &format!("http://{target}/"),
-            "--default-probe-expected-status",
-            "200",
-            "--max-leases-per-proxy",
-            "1",
-        ],
-        env,
-    )
+    let one_slot = ["--max-leases-per-proxy", "1"];
+    leader::serving_replica(ground, dir, name, addrs, &one_slot, env)
 }
 
 async fn acquire(api: SocketAddr) -> (u16, Value) {

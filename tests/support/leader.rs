@@ -57,6 +57,36 @@ pub fn replica_with_env(
     Operator::spawn(cmd, &dir.join(format!("{name}.log")))
 }
 
+/// A replica (4 s lease, 3 s renew deadline) whose discovery API serves
+/// on `api` and is advertised there, probing `target` for a 200, with
+/// `extra` flags and `env`.
+pub fn serving_replica(
+    ground: &Ground,
+    dir: &Path,
+    name: &str,
+    (api, target): (std::net::SocketAddr, std::net::SocketAddr),
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Operator {
+    let (bind, advertise, probe) = (
+        api.to_string(),
+        format!("http://{api}"),
+        format!("http://{target}/"),
+    );
+    let mut args = vec![
+        "--discovery-bind-address",
+        &bind,
+        "--discovery-advertise-url",
+        &advertise,
+        "--default-probe-url",
+        &probe,
+        "--default-probe-expected-status",
+        "200",
+    ];
+    args.extend_from_slice(extra);
+    replica_with_env(ground, dir, name, ["4s", "3s"], &args, env)
+}
+
 /// SIGKILLs the leader `leader` (no chance to release the Lease) and waits
 /// until a replica named `next` holds it; how long that took.
 pub async fn kill_until_held_by(leader: Operator, leases: &Api<Lease>, next: &str) -> Duration {

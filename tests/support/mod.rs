@@ -531,6 +531,44 @@ pub async fn api_call_retry_after(
     (status, retry_after, v)
 }
 
+/// One HTTP/1.1 request on a fresh connection (from `source` when
+/// given), `Connection: close`, with a bearer `token` and a JSON `body`:
+/// the status and the body, or `None` when the connection was refused,
+/// closed or took over 5 s (a server going away, or refusing it).
+pub async fn raw_call(
+    addr: std::net::SocketAddr,
+    source: Option<std::net::Ipv4Addr>,
+    (method, path): (&str, &str),
+    token: Option<&str>,
+    body: &str,
+) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let sock = tokio::net::TcpSocket::new_v4().ok()?;
+        if let Some(ip) = source {
+            sock.bind((ip, 0).into()).ok()?;
+        }
+        let mut c = sock.connect(addr).await.ok()?;
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+        let (_, b) = text.split_once("\r\n\r\n")?;
+        Some((status, b.to_string()))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), attempt)
+        .await
+        .ok()?
+}
+
 /// Reads an HTTP request or response head (up to the blank line, 64 KiB at
 /// most) byte by byte, so nothing after it is consumed.
 pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(c: &mut S) -> String {
