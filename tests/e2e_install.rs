@@ -168,7 +168,8 @@ async fn lease_call(
     ))
 }
 
-/// A lease call at any Ready replica, until one answers.
+/// A lease call at any Ready replica, until one answers other than
+/// `503 leader_unavailable`.
 async fn at_any(
     client: &kube::Client,
     method: &str,
@@ -180,8 +181,12 @@ async fn at_any(
         Duration::from_secs(60),
         || async {
             for api in ready_apis(client).await {
-                if let Some(answer) = lease_call(api, method, path, body.clone()).await {
-                    return Some(answer);
+                match lease_call(api, method, path, body.clone()).await {
+                    // A crawler retries it after Retry-After: the leader is
+                    // changing hands.
+                    Some((503, v)) if v["error"]["code"] == "leader_unavailable" => {}
+                    Some(answer) => return Some(answer),
+                    None => {}
                 }
             }
             None

@@ -221,23 +221,26 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     std::fs::write(&kubeconfig, token_kubeconfig(c, token.trim())).unwrap();
     let (args, probes, metrics) = deployment_args(&docs, &providers_file);
     println!("operator args: {args:?}");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
-    cmd.args(&args)
-        .args(["--default-probe-url", &format!("http://{target}/")])
-        .args(["--default-probe-expected-status", "200"])
-        .args(["--provider-check-interval", "10s"])
-        // The samples' namespace may have External Proxies (the default
-        // allows the operator's own namespace only).
-        .args(["--external-proxy-namespaces", &ground.ns])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAMESPACE", NS)
-        .env("POD_NAME", "manager-0")
-        // The Deployment's discovery API refuses to serve without its token.
-        .env("DISCOVERY_TOKEN", "samples-token")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("INSTALLATION_ID");
+    let command = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
+        cmd.args(&args)
+            .args(["--default-probe-url", &format!("http://{target}/")])
+            .args(["--default-probe-expected-status", "200"])
+            .args(["--provider-check-interval", "10s"])
+            // The samples' namespace may have External Proxies (the default
+            // allows the operator's own namespace only).
+            .args(["--external-proxy-namespaces", &ground.ns])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", NS)
+            .env("POD_NAME", "manager-0")
+            // The Deployment's discovery API refuses to serve without its token.
+            .env("DISCOVERY_TOKEN", "samples-token")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("INSTALLATION_ID");
+        cmd
+    };
     let log = dir.path().join("operator.log");
-    let _op = Operator::spawn(cmd, &log);
+    let op = Operator::spawn(command(), &log);
 
     // The samples' namespace enforces the restricted Pod Security Standard,
     // as a careful cluster would: the kubernetes provider's Pod must pass.
@@ -454,6 +457,41 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         },
     )
     .await;
+
+    // A leader stopped on purpose hands its lease table over through the
+    // Secrets the Role names: the first stop creates them, the next
+    // process reads them as it takes the Lease, and its stop replaces them.
+    let sigterm = |mut op: Operator| {
+        let pid = op.pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(status.unwrap().success());
+        let exit = op.0.wait().unwrap();
+        assert!(
+            exit.success(),
+            "the operator exits cleanly on SIGTERM: {exit:?}"
+        );
+    };
+    sigterm(op);
+    let log2 = dir.path().join("operator-2.log");
+    let again = Operator::spawn(command(), &log2);
+    eventually(
+        "the hand-over taken in",
+        Duration::from_secs(60),
+        || async {
+            let text = std::fs::read_to_string(&log2).ok()?;
+            text.contains("Took over the previous leader's leases")
+                .then_some(())
+        },
+    )
+    .await;
+    sigterm(again);
+    let text = std::fs::read_to_string(&log2).unwrap_or_default();
+    assert!(
+        text.contains("Wrote the lease table for the next leader"),
+        "{text}"
+    );
 
     let (seen, denied) = audited(&c.audit_events(), &user);
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();

@@ -66,7 +66,7 @@ fn flood(addr: SocketAddr, n: usize, until: Instant) -> tokio::task::JoinHandle<
                             open.fetch_sub(1, Ordering::SeqCst);
                         }
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                 }
             })
         })

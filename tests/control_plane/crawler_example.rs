@@ -18,7 +18,7 @@ use crate::support::{crawler, squid};
 
 const TOKEN: &str = "crawler-example-token";
 
-/// With one lease slot per proxy, held by someone else for 3 s, the
+/// With one lease slot per proxy, held by someone else for 8 s, the
 /// crawler's first acquire gets `409 no_capacity` and waits the
 /// `Retry-After` it carries; once leased, its lease is released behind its
 /// back, so its next renewal gets 404 and it acquires again; its later
@@ -53,7 +53,7 @@ async fn the_python_crawler_example_waits_renews_recovers_and_fetches_through_sq
     })
     .await;
     let held = eventually("the only slot held", Duration::from_secs(30), || async {
-        let body = br#"{"ttlSeconds": 3}"#.to_vec();
+        let body = br#"{"ttlSeconds": 8}"#.to_vec();
         let (s, v) = api_call(api, "POST", "/v1/leases", Some(TOKEN), body).await;
         (s == 201).then_some(v)
     })

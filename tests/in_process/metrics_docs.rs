@@ -120,6 +120,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_discovery_token_reload_failures",
             "proxy_operator_discovery_tokens_last_reload_successful",
             "proxy_operator_discovery_token_clients",
+            "proxy_operator_lease_key_shared",
             "proxy_operator_gc_sweeps",
             "proxy_operator_gc_deleted",
             "proxy_operator_gc_delete_failures",
