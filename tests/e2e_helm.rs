@@ -642,13 +642,19 @@ async fn e2e_helm_install_upgrade_uninstall() {
         token,
         "the upgrade must keep the generated token"
     );
-    let p = proxies.get("via-helm").await.unwrap();
-    assert_eq!(
-        phase(&p),
-        Some("Ready"),
-        "the Proxy stays Ready through the upgrade: {:?}",
-        p.status.as_ref().map(|s| &s.conditions)
-    );
+    // Ready after the upgrade. A probe that times out on a loaded machine
+    // (the new leader's first probes, 5 s) can mark it Running for a
+    // moment: seen in the full suite on 2 cores, left open in issue 31's
+    // note.
+    eventually(
+        "the Proxy Ready after the upgrade",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("via-helm").await.ok()?;
+            (phase(&p) == Some("Ready")).then_some(())
+        },
+    )
+    .await;
     let health: Api<ProviderHealth> = Api::all(client.clone());
     eventually(
         "ProviderHealth kubernetes-2 from the upgraded providers",

@@ -64,39 +64,6 @@ pub fn window_end(
         .map(|h| h.min(later(now, max_ttl)))
 }
 
-/// After a take-over with a warm copy, how long new grants wait: time for
-/// the crawlers whose leases the copy missed (granted in the last second
-/// or so before the leader went silent) to present them first.
-pub const WARM_WINDOW: Duration = Duration::from_secs(2);
-
-/// A copy is warm when it was current within this long of the moment the
-/// previous leader went silent (a copy is asked for every second).
-pub const FEED_SLACK: Duration = Duration::from_secs(3);
-
-/// The window of a take-over at `now` from a leader whose horizon is
-/// `previous` and whose record has been unchanged for `silent_for` (as
-/// this replica saw it), by a store last fed the leader's table at
-/// `fed_at`: [`WARM_WINDOW`] at most with a copy that was current when the
-/// leader went silent, else the previous horizon ([`window_end`] bounds
-/// both by `--max-lease-ttl`).
-pub fn take_over_window(
-    now: DateTime<Utc>,
-    previous: Option<DateTime<Utc>>,
-    silent_for: Duration,
-    fed_at: Option<DateTime<Utc>>,
-) -> Option<DateTime<Utc>> {
-    let silent = chrono::Duration::from_std(silent_for).unwrap_or(chrono::Duration::MAX);
-    let silent_since = now
-        .checked_sub_signed(silent)
-        .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let warm = fed_at.is_some_and(|f| later(f, FEED_SLACK) >= silent_since);
-    if warm {
-        previous.map(|p| p.min(later(now, WARM_WINDOW)))
-    } else {
-        previous
-    }
-}
-
 /// Whether a new lease may be granted at `now`, and until when it may run
 /// when asked to end at `wanted`: `Err(wait)` inside the window, or when
 /// the published horizon leaves less than a second; otherwise `wanted`

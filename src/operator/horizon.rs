@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::handover::{HandOver, Pointer, HANDOVER_ANNOTATION};
 use crate::leader::Publisher;
-use crate::lease::{take_over_window, LeaseStore, Snapshot, HORIZON_ANNOTATION};
+use crate::lease::{LeaseStore, Snapshot, HORIZON_ANNOTATION};
 
 /// How long writing the hand-over, and first waiting for the discovery
 /// API to stop, may each take at shutdown.
@@ -164,11 +164,13 @@ impl Publisher for Horizon {
             // wins: a candidate that loses the race keeps serving as it did.
             let previous = previous_horizon(read, unchanged_for, now);
             h = self.store.take_over_horizon(previous, self.margin);
-            // A warm copy of the table shortens the window to seconds.
-            let window = take_over_window(now, previous, unchanged_for, self.store.fed_at());
+            // A warm copy of the table does not shorten the window: the
+            // leases granted after the last copy are unknown, and a new
+            // grant could take their slots (docs/architecture.md, "Warm
+            // followers").
             *pending = Some(match lock(&self.loaded).take() {
-                Some(s) => TakeOver::HandOver(s, window),
-                None => TakeOver::Window(window),
+                Some(s) => TakeOver::HandOver(s, previous),
+                None => TakeOver::Window(previous),
             });
             // Taken: a later successor must not load it again.
             out.insert(HANDOVER_ANNOTATION.to_string(), String::new());

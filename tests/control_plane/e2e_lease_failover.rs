@@ -2,10 +2,9 @@
 //! replicas with --leader-elect, two External Proxies on a real Squid, a
 //! crawler's leases granted by the leader; the leader is SIGKILLed. The
 //! follower kept a copy of the leader's table, so as the new leader it
-//! knows every lease (each renews there, on its proxy) and grants again
-//! within seconds of the take-over (issue 31), never past a proxy's
-//! capacity; without a copy it would wait out the TTL
-//! (`lease_handover.rs` shows that window on one replica).
+//! knows every lease (each renews there at once, on its proxy; issue 31);
+//! new grants wait for the previous leader's horizon (`503 recovering`),
+//! then are granted, never past a proxy's capacity.
 //! The signing key Secret is created once and reused by a restarted
 //! replica.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
@@ -84,7 +83,7 @@ fn log_of(dir: &std::path::Path, name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_leases_survive_a_killed_leader_and_a_warm_follower_grants_within_seconds() {
+async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_after_the_window() {
     squid::require();
     let ground = support::ground_without_pods("lease-failover").await;
     let dir = tempfile::tempdir().unwrap();
@@ -177,8 +176,9 @@ async fn held_leases_survive_a_killed_leader_and_a_warm_follower_grants_within_s
     let b_log = log_of(dir.path(), "b");
     assert!(b_log.contains("known_leases=4"), "{b_log}");
 
-    // One lease released: the slot is granted again within seconds of the
-    // take-over (a warm copy), not after a window as long as the TTL.
+    // One lease released: the slot is granted again once the window ends
+    // (a lease granted after the copy would be unknown: its slot must not
+    // be granted again before it could have ended).
     let freed = renewed.pop().unwrap();
     let path = format!("/v1/leases/{}", freed["id"].as_str().unwrap());
     assert_eq!(
@@ -208,10 +208,6 @@ async fn held_leases_survive_a_killed_leader_and_a_warm_follower_grants_within_s
     println!(
         "first new grant {:.1} s after the take-over (the TTL is {TTL} s)",
         to_grant.as_secs_f64()
-    );
-    assert!(
-        to_grant < Duration::from_secs(10),
-        "a warm follower grants within seconds, not after the {TTL} s window: {to_grant:?}"
     );
     assert_eq!(
         granted["proxy"]["name"], freed["proxy"]["name"],
