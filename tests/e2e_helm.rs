@@ -642,10 +642,10 @@ async fn e2e_helm_install_upgrade_uninstall() {
         token,
         "the upgrade must keep the generated token"
     );
-    // Ready after the upgrade. A probe that times out on a loaded machine
-    // (the new leader's first probes, 5 s) can mark it Running for a
-    // moment: seen in the full suite on 2 cores, left open in issue 31's
-    // note.
+    // Ready after the upgrade. The new leader's first probes through the
+    // Squid Pod timed out three times in a row (5 s each) once in the full
+    // suite on 2 cores, marking it Running for a while; the cause is left
+    // open in issue 31's note.
     eventually(
         "the Proxy Ready after the upgrade",
         Duration::from_secs(60),
