@@ -111,14 +111,13 @@ pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
             };
         }
         match fetch(&s, &url, held.version).await {
-            Ok(None) => s.leases.fed(),
+            Ok(None) => {}
             Ok(Some((fed, term))) => match s.leases.replace(&fed.state, term) {
                 Ok(true) => {
                     if held.version.is_none() {
                         info!(leader = %url, leases = fed.state.leases.len(), "Copying the leader's lease table");
                     }
                     held.version = Some(fed.version);
-                    s.leases.fed();
                 }
                 Ok(false) => {}
                 Err(e) => debug!(error = %e, "Ignoring an unreadable lease table from the leader"),

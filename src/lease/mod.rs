@@ -201,8 +201,6 @@ pub struct LeaseStore {
     /// Counts changes a follower's copy would miss (grants, renewals,
     /// releases, reports, leases taken in).
     version: AtomicU64,
-    /// When this store, following, last had the leader's whole table.
-    fed_at: Mutex<Option<DateTime<Utc>>>,
 }
 
 impl LeaseStore {
@@ -225,7 +223,6 @@ impl LeaseStore {
             )),
             term: AtomicU64::new(0),
             version: AtomicU64::new(0),
-            fed_at: Mutex::new(None),
         }
     }
 

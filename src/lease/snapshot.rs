@@ -115,17 +115,6 @@ impl LeaseStore {
         self.version.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The store holds the leader's whole table as of now (a follower's
-    /// copy is current).
-    pub fn fed(&self) {
-        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.clock.now());
-    }
-
-    /// When the store last held the leader's whole table, following.
-    pub fn fed_at(&self) -> Option<DateTime<Utc>> {
-        *self.fed_at.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Everything live at this moment, for the next leader.
     pub fn export(&self) -> Snapshot {
         let now = self.clock.now();
