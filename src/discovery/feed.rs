@@ -1,16 +1,18 @@
-//! Warm followers (docs/architecture.md, "Warm followers"): every replica
-//! that does not lead copies the leader's whole lease table once a second,
-//! so that when the leader dies the next one starts with the table as it
-//! was a second or so before, instead of an empty one behind a recovery
-//! window as long as the longest lease. The leader serves its table at
+//! Warm followers (docs/architecture.md, "Warm followers" and "In-sync
+//! followers"): every replica that does not lead keeps a copy of the
+//! leader's whole lease table, asked for in a long poll: the leader
+//! answers as soon as its table changed past the version the follower
+//! names, or `304` after [`FEED_HOLD`]. Each ask names the copy the
+//! follower holds, which is how the leader learns that a grant is in it
+//! (`replicas.rs`). The leader serves its table at
 //! `GET /internal/v1/lease-state` to replicas only (a signed call, as a
-//! forward is); a follower asks with the version it holds and gets `304`
-//! when nothing changed.
+//! forward is).
 
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{RawQuery, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{header, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -26,8 +28,11 @@ use crate::lease::Snapshot;
 /// The route.
 pub const FEED_PATH: &str = "/internal/v1/lease-state";
 
-/// How often a follower asks.
-pub const FEED_EVERY: Duration = Duration::from_secs(1);
+/// How long the leader holds an ask when nothing changed.
+pub const FEED_HOLD: Duration = Duration::from_secs(1);
+
+/// How long a follower waits after a failed ask.
+const FEED_RETRY: Duration = Duration::from_millis(500);
 
 /// The client name a follower's feed calls are signed for.
 const FEED_CLIENT: &str = "replica";
@@ -41,16 +46,28 @@ pub struct Replica;
 pub struct Fed {
     /// The leader's store version the state is at least as new as.
     pub version: u64,
+    /// The leader's feed (its process and term): versions count in it.
+    pub feed: String,
     /// The whole table.
     pub state: Snapshot,
 }
 
-/// The leader's table, to a replica; `304` when the replica's version
-/// (`?after=N`) is current. Anyone else meets an unknown route.
+/// A follower's ask: `?replica=ID&feed=F&after=N` (the follower, and the
+/// copy it holds).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Ask {
+    replica: Option<String>,
+    feed: Option<String>,
+    after: Option<u64>,
+}
+
+/// The leader's table, to a replica, once it is newer than the copy the
+/// replica holds (at most [`FEED_HOLD`] later, else `304`). Anyone else
+/// meets an unknown route.
 pub(super) async fn lease_state(
     State(s): State<ApiState>,
     replica: Option<Extension<Replica>>,
-    RawQuery(q): RawQuery,
+    ask: Result<Query<Ask>, QueryRejection>,
 ) -> Response {
     if replica.is_none() {
         return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response();
@@ -63,16 +80,22 @@ pub(super) async fn lease_state(
         )
         .into_response();
     }
-    let version = s.leases.version();
-    let after = q
-        .as_deref()
-        .and_then(|q| q.strip_prefix("after="))
-        .and_then(|v| v.parse::<u64>().ok());
-    if after == Some(version) {
-        return StatusCode::NOT_MODIFIED.into_response();
+    // A malformed ask (only a replica's, signed) is a first one.
+    let ask = ask.map(|Query(a)| a).unwrap_or_default();
+    let feed = s.replicas.feed();
+    if let Some(who) = &ask.replica {
+        s.replicas.saw(who, ask.feed.as_deref(), ask.after);
     }
+    let current = ask.feed.as_deref() == Some(feed.as_str());
+    if let (true, Some(after)) = (current, ask.after) {
+        if !s.leases.changed_since(after, FEED_HOLD).await {
+            return StatusCode::NOT_MODIFIED.into_response();
+        }
+    }
+    // Read before the export: the table sent is at least this new.
     let fed = Fed {
-        version,
+        version: s.leases.version(),
+        feed,
         state: s.leases.export(),
     };
     match serde_json::to_vec(&fed) {
@@ -82,60 +105,81 @@ pub(super) async fn lease_state(
     }
 }
 
-/// What a follower asked last: from which leader, at which version.
+/// The copy a follower holds: from which leader and feed, at which version.
 #[derive(Debug, Default)]
 struct Held {
     leader: String,
+    feed: Option<String>,
     version: Option<u64>,
 }
 
-/// Copies the leader's table into this replica's store every
-/// [`FEED_EVERY`] while another replica leads, until `stop`.
+/// Keeps this replica's store a copy of the leader's table while another
+/// replica leads, until `stop`.
 pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
     let mut held = Held::default();
-    let mut tick = tokio::time::interval(FEED_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = &mut stop => return,
-            _ = tick.tick() => {}
-        }
-        let Leader::At(url) = (s.forward.leader)() else {
-            continue;
-        };
-        if held.leader != url {
-            held = Held {
-                leader: url.clone(),
-                version: None,
-            };
-        }
-        match fetch(&s, &url, held.version).await {
-            Ok(None) => {}
-            Ok(Some((fed, term))) => match s.leases.replace(&fed.state, term) {
-                Ok(true) => {
-                    if held.version.is_none() {
-                        info!(leader = %url, leases = fed.state.leases.len(), "Copying the leader's lease table");
-                    }
-                    held.version = Some(fed.version);
+        let pause = match (s.forward.leader)() {
+            Leader::At(url) => {
+                if held.leader != url {
+                    held = Held {
+                        leader: url.clone(),
+                        ..Held::default()
+                    };
                 }
-                Ok(false) => {}
-                Err(e) => debug!(error = %e, "Ignoring an unreadable lease table from the leader"),
-            },
-            Err(e) => debug!(leader = %url, error = %e, "Cannot copy the leader's lease table"),
+                let ask = fetch(&s, &url, &held);
+                let got = tokio::select! {
+                    _ = &mut stop => return,
+                    got = ask => got,
+                };
+                match got {
+                    Ok(None) => None,
+                    Ok(Some((fed, term))) => {
+                        take(&s, &mut held, fed, term);
+                        None
+                    }
+                    Err(e) => {
+                        debug!(leader = %url, error = %e, "Cannot copy the leader's lease table");
+                        Some(FEED_RETRY)
+                    }
+                }
+            }
+            // Leading, or nobody to ask yet.
+            _ => Some(FEED_RETRY),
+        };
+        if let Some(pause) = pause {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
         }
+    }
+}
+
+/// Makes `fed` this replica's copy, unless it took over since asking.
+fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
+    match s.leases.replace(&fed.state, term, &fed.feed) {
+        Ok(true) => {
+            if held.feed.as_deref() != Some(fed.feed.as_str()) {
+                info!(leader = %held.leader, leases = fed.state.leases.len(), "Copying the leader's lease table");
+            }
+            held.version = Some(fed.version);
+            held.feed = Some(fed.feed);
+        }
+        Ok(false) => {}
+        Err(e) => debug!(error = %e, "Ignoring an unreadable lease table from the leader"),
     }
 }
 
 /// One ask: `None` when the copy is current, else the table and the
 /// store's term when it was asked for.
-async fn fetch(s: &ApiState, base: &str, after: Option<u64>) -> Result<Option<(Fed, u64)>, String> {
+async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64)>, String> {
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let term = s.leases.term();
-    let path = match after {
-        Some(v) => format!("{FEED_PATH}?after={v}"),
-        None => FEED_PATH.to_string(),
-    };
+    let mut path = format!("{FEED_PATH}?replica={}", s.replicas.me());
+    if let (Some(feed), Some(v)) = (&held.feed, held.version) {
+        path.push_str(&format!("&feed={feed}&after={v}"));
+    }
     let f = Forward {
         method: "GET",
         path: &path,
@@ -165,7 +209,7 @@ async fn fetch(s: &ApiState, base: &str, after: Option<u64>) -> Result<Option<(F
             .map_err(|e| e.to_string())?;
         Ok::<_, String>((status, bytes))
     };
-    let (status, bytes) = tokio::time::timeout(FEED_EVERY * 2, call)
+    let (status, bytes) = tokio::time::timeout(FEED_HOLD + Duration::from_secs(2), call)
         .await
         .map_err(|_| "timed out".to_string())??;
     match status {

@@ -194,7 +194,7 @@ pub(super) async fn list_proxies(
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
         (status = 422, description = "Unknown field or wrong type", body = ErrorBody),
-        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); recovering: a new leader's recovery window after a failover, when leases the previous leader granted may still be presented. Nothing was granted", body = ErrorBody,
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election), or the replicas in sync did not confirm the grant in time; recovering: a new leader's recovery window after a failover, when leases the previous leader granted may still be presented. Nothing was granted", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period (leader_unavailable), or until the recovery window ends (recovering)")))))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
@@ -238,6 +238,13 @@ pub(super) async fn acquire(
     }
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
+            if !confirmed(&s, deadline).await {
+                // Never answered: a lease nobody holds would only keep its
+                // slot (a follower's copy may hold it, which is safe).
+                s.leases.release(&lease.id);
+                s.metrics.lease_event("refused", 1);
+                return Err(unconfirmed("the replicas in sync did not confirm the grant in time; nothing was granted, ask again"));
+            }
             s.metrics.lease_event("granted", 1);
             if let Some(k) = request_key {
                 let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
@@ -261,6 +268,25 @@ pub(super) async fn acquire(
 
 /// The live lease `client` was granted under request key `key`, when
 /// the forwarding replica sends the same acquire again.
+/// Whether every follower in sync holds the table with this change, by
+/// `deadline` (a forward's) or [`super::replicas::CONFIRM_LIMIT`]: only
+/// then may a crawler hear of it (`replicas.rs`).
+async fn confirmed(s: &ApiState, deadline: Option<tokio::time::Instant>) -> bool {
+    let version = s.leases.version();
+    let until =
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + super::replicas::CONFIRM_LIMIT);
+    s.replicas.confirmed(version, until).await
+}
+
+fn unconfirmed(message: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "leader_unavailable",
+        message,
+    )
+    .retry_after(std::time::Duration::from_secs(1))
+}
+
 fn granted_before(s: &ApiState, client: &std::sync::Arc<str>, key: &str) -> Option<Lease> {
     let id = {
         let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
@@ -313,11 +339,12 @@ pub(super) async fn get_lease(
     responses((status = 200, body = LeaseResponse), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "The leased proxy is no longer healthy; the lease runs out", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
-        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election); nothing was granted here", body = ErrorBody,
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election), or the replicas in sync did not confirm the renewal in time (renew again: the lease is not cut short)", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period")))))]
 pub(super) async fn renew(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
+    forwarded: Option<Extension<Deadline>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<LeaseResponse>> {
@@ -329,6 +356,9 @@ pub(super) async fn renew(
         .item_for(&lease)
         .ok_or_else(|| proxy_unavailable(&lease))?;
     let lease = s.leases.renew(&id, ttl).ok_or_else(unknown_lease)?;
+    if !confirmed(&s, forwarded.map(|Extension(d)| d.0)).await {
+        return Err(unconfirmed("the replicas in sync did not confirm the renewal in time; the lease is held as before: renew again"));
+    }
     s.metrics.lease_event("renewed", 1);
     Ok(Json(lease_response(&lease, item)))
 }

@@ -19,6 +19,7 @@ mod middleware;
 pub mod model;
 mod openapi;
 mod replay;
+pub mod replicas;
 mod selector;
 mod serving;
 mod state;

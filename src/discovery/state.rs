@@ -74,6 +74,8 @@ pub struct ApiState {
     /// Addresses whose signed calls proved them replicas: they may use
     /// the connections kept for forwards.
     pub(super) peers: crate::server::Trusted,
+    /// The followers grants wait for (`replicas.rs`).
+    pub(super) replicas: Arc<super::replicas::Replicas>,
 }
 
 impl ApiState {
@@ -100,7 +102,7 @@ impl ApiState {
         tokens: &[(String, String)],
         metrics: &DiscoveryMetrics,
     ) -> Self {
-        let l = leases.clone();
+        let (l, l2) = (leases.clone(), leases.clone());
         metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
         let metrics = metrics.clone();
         ApiState {
@@ -117,6 +119,7 @@ impl ApiState {
             forward: Arc::new(Forwarder::alone()),
             replays: Arc::default(),
             peers: crate::server::Trusted::default(),
+            replicas: Arc::new(super::replicas::Replicas::new(l2, "local")),
         }
     }
 
@@ -124,6 +127,13 @@ impl ApiState {
     /// forwarding them to the leader otherwise.
     pub fn with_forwarder(mut self, forwarder: Forwarder) -> Self {
         self.forward = Arc::new(forwarder);
+        self
+    }
+
+    /// The replicas of this store's table, this replica named as in
+    /// `replicas` (its election identity).
+    pub fn with_replicas(mut self, replicas: Arc<super::replicas::Replicas>) -> Self {
+        self.replicas = replicas;
         self
     }
 

@@ -77,6 +77,11 @@ pub trait Publisher: Send + Sync {
     async fn releasing(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+    /// Woken when what it publishes must be written before the next
+    /// retry (a follower leaves the in-sync set).
+    fn write_now(&self) -> Option<Arc<Notify>> {
+        None
+    }
 }
 
 /// Fixed annotations (the discovery URL followers forward to) written
@@ -110,6 +115,10 @@ impl Publisher for WithFixed {
 
     async fn releasing(&self) -> BTreeMap<String, String> {
         self.inner.releasing().await
+    }
+
+    fn write_now(&self) -> Option<Arc<Notify>> {
+        self.inner.write_now()
     }
 }
 
@@ -240,7 +249,13 @@ pub fn campaign(
                 Some(d) => timing.retry_period.min(d.saturating_duration_since(now)),
                 None => timing.retry_period,
             };
-            tokio::time::sleep(pause).await;
+            match publisher.write_now().filter(|_| deadline.is_some()) {
+                Some(nudge) => tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = nudge.notified() => {}
+                },
+                None => tokio::time::sleep(pause).await,
+            }
         }
     });
     Campaign {

@@ -201,6 +201,10 @@ pub struct LeaseStore {
     /// Counts changes a follower's copy would miss (grants, renewals,
     /// releases, reports, leases taken in).
     version: AtomicU64,
+    /// Wakes long polls on a change.
+    changes: tokio::sync::Notify,
+    /// The leader feed of the warm copy held (`snapshot.rs`).
+    copied: Mutex<Option<String>>,
 }
 
 impl LeaseStore {
@@ -223,6 +227,8 @@ impl LeaseStore {
             )),
             term: AtomicU64::new(0),
             version: AtomicU64::new(0),
+            changes: tokio::sync::Notify::new(),
+            copied: Mutex::new(None),
         }
     }
 

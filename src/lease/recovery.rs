@@ -113,6 +113,22 @@ impl Recovery {
         }
     }
 
+    /// Milliseconds left of the window, if one runs.
+    pub(super) fn window_left(&self, now: DateTime<Utc>) -> Option<u64> {
+        let left = (self.until? - now).num_milliseconds();
+        u64::try_from(left).ok().filter(|l| *l > 0)
+    }
+
+    /// No window (a copy brings the leader's).
+    pub(super) fn clear_window(&mut self) {
+        self.until = None;
+    }
+
+    /// Grants wait until `end` at least (an imported window).
+    pub(super) fn extend_window(&mut self, end: DateTime<Utc>) {
+        self.until = self.until.max(Some(end));
+    }
+
     /// The longest TTL counted and the milliseconds left of its count.
     pub(super) fn longest_left(&self, now: DateTime<Utc>) -> Option<(u64, u64)> {
         let (ttl, at) = self.longest?;
@@ -178,6 +194,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         self.term.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.copied.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let r = &mut st.recovery;
         r.until = window_end(now, previous, self.config.max_ttl);
         r.bounded = true;
@@ -185,6 +202,22 @@ impl LeaseStore {
         // Crawlers that ask for no TTL get the default: count it from the
         // start, so their first leases are not clamped short.
         r.longest = Some((self.config.default_ttl, now));
+    }
+
+    /// This replica now leads, and its warm copy of the previous leader's
+    /// table holds every lease that leader confirmed (the replicas it
+    /// published as in sync, `discovery::replicas`): grants start at once,
+    /// unless the copy brought that leader's own window.
+    pub fn take_over_warm(&self) {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        self.term.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.copied.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let r = &mut st.recovery;
+        r.until = r.until.filter(|u| *u > now);
+        r.bounded = true;
+        r.published = None;
+        r.longest = r.longest.max(Some((self.config.default_ttl, now)));
     }
 
     /// The horizon to publish now, `margin` past the latest expiry this

@@ -47,6 +47,10 @@ pub struct Snapshot {
     /// The longest TTL granted recently and ms left of its count, so the
     /// next leader's horizons still cover it.
     pub longest: Option<(u64, u64)>,
+    /// Ms left of the exporter's own recovery window: the leases of the
+    /// leader before it may still be presented, so the importer waits too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
 }
 
 /// Why a snapshot was not imported.
@@ -113,6 +117,30 @@ impl LeaseStore {
 
     pub(super) fn changed(&self) {
         self.version.fetch_add(1, Ordering::SeqCst);
+        self.changes.notify_waiters();
+    }
+
+    /// Waits until the version is past `seen`, at most `limit`; whether it
+    /// is (a follower's long poll, `discovery::feed`).
+    pub async fn changed_since(&self, seen: u64, limit: Duration) -> bool {
+        let wake = self.changes.notified();
+        tokio::pin!(wake);
+        // Registered before the version is read: a change in between wakes it.
+        wake.as_mut().enable();
+        if self.version() != seen {
+            return true;
+        }
+        let _ = tokio::time::timeout(limit, wake).await;
+        self.version() != seen
+    }
+
+    /// The leader feed the warm copy in this store came from
+    /// ([`LeaseStore::replace`]), until this store takes over.
+    pub fn copied_from(&self) -> Option<String> {
+        self.copied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Everything live at this moment, for the next leader.
@@ -162,6 +190,7 @@ impl LeaseStore {
             }
         }
         s.longest = st.recovery.longest_left(now);
+        s.window = st.recovery.window_left(now);
         s.proxies = t.list;
         s
     }
@@ -184,17 +213,21 @@ impl LeaseStore {
     /// A follower's warm copy: the store becomes `s` (the leader's state)
     /// as a whole, unless this store took over since `term` was read
     /// ([`LeaseStore::term`]): then it leads, and its table is its own.
-    pub fn replace(&self, s: &Snapshot, term: u64) -> Result<bool, SnapshotError> {
+    /// `feed` names the leader's feed it came from ([`Self::copied_from`]).
+    pub fn replace(&self, s: &Snapshot, term: u64, feed: &str) -> Result<bool, SnapshotError> {
         let plan = Plan::of(s)?;
         let now = self.clock.now();
         let mut st = self.lock();
         if self.term() != term {
             return Ok(false);
         }
-        let recovery = std::mem::take(&mut st.recovery);
+        let mut recovery = std::mem::take(&mut st.recovery);
         *st = super::state::State::new(self.limits, self.config.max_leases_per_proxy);
+        // The leader's window is the copy's: its own window, if any, is over.
+        recovery.clear_window();
         st.recovery = recovery;
         self.apply(&mut st, &plan, s, now);
+        *self.copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed.to_string());
         Ok(true)
     }
 
@@ -249,6 +282,9 @@ impl LeaseStore {
         }
         for (p, client, left) in &plan.global {
             st.cooldowns.put_global(p, client, after(now, *left));
+        }
+        if let Some(left) = s.window {
+            st.recovery.extend_window(after(now, left));
         }
         if let Some((ttl, left)) = s.longest {
             st.recovery

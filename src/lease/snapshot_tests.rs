@@ -224,13 +224,68 @@ fn a_followers_copy_is_the_leaders_table_until_it_takes_over() {
         .acquire(&[k("z")], &req("team-z", None, None))
         .unwrap();
     let term = follower.term();
-    assert_eq!(follower.replace(&leader.store.export(), term), Ok(true));
+    assert_eq!(follower.copied_from(), None);
+    assert_eq!(
+        follower.replace(&leader.store.export(), term, "n.1"),
+        Ok(true)
+    );
+    assert_eq!(follower.copied_from().as_deref(), Some("n.1"));
     assert_eq!(follower.active(), 3, "the leader's three leases, only");
     assert_eq!(follower.active_on(&k("z")), 0);
     assert_eq!(follower.active_on(&k("a")), 2);
     // Once it took over, a copy asked for before is not applied.
     follower.take_over(None);
     let fresh = store(&clock).export();
-    assert_eq!(follower.replace(&fresh, term), Ok(false));
+    assert_eq!(follower.replace(&fresh, term, "n.1"), Ok(false));
     assert_eq!(follower.active(), 3, "its own table stays");
+    assert_eq!(follower.copied_from(), None, "its own table, no copy");
+}
+
+#[test]
+fn a_leader_still_recovering_passes_its_window_on() {
+    let clock = at(12);
+    let ttl = Duration::from_secs(30);
+    // A leader that took over after a crash: 20 s of window left.
+    let leader = store(&clock);
+    leader.take_over(Some(clock.now() + chrono::Duration::seconds(20)));
+    let snap = leader.export();
+    assert_eq!(snap.window, Some(20_000));
+    // A follower in sync with it takes over warm: the window stays.
+    let follower = store(&clock);
+    assert_eq!(follower.replace(&snap, follower.term(), "n.2"), Ok(true));
+    follower.take_over_warm();
+    let refused = follower.acquire(&[k("a")], &req("team-a", None, None));
+    assert!(
+        matches!(refused, Err(AcquireError::Recovering { .. })),
+        "{refused:?}"
+    );
+    clock.advance(Duration::from_secs(21));
+    follower.published(clock.now() + chrono::Duration::from_std(ttl * 2).unwrap());
+    assert!(follower
+        .acquire(&[k("a")], &req("team-a", None, None))
+        .is_ok());
+    // A hand-over brings it too.
+    let next = store(&clock);
+    leader.take_over(Some(clock.now() + chrono::Duration::seconds(5)));
+    next.take_over(None);
+    next.import(&leader.export()).unwrap();
+    assert!(next.recovering_until().is_some());
+}
+
+#[test]
+fn a_warm_take_over_with_no_window_grants_at_once() {
+    let clock = at(12);
+    let leader = old_leader(&clock);
+    let follower = store(&clock);
+    assert_eq!(
+        follower.replace(&leader.store.export(), follower.term(), "n.1"),
+        Ok(true)
+    );
+    follower.take_over_warm();
+    assert_eq!(follower.recovering_until(), None);
+    assert_eq!(follower.active(), 3, "every copied lease held");
+    assert_eq!(follower.copied_from(), None);
+    follower.published(clock.now() + chrono::Duration::seconds(600));
+    let got = follower.acquire(&[k("c")], &req("team-c", None, None));
+    assert!(got.is_ok(), "{got:?}");
 }

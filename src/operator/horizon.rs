@@ -4,7 +4,7 @@
 //! or, when there is none, its horizon opens the recovery window
 //! (`lease::recovery`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +12,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use tracing::{info, warn};
 
 use super::handover::{HandOver, Pointer, HANDOVER_ANNOTATION};
+use crate::discovery::replicas::{in_sync, Replicas};
 use crate::leader::Publisher;
-use crate::lease::{LeaseStore, Snapshot, HORIZON_ANNOTATION};
+use crate::lease::{LeaseKey, LeaseStore, Snapshot, HORIZON_ANNOTATION};
 
 /// How long writing the hand-over, and first waiting for the discovery
 /// API to stop, may each take at shutdown.
@@ -43,6 +44,11 @@ pub struct Horizon {
     loaded: Mutex<Option<Snapshot>>,
     /// What the write that takes the Lease over, in flight, starts with.
     pending: Mutex<Option<TakeOver>>,
+    /// The followers grants wait for, and the key their set is sealed
+    /// with (`None`: a key of this process, which no follower shares).
+    sync: Option<(Arc<Replicas>, LeaseKey)>,
+    /// The in-sync set of the write in flight.
+    named: Mutex<Option<BTreeSet<String>>>,
 }
 
 /// How a term starts once its take-over write wins.
@@ -52,6 +58,9 @@ enum TakeOver {
     HandOver(Snapshot, Option<DateTime<Utc>>),
     /// With the window until the previous leader's horizon.
     Window(Option<DateTime<Utc>>),
+    /// With this replica's copy of the previous leader's table, which
+    /// that leader named in sync: at once.
+    Warm,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -71,7 +80,17 @@ impl Horizon {
             computed: Mutex::new(None),
             loaded: Mutex::new(None),
             pending: Mutex::new(None),
+            sync: None,
+            named: Mutex::new(None),
         }
+    }
+
+    /// Publishes the in-sync followers of `replicas`, sealed with `key`
+    /// (the shared lease key), and takes over warm when the previous
+    /// leader named this replica.
+    pub fn with_replicas(mut self, replicas: Arc<Replicas>, key: LeaseKey) -> Self {
+        self.sync = Some((replicas, key));
+        self
     }
 }
 
@@ -164,12 +183,17 @@ impl Publisher for Horizon {
             // wins: a candidate that loses the race keeps serving as it did.
             let previous = previous_horizon(read, unchanged_for, now);
             h = self.store.take_over_horizon(previous, self.margin);
-            // A warm copy of the table does not shorten the window: the
-            // leases granted after the last copy are unknown, and a new
-            // grant could take their slots (docs/architecture.md, "Warm
-            // followers").
+            // A warm copy shortens the window only when the previous
+            // leader named this replica in sync: then every lease it
+            // confirmed is in the copy. Otherwise leases granted after the
+            // last copy are unknown, and a new grant could take their
+            // slots (docs/architecture.md, "In-sync followers").
+            let warm = self.sync.as_ref().is_some_and(|(r, key)| {
+                in_sync(read, key, r.me(), self.store.copied_from().as_deref())
+            });
             *pending = Some(match lock(&self.loaded).take() {
                 Some(s) => TakeOver::HandOver(s, previous),
+                None if warm => TakeOver::Warm,
                 None => TakeOver::Window(previous),
             });
             // Taken: a later successor must not load it again.
@@ -177,6 +201,11 @@ impl Publisher for Horizon {
         }
         *lock(&self.computed) = Some(h);
         out.extend(published(h, now));
+        if let Some((r, key)) = &self.sync {
+            let (annotations, named) = r.publish(key, pending.is_some());
+            out.extend(annotations);
+            *lock(&self.named) = Some(named);
+        }
         out
     }
 
@@ -184,6 +213,11 @@ impl Publisher for Horizon {
         match lock(&self.pending).take() {
             None => {}
             Some(TakeOver::Window(previous)) => self.open_window(previous),
+            Some(TakeOver::Warm) => {
+                self.store.take_over_warm();
+                let until = self.store.recovering_until();
+                info!(known_leases = self.store.active(), window_until = ?until.map(|u| u.to_rfc3339_opts(SecondsFormat::Secs, true)), "Took over with this replica's copy of the previous leader's table, in sync with every lease it confirmed; granting at once");
+            }
             Some(TakeOver::HandOver(s, previous)) => {
                 self.store.take_over(None);
                 match self.store.import(&s) {
@@ -200,7 +234,14 @@ impl Publisher for Horizon {
         if let Some(h) = lock(&self.computed).take() {
             self.store.published(h);
         }
+        if let (Some((r, _)), Some(named)) = (&self.sync, lock(&self.named).take()) {
+            r.written(&named);
+        }
         *lock(&self.last) = written.get(HORIZON_ANNOTATION).cloned();
+    }
+
+    fn write_now(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.sync.as_ref().map(|(r, _)| r.write_now())
     }
 
     async fn releasing(&self) -> BTreeMap<String, String> {

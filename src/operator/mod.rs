@@ -174,7 +174,7 @@ impl Operator {
             let Some((key, shared)) = key else {
                 return Ok(()); // stopped while the API server was away
             };
-            let (store, served) = runnables::spawn_discovery(
+            let (store, replicas, served) = runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
@@ -193,7 +193,9 @@ impl Operator {
                     served,
                 })
             });
-            leases = Some((store, handover, key));
+            // Only a shared key seals an in-sync set another replica can read.
+            let replicas = shared.then_some(replicas);
+            leases = Some((store, handover, replicas, key));
         }
         // Ready once the cache has synced (before that the discovery API
         // would list nothing) and the lease key is settled (before that it
@@ -221,14 +223,14 @@ impl Operator {
                 }
                 Some(timing) => {
                     let (inner, key): (Arc<dyn leader::Publisher>, _) = match leases {
-                        Some((store, handover, key)) => (
-                            Arc::new(horizon::Horizon::new(
-                                store,
-                                timing.retry_period * 2,
-                                handover,
-                            )),
-                            Some(key),
-                        ),
+                        Some((store, handover, replicas, key)) => {
+                            let h = horizon::Horizon::new(store, timing.retry_period * 2, handover);
+                            let h = match replicas {
+                                Some(r) => h.with_replicas(r, key.clone()),
+                                None => h,
+                            };
+                            (Arc::new(h), Some(key))
+                        }
                         None => (Arc::new(horizon::Nothing), None),
                     };
                     // Followers forward lease calls to the URL the leader
@@ -451,7 +453,7 @@ async fn drain(tasks: &mut JoinSet<()>, until: impl Future<Output = ()>, grace: 
 }
 
 /// A unique candidate name: the Pod name (HOSTNAME in a Pod) and the pid.
-fn leader_identity() -> String {
+pub(super) fn leader_identity() -> String {
     let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "egress-proxies-operator".to_string());

@@ -20,6 +20,7 @@ use crate::api::{Proxy, ProxyPhase};
 use crate::controller::fleet::Fleet;
 use crate::discovery;
 use crate::discovery::internal::{url_sealed, URL_SEAL_ANNOTATION};
+use crate::discovery::replicas::Replicas;
 use crate::health;
 use crate::leader::Observed;
 use crate::lease::{LeaseKey, LeaseStore};
@@ -87,7 +88,8 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
 /// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
 /// calls are served here only while `leader` says this replica leads, and
 /// forwarded to the leader otherwise. Leases are signed with `key`. Returns
-/// the lease store, and a token cancelled once the API stopped serving.
+/// the lease store, its replicas (`discovery::replicas`), and a token
+/// cancelled once the API stopped serving.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
@@ -96,7 +98,7 @@ pub fn spawn_discovery(
     metrics: &Metrics,
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> (Arc<LeaseStore>, CancellationToken) {
+) -> (Arc<LeaseStore>, Arc<Replicas>, CancellationToken) {
     // A 503 asks the crawler back after one election attempt.
     let retry_after = settings
         .leader
@@ -118,11 +120,13 @@ pub fn spawn_discovery(
     let secret = settings.discovery_tokens_secret.clone();
     let tokens = Arc::new(discovery::TokenSet::new(&fixed, secret.is_some()));
     metrics.discovery.tokens_applied(fixed.len());
+    let replicas = Arc::new(Replicas::new(leases.clone(), &super::leader_identity()));
     let state =
         discovery::ApiState::with_clients(Arc::new(cache), leases.clone(), &[], &metrics.discovery)
             .with_token_set(tokens.clone())
             .with_external_namespaces(settings.health.defaults.external.clone())
-            .with_forwarder(forwarder);
+            .with_forwarder(forwarder)
+            .with_replicas(replicas.clone());
     let stop = futures::FutureExt::shared(Box::pin(stop));
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
@@ -142,7 +146,7 @@ pub fn spawn_discovery(
         }
         done.cancel();
     });
-    (leases, served)
+    (leases, replicas, served)
 }
 
 /// Where lease calls go, from what the election last saw: here, to the

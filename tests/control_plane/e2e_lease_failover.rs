@@ -1,10 +1,11 @@
 //! Leases that survive a leader change, on the real test cluster: two
 //! replicas with --leader-elect, two External Proxies on a real Squid, a
-//! crawler's leases granted by the leader; the leader is SIGKILLed. The
-//! follower kept a copy of the leader's table, so as the new leader it
-//! knows every lease (each renews there at once, on its proxy; issue 31);
-//! new grants wait for the previous leader's horizon (`503 recovering`),
-//! then are granted, never past a proxy's capacity.
+//! crawler's leases granted by the leader; the leader is SIGKILLed right
+//! after its last grant. The follower was named in sync on the election
+//! Lease, so its copy of the leader's table holds every lease the crawler
+//! was told of: as the new leader it knows them all (each renews there at
+//! once, on its proxy), refuses a grant past capacity, and grants a freed
+//! slot at once, with no recovery window (issue 31).
 //! The signing key Secret is created once and reused by a restarted
 //! replica.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
@@ -26,6 +27,7 @@ const CAPACITY: usize = 2;
 const TTL: u64 = 30;
 const KEY_SECRET: &str = "egress-proxies-operator-lease-key";
 const KEY_CREATED: &str = "Created the lease signing key";
+const SYNCED: &str = "crawl.example.com/lease-synced-replicas";
 
 fn addr() -> SocketAddr {
     format!("127.0.0.1:{}", support::free_port())
@@ -83,7 +85,7 @@ fn log_of(dir: &std::path::Path, name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_after_the_window() {
+async fn a_follower_in_sync_knows_every_lease_after_a_killed_leader_and_grants_at_once() {
     squid::require();
     let ground = support::ground_without_pods("lease-failover").await;
     let dir = tempfile::tempdir().unwrap();
@@ -127,6 +129,14 @@ async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_afte
     let key = secret.data.clone().unwrap()["key"].clone();
     assert_eq!(key.0.len(), 32, "32 random bytes");
 
+    // The follower copies the leader's table and is named in sync.
+    eventually("b named in sync", Duration::from_secs(30), || async {
+        let lease = leases_api.get(LEASE).await.ok()?;
+        let named = lease.metadata.annotations?.get(SYNCED).cloned()?;
+        named.contains(" b_").then_some(())
+    })
+    .await;
+
     // The crawler fills every slot at the leader.
     let mut held = Vec::new();
     for i in 0..2 * CAPACITY {
@@ -145,16 +155,7 @@ async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_afte
     let (s, _, v) = acquire(api_a).await;
     assert_eq!((s, v["error"]["code"].as_str()), (409, Some("no_capacity")));
 
-    // The follower keeps a copy of the leader's table, a second old at most.
-    eventually("b's copy of the table", Duration::from_secs(30), || async {
-        log_of(dir.path(), "b")
-            .contains("Copying the leader's lease table")
-            .then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
-    // SIGKILL: no hand-over.
+    // SIGKILL at once: no hand-over, and no time for a periodic copy.
     let took = leader::kill_until_held_by(a, &leases_api, "b").await;
     let took_over = Instant::now();
     println!("takeover {took:?} after the kill");
@@ -172,13 +173,23 @@ async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_afte
         per_proxy(&renewed).values().all(|n| *n == CAPACITY),
         "{renewed:?}"
     );
-    // The new leader knew them all from its copy: none was taken in.
+    // The new leader knew them all from its copy, the last one granted
+    // too: none was taken in, and every slot is still taken.
     let b_log = log_of(dir.path(), "b");
     assert!(b_log.contains("known_leases=4"), "{b_log}");
+    assert!(
+        b_log.contains("granting at once"),
+        "a warm take-over: {b_log}"
+    );
+    let (s, _, v) = acquire(api_b).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("no_capacity")),
+        "never past capacity after the take-over: {v}"
+    );
 
-    // One lease released: the slot is granted again once the window ends
-    // (a lease granted after the copy would be unknown: its slot must not
-    // be granted again before it could have ended).
+    // One lease released: its slot is granted again at once, with no
+    // recovery window.
     let freed = renewed.pop().unwrap();
     let path = format!("/v1/leases/{}", freed["id"].as_str().unwrap());
     assert_eq!(
@@ -187,26 +198,11 @@ async fn a_warm_follower_knows_every_lease_after_a_killed_leader_and_grants_afte
             .0,
         204
     );
-    let granted = eventually(
-        "a grant after the take-over",
-        Duration::from_secs(TTL + 10),
-        || async {
-            let (s, wait, v) = acquire(api_b).await;
-            match s {
-                201 => Some(v),
-                503 => {
-                    assert_eq!(v["error"]["code"], "recovering", "{v}");
-                    assert!(wait.is_some_and(|w| w >= 1), "{v}");
-                    None
-                }
-                _ => panic!("only 503 recovering until the window ends, got {s}: {v}"),
-            }
-        },
-    )
-    .await;
+    let (s, _, granted) = acquire(api_b).await;
+    assert_eq!(s, 201, "granted at once, no window: {granted}");
     let to_grant = took_over.elapsed();
     println!(
-        "first new grant {:.1} s after the take-over (the TTL is {TTL} s)",
+        "first new grant {:.1} s after the take-over (the TTL, and so the window without a copy in sync, is {TTL} s)",
         to_grant.as_secs_f64()
     );
     assert_eq!(
