@@ -289,6 +289,12 @@ pub struct ProxyStatus {
     /// External endpoint's host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
+    /// Port the current instance serves on: `spec.port` when it was
+    /// created. Probes and leases use it, so an instance keeps serving on
+    /// its own port until a changed `spec.port` has rolled it (Managed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
     /// Probe latency of the last status-affecting result, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -399,6 +405,12 @@ pub mod conditions {
     pub const RECYCLING: &str = "Recycling";
     /// Recycling=True: draining before the instance is replaced.
     pub const REASON_DRAINING: &str = "Draining";
+    /// UpToDate (False while the instance runs with an older spec or
+    /// cloud-init than the Proxy's): it is replaced through the provider's
+    /// budget, drained first; removed once the new instance is created.
+    pub const UP_TO_DATE: &str = "UpToDate";
+    /// UpToDate=False: placement, port or cloud-init changed.
+    pub const REASON_SPEC_CHANGED: &str = "SpecChanged";
     /// Provisioned=False: the instance is gone or stopped, but the
     /// provider's circuit breaker is open, so it is not replaced yet.
     pub const REASON_CIRCUIT_OPEN: &str = "CircuitOpen";

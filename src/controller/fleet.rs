@@ -16,13 +16,16 @@ use tokio::sync::watch;
 
 use super::plan::{End, RUNNING_RESYNC};
 use crate::api::condition::{self, Condition};
-use crate::api::proxy::conditions::{PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRAINING, RECYCLING};
+use crate::api::proxy::conditions::{
+    PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRAINING, REASON_SPEC_CHANGED, RECYCLING, UP_TO_DATE,
+};
 use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
 use crate::fleet::breaker::Report;
 use crate::fleet::{
-    mark_replacing, recycle_step, summarize, unseen_leases_end, BreakerPolicy, DrainInput,
-    FleetState, MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
+    leases_end, mark_replacing, recycle_step, summarize, BreakerPolicy, DrainInput, FleetState,
+    MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
 };
+use crate::lease::{HeldUntil, LeaseStore, ProxyKey};
 
 /// How often the view is rebuilt from the cache at most.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
@@ -31,6 +34,8 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 const PENDING_FOR: Duration = Duration::from_secs(60);
 /// When a Proxy held by the open breaker looks again.
 pub const CIRCUIT_RETRY: Duration = Duration::from_secs(30);
+/// When a Proxy whose spec changed asks the budget again.
+const OUTDATED_RETRY: Duration = Duration::from_secs(3);
 /// Transitions kept for the ProviderHealth writer at most; without a
 /// writer (provider checks off) nobody takes them, and the oldest go.
 const KEEP_TRANSITIONS: usize = 64;
@@ -46,10 +51,22 @@ pub struct Seen {
     pub at: DateTime<Utc>,
 }
 
+/// Where a drain learns which leases a proxy holds.
+enum Leases {
+    /// Not told (tests): wait for the longest lease TTL.
+    Unknown,
+    /// The discovery API is off: none.
+    NoApi,
+    /// This replica's lease table.
+    Table(Arc<LeaseStore>),
+}
+
 /// The fleet view every reconcile consults.
 pub struct Fleet {
     cache: Option<Store<Proxy>>,
     max_lease_ttl: Duration,
+    /// The leader's lease table: a drain ends once the proxy's leases do.
+    leases: Leases,
     inner: Mutex<Inner>,
     /// Counts transitions, so the ProviderHealth writer wakes on each.
     changed: watch::Sender<u64>,
@@ -78,6 +95,7 @@ impl Fleet {
         Fleet {
             cache,
             max_lease_ttl,
+            leases: Leases::Unknown,
             inner: Mutex::new(Inner {
                 state: FleetState::new(BreakerPolicy::default(), budgets),
                 refreshed: None,
@@ -93,6 +111,18 @@ impl Fleet {
     pub fn with_breaker_policies(mut self, policies: BTreeMap<String, BreakerPolicy>) -> Self {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         inner.state = std::mem::take(&mut inner.state).with_breaker_policies(policies);
+        self
+    }
+
+    /// Drains end as the leases `leases` holds on the proxy do (this
+    /// replica's lease table, which every lease call reaches while it
+    /// leads), instead of after the longest lease TTL; `None`: the
+    /// discovery API is off, so no lease is ever held.
+    pub fn with_leases(mut self, leases: Option<Arc<LeaseStore>>) -> Self {
+        self.leases = match leases {
+            Some(store) => Leases::Table(store),
+            None => Leases::NoApi,
+        };
         self
     }
 
@@ -263,11 +293,17 @@ impl Fleet {
         let mut inner = self.lock();
         self.refresh(&mut inner, now);
         let admitted = inner.state.admitted(&provider, &key) && !inner.pending.contains_key(&key);
+        let held = match &self.leases {
+            Leases::Table(store) => store.held_until(&ProxyKey {
+                namespace: proxy.namespace().unwrap_or_default(),
+                name: proxy.name_any(),
+            }),
+            Leases::NoApi => HeldUntil::Known(None),
+            Leases::Unknown => HeldUntil::Unknown,
+        };
         let drain = DrainInput {
             draining_since: status.draining_since,
-            // Leases live in every replica's memory: the bound is the
-            // longest TTL from when the replicas saw the drain.
-            leases_end: unseen_leases_end(status.draining_since, self.max_lease_ttl),
+            leases_end: leases_end(status.draining_since, held, self.max_lease_ttl, now),
             timeout: policy.drain_timeout,
             now,
         };
@@ -324,17 +360,50 @@ pub fn mark_circuit_open(status: &mut ProxyStatus, now: DateTime<Utc>, generatio
     );
 }
 
-/// The recycle is over (the old instance is gone): forget the drain.
+/// The recycle is over (the old instance is gone): forget the drain, and
+/// that the instance was older than the spec.
 pub fn clear_drain(status: &mut ProxyStatus) {
     status.draining_since = None;
     condition::remove(&mut status.conditions, RECYCLING);
+    condition::remove(&mut status.conditions, UP_TO_DATE);
 }
 
-/// How a running pass ends once its recycle step is known: a drain that
+/// Records whether the running instance is older than the spec (whose
+/// port is `spec_port`): the fleet view reads it (`fleet::summarize`) to
+/// roll the change through the provider's budget. An up-to-date instance
+/// of an older version, which did not record its port, serves on the
+/// spec's.
+pub fn mark_outdated(
+    status: &mut ProxyStatus,
+    (outdated, spec_port): (bool, Option<i32>),
+    now: DateTime<Utc>,
+) {
+    if !outdated {
+        condition::remove(&mut status.conditions, UP_TO_DATE);
+        if status.port.is_none() {
+            status.port = spec_port;
+        }
+        return;
+    }
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            UP_TO_DATE,
+            ConditionStatus::False,
+            REASON_SPEC_CHANGED,
+            "the spec or cloud-init changed: the instance keeps serving until the provider's budget (maxUnavailable) lets it be drained and replaced",
+            now,
+        ),
+    );
+}
+
+/// How a running pass ends once its recycle step is known (`outdated`: the
+/// instance is older than the spec, whose port is `spec_port`): a drain that
 /// starts is recorded and looked at again soon; a drain in progress comes
 /// back when it can end.
 pub fn after_running(
     step: RecycleStep,
+    (outdated, spec_port): (bool, Option<i32>),
     status: &mut ProxyStatus,
     end: End,
     now: DateTime<Utc>,
@@ -343,7 +412,10 @@ pub fn after_running(
         End::RequeueAfter(e) => End::RequeueAfter(e.min(d)),
         End::AwaitChange => End::RequeueAfter(d),
     };
+    mark_outdated(status, (outdated, spec_port), now);
     match step {
+        // Waiting for the budget: ask it again soon.
+        RecycleStep::Serve if outdated => soon(OUTDATED_RETRY),
         RecycleStep::Serve | RecycleStep::Replace(_) => end,
         RecycleStep::StartDrain => {
             mark_draining(status, now);

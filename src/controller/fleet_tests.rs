@@ -12,6 +12,7 @@ fn after_running_table() {
         step: RecycleStep,
         want: End,
         draining: bool,
+        outdated: bool,
     }
     let s = Duration::from_secs;
     let cases = [
@@ -20,42 +21,63 @@ fn after_running_table() {
             step: RecycleStep::Serve,
             want: End::RequeueAfter(RUNNING_RESYNC),
             draining: false,
+            outdated: false,
         },
         Case {
             name: "a drain starts: recorded, looked at again soon",
             step: RecycleStep::StartDrain,
             want: End::RequeueAfter(s(5)),
             draining: true,
+            outdated: false,
         },
         Case {
             name: "draining: back when the leases can have run out",
             step: RecycleStep::Drain { until: at(40) },
             want: End::RequeueAfter(s(30)),
             draining: false,
+            outdated: false,
         },
         Case {
             name: "draining long: at most the running resync",
             step: RecycleStep::Drain { until: at(4000) },
             want: End::RequeueAfter(RUNNING_RESYNC),
             draining: false,
+            outdated: false,
         },
         Case {
             name: "drained but the breaker is open: back after the circuit retry",
             step: RecycleStep::HoldCircuitOpen,
             want: End::RequeueAfter(CIRCUIT_RETRY),
             draining: false,
+            outdated: false,
         },
         Case {
             name: "replace is not decided here",
             step: RecycleStep::Replace(DrainDone::NoLeases),
             want: End::RequeueAfter(RUNNING_RESYNC),
             draining: false,
+            outdated: false,
+        },
+        Case {
+            name: "outdated, waiting for the budget: marked, asks again soon",
+            step: RecycleStep::Serve,
+            want: End::RequeueAfter(OUTDATED_RETRY),
+            draining: false,
+            outdated: true,
+        },
+        Case {
+            name: "outdated, its drain starts: marked and recorded",
+            step: RecycleStep::StartDrain,
+            want: End::RequeueAfter(s(5)),
+            draining: true,
+            outdated: true,
         },
     ];
     for c in cases {
         let mut status = ProxyStatus::default();
         let got = after_running(
             c.step,
+            (c.outdated, Some(3128)),
             &mut status,
             End::RequeueAfter(RUNNING_RESYNC),
             at(10),
@@ -69,7 +91,34 @@ fn after_running_table() {
             "{}",
             c.name
         );
+        let up_to_date = condition::find(&status.conditions, UP_TO_DATE);
+        assert_eq!(
+            up_to_date.map(|c| (c.status, c.reason.as_str())),
+            c.outdated
+                .then_some((ConditionStatus::False, REASON_SPEC_CHANGED)),
+            "{}",
+            c.name
+        );
     }
+    // Up to date again (or replaced): the mark goes.
+    let mut status = ProxyStatus::default();
+    mark_outdated(&mut status, (true, Some(3129)), at(1));
+    assert_eq!(
+        status.port, None,
+        "an outdated instance's port is not the spec's"
+    );
+    mark_outdated(&mut status, (false, Some(3128)), at(2));
+    assert!(condition::find(&status.conditions, UP_TO_DATE).is_none());
+    assert_eq!(
+        status.port,
+        Some(3128),
+        "an older version's instance serves on the spec's port"
+    );
+    mark_outdated(&mut status, (false, Some(3129)), at(2));
+    assert_eq!(status.port, Some(3128), "a recorded port is kept");
+    mark_outdated(&mut status, (true, Some(3129)), at(3));
+    clear_drain(&mut status);
+    assert!(condition::find(&status.conditions, UP_TO_DATE).is_none());
 }
 
 #[test]

@@ -388,7 +388,7 @@ async fn managed_path(
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
-                        Ending::Created { id }
+                        Ending::Created { id, port }
                     }
                     Err(e) => {
                         ctx.throttle.create_failed(&provider_name, &uid);
@@ -446,7 +446,7 @@ async fn managed_path(
                 continue;
             }
             Step::WaitProvisioning => Ending::Provisioning,
-            Step::Running { ip } => match ctx.fleet.step(proxy, status, now) {
+            Step::Running { ip, outdated } => match ctx.fleet.step(proxy, status, now) {
                 RecycleStep::Replace(done)
                     if !plan::recently_requested(status.delete_requested_at, now) =>
                 {
@@ -454,7 +454,7 @@ async fn managed_path(
                         Ok(()) => {
                             info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
                             Ending::Replacing {
-                                why: ReplaceCause::Recycled,
+                                why: ReplaceCause::of_drain(outdated),
                                 requested: true,
                             }
                         }
@@ -462,11 +462,11 @@ async fn managed_path(
                     }
                 }
                 RecycleStep::Replace(_) => Ending::Replacing {
-                    why: ReplaceCause::Recycled,
+                    why: ReplaceCause::of_drain(outdated),
                     requested: false,
                 },
                 rs => {
-                    recycle = Some(rs);
+                    recycle = Some((rs, outdated));
                     Ending::Running {
                         health: health_of(ctx, proxy, Some(&ip)),
                         ip,
@@ -487,7 +487,10 @@ async fn managed_path(
         let end = plan::end(ending, status, now, generation);
         // A running instance's pass ends as the fleet's recycle step says.
         let end = match recycle {
-            Some(rs) => fleet::after_running(rs, status, end, now),
+            Some((rs, outdated)) => {
+                let built = (outdated, proxy.spec.port);
+                fleet::after_running(rs, built, status, end, now)
+            }
             None => end,
         };
         return Ok(action(ctx, end));

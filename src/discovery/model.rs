@@ -262,7 +262,9 @@ pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
     }
     let ip = st.ip.clone().filter(|ip| !ip.is_empty())?;
     let port = match p.spec.mode {
-        ProxyMode::Managed => p.spec.port,
+        // The port its instance serves on, which a changed spec.port
+        // reaches only once the instance is rolled.
+        ProxyMode::Managed => p.status.as_ref().and_then(|s| s.port).or(p.spec.port),
         ProxyMode::External => p.spec.endpoint.as_ref().map(|e| e.port),
     }
     .and_then(|p| u16::try_from(p).ok())

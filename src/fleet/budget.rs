@@ -87,6 +87,8 @@ pub struct Candidate {
     pub reason: RecycleReason,
     /// Its instance's creation time (oldest go first).
     pub created_at: Option<DateTime<Utc>>,
+    /// Ready and not draining: replacing it takes a proxy out of the pool.
+    pub serving: bool,
 }
 
 /// Which candidates may start recycling now, in order: unhealthy first,
@@ -116,16 +118,20 @@ pub fn admit(
         .max(counts.recycling);
     let mut out = Vec::new();
     for c in candidates {
-        let fits = match c.reason {
-            RecycleReason::Unhealthy => recycling < allowance,
-            RecycleReason::MaxAge => recycling < allowance && unavailable < allowance,
+        // A Ready proxy leaves the pool; an unhealthy one had already. A
+        // changed spec rolls a serving proxy like an old one, and one that
+        // serves nothing (its new spec may be the fix) like an unhealthy one.
+        let leaves_pool = match c.reason {
+            RecycleReason::Unhealthy => false,
+            RecycleReason::SpecChanged => c.serving,
+            RecycleReason::MaxAge => true,
         };
+        let fits = recycling < allowance && (!leaves_pool || unavailable < allowance);
         if !fits {
             continue;
         }
         recycling += 1;
-        if c.reason == RecycleReason::MaxAge {
-            // A Ready proxy leaves the pool; an unhealthy one had already.
+        if leaves_pool {
             unavailable += 1;
         }
         out.push(c.key);

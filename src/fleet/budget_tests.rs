@@ -9,6 +9,16 @@ fn old(key: &str, created: i64) -> Candidate {
         key: key.into(),
         reason: RecycleReason::MaxAge,
         created_at: Some(at(created)),
+        serving: true,
+    }
+}
+
+fn changed(key: &str, created: i64, serving: bool) -> Candidate {
+    Candidate {
+        key: key.into(),
+        reason: RecycleReason::SpecChanged,
+        created_at: Some(at(created)),
+        serving,
     }
 }
 
@@ -17,6 +27,7 @@ fn sick(key: &str) -> Candidate {
         key: key.into(),
         reason: RecycleReason::Unhealthy,
         created_at: Some(at(0)),
+        serving: false,
     }
 }
 
@@ -153,11 +164,52 @@ fn admit_table() {
                     key: "n".into(),
                     reason: RecycleReason::MaxAge,
                     created_at: None,
+                    serving: true,
                 },
                 old("y", 5),
                 old("x", 5),
             ],
             want: vec!["x", "y"],
+        },
+        Case {
+            name: "a changed spec rolls serving proxies within the budget, oldest first",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 10, 0),
+            breaker_open: false,
+            candidates: vec![changed("c", 30, true), changed("a", 10, true), changed("b", 20, true)],
+            want: vec!["a", "b"],
+        },
+        Case {
+            name: "a changed spec waits while replaced proxies are not Ready yet",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 8, 0),
+            breaker_open: false,
+            candidates: vec![changed("c", 30, true)],
+            want: vec![],
+        },
+        Case {
+            name: "a changed spec on proxies that serve nothing (the fix may be in it) takes recycling slots only",
+            budget: MaxUnavailable::Count(2),
+            counts: counts(10, 5, 0),
+            breaker_open: false,
+            candidates: vec![changed("c", 30, false), changed("d", 31, false), changed("e", 32, false)],
+            want: vec!["c", "d"],
+        },
+        Case {
+            name: "unhealthy before a changed spec before age",
+            budget: MaxUnavailable::Count(1),
+            counts: counts(10, 9, 0),
+            breaker_open: false,
+            candidates: vec![old("o", 1), changed("c", 2, false), sick("s")],
+            want: vec!["s"],
+        },
+        Case {
+            name: "a changed spec waits for an open breaker",
+            budget: MaxUnavailable::Count(3),
+            counts: counts(10, 10, 0),
+            breaker_open: true,
+            candidates: vec![changed("c", 30, true)],
+            want: vec![],
         },
     ];
     for c in cases {

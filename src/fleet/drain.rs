@@ -71,6 +71,28 @@ pub fn unseen_leases_end(
     })
 }
 
+/// The latest end of a lease on a proxy draining since `since`, from the
+/// leader's lease table when it knows every lease (`held`: the latest end
+/// of those on the proxy): every lease call goes to the leader, so once
+/// the replicas have seen the drain ([`DRAIN_NOTICE`]) no lease is granted
+/// or renewed on it and the table's is final. Without a known table, the
+/// bound of [`unseen_leases_end`].
+pub fn leases_end(
+    since: Option<DateTime<Utc>>,
+    held: crate::lease::HeldUntil,
+    longest_ttl: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let crate::lease::HeldUntil::Known(end) = held else {
+        return unseen_leases_end(since, longest_ttl);
+    };
+    let notice = unseen_leases_end(since, Duration::ZERO)?;
+    match end {
+        None if now >= notice => None,
+        end => Some(end.map_or(notice, |e| e.max(notice))),
+    }
+}
+
 /// The next step of a drain.
 pub fn next_drain_step(input: &DrainInput) -> DrainStep {
     let Some(since) = input.draining_since else {

@@ -118,3 +118,51 @@ fn unseen_leases_end_table() {
     let far = unseen_leases_end(Some(at(0)), Duration::MAX);
     assert_eq!(far, Some(DateTime::<Utc>::MAX_UTC), "no overflow");
 }
+
+#[test]
+fn leases_end_table() {
+    use crate::lease::HeldUntil::{Known, Unknown};
+    let ttl = Duration::from_secs(3600);
+    let notice = DRAIN_NOTICE.as_secs() as i64;
+    let cases = [
+        (
+            "the leader's table: no lease, past the notice: none",
+            Known(None),
+            notice,
+            None,
+        ),
+        (
+            "no lease yet, but a replica may not have seen the drain",
+            Known(None),
+            1,
+            Some(notice),
+        ),
+        (
+            "the last lease on it ends later: then",
+            Known(Some(at(40))),
+            notice,
+            Some(40),
+        ),
+        (
+            "a lease ending within the notice: the notice",
+            Known(Some(at(2))),
+            1,
+            Some(notice),
+        ),
+        (
+            "a recovery window runs: the longest TTL from the drain",
+            Unknown,
+            notice,
+            Some(3600 + notice),
+        ),
+    ];
+    for (name, held, now, want) in cases {
+        let got = leases_end(Some(at(0)), held, ttl, at(now));
+        assert_eq!(got, want.map(at), "{name}");
+    }
+    assert_eq!(
+        leases_end(None, Known(None), ttl, at(0)),
+        None,
+        "not draining"
+    );
+}

@@ -21,7 +21,7 @@ pub mod recycle;
 pub use breaker::{Breaker, BreakerPolicy, Member, Transition};
 pub use budget::{admit, Candidate, FleetCounts, MaxUnavailable};
 pub use drain::{
-    next_drain_step, unseen_leases_end, DrainDone, DrainInput, DrainStep, DRAIN_NOTICE,
+    leases_end, next_drain_step, unseen_leases_end, DrainDone, DrainInput, DrainStep, DRAIN_NOTICE,
 };
 pub use recycle::{
     parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,

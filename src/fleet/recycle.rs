@@ -18,6 +18,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 pub enum RecycleReason {
     /// It stayed unhealthy for `unhealthyFor`.
     Unhealthy,
+    /// Its instance runs with an older spec or cloud-init.
+    SpecChanged,
     /// Its instance is older than `maxAge`.
     MaxAge,
 }
@@ -27,6 +29,7 @@ impl RecycleReason {
     pub fn as_str(self) -> &'static str {
         match self {
             RecycleReason::Unhealthy => "RecycleUnhealthy",
+            RecycleReason::SpecChanged => "RecycleSpecChanged",
             RecycleReason::MaxAge => "RecycleMaxAge",
         }
     }

@@ -15,7 +15,7 @@ use super::{
     RecycleReason, Transition,
 };
 use crate::api::condition::find;
-use crate::api::proxy::conditions::{HEALTHY, PROVISIONED};
+use crate::api::proxy::conditions::{HEALTHY, PROVISIONED, UP_TO_DATE};
 use crate::api::{ConditionStatus, Proxy, ProxyMode, ProxyPhase};
 
 /// What the view takes from one Managed Proxy.
@@ -62,6 +62,13 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
         unhealthy_since: since(p, HEALTHY, ConditionStatus::False),
         now,
     });
+    // The reconcile marks a running instance whose spec changed; unhealthy
+    // still goes first.
+    let outdated = since(p, UP_TO_DATE, ConditionStatus::False).map(|_| RecycleReason::SpecChanged);
+    let wants = match (wants, outdated) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Some(Summary {
         key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
         provider: p.spec.provider.clone().unwrap_or_default(),
@@ -204,6 +211,7 @@ impl FleetState {
                         key: s.key.clone(),
                         reason,
                         created_at: s.created_at,
+                        serving: s.serving(),
                     })
                 })
                 .collect();

@@ -247,6 +247,37 @@ fn summarize_reads_age_and_health_from_the_conditions() {
     assert_eq!(old.wants, AGE);
     assert_eq!(old.key, "ns/p");
 
+    // A changed spec the reconcile marked: replaced before age, after health.
+    let st = p.status.as_mut().unwrap();
+    st.conditions.push(Condition::new(
+        UP_TO_DATE,
+        ConditionStatus::False,
+        "SpecChanged",
+        "",
+        at(10),
+    ));
+    let changed = summarize(&p, at(3600)).expect("a Managed Proxy");
+    assert_eq!(changed.wants, Some(RecycleReason::SpecChanged));
+    assert_eq!(
+        summarize(&p, at(20)).unwrap().wants,
+        Some(RecycleReason::SpecChanged),
+        "young, and changed"
+    );
+    let st = p.status.as_mut().unwrap();
+    st.conditions.retain(|c| c.type_ != HEALTHY);
+    st.conditions.push(Condition::new(
+        HEALTHY,
+        ConditionStatus::False,
+        "ProbeFailed",
+        "",
+        at(5),
+    ));
+    p.spec.recycle.as_mut().unwrap().unhealthy_for = Some("1m".into());
+    assert_eq!(
+        summarize(&p, at(3600)).unwrap().wants,
+        Some(RecycleReason::Unhealthy)
+    );
+
     p.spec.mode = ProxyMode::External;
     assert_eq!(
         summarize(&p, at(3600)),

@@ -88,7 +88,8 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
             }
             (
                 st.ip.clone().filter(|ip| !ip.is_empty())?,
-                p.spec.port?,
+                // Its instance's own port (a changed spec.port rolls).
+                st.port.or(p.spec.port)?,
                 None,
             )
         }

@@ -128,6 +128,11 @@ impl Ends {
     pub(super) fn first(&self) -> Option<DateTime<Utc>> {
         self.at.keys().next().copied()
     }
+
+    /// The latest.
+    pub(super) fn last(&self) -> Option<DateTime<Utc>> {
+        self.at.keys().next_back().copied()
+    }
 }
 
 /// What the store knows of one proxy.

@@ -182,7 +182,7 @@ pub use ids::{random_id, IdSource};
 mod failover;
 mod recovery;
 pub use failover::{readmit_decision, Admission, Presented, Refusal};
-pub use recovery::{grant_end, horizon, window_end, HORIZON_ANNOTATION};
+pub use recovery::{grant_end, horizon, window_end, HeldUntil, HORIZON_ANNOTATION};
 pub mod signed;
 pub use signed::LeaseKey;
 

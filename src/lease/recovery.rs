@@ -10,11 +10,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::bounds::later;
-use super::{AcquireError, LeaseStore};
+use super::{AcquireError, LeaseStore, ProxyKey};
 
 /// The annotation on the leader-election Lease that carries the horizon,
 /// RFC 3339 with milliseconds.
 pub const HORIZON_ANNOTATION: &str = "crawl.example.com/lease-horizon";
+
+/// Until when a proxy's leases are held, as far as a store knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldUntil {
+    /// The latest end of its live leases (`None`: none held).
+    Known(Option<DateTime<Utc>>),
+    /// A recovery window runs: leases this store never saw may be held.
+    Unknown,
+}
 
 /// What the store knows about horizons.
 #[derive(Debug, Default)]
@@ -264,6 +273,20 @@ impl LeaseStore {
     /// `h` is on the Lease now: expiries up to it may be handed out.
     pub fn published(&self, h: DateTime<Utc>) {
         self.lock().recovery.published = Some(h);
+    }
+
+    /// Until when leases are held on `proxy`: known when no recovery
+    /// window runs (during one, leases a previous leader granted may still
+    /// be presented). A draining proxy's drain ends with it
+    /// (`fleet::drain`).
+    pub fn held_until(&self, proxy: &ProxyKey) -> HeldUntil {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        if st.recovery.until.is_some_and(|u| u > now) {
+            return HeldUntil::Unknown;
+        }
+        st.expire_leases(now);
+        HeldUntil::Known(st.proxies.get(proxy).and_then(|p| p.ends.last()))
     }
 
     /// When new grants may start, while the window runs.

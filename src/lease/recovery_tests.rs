@@ -284,3 +284,22 @@ fn only_a_granted_ttl_stretches_the_horizon() {
     clock.advance(secs(601));
     assert_eq!(s.horizon(secs(4)), t(601 + 60 + 4));
 }
+
+#[test]
+fn a_proxys_leases_are_known_until_their_last_end_outside_a_window() {
+    let clock = FakeClock::at(t(0));
+    let s = store(&clock);
+    assert_eq!(s.held_until(&k("a")), HeldUntil::Known(None));
+    s.acquire(&[k("a")], &req(60)).unwrap();
+    clock.advance(secs(10));
+    s.acquire(&[k("a")], &req(30)).unwrap();
+    assert_eq!(s.held_until(&k("a")), HeldUntil::Known(Some(t(60))));
+    assert_eq!(s.held_until(&k("b")), HeldUntil::Known(None));
+    clock.advance(secs(51));
+    assert_eq!(s.held_until(&k("a")), HeldUntil::Known(None), "run out");
+    // A new leader inside its window cannot know.
+    s.take_over(Some(t(300)));
+    assert_eq!(s.held_until(&k("a")), HeldUntil::Unknown);
+    clock.advance(secs(300));
+    assert_eq!(s.held_until(&k("a")), HeldUntil::Known(None));
+}

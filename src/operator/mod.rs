@@ -72,6 +72,8 @@ pub struct Operator {
     /// The one Event recorder of the process, shared by the controller,
     /// the ProviderHealth writer and the GC.
     events: Events,
+    /// The discovery API's lease table, once it serves: drains read it.
+    lease_store: std::sync::OnceLock<Arc<crate::lease::LeaseStore>>,
 }
 
 impl Operator {
@@ -107,6 +109,7 @@ impl Operator {
             providers,
             deps,
             metrics,
+            lease_store: std::sync::OnceLock::new(),
         })
     }
 
@@ -193,6 +196,7 @@ impl Operator {
                     served,
                 })
             });
+            let _ = self.lease_store.set(store.clone());
             // Only a shared key seals an in-sync set another replica can read.
             let replicas = shared.then_some(replicas);
             leases = Some((store, handover, replicas, key));

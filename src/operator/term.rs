@@ -125,6 +125,7 @@ impl Operator {
                     .collect(),
                 s.leases.max_ttl,
             )
+            .with_leases(self.lease_store.get().cloned())
             .with_breaker_policies(
                 entries
                     .iter()

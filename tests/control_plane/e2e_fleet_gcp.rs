@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::provider::naming::name_from_uid;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
 use kube::api::PostParams;
 use kube::ResourceExt;
 use serde_json::json;
@@ -317,13 +319,42 @@ async fn a_rate_limited_then_unavailable_api_is_retried_with_backoff_and_all_rec
 /// serves them all, so each new instance is probed Ready through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a_lease() {
+    roll_ten("fleet-age-gcp", "age", Roll::MaxAge).await;
+}
+
+/// A changed cloud-init rolls through the provider's budget (issue 32):
+/// the ten Proxies share one labelled cloud-init Secret; its content
+/// changes; the same checks, and every instance is replaced exactly once
+/// and runs the new user-data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_cloud_init_secret_rolls_through_the_budget_without_cutting_a_lease() {
+    roll_ten("rollout-gcp", "roll", Roll::SecretChange).await;
+}
+
+/// What makes every instance of [`roll_ten`] be replaced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Roll {
+    /// `maxAge: 45s`.
+    MaxAge,
+    /// The shared cloud-init Secret's content changes once all are leased.
+    SecretChange,
+}
+
+const SECRET: &str = "rollout-ci";
+
+fn user_data(version: &str) -> BTreeMap<String, ByteString> {
+    let doc = format!("#cloud-config\n# rollout {version}\nruncmd: []\n");
+    BTreeMap::from([("user-data".to_string(), ByteString(doc.into_bytes()))])
+}
+
+async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
     const N: usize = 10;
     const BUDGET: usize = 2;
     const LEASE_TTL_S: i64 = 15;
     const DRAIN_TIMEOUT_S: i64 = 60;
     const TOKEN: &str = "fleet-gcp-token";
     squid::require();
-    let ground = support::ground_without_pods("fleet-age-gcp").await;
+    let ground = support::ground_without_pods(prefix).await;
     let standin = StandIn::start_for(Duration::from_secs(600)).await;
     standin.with(|st| {
         st.running_after_gets = 1;
@@ -331,7 +362,7 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         st.fixed_ip = Some("127.0.0.1".into());
     });
     let target = support::http_target().await;
-    let (port, _squid) = squid::on_loopback("fleetage").await;
+    let (port, _squid) = squid::on_loopback(names).await;
     let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
@@ -343,8 +374,26 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
     );
     cmd.args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let secrets: kube::Api<Secret> = ground.api();
+    let mut secret = Secret {
+        data: Some(user_data("v1")),
+        ..Default::default()
+    };
+    secret.metadata.name = Some(SECRET.into());
+    secret.metadata.labels = Some(BTreeMap::from([(
+        "crawl.example.com/cloud-init".to_string(),
+        "true".to_string(),
+    )]));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let proxies = ground.proxies();
-    let names: Vec<String> = (0..N).map(|i| format!("age-{i}")).collect();
+    let names: Vec<String> = (0..N).map(|i| format!("{names}-{i}")).collect();
+    let mut recycle = json!({"drainTimeout": format!("{DRAIN_TIMEOUT_S}s")});
+    if roll == Roll::MaxAge {
+        recycle["maxAge"] = json!("45s");
+    }
     let mut instances = BTreeMap::new();
     for name in &names {
         let spec = json!({
@@ -352,8 +401,9 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
             "port": port,
             "attributes": {"slot": name},
             "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
+            "cloudInit": {"secretRef": {"name": SECRET}},
             "healthCheck": {"url": format!("http://{target}/"), "expectedStatus": 200, "failureThreshold": 20},
-            "recycle": {"maxAge": "45s", "drainTimeout": format!("{DRAIN_TIMEOUT_S}s")},
+            "recycle": recycle,
         });
         let p = proxies
             .create(&PostParams::default(), &support::proxy(name, spec))
@@ -371,6 +421,10 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         "{N} gcp Proxies Ready {:?} after applying",
         started.elapsed()
     );
+    for (name, instance) in &instances {
+        let data = standin.user_data(instance).unwrap_or_default();
+        assert!(data.contains("rollout v1"), "{name}: {data}");
+    }
 
     let crawler = Crawler {
         api,
@@ -378,6 +432,15 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         ttl_s: LEASE_TTL_S,
     };
     let mut held = crawler.lease_each(&names).await;
+    if roll == Roll::SecretChange {
+        // Every Proxy's spec hash changes with the Secret's content.
+        let mut changed = secrets.get(SECRET).await.unwrap();
+        changed.data = Some(user_data("v2"));
+        secrets
+            .replace(SECRET, &PostParams::default(), &changed)
+            .await
+            .unwrap();
+    }
     let old_gone = |name: &str| !standin.calls("delete", &instances[name]).is_empty();
     let report = || {
         let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
@@ -395,7 +458,8 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         )
         .await;
     sampled.assert_within(BUDGET, started.elapsed());
-    // One new instance per recycle: never two for one drain.
+    // One new instance per recycle: never two for one drain; a changed
+    // spec replaces each exactly once, with the new user-data.
     for name in &names {
         let inserts = standin.calls("insert", &instances[name]).len();
         let recycles = sampled.drains.get(name).map_or(0, |d| d.len());
@@ -403,6 +467,14 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
             inserts >= 2 && inserts <= 1 + recycles,
             "{name}: {inserts} inserts for {recycles} recycles"
         );
+        if roll == Roll::SecretChange {
+            assert_eq!(inserts, 2, "{name}: replaced exactly once");
+            let data = standin.user_data(&instances[name]).unwrap_or_default();
+            assert!(
+                data.contains("rollout v2"),
+                "{name} runs the new user-data: {data}"
+            );
+        }
     }
     // The stand-in's clock is the test's: a call's Instant, as wall time.
     let (now_wall, now) = (Utc::now(), Instant::now());
@@ -415,4 +487,10 @@ async fn max_age_recycles_every_gcp_instance_within_the_budget_without_cutting_a
         checked > 0,
         "some lease was held when its proxy's drain began"
     );
+    if roll == Roll::SecretChange {
+        for p in proxies.list(&Default::default()).await.unwrap().items {
+            let up = support::condition(&p, "UpToDate");
+            assert!(up.is_none(), "{} is up to date: {up:?}", p.name_any());
+        }
+    }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
@@ -107,12 +107,27 @@ fn operator_log_tail(dir: &std::path::Path) -> String {
 /// drain lasts 15 s), a drain timeout of 1 minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease() {
+    roll_ten("fleet-age", "age", Some("45s"), None).await;
+}
+
+/// A `spec.port` change of 10 running Proxies with `maxUnavailable: 2`
+/// (issue 32) rolls the same way: never more than 2 unavailable, one new
+/// Pod each, listening on the new port, no held lease cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_change_rolls_through_the_budget_without_cutting_a_lease() {
+    roll_ten("fleet-port", "port", None, Some(3129)).await;
+}
+
+/// Ten Proxies (`<names>-0`…), with `maxAge` when given, all Ready and
+/// each leased; then `port` applied to every one when given; then the
+/// checks above until each has a new Pod.
+async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option<u16>) {
     const N: usize = 10;
     const BUDGET: usize = 2;
     const LEASE_TTL_S: i64 = 15;
     const DRAIN_TIMEOUT_S: i64 = 60;
     support::require_squid_pods();
-    let ground = support::ground("fleet-age").await;
+    let ground = support::ground(prefix).await;
     let target = support::http_target_on(ground.host_ip()).await;
     let api: SocketAddr = support::loopback();
     let (pods, watch) = watch_pods(&ground);
@@ -127,7 +142,11 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
         &["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl],
     );
     let proxies = ground.proxies();
-    let names: Vec<String> = (0..N).map(|i| format!("age-{i}")).collect();
+    let names: Vec<String> = (0..N).map(|i| format!("{names}-{i}")).collect();
+    let mut recycle = json!({"drainTimeout": format!("{DRAIN_TIMEOUT_S}s")});
+    if let Some(age) = max_age {
+        recycle["maxAge"] = json!(age);
+    }
     for name in &names {
         let spec = json!({
             "provider": "kubernetes",
@@ -135,7 +154,7 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
             "attributes": {"slot": name},
             // Not Ready only when really down: the node's CPUs are shared.
             "healthCheck": {"failureThreshold": 20},
-            "recycle": {"maxAge": "45s", "drainTimeout": format!("{DRAIN_TIMEOUT_S}s")},
+            "recycle": recycle,
         });
         proxies
             .create(&PostParams::default(), &support::proxy(name, spec))
@@ -165,6 +184,15 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
         ttl_s: LEASE_TTL_S,
     };
     let mut held = crawler.lease_each(&names).await;
+    if let Some(port) = port {
+        let patch = json!({"spec": {"port": port}});
+        for name in &names {
+            proxies
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    }
     let old_gone = |name: &str| {
         let all_pods = pods.lock().unwrap();
         all_pods
@@ -210,6 +238,26 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
         checked > 0,
         "some lease was held when its proxy's drain began"
     );
+    if let Some(port) = port {
+        // The new Pods serve on the new port: a lease hands it out.
+        let (code, lease) = api_call(
+            api,
+            "POST",
+            "/v1/leases",
+            Some(TOKEN),
+            json!({"ttlSeconds": 5}).to_string().into(),
+        )
+        .await;
+        assert_eq!(code, 201, "{lease}");
+        assert_eq!(lease["proxy"]["port"], json!(port), "{lease}");
+        for p in proxies.list(&Default::default()).await.unwrap().items {
+            assert!(
+                condition(&p, "UpToDate").is_none(),
+                "{} is up to date",
+                p.name_any()
+            );
+        }
+    }
 }
 
 /// One test's ground, a watch of its Pods, the operator serving the

@@ -227,6 +227,22 @@ impl StandIn {
     }
 
     /// Calls of `kind` for `instance` (every instance when empty).
+    /// The `user-data` metadata item of the live instance `name`, if any.
+    pub fn user_data(&self, name: &str) -> Option<String> {
+        self.with(|s| {
+            let (_, inst) = s
+                .instances
+                .iter()
+                .find(|((_, n), i)| n == name && i.deleting.is_none())?;
+            let items = inst.body["metadata"]["items"].as_array()?;
+            items
+                .iter()
+                .find(|i| i["key"] == "user-data")
+                .and_then(|i| i["value"].as_str())
+                .map(String::from)
+        })
+    }
+
     pub fn calls(&self, kind: &str, instance: &str) -> Vec<Call> {
         self.with(|s| {
             s.calls

@@ -86,6 +86,8 @@ pub enum Ending<'a> {
     Created {
         /// The provider's instance ID.
         id: String,
+        /// The port it was created to serve on.
+        port: u16,
     },
     /// The old instance was asked to go (`requested`), or is still going.
     Replacing {
@@ -150,8 +152,9 @@ pub fn end(
             status::mark_invalid(status, PORT_REQUIRED, now, generation);
             End::AwaitChange
         }
-        Ending::Created { id } => {
+        Ending::Created { id, port } => {
             status.provider_id = Some(id);
+            status.port = Some(i32::from(port));
             status::mark_creating(status, now, generation);
             status::health_unknown(status, now);
             End::RequeueAfter(REQUEUE_NOW)

@@ -138,6 +138,7 @@ fn endings_table() {
             before: healthy_running(),
             ending: Ending::Created {
                 id: "default/proxy-y".into(),
+                port: 3128,
             },
             want: after(REQUEUE_NOW),
             phase: provisioning,
@@ -313,12 +314,14 @@ fn endings_record_what_they_found() {
     end(
         Ending::Created {
             id: "default/proxy-y".into(),
+            port: 3129,
         },
         &mut s,
         t(0),
         Some(1),
     );
     assert_eq!(s.provider_id.as_deref(), Some("default/proxy-y"));
+    assert_eq!(s.port, Some(3129), "the port it serves on");
     end(
         Ending::Replacing {
             why: ReplaceCause::SpecChanged,

@@ -72,6 +72,10 @@ pub enum Step {
     Running {
         /// The address.
         ip: String,
+        /// It runs an older spec or cloud-init: it serves until the
+        /// provider's budget lets it be drained and replaced (the fleet's
+        /// recycle, reason [`crate::fleet::RecycleReason::SpecChanged`]).
+        outdated: bool,
     },
     /// The get reported the instance's asynchronous create failed.
     CreateFailed {
@@ -98,6 +102,18 @@ pub enum ReplaceCause {
     Stopped(InstanceState),
     /// `spec.recycle` asked for a new instance and the drain is over.
     Recycled,
+}
+
+impl ReplaceCause {
+    /// Why a drained instance is replaced: its spec changed (`outdated`),
+    /// else `spec.recycle` chose it.
+    pub fn of_drain(outdated: bool) -> Self {
+        if outdated {
+            ReplaceCause::SpecChanged
+        } else {
+            ReplaceCause::Recycled
+        }
+    }
 }
 
 /// The next step of the managed path.
@@ -138,6 +154,19 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             message: message.clone(),
         },
         GetOutcome::NotFound => Step::ClearAndCreate,
+        // A serving instance rolls through the budget, drained first; one
+        // that serves nothing, or whose delete was just asked, goes now.
+        GetOutcome::Found(inst)
+            if !hash_matches
+                && inst.state == InstanceState::Running
+                && !inst.ip.is_empty()
+                && !delete_pending(input.status.delete_requested_at, inst.state, input.now) =>
+        {
+            Step::Running {
+                ip: inst.ip.clone(),
+                outdated: true,
+            }
+        }
         GetOutcome::Found(inst) if !hash_matches => {
             delete_or_wait(input, inst.state, ReplaceCause::SpecChanged)
         }
@@ -145,6 +174,7 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             InstanceState::Provisioning => Step::WaitProvisioning,
             InstanceState::Running if !inst.ip.is_empty() => Step::Running {
                 ip: inst.ip.clone(),
+                outdated: false,
             },
             // A provider that breaks the contract (Running without an IP) is
             // treated as still provisioning rather than trusted.

@@ -101,6 +101,7 @@ fn managed_path_table() {
                 "running with an IP",
                 Step::Running {
                     ip: "10.0.0.7".into(),
+                    outdated: false,
                 },
             )
         },
@@ -143,7 +144,28 @@ fn managed_path_table() {
             get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.7"))),
             recorded: Some("h0"),
             ..base(
-                "spec changed, old still there: delete",
+                "spec changed, old still serving: it serves until the budget rolls it",
+                Step::Running {
+                    ip: "10.0.0.7".into(),
+                    outdated: true,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            recorded: Some("h0"),
+            ..base(
+                "spec changed, old still provisioning (serves nothing): delete",
+                Step::Delete {
+                    why: ReplaceCause::SpecChanged,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Stopped, ""))),
+            recorded: Some("h0"),
+            ..base(
+                "spec changed, old stopped: delete",
                 Step::Delete {
                     why: ReplaceCause::SpecChanged,
                 },
@@ -154,9 +176,10 @@ fn managed_path_table() {
             recorded: Some("h0"),
             delete_requested_at: Some(t(-120)),
             ..base(
-                "spec changed, delete asked 2m ago: resubmit",
-                Step::Delete {
-                    why: ReplaceCause::SpecChanged,
+                "spec changed, delete asked 2m ago and still serving: back to the budget's roll",
+                Step::Running {
+                    ip: "10.0.0.7".into(),
+                    outdated: true,
                 },
             )
         },
@@ -278,4 +301,10 @@ fn create_port_table() {
     for c in cases {
         assert_eq!(create_port(c.port), c.want, "{}", c.name);
     }
+}
+
+#[test]
+fn a_drained_instance_is_replaced_for_its_changed_spec_or_its_recycle() {
+    assert_eq!(ReplaceCause::of_drain(true), ReplaceCause::SpecChanged);
+    assert_eq!(ReplaceCause::of_drain(false), ReplaceCause::Recycled);
 }

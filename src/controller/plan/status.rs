@@ -350,6 +350,7 @@ pub fn mark_held(
 pub fn clear_instance(status: &mut ProxyStatus) {
     status.provider_id = None;
     status.ip = None;
+    status.port = None;
     status.delete_requested_at = None;
 }
 
