@@ -146,8 +146,21 @@ async fn a_proxys_transitions_show_in_kubectl_describe_and_never_carry_cloud_ini
         "kubectl describe px bad: {described}"
     );
 
-    // A port change replaces the instance: Replacing with the cause, then
-    // the replacement's Creating and Running.
+    // A Proxy that never got an instance counts against the provider's
+    // budget (maxUnavailable 1) like any proxy not Ready: out of the way,
+    // so the port change below rolls at once.
+    proxies
+        .delete("bad", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("bad gone", Duration::from_secs(60), || async {
+        matches!(proxies.get_opt("bad").await, Ok(None)).then_some(())
+    })
+    .await;
+
+    // A port change replaces the instance (after a drain, as the budget
+    // admits it): Replacing with the cause, then the replacement's
+    // Creating and Running.
     proxies
         .patch(
             "px",
