@@ -405,6 +405,12 @@ pub mod conditions {
     pub const RECYCLING: &str = "Recycling";
     /// Recycling=True: draining before the instance is replaced.
     pub const REASON_DRAINING: &str = "Draining";
+    /// Deleting (False while a deleted Proxy's instance cannot be deleted):
+    /// the finalizer stays until it can, or until skip-cleanup.
+    pub const DELETING: &str = "Deleting";
+    /// Deleting=False: the provider refused or failed the delete (or the
+    /// get before it) several times in a row; the message is its words.
+    pub const REASON_CLEANUP_FAILED: &str = "CleanupFailed";
     /// UpToDate (False while the instance runs with an older spec or
     /// cloud-init than the Proxy's): it is replaced through the provider's
     /// budget, drained first; removed once the new instance is created.

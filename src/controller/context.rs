@@ -27,6 +27,8 @@ pub struct Context {
     /// watch; cloud-init is read from here, never with `get`.
     pub secrets: cloud_init::SecretCache,
     failures: Mutex<HashMap<String, u32>>,
+    /// Failed cleanup attempts in a row, per deleted Proxy.
+    cleanup_failures: Mutex<HashMap<String, u32>>,
     /// Creates held after a quota or unavailable refusal, by Proxy UID.
     create_holds: Mutex<HashMap<String, plan::hold::CreateHold>>,
     /// Reconcile count, error and duration series, when exported.
@@ -60,6 +62,7 @@ impl Context {
             health,
             secrets: cloud_init::SecretCache::default(),
             failures: Mutex::new(HashMap::new()),
+            cleanup_failures: Mutex::new(HashMap::new()),
             create_holds: Mutex::new(HashMap::new()),
             metrics: None,
             random: Arc::new(plan::SystemRandom),
@@ -126,6 +129,25 @@ impl Context {
     /// `key` reconciled cleanly: its next failure starts the backoff over.
     pub(super) fn succeeded(&self, key: &str) {
         self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// Counts a failed cleanup of `key`; how many in a row, this one too.
+    pub(super) fn cleanup_failed(&self, key: &str) -> u32 {
+        let mut f = self
+            .cleanup_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// `key`'s cleanup went through (or the Proxy is gone).
+    pub(super) fn cleanup_done(&self, key: &str) {
+        self.cleanup_failures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use egress_proxies_operator::provider::naming::name_from_uid;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -75,8 +75,11 @@ async fn shown(ground: &Ground, name: &str, type_: &str, reason: &str) -> String
 /// shows `QuotaExceeded`, a refused credential (401) `ProviderUnavailable`,
 /// each with the API's words; a running instance whose proxy port answers
 /// nothing turns `Unhealthy` with the probe's error, and once the stand-in
-/// reports it TERMINATED, `Replacing` names that cause. Every one is in
-/// `kubectl describe px`, and no Event carries the cloud-init.
+/// reports it TERMINATED, `Replacing` names that cause; a deleted Proxy
+/// whose delete keeps being refused shows `CleanupFailed` with the API's
+/// words (Event and `Deleting` condition) and goes once it is accepted.
+/// Every one is in `kubectl describe px`, and no Event carries the
+/// cloud-init.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_a_user_must_act_on_show_in_kubectl_describe() {
     let ground = support::ground_without_pods("events-gcp").await;
@@ -142,6 +145,37 @@ async fn failures_a_user_must_act_on_show_in_kubectl_describe() {
     });
     let note = shown(&ground, "px", "Normal", "Replacing").await;
     assert!(note.contains("Terminated"), "the cause: {note}");
+
+    // A deleted Proxy whose instance the provider refuses to delete, again
+    // and again (issue 32): CleanupFailed with the API's words, in the
+    // status and in kubectl describe; the finalizer holds until it can.
+    apply(&ground, "stuck", dead_port).await;
+    shown(&ground, "stuck", "Normal", "Running").await;
+    for _ in 0..12 {
+        standin.inject("delete", 400, "resourceInUseByAnotherResource");
+    }
+    let proxies = ground.proxies();
+    proxies
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    let note = shown(&ground, "stuck", "Warning", "CleanupFailed").await;
+    assert!(note.contains("injected 400"), "the API's words: {note}");
+    assert!(note.contains("skip-cleanup"), "what to do: {note}");
+    let p = proxies.get("stuck").await.expect("held by its finalizer");
+    let c = support::condition(&p, "Deleting").expect("a Deleting condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "CleanupFailed")
+    );
+    let described = ground.kubectl(&["describe", "px", "stuck"]);
+    assert!(described.contains("CleanupFailed"), "{described}");
+    // The provider gives way: the instance goes, and the Proxy with it.
+    standin.with(|st| st.inject.clear());
+    eventually("stuck gone", Duration::from_secs(90), || async {
+        matches!(proxies.get_opt("stuck").await, Ok(None)).then_some(())
+    })
+    .await;
 
     let events: Api<Event> = ground.api();
     let all = events.list(&ListParams::default()).await.unwrap().items;

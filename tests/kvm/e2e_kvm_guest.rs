@@ -291,6 +291,13 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         )
         .await
         .unwrap();
+    // The old VM serves until the provider's budget rolls it (drained
+    // first, issue 32): wait for the new domain, then for it to be Ready.
+    support::eventually("a new domain", Duration::from_secs(240), || async {
+        let (ok, uuid) = virsh(&["domuuid", &domain1]);
+        (ok && uuid.trim() != uuid1.trim()).then_some(())
+    })
+    .await;
     let (id2, ip2) = ready(&proxies, patched.metadata.generation.unwrap(), &log).await;
     assert_eq!(id2, id1, "the domain's name comes from the Proxy's UID");
     let (_, uuid2) = virsh(&["domuuid", &domain1]);

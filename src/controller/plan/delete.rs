@@ -4,6 +4,9 @@
 use chrono::{DateTime, Utc};
 
 use super::{delete_pending, GetOutcome};
+use crate::api::condition::{self, Condition, ConditionStatus};
+use crate::api::proxy::conditions::{DELETING, REASON_CLEANUP_FAILED};
+use crate::api::ProxyStatus;
 use crate::provider::ErrorClass;
 
 /// What the deletion path knows.
@@ -111,6 +114,35 @@ pub fn next_delete_step(input: &DeleteInput<'_>) -> DeleteStep {
         }
         Some(GetOutcome::Found(_)) => DeleteStep::Delete,
     }
+}
+
+/// Failed cleanup attempts in a row after which a deleted Proxy says so
+/// in its status and an Event: one failure is often a blip the next poll
+/// clears.
+pub const CLEANUP_FAILED_AFTER: u32 = 3;
+
+/// Records the `failures`-th failed cleanup attempt in a row, failing
+/// with the provider's `message`: from [`CLEANUP_FAILED_AFTER`] on, the
+/// Proxy shows `Deleting=False/CleanupFailed` with it.
+pub fn mark_cleanup_failed(
+    status: &mut ProxyStatus,
+    failures: u32,
+    message: &str,
+    now: DateTime<Utc>,
+) {
+    if failures < CLEANUP_FAILED_AFTER {
+        return;
+    }
+    condition::set(
+        &mut status.conditions,
+        Condition::new(
+            DELETING,
+            ConditionStatus::False,
+            REASON_CLEANUP_FAILED,
+            format!("cannot delete the instance, retrying (to abandon it instead: annotate crawl.example.com/skip-cleanup=true): {message}"),
+            now,
+        ),
+    );
 }
 
 #[cfg(test)]

@@ -206,3 +206,39 @@ fn deletion_path_table() {
         assert_eq!(next_delete_step(&input), c.want, "{}", c.name);
     }
 }
+
+#[test]
+fn repeated_cleanup_failures_show_in_the_status_with_the_providers_words() {
+    let mut status = ProxyStatus::default();
+    for n in 1..CLEANUP_FAILED_AFTER {
+        mark_cleanup_failed(&mut status, n, "HTTP 403: permission denied", t(0));
+        assert!(
+            condition::find(&status.conditions, DELETING).is_none(),
+            "one failure ({n}) is often a blip"
+        );
+    }
+    mark_cleanup_failed(
+        &mut status,
+        CLEANUP_FAILED_AFTER,
+        "HTTP 403: permission denied",
+        t(1),
+    );
+    let c = condition::find(&status.conditions, DELETING).expect("Deleting");
+    assert_eq!(
+        (c.status, c.reason.as_str()),
+        (ConditionStatus::False, REASON_CLEANUP_FAILED)
+    );
+    assert!(
+        c.message.ends_with(": HTTP 403: permission denied"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("skip-cleanup"), "says how to abandon it");
+    let first = c.clone();
+    mark_cleanup_failed(&mut status, 7, "HTTP 403: permission denied", t(9));
+    assert_eq!(
+        condition::find(&status.conditions, DELETING),
+        Some(&first),
+        "the same failure again changes nothing (no new Event)"
+    );
+}

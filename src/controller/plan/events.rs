@@ -34,6 +34,8 @@ pub const PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
 pub const DELETED: &str = "Deleted";
 /// The Proxy was deleted with skip-cleanup: its instance was left.
 pub const CLEANUP_SKIPPED: &str = "CleanupSkipped";
+/// A deleted Proxy's instance cannot be deleted: the note says why.
+pub const CLEANUP_FAILED: &str = "CleanupFailed";
 
 fn note(severity: Severity, reason: &'static str, action: &'static str, text: String) -> Note {
     Note {
@@ -63,6 +65,17 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
     notes.extend(vanished_note(was, before, after));
     if let Some(c) = now.filter(|_| !same(was, now)) {
         notes.extend(provisioned_note(c, after));
+    }
+    let deleting = condition::find(&after.conditions, DELETING);
+    if let Some(c) =
+        deleting.filter(|c| !same(condition::find(&before.conditions, DELETING), Some(c)))
+    {
+        notes.push(note(
+            Severity::Warning,
+            CLEANUP_FAILED,
+            "Delete",
+            c.message.clone(),
+        ));
     }
     let healthy = |s: &ProxyStatus| condition::find(&s.conditions, HEALTHY).map(|c| c.status);
     if after.phase == Some(ProxyPhase::Ready) && before.phase != Some(ProxyPhase::Ready) {

@@ -18,6 +18,10 @@ fn report(healthy: bool, message: &str) -> Health {
 }
 
 fn nothing(_: &mut ProxyStatus) {}
+fn cleanup_failing(s: &mut ProxyStatus) {
+    ready(s);
+    super::super::delete::mark_cleanup_failed(s, 5, "HTTP 403: permission denied", t(3));
+}
 fn created(s: &mut ProxyStatus) {
     s.provider_id = Some("px-abc".into());
     status::mark_creating(s, t(0), Some(1));
@@ -210,6 +214,18 @@ fn a_pass_records_an_event_per_transition_only() {
             before: ready,
             after: unavailable,
             want: vec![(PROVIDER_UNAVAILABLE, true, "credentials")],
+        },
+        Case {
+            name: "a deleted Proxy's cleanup keeps failing: one Warning with the provider's words",
+            before: ready,
+            after: cleanup_failing,
+            want: vec![(CLEANUP_FAILED, true, "HTTP 403: permission denied")],
+        },
+        Case {
+            name: "still failing the same way: nothing new",
+            before: cleanup_failing,
+            after: cleanup_failing,
+            want: vec![],
         },
     ];
     for c in cases {

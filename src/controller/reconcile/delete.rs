@@ -14,6 +14,7 @@ use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::plan::{self, DeleteInput, DeleteStep, Ending, GetOutcome, ReleaseReason};
 use crate::crashpoint;
+use crate::provider::error::plain_message;
 
 /// Steps of one deletion pass (get, delete after a permanent get, release).
 const DELETE_STEPS: usize = 4;
@@ -66,6 +67,7 @@ pub(super) async fn delete_path(
                     .collect();
                 crashpoint::hit(crashpoint::BEFORE_RELEASE);
                 patch_metadata(proxy, &ctx.client, json!({ "finalizers": fins })).await?;
+                ctx.cleanup_done(&super::key(proxy));
                 let note = plan::events::released_note(why, status.provider_id.as_deref());
                 super::events::record(ctx, proxy, note).await;
                 Ending::Released
@@ -77,7 +79,10 @@ pub(super) async fn delete_path(
             }
             DeleteStep::Delete => match p()?.delete(&id).await {
                 Ok(()) => Ending::CleanupRequested,
-                Err(e) => return fail_delete(ctx, e),
+                Err(e) => {
+                    failed(ctx, proxy, status, &plain_message(&e));
+                    return fail_delete(ctx, e);
+                }
             },
             DeleteStep::DeleteAfterPermanentGet { get_error } => match p()?.delete(&id).await {
                 Ok(()) => {
@@ -86,18 +91,29 @@ pub(super) async fn delete_path(
                     continue;
                 }
                 Err(delete_error) => {
+                    let message = plain_message(&delete_error);
+                    failed(ctx, proxy, status, &message);
                     return Err(Error::Cleanup {
                         get_error,
                         delete_error,
-                    })
+                    });
                 }
             },
             DeleteStep::Wait => Ending::CleanupPending,
             DeleteStep::Failed { class, message } => {
-                return fail_delete(ctx, get_error(class, &provider_name, &id, message))
+                failed(ctx, proxy, status, &message);
+                return fail_delete(ctx, get_error(class, &provider_name, &id, message));
             }
         };
         return finish(ctx, ending, status, now, generation);
     }
     finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
+}
+
+/// A cleanup attempt failed with the provider's `message`: after a few in
+/// a row the Proxy says so (`plan::delete::mark_cleanup_failed`), and the
+/// pass's Events carry it.
+fn failed(ctx: &Context, proxy: &Proxy, status: &mut ProxyStatus, message: &str) {
+    let failures = ctx.cleanup_failed(&super::key(proxy));
+    plan::delete::mark_cleanup_failed(status, failures, message, Utc::now());
 }
