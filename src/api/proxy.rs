@@ -396,6 +396,9 @@ pub mod conditions {
     /// Provisioned=False: the provider's create limits (`createsPerMinute`,
     /// `maxCreatesInFlight`) hold this create back until a set time.
     pub const REASON_CREATE_THROTTLED: &str = "CreateThrottled";
+    /// Provisioned=False: the provider holds its `maxInstances`; the create
+    /// waits until one of its instances goes.
+    pub const REASON_INSTANCE_LIMIT: &str = "InstanceLimit";
     /// Provisioned=False: the instance was replaced repeatedly; the next
     /// re-create waits (30 s doubling, up to 30 minutes).
     pub const REASON_REPLACE_BACKOFF: &str = "ReplaceBackoff";

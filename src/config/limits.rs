@@ -35,6 +35,9 @@ pub struct CreateLimits {
     pub creates_per_minute: u32,
     /// Creates submitted whose instance has not been seen Running yet.
     pub max_creates_in_flight: u32,
+    /// `maxInstances`: the most instances the provider may hold at once
+    /// (being created, running or being deleted); `None`: no cap.
+    pub max_instances: Option<u32>,
 }
 
 impl Default for CreateLimits {
@@ -42,9 +45,13 @@ impl Default for CreateLimits {
         CreateLimits {
             creates_per_minute: DEFAULT_CREATES_PER_MINUTE,
             max_creates_in_flight: DEFAULT_MAX_CREATES_IN_FLIGHT,
+            max_instances: None,
         }
     }
 }
+
+/// The largest `maxInstances` accepted.
+pub const MAX_MAX_INSTANCES: u32 = 1_000_000;
 
 impl CreateLimits {
     /// The bucket's size: [`BURST_SECONDS`] of creates, at least one.
@@ -55,12 +62,17 @@ impl CreateLimits {
             .max(1)
     }
 
-    /// The limits from the entry's two keys (absent: the defaults); the
-    /// error names the key and the reason.
+    /// The limits from the entry's keys (absent: the defaults, and no
+    /// `maxInstances` cap); the error names the key and the reason.
     pub(super) fn parse(
         creates_per_minute: Option<Value>,
         max_creates_in_flight: Option<Value>,
+        max_instances: Option<Value>,
     ) -> Result<Self, String> {
+        let max_instances = match max_instances {
+            None | Some(Value::Null) => None,
+            v => Some(count(v, "maxInstances", 1, MAX_MAX_INSTANCES)?),
+        };
         Ok(CreateLimits {
             creates_per_minute: count(
                 creates_per_minute,
@@ -74,6 +86,7 @@ impl CreateLimits {
                 DEFAULT_MAX_CREATES_IN_FLIGHT,
                 MAX_MAX_CREATES_IN_FLIGHT,
             )?,
+            max_instances,
         })
     }
 }
@@ -189,8 +202,23 @@ mod tests {
                 want: Err("maxCreatesInFlight must be a whole number from 1 to 10000 (got a list)"),
             },
         ];
+        let capped = |v: &str| CreateLimits::parse(None, None, yaml(v)).map(|l| l.max_instances);
+        assert_eq!(capped("3"), Ok(Some(3)));
+        assert_eq!(capped("null"), Ok(None), "null is absent: no cap");
+        assert_eq!(
+            capped("0"),
+            Err("maxInstances must be at least 1 (got 0)".to_string())
+        );
+        assert_eq!(
+            capped("\"ten\""),
+            Err("maxInstances must be a whole number from 1 to 1000000 (got a string)".to_string())
+        );
+        assert_eq!(
+            capped("2.5"),
+            Err("maxInstances must be a whole number from 1 to 1000000 (got 2.5)".to_string())
+        );
         for c in cases {
-            let got = CreateLimits::parse(c.creates_per_minute, c.max_in_flight)
+            let got = CreateLimits::parse(c.creates_per_minute, c.max_in_flight, None)
                 .map(|l| (l.creates_per_minute, l.max_creates_in_flight));
             assert_eq!(got, c.want.map_err(str::to_string), "{}", c.name);
         }
@@ -202,6 +230,7 @@ mod tests {
             let l = CreateLimits {
                 creates_per_minute: per_minute,
                 max_creates_in_flight: 1,
+                max_instances: None,
             };
             assert_eq!(l.burst(), burst, "{per_minute}/min");
         }

@@ -38,6 +38,8 @@ struct RawEntry {
     max_creates_in_flight: Option<Value>,
     #[serde(default, rename = "maxUnavailable")]
     max_unavailable: Option<Value>,
+    #[serde(default, rename = "maxInstances")]
+    max_instances: Option<Value>,
     #[serde(default, rename = "circuitBreaker")]
     circuit_breaker: Option<Value>,
 }
@@ -198,7 +200,11 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
             ProviderSettings::Kvm(cfg)
         }
     };
-    let limits = super::CreateLimits::parse(raw.creates_per_minute, raw.max_creates_in_flight)?;
+    let limits = super::CreateLimits::parse(
+        raw.creates_per_minute,
+        raw.max_creates_in_flight,
+        raw.max_instances,
+    )?;
     let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
     let circuit_breaker = super::fleet::circuit_breaker(raw.circuit_breaker)?;
     Ok(ProviderConfig {

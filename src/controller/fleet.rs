@@ -21,6 +21,7 @@ use crate::api::proxy::conditions::{
 };
 use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
 use crate::fleet::breaker::Report;
+use crate::fleet::cap;
 use crate::fleet::{
     leases_end, mark_replacing, recycle_step, summarize, BreakerPolicy, DrainInput, FleetState,
     MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
@@ -82,6 +83,8 @@ struct Inner {
     replacing: BTreeMap<String, DateTime<Utc>>,
     /// Transitions not yet taken by the ProviderHealth writer.
     transitions: Vec<Seen>,
+    /// Creates admitted under `maxInstances` the cache does not show yet.
+    creating: cap::Reserved,
 }
 
 impl Fleet {
@@ -102,6 +105,7 @@ impl Fleet {
                 pending: HashMap::new(),
                 replacing: BTreeMap::new(),
                 transitions: Vec::new(),
+                creating: cap::Reserved::new(),
             }),
             changed: watch::channel(0).0,
         }
@@ -213,6 +217,41 @@ impl Fleet {
                 }
             }
         }
+    }
+
+    /// Whether the Proxy `key` (its UID) may create an instance on
+    /// `provider`, which may hold `max` (`maxInstances`): `Err` with the
+    /// instances it holds when not; when it may, the create counts until
+    /// the cache shows its instance. Without a cache (tests) it may.
+    pub fn admit_create(
+        &self,
+        provider: &str,
+        key: &str,
+        max: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(), usize> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let proxies = cache.state();
+        let seen = proxies.iter().map(|p| cap::Seen {
+            key: p.metadata.uid.as_deref().unwrap_or_default(),
+            provider: p.spec.provider.as_deref().unwrap_or_default(),
+            has_instance: p
+                .status
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .is_some_and(|id| !id.is_empty()),
+        });
+        let mut inner = self.lock();
+        let held = cap::held(seen, &mut inner.creating, provider, key, now);
+        if held >= max as usize {
+            return Err(held);
+        }
+        inner
+            .creating
+            .insert(key.to_string(), (provider.to_string(), now));
+        Ok(())
     }
 
     /// Whether `provider`'s breaker is open (refreshing first).

@@ -10,11 +10,13 @@
 //!   long, too old) and the `spec.recycle` durations.
 //! - [`budget`]: the disruption budget (`maxUnavailable`) and which of the
 //!   wanting Proxies may start now.
+//! - [`cap`]: `maxInstances`, how many instances a provider may hold.
 //! - [`drain`]: drain before replace (no new leases, existing leases run to
 //!   expiry or the drain timeout).
 
 pub mod breaker;
 pub mod budget;
+pub mod cap;
 pub mod drain;
 pub mod recycle;
 

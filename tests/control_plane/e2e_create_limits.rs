@@ -216,3 +216,79 @@ async fn an_instance_that_dies_right_after_boot_backs_off() {
     );
     assert_eq!(status.phase.map(|p| p.as_str()), Some("Running"));
 }
+
+/// `maxInstances: 3` with 5 Proxies (issue 32): exactly 3 inserts; the
+/// other two show `InstanceLimit` naming the cap (in the Reason column
+/// too); once one of the 3 is deleted and its instance is gone, a fourth
+/// is created. The stand-in never holds more than 3 instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_instances_holds_creates_until_an_instance_goes() {
+    const CAP: usize = 3;
+    let ground = support::ground_without_pods("cap").await;
+    let standin = StandIn::start_for(Duration::from_secs(300)).await;
+    standin.with(|st| {
+        st.running_after_gets = 1;
+        st.delete_gets = 0;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let limits = format!("    maxInstances: {CAP}\n");
+    let cmd = ground.operator(dir.path(), &providers(&standin, &limits));
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let proxies = ground.proxies();
+    for i in 0..5 {
+        proxies
+            .create(&PostParams::default(), &gcp_proxy(&format!("cap-{i}")))
+            .await
+            .unwrap();
+    }
+    let by_reason = || async {
+        let list = proxies.list(&Default::default()).await.unwrap().items;
+        let of = |want: &str| -> Vec<Proxy> {
+            list.iter()
+                .filter(|p| reason(p).as_deref() == Some(want))
+                .cloned()
+                .collect()
+        };
+        (of("InstanceRunning"), of("InstanceLimit"))
+    };
+    let (running, held) = eventually(
+        "3 Running and 2 held by the cap",
+        Duration::from_secs(90),
+        || async {
+            assert!(standin.instance_count() <= CAP, "over the cap");
+            let (running, held) = by_reason().await;
+            (running.len() == CAP && held.len() == 2).then_some((running, held))
+        },
+    )
+    .await;
+    assert_eq!(standin.calls("insert", "").len(), CAP, "exactly 3 inserts");
+    let message = support::condition(&held[0], "Provisioned")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("holds 3 instances, its maxInstances is 3"),
+        "{message}"
+    );
+    let table = ground.kubectl(&["get", "px", "--no-headers"]);
+    assert_eq!(table.matches("InstanceLimit").count(), 2, "{table}");
+
+    // One of the three goes: a held one gets its instance, and no more.
+    proxies
+        .delete(&running[0].name_any(), &Default::default())
+        .await
+        .unwrap();
+    eventually("a fourth insert", Duration::from_secs(90), || async {
+        assert!(standin.instance_count() <= CAP, "over the cap");
+        (standin.calls("insert", "").len() == CAP + 1).then_some(())
+    })
+    .await;
+    let (running, held) = eventually("3 Running again", Duration::from_secs(60), || async {
+        let (running, held) = by_reason().await;
+        (running.len() == CAP).then_some((running, held))
+    })
+    .await;
+    assert_eq!((running.len(), held.len()), (CAP, 1));
+    assert!(standin.instance_count() <= CAP);
+    assert_eq!(standin.calls("insert", "").len(), CAP + 1);
+}

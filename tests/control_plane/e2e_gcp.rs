@@ -164,16 +164,28 @@ async fn a_gcp_proxy_is_created_replaced_deleted_and_failures_reach_status() {
             .await
             .unwrap();
     }
-    eventually("Proxies gone", Duration::from_secs(60), || async {
-        proxies
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .is_empty()
-            .then_some(())
+    let gone = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let left = proxies
+                .list(&Default::default())
+                .await
+                .map(|l| l.items.len());
+            if left.is_ok_and(|n| n == 0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     })
     .await;
+    if gone.is_err() {
+        let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "Proxies not gone after 60 s:\n{}\noperator log (newest first):\n{}",
+            ground.kubectl(&["get", "px", "-o", "yaml"]),
+            tail.join("\n")
+        );
+    }
     assert_eq!(
         standin.instance_count(),
         0,

@@ -555,6 +555,7 @@ fn not_found(zone: &str, name: &str) -> Response {
 }
 
 fn get(s: &mut Store, zone: &str, name: &str) -> Response {
+    settle_deletes(s);
     let key = (zone.to_string(), name.to_string());
     let running_after = s.running_after_gets;
     let no_ip = s.no_ip;
@@ -655,7 +656,22 @@ fn parse_filter(f: &str) -> Option<(String, String)> {
     Some((k.trim().to_string(), v.trim().trim_matches('"').to_string()))
 }
 
+/// A deleted instance is gone a few seconds after its delete, however
+/// it is read (as on the real API): a reader that only lists, and never
+/// gets it, must see it go too. `delete_takes` keeps it longer.
+const DELETED_AFTER: Duration = Duration::from_secs(5);
+
+fn settle_deletes(s: &mut Store) {
+    if s.delete_takes.is_some() {
+        return;
+    }
+    s.instances.retain(|_, i| {
+        !(i.deleting.is_some() && i.deleted_at.is_some_and(|t| t.elapsed() >= DELETED_AFTER))
+    });
+}
+
 fn list(s: &mut Store, q: &HashMap<String, String>) -> Response {
+    settle_deletes(s);
     let filter = q.get("filter").and_then(|f| parse_filter(f));
     let mut all: Vec<Value> = s
         .instances

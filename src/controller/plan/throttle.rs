@@ -19,7 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 
 use super::status;
-use crate::api::proxy::conditions::REASON_CREATE_THROTTLED;
+use crate::api::proxy::conditions::{REASON_CREATE_THROTTLED, REASON_INSTANCE_LIMIT};
 use crate::api::ProxyStatus;
 use crate::config::CreateLimits;
 
@@ -271,6 +271,25 @@ pub fn mark_create_throttled(
         ),
     };
     status::mark_held(status, REASON_CREATE_THROTTLED, &message, now, generation);
+}
+
+/// How often a create held by `maxInstances` looks again.
+pub const INSTANCE_LIMIT_RETRY: Duration = Duration::from_secs(15);
+
+/// The create of a Proxy on `provider` waits because the provider holds
+/// `held` instances, its `maxInstances` being `max`:
+/// `Provisioned=False/InstanceLimit` naming the cap.
+pub fn mark_instance_limit(
+    status: &mut ProxyStatus,
+    provider: &str,
+    (max, held): (u32, usize),
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) {
+    let message = format!(
+        "provider {provider:?} holds {held} instances, its maxInstances is {max}: this create waits until one of them goes"
+    );
+    status::mark_held(status, REASON_INSTANCE_LIMIT, &message, now, generation);
 }
 
 #[cfg(test)]

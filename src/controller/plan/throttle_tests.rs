@@ -14,6 +14,7 @@ fn limits(per_minute: u32, in_flight: u32) -> CreateLimits {
     CreateLimits {
         creates_per_minute: per_minute,
         max_creates_in_flight: in_flight,
+        max_instances: None,
     }
 }
 
@@ -402,4 +403,21 @@ fn the_throttled_status_names_the_limit_and_the_next_try() {
         let next = ms(61_000).to_rfc3339_opts(SecondsFormat::Secs, true);
         assert_eq!(cond.message, format!("{}{next}", c.want), "{}", c.name);
     }
+}
+
+#[test]
+fn an_instance_limit_names_the_cap_and_what_the_provider_holds() {
+    let mut status = ProxyStatus::default();
+    mark_instance_limit(&mut status, "gcp-eu", (3, 3), t(0), Some(2));
+    let c = crate::api::condition::find(
+        &status.conditions,
+        crate::api::proxy::conditions::PROVISIONED,
+    )
+    .expect("Provisioned");
+    assert_eq!(c.reason, REASON_INSTANCE_LIMIT);
+    assert_eq!(
+        c.message,
+        "provider \"gcp-eu\" holds 3 instances, its maxInstances is 3: this create waits until one of them goes"
+    );
+    assert_eq!(status.phase, Some(crate::api::ProxyPhase::Provisioning));
 }

@@ -21,7 +21,7 @@ const WAITING: &str = "proxy_operator_creates_waiting";
 pub struct HeldLabels {
     /// Configured provider name.
     pub provider: String,
-    /// `rate`, `in_flight` or `replace_backoff`.
+    /// `rate`, `in_flight`, `replace_backoff` or `instance_limit`.
     pub reason: String,
 }
 
@@ -47,7 +47,7 @@ impl ThrottleMetrics {
         };
         registry.register(
             "proxy_operator_creates_throttled",
-            "Reconcile passes that held a create back, by provider and reason (rate, in_flight, replace_backoff)",
+            "Reconcile passes that held a create back, by provider and reason (rate, in_flight, replace_backoff, instance_limit)",
             m.held.clone(),
         );
         registry.register_collector(

@@ -132,6 +132,13 @@ pub enum Held {
         /// The next try.
         until: DateTime<Utc>,
     },
+    /// The provider holds `held` instances, its `maxInstances` `max`.
+    InstanceLimit {
+        /// The cap.
+        max: u32,
+        /// Instances held.
+        held: usize,
+    },
 }
 
 /// Asks `provider`'s limiter whether the create of the Proxy `key` may go
@@ -145,6 +152,13 @@ pub fn admit_or_hold(
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) -> Option<kube::runtime::controller::Action> {
+    // The cap first: a create it holds takes no token from the bucket.
+    if let Some(max) = ctx.throttle.limits(provider).max_instances {
+        if let Err(held) = ctx.fleet.admit_create(provider, key, max, now) {
+            let held = Held::InstanceLimit { max, held };
+            return Some(hold(ctx, provider, held, status, now, generation));
+        }
+    }
     match ctx.throttle.admit(provider, key, now) {
         Admission::Go => None,
         Admission::Wait { hold: h, until } => {
@@ -178,6 +192,11 @@ pub fn hold(
             ctx.throttle.held(provider, "replace_backoff");
             replace::mark_replace_backoff(status, until, now, generation);
             until
+        }
+        Held::InstanceLimit { max, held } => {
+            ctx.throttle.held(provider, "instance_limit");
+            throttle::mark_instance_limit(status, provider, (max, held), now, generation);
+            now + chrono::Duration::from_std(throttle::INSTANCE_LIMIT_RETRY).unwrap_or_default()
         }
     };
     kube::runtime::controller::Action::requeue(throttle::held_requeue(
