@@ -37,6 +37,10 @@ pub const CONFIRM_WAIT: Duration = Duration::from_millis(500);
 /// leader's next write (a long poll asks at least every [`super::feed::FEED_HOLD`]).
 pub const STALE: Duration = Duration::from_secs(3);
 
+/// How long a dropped follower is not waited for again, however it asks:
+/// one that could not keep up must not stall grants again at once.
+pub const REJOIN_AFTER: Duration = Duration::from_secs(10);
+
 /// How long a direct grant or renewal may wait for confirmations in all
 /// (a forwarded one has the forward's deadline).
 pub const CONFIRM_LIMIT: Duration = Duration::from_secs(2);
@@ -70,6 +74,8 @@ pub struct Members {
     required: BTreeMap<String, Member>,
     /// What the Lease names now.
     named: BTreeSet<String>,
+    /// Followers no longer waited for, and since when.
+    dropped: BTreeMap<String, Instant>,
 }
 
 impl Members {
@@ -123,8 +129,9 @@ impl Members {
         let required = &self.required;
         self.seen
             .retain(|who, s| required.contains_key(who) || now - s.at < STALE * 10);
+        self.dropped.retain(|_, at| now - *at < REJOIN_AFTER);
         for (who, s) in &self.seen {
-            if s.holds.is_some() && now - s.at < STALE {
+            if s.holds.is_some() && now - s.at < STALE && !self.dropped.contains_key(who) {
                 self.required.entry(who.clone()).or_insert(Member {
                     since: version,
                     dropping: false,
@@ -159,6 +166,7 @@ impl Members {
             .collect();
         for who in &gone {
             self.required.remove(who);
+            self.dropped.insert(who.clone(), Instant::now());
         }
         (joined, gone)
     }

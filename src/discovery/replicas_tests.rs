@@ -58,6 +58,23 @@ fn a_dropped_follower_is_waited_for_until_a_write_leaves_it_out() {
     assert_eq!(gone, vec!["c".to_string()]);
     m.saw("b", Some(6), t0);
     assert!(m.lagging(6).is_empty(), "c is no longer waited for");
+    // It asks again at once: not waited for again until REJOIN_AFTER.
+    let now = Instant::now();
+    m.saw("c", Some(6), now);
+    assert_eq!(m.plan(6, now), set(&["b"]));
+    assert!(
+        m.lagging(7).iter().all(|w| w != "c"),
+        "c still not waited for"
+    );
+    let later = now + REJOIN_AFTER;
+    m.saw("b", Some(6), later);
+    m.saw("c", Some(6), later);
+    m.plan(6, later);
+    assert_eq!(
+        m.plan(6, later),
+        set(&["b", "c"]),
+        "back after REJOIN_AFTER"
+    );
 }
 
 #[test]
