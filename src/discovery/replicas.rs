@@ -220,7 +220,8 @@ pub struct Replicas {
     me: String,
     /// Tells a feed of this process from another's with the same term.
     nonce: String,
-    members: Mutex<Members>,
+    /// The term they follow, and them.
+    members: Mutex<(Option<u64>, Members)>,
     /// Bumped when a follower asks or the set shrinks: waiting grants look again.
     asked: watch::Sender<u64>,
     /// Asks the election for a write now (a follower to drop).
@@ -234,7 +235,7 @@ impl Replicas {
             store,
             me: me.to_string(),
             nonce: crate::lease::random_id().chars().take(12).collect(),
-            members: Mutex::new(Members::default()),
+            members: Mutex::new((None, Members::default())),
             asked: watch::Sender::new(0),
             write_now: Arc::new(Notify::new()),
         }
@@ -256,22 +257,25 @@ impl Replicas {
         self.write_now.clone()
     }
 
-    fn members(&self) -> std::sync::MutexGuard<'_, Members> {
-        let feed = self.feed();
+    /// `f` on the followers of the current term, under their lock.
+    /// Compared by term number, so a grant's wait formats nothing.
+    fn with_members<R>(&self, f: impl FnOnce(&mut Members) -> R) -> R {
+        let term = self.store.term();
         // Plain values: a panic elsewhere cannot leave them half-written.
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
-        if m.feed != feed {
+        if m.0 != Some(term) {
             // A new term: nobody holds its copy yet.
-            *m = Members::new(&feed);
+            *m = (Some(term), Members::new(&self.feed()));
         }
-        m
+        f(&mut m.1)
     }
 
     /// Follower `who` asks, holding version `holds` of `feed`.
     pub fn saw(&self, who: &str, feed: Option<&str>, holds: Option<u64>) {
-        let ours = feed.is_some_and(|f| f == self.feed());
-        self.members()
-            .saw(who, holds.filter(|_| ours), Instant::now());
+        self.with_members(|m| {
+            let ours = feed == Some(m.feed.as_str());
+            m.saw(who, holds.filter(|_| ours), Instant::now());
+        });
         self.asked.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -283,7 +287,7 @@ impl Replicas {
         let mut asked = self.asked.subscribe();
         loop {
             asked.borrow_and_update();
-            let lagging = self.members().lagging(v);
+            let lagging = self.with_members(|m| m.lagging(v));
             if lagging.is_empty() {
                 return true;
             }
@@ -291,7 +295,7 @@ impl Replicas {
             if now >= deadline {
                 return false;
             }
-            if now >= drop_at && self.members().drop_members(&lagging) > 0 {
+            if now >= drop_at && self.with_members(|m| m.drop_members(&lagging)) > 0 {
                 warn!(replicas = %lagging.join(","), waited = ?CONFIRM_WAIT, "Followers did not confirm the lease table in time; dropping them from the in-sync set");
                 self.write_now.notify_one();
             }
@@ -312,20 +316,21 @@ impl Replicas {
         key: &LeaseKey,
         taking_over: bool,
     ) -> (BTreeMap<String, String>, BTreeSet<String>) {
-        let mut m = self.members();
-        let named = if taking_over {
-            BTreeSet::new()
-        } else {
-            // Read under the members' lock: a grant made after this waits
-            // for the followers it adds.
-            m.plan(self.store.version(), Instant::now())
-        };
-        (annotations(key, &m.feed, &named), named)
+        self.with_members(|m| {
+            let named = if taking_over {
+                BTreeSet::new()
+            } else {
+                // Read under the members' lock: a grant made after this
+                // waits for the followers it adds.
+                m.plan(self.store.version(), Instant::now())
+            };
+            (annotations(key, &m.feed, &named), named)
+        })
     }
 
     /// `named` is on the Lease.
     pub fn written(&self, named: &BTreeSet<String>) {
-        let (joined, gone) = self.members().written(named);
+        let (joined, gone) = self.with_members(|m| m.written(named));
         if !joined.is_empty() {
             info!(replicas = %joined.join(","), "Followers are in sync: each holds every lease confirmed, and can take over at once");
         }
