@@ -10,6 +10,7 @@ use kube::Client;
 use super::{cloud_init, plan};
 use crate::api::health::HealthSource;
 use crate::events::Events;
+use crate::lease::{Clock, SystemClock};
 use crate::provider::registry::Registry;
 use crate::tenancy::ExternalNamespaces;
 
@@ -45,6 +46,8 @@ pub struct Context {
     pub external: Arc<ExternalNamespaces>,
     /// The process's Event recorder; none records no Events.
     pub events: Option<Events>,
+    /// Every decision's "now": the system's, or one a test steps.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Context {
@@ -77,7 +80,14 @@ impl Context {
             // only ever served where an administrator allowed it.
             external: Arc::new(ExternalNamespaces::only([])),
             events: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Decides by `clock` instead of the system's (a test steps it).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Serves External Proxies in the namespaces `external` allows.

@@ -5,21 +5,19 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::context::Context;
 use super::error::Error;
-use super::plan::{
-    self, Backoff, End, Ending, Failure, GetOutcome, Health, ManagedInput, Path, ReplaceCause, Step,
-};
+use super::plan::{self, End, Ending, GetOutcome, ManagedInput, Path, ReplaceCause, Step};
 mod delete;
+mod endings;
 mod events;
 mod look;
+mod writes;
 
 use super::throttle::{admit_or_hold, hold, Held};
 use super::{cloud_init, fleet, status_patch};
@@ -31,6 +29,8 @@ use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
 use delete::delete_path;
+use endings::{action, external_path, fail, fail_delete, finish, health_of};
+use writes::{patch_metadata, patch_status, record_hash};
 
 /// Steps of one managed pass; every step either ends the pass or adds an
 /// observation, so the bound is never reached in practice.
@@ -70,7 +70,7 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
     let uid = proxy.uid().unwrap_or_default();
     let read = proxy.status.clone().unwrap_or_default();
     // Our own last write when the cache has not caught up with it yet.
-    let base = ctx.written.base(&uid, read, Utc::now());
+    let base = ctx.written.base(&uid, read, ctx.clock.now());
     let mut status = base.clone();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     let result = match plan::path(deleting, proxy.spec.mode) {
@@ -81,11 +81,11 @@ async fn reconcile_inner(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action,
     // A Proxy being deleted keeps the summary it had: its spec is no longer
     // acted on.
     if !deleting {
-        plan::summarize(&mut status, proxy.metadata.generation, Utc::now());
+        plan::summarize(&mut status, proxy.metadata.generation, ctx.clock.now());
     }
     let patched = patch_status(&proxy, &ctx.client, &base, &status).await;
     if patched.is_ok() && status != base {
-        ctx.written.wrote(&uid, &status, Utc::now());
+        ctx.written.wrote(&uid, &status, ctx.clock.now());
         events::record_pass(&ctx, &proxy, &base, &status).await;
     }
     let action = result?;
@@ -99,172 +99,6 @@ pub fn error_policy(proxy: Arc<Proxy>, err: &Error, ctx: Arc<Context>) -> Action
     let delay = plan::jitter(ctx.backoff(&key(&proxy)), ctx.random.unit());
     warn!(proxy = %key(&proxy), error = %plain_message(err), retry_in = ?delay, "Reconcile failed");
     Action::requeue(delay)
-}
-
-#[instrument(name = "status.patch", skip_all)]
-async fn patch_status(
-    proxy: &Proxy,
-    client: &Client,
-    base: &ProxyStatus,
-    new: &ProxyStatus,
-) -> Result<(), Error> {
-    let (Ok(b), Ok(n)) = (serde_json::to_value(base), serde_json::to_value(new)) else {
-        return Ok(());
-    };
-    let Some(diff) = status_patch::merge_diff(&b, &n) else {
-        return Ok(());
-    };
-    let api: Api<Proxy> = Api::namespaced(client.clone(), &proxy.namespace().unwrap_or_default());
-    match api
-        .patch_status(
-            &proxy.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": diff })),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        // The reconcile may just have released the last finalizer.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// What the health engine (when it runs here) says about `proxy`.
-/// What the health engine says of `proxy` served at `host` (the instance's
-/// IP, or the External endpoint).
-fn health_of(ctx: &Context, proxy: &Proxy, host: Option<&str>) -> Health {
-    let Some(h) = ctx.health.as_ref() else {
-        return Health::Unknown;
-    };
-    let (ns, name, uid) = (
-        proxy.namespace().unwrap_or_default(),
-        proxy.name_any(),
-        proxy.uid().unwrap_or_default(),
-    );
-    Health::at(
-        h.report(&ns, &name, &uid),
-        h.verdict(&ns, &name, &uid),
-        h.probed_host(&ns, &name, &uid).as_deref(),
-        host,
-    )
-}
-
-/// The controller's action for `end`, its delay jittered.
-fn action(ctx: &Context, end: End) -> Action {
-    controller_action(plan::jittered(end, ctx.random.unit()))
-}
-
-fn controller_action(end: End) -> Action {
-    match end {
-        End::AwaitChange => Action::await_change(),
-        End::RequeueAfter(d) => Action::requeue(d),
-    }
-}
-
-/// Ends a pass the way the plan says `ending` ends.
-fn finish(
-    ctx: &Context,
-    ending: Ending<'_>,
-    status: &mut ProxyStatus,
-    now: DateTime<Utc>,
-    generation: Option<i64>,
-) -> Result<Action, Error> {
-    Ok(action(ctx, plan::end(ending, status, now, generation)))
-}
-
-/// Ends a managed pass after `err`, or hands it to the controller's backoff.
-fn fail(
-    ctx: &Context,
-    proxy: &Proxy,
-    err: ProviderError,
-    status: &mut ProxyStatus,
-    now: DateTime<Utc>,
-) -> Result<Action, Error> {
-    let message = plain_message(&err);
-    let failure = Failure {
-        op: err.op(),
-        class: err.class(),
-        message: &message,
-    };
-    let health = health_of(ctx, proxy, status.ip.as_deref());
-    let generation = proxy.metadata.generation;
-    let end = match plan::managed_failure(&failure, &health, status, now, generation) {
-        Ok(end) => plan::jittered(end, ctx.random.unit()),
-        Err(Backoff) => return Err(err.into()),
-    };
-    if let Some(hold) = plan::hold::hold_after(&failure, generation, end, now) {
-        ctx.hold_creates(&proxy.uid().unwrap_or_default(), hold);
-    }
-    Ok(controller_action(end))
-}
-
-/// Ends a deletion pass after `err`, or hands it to the controller's backoff.
-fn fail_delete(ctx: &Context, err: ProviderError) -> Result<Action, Error> {
-    plan::delete_failure(err.class())
-        .map(|end| action(ctx, end))
-        .map_err(|Backoff| err.into())
-}
-
-fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Action {
-    let namespace = proxy.namespace().unwrap_or_default();
-    let ending = if ctx.external.allows(&namespace) {
-        Ending::External {
-            host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
-            health: health_of(
-                ctx,
-                proxy,
-                proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
-            ),
-        }
-    } else {
-        Ending::ExternalNotAllowed {
-            message: ctx.external.refusal(&namespace),
-        }
-    };
-    action(
-        ctx,
-        plan::end(ending, status, Utc::now(), proxy.metadata.generation),
-    )
-}
-
-/// Updates metadata with the object's resourceVersion as a precondition,
-/// so a stale write fails with a conflict instead of clobbering.
-async fn patch_metadata(
-    proxy: &Proxy,
-    client: &Client,
-    metadata: serde_json::Value,
-) -> Result<(), Error> {
-    let api: Api<Proxy> = Api::namespaced(client.clone(), &proxy.namespace().unwrap_or_default());
-    let mut md = metadata;
-    md["resourceVersion"] = json!(proxy.resource_version());
-    api.patch(
-        &proxy.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": md })),
-    )
-    .await?;
-    Ok(())
-}
-
-/// Writes the spec-hash annotation unless it already holds `hash`, and
-/// remembers what was written.
-async fn record_hash(
-    proxy: &Proxy,
-    client: &Client,
-    recorded: &mut Option<String>,
-    hash: &Option<String>,
-) -> Result<(), Error> {
-    if recorded != hash {
-        patch_metadata(
-            proxy,
-            client,
-            json!({ "annotations": { SPEC_HASH_ANNOTATION: hash } }),
-        )
-        .await?;
-        recorded.clone_from(hash);
-    }
-    Ok(())
 }
 
 /// A failed `get`, as the error the controller retries.
@@ -309,7 +143,7 @@ async fn managed_path(
     let uid = proxy.uid().unwrap_or_default();
 
     for _ in 0..MANAGED_STEPS {
-        let now = Utc::now();
+        let now = ctx.clock.now();
         let mut recycle = None;
         let step = plan::next_managed_step(&ManagedInput {
             generation,
@@ -495,5 +329,5 @@ async fn managed_path(
         };
         return Ok(action(ctx, end));
     }
-    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
+    finish(ctx, Ending::StepLimit, status, ctx.clock.now(), generation)
 }

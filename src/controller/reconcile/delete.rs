@@ -1,7 +1,6 @@
 //! The deletion path of a reconcile: clean up the instance (unless
 //! skip-cleanup), then release the finalizer.
 
-use chrono::Utc;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use serde_json::json;
@@ -33,7 +32,7 @@ pub(super) async fn delete_path(
         .forget(&provider_name, &proxy.uid().unwrap_or_default());
     let mut get: Option<GetOutcome> = None;
     for _ in 0..DELETE_STEPS {
-        let now = Utc::now();
+        let now = ctx.clock.now();
         let step = plan::next_delete_step(&DeleteInput {
             has_finalizer: proxy.finalizers().iter().any(|f| f == FINALIZER),
             provider_id: status.provider_id.as_deref(),
@@ -107,7 +106,7 @@ pub(super) async fn delete_path(
         };
         return finish(ctx, ending, status, now, generation);
     }
-    finish(ctx, Ending::StepLimit, status, Utc::now(), generation)
+    finish(ctx, Ending::StepLimit, status, ctx.clock.now(), generation)
 }
 
 /// A cleanup attempt failed with the provider's `message`: after a few in
@@ -115,5 +114,5 @@ pub(super) async fn delete_path(
 /// pass's Events carry it.
 fn failed(ctx: &Context, proxy: &Proxy, status: &mut ProxyStatus, message: &str) {
     let failures = ctx.cleanup_failed(&super::key(proxy));
-    plan::delete::mark_cleanup_failed(status, failures, message, Utc::now());
+    plan::delete::mark_cleanup_failed(status, failures, message, ctx.clock.now());
 }
