@@ -286,6 +286,11 @@ async fn managed_path(
                 {
                     match p()?.delete(&id).await {
                         Ok(()) => {
+                            // Replaced for failing its probe: the next
+                            // create backs off as after a death.
+                            if plan::replace::unhealthy(status) {
+                                plan::replace::note(status, now);
+                            }
                             info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
                             Ending::Replacing {
                                 why: ReplaceCause::of_drain(outdated),

@@ -8,6 +8,7 @@
 //! recycling a healthy one for age is bounded by everything unavailable
 //! (recycling, draining, or simply not Ready).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
@@ -97,12 +98,21 @@ pub fn admit(
     budget: MaxUnavailable,
     counts: FleetCounts,
     breaker_open: bool,
-    mut candidates: Vec<Candidate>,
+    candidates: Vec<Candidate>,
 ) -> Vec<String> {
-    if breaker_open {
-        return Vec::new();
-    }
-    let allowance = budget.allowance(counts.size);
+    admit_fair(budget, counts, breaker_open, candidates, &BTreeMap::new())
+}
+
+/// The namespace of a `namespace/name` key.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+/// Orders `candidates` as [`admit_fair`] admits them: by reason, then by
+/// namespaces taking turns (a namespace's n-th candidate, counting the
+/// recycles it already has running in `busy`, comes after every other
+/// namespace's (n-1)-th), then oldest first, then by name.
+fn fair_order(candidates: &mut Vec<Candidate>, busy: &BTreeMap<String, usize>) {
     candidates.sort_by(|a, b| {
         (a.reason, a.created_at.is_none(), a.created_at, &a.key).cmp(&(
             b.reason,
@@ -111,6 +121,41 @@ pub fn admit(
             &b.key,
         ))
     });
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut ranked: Vec<(RecycleReason, usize, usize)> = Vec::with_capacity(candidates.len());
+    for (i, c) in candidates.iter().enumerate() {
+        let ns = namespace_of(&c.key);
+        let n = seen
+            .entry(ns)
+            .or_insert_with(|| busy.get(ns).copied().unwrap_or(0));
+        ranked.push((c.reason, *n, i));
+        *n += 1;
+    }
+    ranked.sort();
+    let mut taken: Vec<Option<Candidate>> =
+        std::mem::take(candidates).into_iter().map(Some).collect();
+    *candidates = ranked
+        .into_iter()
+        .filter_map(|(_, _, i)| taken.get_mut(i).and_then(Option::take))
+        .collect();
+}
+
+/// [`admit`], with the budget shared fairly across namespaces: `busy`
+/// counts the recycles each namespace has running, so one tenant's
+/// Proxies (one that fails for ever among them) never hold every slot
+/// while another's wait.
+pub fn admit_fair(
+    budget: MaxUnavailable,
+    counts: FleetCounts,
+    breaker_open: bool,
+    mut candidates: Vec<Candidate>,
+    busy: &BTreeMap<String, usize>,
+) -> Vec<String> {
+    if breaker_open {
+        return Vec::new();
+    }
+    let allowance = budget.allowance(counts.size);
+    fair_order(&mut candidates, busy);
     let mut recycling = counts.recycling;
     let mut unavailable = counts
         .size

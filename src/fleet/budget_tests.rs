@@ -266,3 +266,78 @@ fn max_unavailable_parse_table() {
         );
     }
 }
+
+#[test]
+fn namespaces_take_turns_at_the_budget() {
+    struct Case {
+        name: &'static str,
+        budget: u32,
+        busy: &'static [(&'static str, usize)],
+        recycling: usize,
+        candidates: Vec<Candidate>,
+        want: Vec<&'static str>,
+    }
+    let sick_at = |key: &str, created: i64| Candidate {
+        created_at: Some(at(created)),
+        ..sick(key)
+    };
+    let cases = [
+        Case {
+            name: "one slot: the older of two tenants' unhealthy proxies",
+            budget: 1,
+            busy: &[],
+            recycling: 0,
+            candidates: vec![sick_at("a/x", 50), sick_at("b/y", 10)],
+            want: vec!["b/y"],
+        },
+        Case {
+            name: "two slots: a tenant with three sick proxies gets one, the other tenant one",
+            budget: 2,
+            busy: &[],
+            recycling: 0,
+            candidates: vec![
+                sick_at("a/1", 1),
+                sick_at("a/2", 2),
+                sick_at("a/3", 3),
+                sick_at("b/1", 9),
+            ],
+            want: vec!["a/1", "b/1"],
+        },
+        Case {
+            name:
+                "a tenant already recycling yields the free slot to another, however old its proxy",
+            budget: 2,
+            busy: &[("a", 1)],
+            recycling: 1,
+            candidates: vec![sick_at("a/2", 1), sick_at("b/1", 9)],
+            want: vec!["b/1"],
+        },
+        Case {
+            name: "alone, a tenant takes every free slot",
+            budget: 3,
+            busy: &[("a", 1)],
+            recycling: 1,
+            candidates: vec![sick_at("a/2", 1), sick_at("a/3", 2)],
+            want: vec!["a/2", "a/3"],
+        },
+        Case {
+            name: "unhealthy still goes before age, whoever's",
+            budget: 1,
+            busy: &[],
+            recycling: 0,
+            candidates: vec![old("a/old", 0), sick_at("a/sick", 5), old("b/old", 1)],
+            want: vec!["a/sick"],
+        },
+    ];
+    for c in cases {
+        let busy = c.busy.iter().map(|(ns, n)| (ns.to_string(), *n)).collect();
+        let got = admit_fair(
+            MaxUnavailable::Count(c.budget),
+            counts(10, 10 - c.recycling, c.recycling),
+            false,
+            c.candidates,
+            &busy,
+        );
+        assert_eq!(got, c.want, "{}", c.name);
+    }
+}

@@ -21,13 +21,13 @@ pub mod drain;
 pub mod recycle;
 
 pub use breaker::{Breaker, BreakerPolicy, Member, Transition};
-pub use budget::{admit, Candidate, FleetCounts, MaxUnavailable};
+pub use budget::{admit, admit_fair, Candidate, FleetCounts, MaxUnavailable};
 pub use drain::{
     leases_end, next_drain_step, unseen_leases_end, DrainDone, DrainInput, DrainStep, DRAIN_NOTICE,
 };
 pub use recycle::{
     parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,
-    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT, MIN_UNHEALTHY_FOR,
 };
 pub mod view;
 

@@ -13,6 +13,13 @@ use crate::api::RecycleSpec;
 /// Default time a drain may take before the instance is replaced anyway.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The shortest `unhealthyFor`: a shorter one counts as this. A probe
+/// needs a few failures in a row to call a proxy unhealthy; a recycle
+/// seconds after that would replace on a brief hiccup of the probe target
+/// as readily as on a broken instance, and spend the provider's shared
+/// create budget doing it.
+pub const MIN_UNHEALTHY_FOR: Duration = Duration::from_secs(30);
+
 /// Why a Proxy is recycled; the API spelling is the status reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RecycleReason {
@@ -81,7 +88,8 @@ impl RecyclePolicy {
         let opt =
             |key, v: &Option<String>| v.as_deref().map(|v| parse_duration(key, v)).transpose();
         Ok(RecyclePolicy {
-            unhealthy_for: opt("unhealthyFor", &spec.unhealthy_for)?,
+            unhealthy_for: opt("unhealthyFor", &spec.unhealthy_for)?
+                .map(|d| d.max(MIN_UNHEALTHY_FOR)),
             max_age: opt("maxAge", &spec.max_age)?,
             drain_timeout: opt("drainTimeout", &spec.drain_timeout)?
                 .unwrap_or(DEFAULT_DRAIN_TIMEOUT),

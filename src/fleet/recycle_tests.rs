@@ -164,6 +164,14 @@ fn policy_of_spec_table() {
             }),
         },
         Case {
+            name: "unhealthyFor under the minimum counts as the minimum",
+            spec: spec(Some("5s"), None, None),
+            want: Ok(RecyclePolicy {
+                unhealthy_for: Some(MIN_UNHEALTHY_FOR),
+                ..off
+            }),
+        },
+        Case {
             name: "compound duration",
             spec: spec(None, Some("1h30m"), None),
             want: Ok(RecyclePolicy {

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 
 use super::{
-    admit, next_drain_step, wants_recycle, Breaker, BreakerPolicy, Candidate, DrainDone,
+    admit_fair, next_drain_step, wants_recycle, Breaker, BreakerPolicy, Candidate, DrainDone,
     DrainInput, DrainStep, FleetCounts, MaxUnavailable, Member, RecycleInput, RecyclePolicy,
     RecycleReason, Transition,
 };
@@ -215,8 +215,14 @@ impl FleetState {
                     })
                 })
                 .collect();
+            let mut busy: BTreeMap<String, usize> = BTreeMap::new();
+            for s in proxies.iter().filter(|s| s.draining) {
+                let ns = s.key.split_once('/').map_or("", |(ns, _)| ns);
+                *busy.entry(ns.to_string()).or_default() += 1;
+            }
             let budget = self.budgets.get(name).copied().unwrap_or_default();
-            fleet.admitted = admit(budget, counts, fleet.breaker.is_open(), candidates)
+            let open = fleet.breaker.is_open();
+            fleet.admitted = admit_fair(budget, counts, open, candidates, &busy)
                 .into_iter()
                 .collect();
         }

@@ -58,7 +58,7 @@ fn probed_proxy(name: &str, target: SocketAddr) -> Proxy {
             "port": 3128,
             "healthCheck": {"url": format!("http://{target}/"), "expectedStatus": 200,
                 "intervalSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 1, "successThreshold": 1},
-            "recycle": {"unhealthyFor": "15s", "drainTimeout": "2s"},
+            "recycle": {"unhealthyFor": "30s", "drainTimeout": "2s"},
         }),
     )
 }
@@ -170,9 +170,9 @@ async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_cl
     assert!(warned[0].contains(PROVIDER), "{warned:?}");
     assert_eq!(gauge(metrics).await, Some(1.0));
 
-    // Held: past unhealthyFor (15 s) and a drain, nothing is recycled or
-    // replaced, though the budget would let all four go.
-    tokio::time::sleep(Duration::from_secs(35)).await;
+    // Held: past unhealthyFor (30 s, its minimum) and a drain, nothing is
+    // recycled or replaced, though the budget would let all four go.
+    tokio::time::sleep(Duration::from_secs(45)).await;
     assert_eq!(recycled(&proxies).await, Vec::<String>::new());
     assert_eq!(
         pod_uids(&pods).await,

@@ -17,3 +17,7 @@ mod e2e_status_tools;
 /// In-process scenarios of the reconciler on the fake provider, on this
 /// binary's cluster.
 mod reconcile_scenarios;
+/// Recycle policy on an injected clock.
+mod recycle_policy;
+/// Their harness.
+mod scenario;

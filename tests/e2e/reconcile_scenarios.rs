@@ -4,187 +4,22 @@
 //! health source the test sets. Each pass is one call of `reconcile`, so a
 //! scenario steps through a Proxy's life without polling a process.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use egress_proxies_operator::api::health::{HealthReport, HealthSource};
 use egress_proxies_operator::api::Proxy;
-use egress_proxies_operator::config::ProvidersConfig;
 use egress_proxies_operator::controller::plan;
-use egress_proxies_operator::controller::reconcile::{error_policy, reconcile};
-use egress_proxies_operator::controller::throttle::Throttle;
-use egress_proxies_operator::controller::{Context, Error};
-use egress_proxies_operator::operator::Metrics;
+use egress_proxies_operator::controller::reconcile::error_policy;
+use egress_proxies_operator::controller::Error;
 use egress_proxies_operator::provider::fake::FakeProvider;
-use egress_proxies_operator::provider::registry::Registry;
-use egress_proxies_operator::provider::{ErrorClass, Op, Provider};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use egress_proxies_operator::provider::{ErrorClass, Op};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 
-use crate::support::{self, condition, phase};
-
-/// What the health engine would say, set by the test.
-#[derive(Default)]
-struct Verdicts(Mutex<HashMap<(String, String), HealthReport>>);
-
-impl Verdicts {
-    /// No verdict, as the engine has none while nothing runs to probe.
-    fn clear(&self, p: &Proxy) {
-        self.0
-            .lock()
-            .unwrap()
-            .remove(&(p.name_any(), p.uid().unwrap()));
-    }
-
-    fn set(&self, p: &Proxy, healthy: bool, message: &str) {
-        let report = HealthReport {
-            healthy,
-            latency_ms: 12,
-            probed_at: chrono::Utc::now(),
-            message: message.into(),
-        };
-        self.0
-            .lock()
-            .unwrap()
-            .insert((p.name_any(), p.uid().unwrap()), report);
-    }
-}
-
-impl HealthSource for Verdicts {
-    fn verdict(&self, namespace: &str, name: &str, uid: &str) -> Option<bool> {
-        self.report(namespace, name, uid).map(|r| r.healthy)
-    }
-
-    fn report(&self, _namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
-        let v = self.0.lock().unwrap();
-        v.get(&(name.to_string(), uid.to_string())).cloned()
-    }
-}
-
-/// One scenario's world: a namespace, the fake behind a provider named
-/// `fake`, the verdicts, and the context every pass shares.
-struct Scenario {
-    fake: FakeProvider,
-    health: Arc<Verdicts>,
-    ctx: Arc<Context>,
-    proxies: Api<Proxy>,
-}
-
-impl Scenario {
-    async fn new(prefix: &str) -> Scenario {
-        Scenario::with(prefix, FakeProvider::new("fake")).await
-    }
-
-    async fn with(prefix: &str, fake: FakeProvider) -> Scenario {
-        // No jitter: each pass's requeue is exactly the plan's.
-        Scenario::jittered(prefix, fake, 0.0).await
-    }
-
-    /// A scenario whose requeue jitter is always `unit`.
-    async fn jittered(prefix: &str, fake: FakeProvider, unit: f64) -> Scenario {
-        Scenario::configured(prefix, fake, unit, "").await
-    }
-
-    /// A scenario whose provider entry `fake` also has `keys` (lines of
-    /// the entry, e.g. its create limits).
-    async fn configured(prefix: &str, fake: FakeProvider, unit: f64, keys: &str) -> Scenario {
-        let ground = support::ground(prefix).await;
-        let doc = format!("providers:\n  - name: fake\n    type: kubernetes\n{keys}");
-        let cfg = ProvidersConfig::from_slice(doc.as_bytes()).unwrap();
-        let metrics = Metrics::new();
-        let f = fake.clone();
-        let registry = Registry::build(&cfg, &metrics.provider, |_| {
-            let p: Arc<dyn Provider> = Arc::new(f.clone());
-            Ok(p)
-        })
-        .unwrap();
-        let health = Arc::new(Verdicts::default());
-        let source: Arc<dyn HealthSource> = health.clone();
-        let ctx = Arc::new(
-            Context::new(
-                ground.client.clone(),
-                registry,
-                ground.ns.clone(),
-                Some(source),
-            )
-            .with_random(Arc::new(plan::Fixed(unit)))
-            .with_throttle(Arc::new(Throttle::new(&cfg))),
-        );
-        Scenario {
-            fake,
-            health,
-            ctx,
-            proxies: ground.proxies(),
-        }
-    }
-
-    async fn create(&self, name: &str, spec: serde_json::Value) -> Proxy {
-        self.proxies
-            .create(&PostParams::default(), &support::proxy(name, spec))
-            .await
-            .unwrap()
-    }
-
-    async fn get(&self, name: &str) -> Proxy {
-        self.proxies.get(name).await.unwrap()
-    }
-
-    /// Merges `spec` into the Proxy's spec (a new generation).
-    async fn edit_spec(&self, name: &str, spec: serde_json::Value) {
-        self.proxies
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": spec })),
-            )
-            .await
-            .unwrap();
-    }
-
-    /// One reconcile of the Proxy as the API server has it now.
-    async fn pass(&self, name: &str) -> Result<Action, Error> {
-        reconcile(Arc::new(self.get(name).await), self.ctx.clone()).await
-    }
-
-    /// A pass that must succeed.
-    async fn ok(&self, name: &str) -> Action {
-        match self.pass(name).await {
-            Ok(a) => a,
-            Err(e) => panic!("reconcile of {name} failed: {e}"),
-        }
-    }
-
-    /// Passes until `done` holds for the Proxy (at most `max`); returns it
-    /// and the last pass's action.
-    async fn until(
-        &self,
-        name: &str,
-        max: usize,
-        done: impl Fn(&Proxy) -> bool,
-    ) -> (Proxy, Action) {
-        for _ in 0..max {
-            let action = self.ok(name).await;
-            let p = self.get(name).await;
-            if done(&p) {
-                return (p, action);
-            }
-        }
-        panic!(
-            "{name} did not get there in {max} passes: {:?}",
-            self.get(name).await.status
-        );
-    }
-
-    /// A new Proxy taken to Running: finalizer, create, provisioning, running.
-    async fn running(&self, name: &str) -> Proxy {
-        self.create(name, json!({"provider": "fake", "port": 3128}))
-            .await;
-        self.until(name, 6, |p| phase(p) == Some("Running")).await.0
-    }
-}
+use crate::scenario::Scenario;
+use crate::support::{condition, phase};
 
 fn reason(p: &Proxy, type_: &str) -> Option<(String, String)> {
     condition(p, type_).map(|c| (c.status.as_str().to_string(), c.reason.clone()))

@@ -1,6 +1,7 @@
 //! Replace backoff: an instance that keeps dying (found stopped,
-//! terminated or gone without the operator asking) is replaced at once the
-//! first time, then after 30 s, 1 min, 2 min, … up to 30 minutes between
+//! terminated or gone without the operator asking) or keeps failing its
+//! probe until `spec.recycle.unhealthyFor` replaces it is replaced at once
+//! the first time, then after 30 s, 1 min, 2 min, … up to 30 minutes between
 //! re-creates, instead of on every poll. The count and the time of the last
 //! replacement live in the Proxy's status, so a restart keeps the backoff;
 //! an instance that runs for [`REPLACE_RESET_AFTER`] starts it over.
@@ -12,7 +13,9 @@ use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use super::managed::{ReplaceCause, Step};
 use super::status;
 use crate::api::condition::{self, ConditionStatus};
-use crate::api::proxy::conditions::{PROVISIONED, REASON_INSTANCE_RUNNING, REASON_REPLACE_BACKOFF};
+use crate::api::proxy::conditions::{
+    HEALTHY, PROVISIONED, REASON_INSTANCE_RUNNING, REASON_REPLACE_BACKOFF,
+};
 use crate::api::ProxyStatus;
 
 /// The wait before the second re-create in a row; each later one doubles.
@@ -61,6 +64,12 @@ pub fn died(step: &Step, status: &ProxyStatus) -> bool {
     }
 }
 
+/// Whether the probe calls the instance unhealthy (`Healthy=False`): its
+/// recycle is one more replacement in a row, as a death is.
+pub fn unhealthy(status: &ProxyStatus) -> bool {
+    condition::find(&status.conditions, HEALTHY).is_some_and(|c| c.status == ConditionStatus::False)
+}
+
 /// Counts one replacement, noticed at `now`.
 pub fn note(status: &mut ProxyStatus, now: DateTime<Utc>) {
     status.replacements = Some(status.replacements.unwrap_or(0).saturating_add(1).max(1));
@@ -68,10 +77,14 @@ pub fn note(status: &mut ProxyStatus, now: DateTime<Utc>) {
 }
 
 /// After a pass that found the instance running: once it has been
-/// `Provisioned=True` for [`REPLACE_RESET_AFTER`], the row of
-/// replacements is over.
+/// `Provisioned=True` for [`REPLACE_RESET_AFTER`] and the probe does not
+/// call it unhealthy, the row of replacements is over (an instance that
+/// never passes its probe is not a fresh start, however long it runs).
 pub fn settle_running(status: &mut ProxyStatus, now: DateTime<Utc>) {
     if status.replacements.is_none() && status.last_replaced_at.is_none() {
+        return;
+    }
+    if unhealthy(status) {
         return;
     }
     let running_for = condition::find(&status.conditions, PROVISIONED)
@@ -102,7 +115,7 @@ pub fn mark_replace_backoff(
     let n = status.replacements.unwrap_or(0);
     let last = status.last_replaced_at.map(at).unwrap_or_default();
     let message = format!(
-        "the instance stopped or vanished {n} times in a row (the last at {last}): the next create is at {} (replacements back off from 30s, doubling up to 30m)",
+        "the instance was replaced {n} times in a row, stopped, vanished or unhealthy (the last at {last}): the next create is at {} (replacements back off from 30s, doubling up to 30m)",
         at(until)
     );
     status::mark_held(status, REASON_REPLACE_BACKOFF, &message, now, generation);

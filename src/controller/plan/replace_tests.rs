@@ -207,6 +207,30 @@ fn running_since(since: i64, n: i32) -> ProxyStatus {
     s
 }
 
+/// `status` with the probe calling it unhealthy.
+fn failing(mut status: ProxyStatus) -> ProxyStatus {
+    condition::set(
+        &mut status.conditions,
+        crate::api::condition::Condition::new(
+            HEALTHY,
+            ConditionStatus::False,
+            "ProbeFailed",
+            "",
+            t(0),
+        ),
+    );
+    status
+}
+
+#[test]
+fn only_a_failing_probe_makes_a_recycle_count_as_a_replacement() {
+    assert!(unhealthy(&failing(ProxyStatus::default())));
+    assert!(!unhealthy(&ProxyStatus::default()), "never probed");
+    let mut healthy = failing(ProxyStatus::default());
+    healthy.conditions[0].status = ConditionStatus::True;
+    assert!(!unhealthy(&healthy));
+}
+
 #[test]
 fn settle_running_table() {
     struct Case {
@@ -226,6 +250,12 @@ fn settle_running_table() {
             name: "running 9 minutes keeps it",
             status: running_since(0, 3),
             now: 540,
+            want: Some(3),
+        },
+        Case {
+            name: "running 10 minutes but failing its probe keeps it: no fresh start",
+            status: failing(running_since(0, 3)),
+            now: 10_000,
             want: Some(3),
         },
         Case {
