@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct RecycleSpec {
     /// Replace the instance after the Proxy has been unhealthy this long,
-    /// e.g. `15m`. Off when unset.
+    /// e.g. `15m`; at least `30s` (a shorter value counts as `30s`). Off
+    /// when unset. Recycles for health back off like replacements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
     pub unhealthy_for: Option<String>,

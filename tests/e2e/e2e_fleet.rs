@@ -273,6 +273,10 @@ struct OneProxy {
 }
 
 async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
+    one_proxy_with(prefix, name, json!({"provider": "kubernetes", "port": 3128})).await
+}
+
+async fn one_proxy_with(prefix: &str, name: &str, spec: serde_json::Value) -> OneProxy {
     support::require_squid_pods();
     let ground = support::ground(prefix).await;
     let target = support::http_target_on(ground.host_ip()).await;
@@ -282,7 +286,7 @@ async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
     let op = fleet_operator(&ground, dir.path(), "", target, api, &[]);
     ground
         .proxies()
-        .create(&PostParams::default(), &support::kube_proxy(name))
+        .create(&PostParams::default(), &support::proxy(name, spec))
         .await
         .unwrap();
     OneProxy {
@@ -534,4 +538,66 @@ async fn a_pod_that_vanishes_twice_is_replaced_at_once_then_after_the_backoff() 
         third + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
         "the third Pod, created {third}, came before the 30 s backoff from {last} ended"
     );
+}
+
+/// A Proxy whose probe never passes (it expects a status the target never
+/// answers) with `spec.recycle.unhealthyFor` at its minimum, on real Pods:
+/// recycled once at once, then the second recycle's create waits 30 s
+/// (`ReplaceBackoff` with 2 replacements, no Pod meanwhile); the third Pod
+/// comes no sooner than 30 s after `status.lastReplacedAt` (issue 32).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_never_passes_its_probe_is_recycled_with_back_off() {
+    let spec = json!({
+        "provider": "kubernetes",
+        "port": 3128,
+        "healthCheck": {"expectedStatus": 299},
+        "recycle": {"unhealthyFor": "30s", "drainTimeout": "5s"},
+    });
+    let OneProxy {
+        ground,
+        api: _,
+        pods,
+        watch,
+        _op,
+        _dir,
+    } = one_proxy_with("fleet-sick", "sick", spec).await;
+    let proxies = ground.proxies();
+    let started = std::time::Instant::now();
+    let held = eventually("ReplaceBackoff", Duration::from_secs(240), || async {
+        let p = proxies.get("sick").await.ok()?;
+        (condition(&p, "Provisioned")?.reason == "ReplaceBackoff").then_some(p)
+    })
+    .await;
+    println!("ReplaceBackoff after {:?}", started.elapsed());
+    let status = held.status.clone().unwrap();
+    assert_eq!(status.replacements, Some(2), "{status:?}");
+    let message = &condition(&held, "Provisioned").unwrap().message;
+    assert!(message.contains("unhealthy"), "{message}");
+    let last = status.last_replaced_at.unwrap();
+    assert_eq!(
+        pods.lock().unwrap().len(),
+        2,
+        "two Pods, none while the create backs off"
+    );
+    eventually("a third Pod", Duration::from_secs(90), || async {
+        (pods.lock().unwrap().len() >= 3).then_some(())
+    })
+    .await;
+    watch.abort();
+    let seen = pods.lock().unwrap().clone();
+    let mut created: Vec<_> = seen.values().map(|p| p.created.unwrap()).collect();
+    created.sort();
+    println!("Pods created at {created:?}; the second recycle at {last}");
+    assert_eq!(created.len(), 3, "one Pod per create: {seen:?}");
+    // Creation times are known to the second, rounded down.
+    assert!(
+        created[2] + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
+        "the third Pod, created {}, came before the 30 s back-off from {last} ended",
+        created[2]
+    );
+    eventually("the third Pod fails its probe too", Duration::from_secs(60), || async {
+        let p = proxies.get("sick").await.ok()?;
+        (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
+    })
+    .await;
 }
