@@ -306,10 +306,15 @@ pub struct ProxyStatus {
     /// used to avoid resubmitting a delete on every poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_requested_at: Option<DateTime<Utc>>,
+    /// When the operator created the current instance; its startup
+    /// timeout counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
     /// Replacements in a row: instances found stopped, terminated or gone
-    /// without the operator asking. From the second on, each re-create
-    /// waits longer (reason `ReplaceBackoff`); the count resets once an
-    /// instance has run for 10 minutes.
+    /// without the operator asking, not running by their startup timeout,
+    /// or recycled for failing their probe. From the second on, each
+    /// re-create waits longer (reason `ReplaceBackoff`); the count resets
+    /// once an instance has run for 10 minutes without failing its probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub replacements: Option<i32>,
@@ -375,6 +380,9 @@ pub mod conditions {
     pub const REASON_INSTANCE_RUNNING: &str = "InstanceRunning";
     /// Provisioned=False: a create was submitted or the instance boots.
     pub const REASON_CREATING: &str = "Creating";
+    /// `Provisioned=False`: the instance was not running with an address
+    /// by its startup timeout and is being replaced.
+    pub const REASON_STARTUP_TIMED_OUT: &str = "StartupTimedOut";
     /// Provisioned=False: a quota or rate limit; retried after 5 minutes.
     pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// Provisioned=Unknown: the provider refuses the operator's credentials

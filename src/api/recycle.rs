@@ -26,4 +26,11 @@ pub struct RecycleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
     pub drain_timeout: Option<String>,
+    /// Replace an instance that is not running with an address this long
+    /// after its create, e.g. `10m`; at least `30s`. Default: the
+    /// provider's `startupTimeout` (15m unless configured). Repeats back
+    /// off like replacements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub startup_timeout: Option<String>,
 }

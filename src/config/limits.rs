@@ -4,6 +4,8 @@
 //! applied at once, or instances that keep dying, never turn into a flood
 //! of creates against a cloud account (docs/configuration.md).
 
+use std::time::Duration;
+
 use serde_norway::Value;
 
 use super::validate::describe;
@@ -38,6 +40,10 @@ pub struct CreateLimits {
     /// `maxInstances`: the most instances the provider may hold at once
     /// (being created, running or being deleted); `None`: no cap.
     pub max_instances: Option<u32>,
+    /// `startupTimeout`: an instance not running with an address this
+    /// long after its create is replaced (a Proxy's
+    /// `spec.recycle.startupTimeout` overrides it).
+    pub startup_timeout: Duration,
 }
 
 impl Default for CreateLimits {
@@ -46,9 +52,18 @@ impl Default for CreateLimits {
             creates_per_minute: DEFAULT_CREATES_PER_MINUTE,
             max_creates_in_flight: DEFAULT_MAX_CREATES_IN_FLIGHT,
             max_instances: None,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
         }
     }
 }
+
+/// `startupTimeout` when the entry does not set it: far longer than any
+/// provider here takes to boot a proxy (a VM that downloads its image
+/// included), short enough that a stuck one is gone within the hour.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+pub use crate::fleet::MIN_STARTUP_TIMEOUT;
+/// The longest `startupTimeout` accepted.
+pub const MAX_STARTUP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// The largest `maxInstances` accepted.
 pub const MAX_MAX_INSTANCES: u32 = 1_000_000;
@@ -74,6 +89,24 @@ impl CreateLimits {
             v => Some(count(v, "maxInstances", 1, MAX_MAX_INSTANCES)?),
         };
         Ok(CreateLimits {
+            max_instances,
+            ..Self::counts(creates_per_minute, max_creates_in_flight)?
+        })
+    }
+
+    /// The limits with `startupTimeout` from `v` (absent: the default).
+    pub(super) fn with_startup_timeout(self, v: Option<Value>) -> Result<Self, String> {
+        Ok(CreateLimits {
+            startup_timeout: startup_timeout(v)?,
+            ..self
+        })
+    }
+
+    fn counts(
+        creates_per_minute: Option<Value>,
+        max_creates_in_flight: Option<Value>,
+    ) -> Result<Self, String> {
+        Ok(CreateLimits {
             creates_per_minute: count(
                 creates_per_minute,
                 "createsPerMinute",
@@ -86,9 +119,27 @@ impl CreateLimits {
                 DEFAULT_MAX_CREATES_IN_FLIGHT,
                 MAX_MAX_CREATES_IN_FLIGHT,
             )?,
-            max_instances,
+            ..CreateLimits::default()
         })
     }
+}
+
+/// `startupTimeout`: a duration such as `15m`, from 30s to 24h.
+fn startup_timeout(v: Option<Value>) -> Result<Duration, String> {
+    let bad = |got: &str| {
+        format!("startupTimeout must be a duration from 30s to 24h such as 15m (got {got})")
+    };
+    let text = match v {
+        None | Some(Value::Null) => return Ok(DEFAULT_STARTUP_TIMEOUT),
+        Some(Value::String(s)) => s,
+        Some(other) => return Err(bad(describe(&other))),
+    };
+    let d = crate::fleet::parse_duration("startupTimeout", &text)
+        .map_err(|_| bad(&format!("{text:?}")))?;
+    if !(MIN_STARTUP_TIMEOUT..=MAX_STARTUP_TIMEOUT).contains(&d) {
+        return Err(bad(&format!("{text:?}")));
+    }
+    Ok(d)
 }
 
 /// A whole number from 1 to `max`, or `default` when the key is absent.
@@ -130,6 +181,31 @@ mod tests {
         creates_per_minute: Option<Value>,
         max_in_flight: Option<Value>,
         want: Result<(u32, u32), &'static str>,
+    }
+
+    #[test]
+    fn startup_timeout_table() {
+        let parse = |v: Option<Value>| {
+            CreateLimits::default()
+                .with_startup_timeout(v)
+                .map(|l| l.startup_timeout.as_secs())
+        };
+        assert_eq!(parse(None), Ok(900), "the default is 15m");
+        assert_eq!(parse(yaml("\"90s\"")), Ok(90));
+        assert_eq!(parse(yaml("\"24h\"")), Ok(86400));
+        let refused = |v: &str, got: &str| {
+            assert_eq!(
+                parse(yaml(v)),
+                Err(format!(
+                    "startupTimeout must be a duration from 30s to 24h such as 15m (got {got})"
+                )),
+                "{v}"
+            );
+        };
+        refused("\"10s\"", "\"10s\"");
+        refused("\"2d\"", "\"2d\"");
+        refused("\"soon\"", "\"soon\"");
+        refused("600", "a number");
     }
 
     #[test]
@@ -231,6 +307,7 @@ mod tests {
                 creates_per_minute: per_minute,
                 max_creates_in_flight: 1,
                 max_instances: None,
+                ..CreateLimits::default()
             };
             assert_eq!(l.burst(), burst, "{per_minute}/min");
         }

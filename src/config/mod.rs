@@ -22,7 +22,8 @@ pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use limits::{
     CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT,
-    MAX_CREATES_PER_MINUTE, MAX_MAX_CREATES_IN_FLIGHT,
+    DEFAULT_STARTUP_TIMEOUT, MAX_CREATES_PER_MINUTE, MAX_MAX_CREATES_IN_FLIGHT,
+    MIN_STARTUP_TIMEOUT,
 };
 pub use provider_type::ProviderType;
 pub use validate::http_url;

@@ -40,6 +40,8 @@ struct RawEntry {
     max_unavailable: Option<Value>,
     #[serde(default, rename = "maxInstances")]
     max_instances: Option<Value>,
+    #[serde(default, rename = "startupTimeout")]
+    startup_timeout: Option<Value>,
     #[serde(default, rename = "circuitBreaker")]
     circuit_breaker: Option<Value>,
 }
@@ -204,7 +206,8 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
         raw.creates_per_minute,
         raw.max_creates_in_flight,
         raw.max_instances,
-    )?;
+    )?
+    .with_startup_timeout(raw.startup_timeout)?;
     let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
     let circuit_breaker = super::fleet::circuit_breaker(raw.circuit_breaker)?;
     Ok(ProviderConfig {

@@ -24,7 +24,7 @@ use super::{cloud_init, fleet, status_patch};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{Proxy, ProxyStatus};
 use crate::crashpoint;
-use crate::fleet::RecycleStep;
+use crate::fleet::{RecyclePolicy, RecycleStep};
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
@@ -141,6 +141,10 @@ async fn managed_path(
     let mut get: Option<GetOutcome> = None;
     let namespace = proxy.namespace().unwrap_or_default();
     let uid = proxy.uid().unwrap_or_default();
+    let startup_timeout = RecyclePolicy::of(proxy.spec.recycle.as_ref())
+        .ok()
+        .and_then(|p| p.startup_timeout)
+        .unwrap_or(ctx.throttle.limits(&provider_name).startup_timeout);
 
     for _ in 0..MANAGED_STEPS {
         let now = ctx.clock.now();
@@ -154,6 +158,7 @@ async fn managed_path(
             spec_hash: hash.as_deref(),
             get: get.as_ref(),
             now,
+            startup_timeout,
         });
         // The plan only asks for provider calls once the provider is known.
         let p = || {
@@ -239,7 +244,7 @@ async fn managed_path(
                 continue;
             }
             Step::Delete {
-                why: ReplaceCause::Stopped(_),
+                why: ReplaceCause::Stopped(_) | ReplaceCause::StartupTimedOut { .. },
             }
             | Step::ClearAndCreate
                 if recorded == hash

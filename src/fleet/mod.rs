@@ -27,7 +27,7 @@ pub use drain::{
 };
 pub use recycle::{
     parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,
-    DEFAULT_DRAIN_TIMEOUT, MIN_UNHEALTHY_FOR,
+    DEFAULT_DRAIN_TIMEOUT, MIN_STARTUP_TIMEOUT, MIN_UNHEALTHY_FOR,
 };
 pub mod view;
 

@@ -20,6 +20,11 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// create budget doing it.
 pub const MIN_UNHEALTHY_FOR: Duration = Duration::from_secs(30);
 
+/// The shortest startup timeout (a provider's `startupTimeout`, a Proxy's
+/// `spec.recycle.startupTimeout`): shorter would replace instances that
+/// are merely slow to boot.
+pub const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Why a Proxy is recycled; the API spelling is the status reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RecycleReason {
@@ -51,6 +56,9 @@ pub struct RecyclePolicy {
     pub max_age: Option<Duration>,
     /// How long a drain waits for leases before replacing anyway.
     pub drain_timeout: Duration,
+    /// How long a new instance may take to run with an address; `None`:
+    /// the provider's `startupTimeout`.
+    pub startup_timeout: Option<Duration>,
 }
 
 /// A `spec.recycle` duration that does not parse.
@@ -93,6 +101,8 @@ impl RecyclePolicy {
             max_age: opt("maxAge", &spec.max_age)?,
             drain_timeout: opt("drainTimeout", &spec.drain_timeout)?
                 .unwrap_or(DEFAULT_DRAIN_TIMEOUT),
+            startup_timeout: opt("startupTimeout", &spec.startup_timeout)?
+                .map(|d| d.max(MIN_STARTUP_TIMEOUT)),
         })
     }
 }

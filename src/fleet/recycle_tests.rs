@@ -115,6 +115,7 @@ fn wants_recycle_table() {
                 unhealthy_for: c.unhealthy_for.map(Duration::from_secs),
                 max_age: c.max_age.map(Duration::from_secs),
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+                startup_timeout: None,
             },
             instance_created_at: c.created.map(at),
             unhealthy_since: c.unhealthy_since.map(at),
@@ -136,12 +137,14 @@ fn policy_of_spec_table() {
             unhealthy_for: u.map(String::from),
             max_age: m.map(String::from),
             drain_timeout: d.map(String::from),
+            startup_timeout: None,
         })
     };
     let off = RecyclePolicy {
         unhealthy_for: None,
         max_age: None,
         drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        startup_timeout: None,
     };
     let cases = [
         Case {
@@ -161,6 +164,18 @@ fn policy_of_spec_table() {
                 unhealthy_for: Some(Duration::from_secs(600)),
                 max_age: Some(Duration::from_secs(7 * 24 * H)),
                 drain_timeout: Duration::from_secs(90),
+                startup_timeout: None,
+            }),
+        },
+        Case {
+            name: "startupTimeout, under its minimum counting as 30s",
+            spec: Some(RecycleSpec {
+                startup_timeout: Some("5s".into()),
+                ..RecycleSpec::default()
+            }),
+            want: Ok(RecyclePolicy {
+                startup_timeout: Some(Duration::from_secs(30)),
+                ..off
             }),
         },
         Case {

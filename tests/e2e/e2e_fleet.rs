@@ -273,7 +273,12 @@ struct OneProxy {
 }
 
 async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
-    one_proxy_with(prefix, name, json!({"provider": "kubernetes", "port": 3128})).await
+    one_proxy_with(
+        prefix,
+        name,
+        json!({"provider": "kubernetes", "port": 3128}),
+    )
+    .await
 }
 
 async fn one_proxy_with(prefix: &str, name: &str, spec: serde_json::Value) -> OneProxy {
@@ -595,9 +600,13 @@ async fn a_proxy_that_never_passes_its_probe_is_recycled_with_back_off() {
         "the third Pod, created {}, came before the 30 s back-off from {last} ended",
         created[2]
     );
-    eventually("the third Pod fails its probe too", Duration::from_secs(60), || async {
-        let p = proxies.get("sick").await.ok()?;
-        (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
-    })
+    eventually(
+        "the third Pod fails its probe too",
+        Duration::from_secs(60),
+        || async {
+            let p = proxies.get("sick").await.ok()?;
+            (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
+        },
+    )
     .await;
 }

@@ -93,7 +93,10 @@ async fn a_proxy_that_always_fails_backs_off_and_leaves_room_for_other_namespace
     .collect::<Vec<_>>();
     for m in &members {
         m.api
-            .create(&PostParams::default(), &support::proxy(m.name, spec.clone()))
+            .create(
+                &PostParams::default(),
+                &support::proxy(m.name, spec.clone()),
+            )
             .await
             .unwrap();
     }
@@ -167,11 +170,16 @@ async fn a_proxy_that_always_fails_backs_off_and_leaves_room_for_other_namespace
             );
         }
     }
-    assert!(backoff_seen, "a Proxy showed Provisioned=False/ReplaceBackoff");
+    assert!(
+        backoff_seen,
+        "a Proxy showed Provisioned=False/ReplaceBackoff"
+    );
     let late = members.iter().find(|m| m.role == Role::Late).unwrap();
     let replaced = late_replaced_at.expect("the other namespace's unhealthy Proxy was recycled");
     let waited = (replaced - late_from).num_seconds();
-    println!("the other namespace's Proxy got its new instance {waited}s after it turned unhealthy");
+    println!(
+        "the other namespace's Proxy got its new instance {waited}s after it turned unhealthy"
+    );
     assert!(
         waited <= 120,
         "it waited {waited}s: the failing namespace held the budget"

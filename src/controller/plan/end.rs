@@ -155,6 +155,7 @@ pub fn end(
         Ending::Created { id, port } => {
             status.provider_id = Some(id);
             status.port = Some(i32::from(port));
+            status.created_at = Some(now);
             status::mark_creating(status, now, generation);
             status::health_unknown(status, now);
             End::RequeueAfter(REQUEUE_NOW)
@@ -169,6 +170,9 @@ pub fn end(
             End::RequeueAfter(DELETION_POLL)
         }
         Ending::Provisioning => {
+            // An instance created before the operator recorded creates
+            // gets its whole startup timeout from here.
+            status.created_at.get_or_insert(now);
             status::mark_creating(status, now, generation);
             status::health_unknown(status, now);
             End::RequeueAfter(PROVISIONING_POLL)

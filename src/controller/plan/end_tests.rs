@@ -29,6 +29,7 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         spec_hash: Some("h"),
         get: None,
         now: t(1),
+        startup_timeout: std::time::Duration::from_secs(900),
     };
     assert_eq!(next_managed_step(&input), Step::Create);
 }

@@ -34,6 +34,8 @@ pub const PROVIDER_UNAVAILABLE: &str = "ProviderUnavailable";
 pub const DELETED: &str = "Deleted";
 /// The Proxy was deleted with skip-cleanup: its instance was left.
 pub const CLEANUP_SKIPPED: &str = "CleanupSkipped";
+/// The instance was not running by its startup timeout: replaced.
+pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";
 /// A deleted Proxy's instance cannot be deleted: the note says why.
 pub const CLEANUP_FAILED: &str = "CleanupFailed";
 
@@ -112,8 +114,10 @@ fn vanished_note(
     after: &ProxyStatus,
 ) -> Option<Note> {
     let old = before.provider_id.as_deref().filter(|id| !id.is_empty())?;
-    let replacing =
-        was.is_some_and(|c| c.reason == REASON_CREATING && c.message != CREATING_MESSAGE);
+    let replacing = was.is_some_and(|c| {
+        (c.reason == REASON_CREATING && c.message != CREATING_MESSAGE)
+            || c.reason == REASON_STARTUP_TIMED_OUT
+    });
     if replacing || after.provider_id.as_deref() == Some(old) {
         return None;
     }
@@ -146,6 +150,7 @@ fn provisioned_note(c: &Condition, after: &ProxyStatus) -> Option<Note> {
             format!("creating instance {id}"),
         ),
         REASON_CREATING => note(Severity::Normal, REPLACING, "Replace", msg),
+        REASON_STARTUP_TIMED_OUT => note(Severity::Warning, STARTUP_TIMED_OUT, "Replace", msg),
         REASON_QUOTA_EXCEEDED => note(Severity::Warning, QUOTA_EXCEEDED, "Create", msg),
         REASON_CLOUD_INIT_ERROR => note(Severity::Warning, CLOUD_INIT_ERROR, "Create", msg),
         REASON_PERMANENT_ERROR | REASON_INVALID_SPEC => {

@@ -50,6 +50,19 @@ fn replacing_vanished(s: &mut ProxyStatus) {
     status::mark_replacing(s, why, true, t(3), Some(1));
     status::health_unknown(s, t(3));
 }
+fn timed_out(s: &mut ProxyStatus) {
+    created(s);
+    let why = ReplaceCause::StartupTimedOut {
+        after: std::time::Duration::from_secs(900),
+    };
+    status::mark_replacing(s, why, true, t(900), Some(1));
+}
+fn timed_out_recreated(s: &mut ProxyStatus) {
+    timed_out(s);
+    status::clear_instance(s);
+    s.provider_id = Some("px-def".into());
+    status::mark_creating(s, t(901), Some(1));
+}
 fn recreated(s: &mut ProxyStatus) {
     replacing_spec(s);
     status::clear_instance(s);
@@ -166,6 +179,18 @@ fn a_pass_records_an_event_per_transition_only() {
                 (REPLACING, false, "px-abc vanished"),
                 (CREATING, false, "px-new"),
             ],
+        },
+        Case {
+            name: "not running by its startup timeout: a Warning naming the timeout",
+            before: created,
+            after: timed_out,
+            want: vec![(STARTUP_TIMED_OUT, true, "15m after its create")],
+        },
+        Case {
+            name: "its replacement's create, and no vanished note for the old one",
+            before: timed_out,
+            after: timed_out_recreated,
+            want: vec![(CREATING, false, "px-def")],
         },
         Case {
             name: "waiting for the old instance to go: nothing new",

@@ -1,7 +1,9 @@
 //! The managed path: what to do next for a Proxy whose instance the
 //! operator creates, watches and replaces.
 
-use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
 
 use super::end::is_latched;
 use super::{delete_pending, replace, GetOutcome};
@@ -27,6 +29,8 @@ pub struct ManagedInput<'a> {
     pub get: Option<&'a GetOutcome>,
     /// The clock.
     pub now: DateTime<Utc>,
+    /// How long a new instance may take to run with an address.
+    pub startup_timeout: Duration,
 }
 
 /// The next step of the managed path.
@@ -102,6 +106,12 @@ pub enum ReplaceCause {
     Stopped(InstanceState),
     /// `spec.recycle` asked for a new instance and the drain is over.
     Recycled,
+    /// The instance was not running with an address this long after its
+    /// create.
+    StartupTimedOut {
+        /// The startup timeout it missed.
+        after: Duration,
+    },
 }
 
 impl ReplaceCause {
@@ -171,18 +181,32 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             delete_or_wait(input, inst.state, ReplaceCause::SpecChanged)
         }
         GetOutcome::Found(inst) => match inst.state {
-            InstanceState::Provisioning => Step::WaitProvisioning,
             InstanceState::Running if !inst.ip.is_empty() => Step::Running {
                 ip: inst.ip.clone(),
                 outdated: false,
             },
-            // A provider that breaks the contract (Running without an IP) is
-            // treated as still provisioning rather than trusted.
-            InstanceState::Running => Step::WaitProvisioning,
+            // Running without an address (a VM whose NIC never came up,
+            // or a provider breaking its contract) is still starting.
+            InstanceState::Provisioning | InstanceState::Running => starting(input, inst.state),
             s @ (InstanceState::Stopped | InstanceState::Terminated) => {
                 delete_or_wait(input, s, ReplaceCause::Stopped(s))
             }
         },
+    }
+}
+
+/// An instance not yet running with an address: wait for it, or replace
+/// it once its startup timeout has passed since its create.
+fn starting(input: &ManagedInput<'_>, state: InstanceState) -> Step {
+    let timeout = TimeDelta::from_std(input.startup_timeout).unwrap_or(TimeDelta::MAX);
+    match input.status.created_at {
+        Some(created) if input.now.signed_duration_since(created) >= timeout => {
+            let why = ReplaceCause::StartupTimedOut {
+                after: input.startup_timeout,
+            };
+            delete_or_wait(input, state, why)
+        }
+        _ => Step::WaitProvisioning,
     }
 }
 

@@ -33,10 +33,68 @@ fn base(name: &'static str, want: Step) -> Case {
 
 #[test]
 fn managed_path_table() {
-    let cases = vec![
+    // Created at `at` (seconds from t(0), the test's now); the startup
+    // timeout is 900 s.
+    let created = |at: i64| ProxyStatus {
+        created_at: Some(t(at)),
+        ..status_with_id()
+    };
+    let timed_out = Step::Delete {
+        why: ReplaceCause::StartupTimedOut {
+            after: std::time::Duration::from_secs(900),
+        },
+    };
+    let cases =
+        vec![
         Case {
             has_finalizer: false,
             ..base("finalizer first, before anything else", Step::AddFinalizer)
+        },
+        Case {
+            status: created(-899),
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            ..base("provisioning within its startup timeout: wait", Step::WaitProvisioning)
+        },
+        Case {
+            status: created(-900),
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            ..base("provisioning at its startup timeout: replace", timed_out.clone())
+        },
+        Case {
+            status: created(-3600),
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, ""))),
+            ..base("running without an address past the timeout: replace", timed_out.clone())
+        },
+        Case {
+            status: created(-3600),
+            get: Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.9"))),
+            ..base(
+                "running with an address: the timeout no longer matters",
+                Step::Running {
+                    ip: "10.0.0.9".into(),
+                    outdated: false,
+                },
+            )
+        },
+        Case {
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            ..base(
+                "no create time recorded (an older operator's): wait, the timeout starts now",
+                Step::WaitProvisioning,
+            )
+        },
+        Case {
+            status: created(-3600),
+            get: Some(GetOutcome::Found(inst(InstanceState::Provisioning, ""))),
+            delete_requested_at: Some(t(-10)),
+            ..base(
+                "timed out, delete just asked: wait for it",
+                Step::WaitForDeletion {
+                    why: ReplaceCause::StartupTimedOut {
+                        after: std::time::Duration::from_secs(900),
+                    },
+                },
+            )
         },
         Case {
             has_finalizer: false,
@@ -254,6 +312,7 @@ fn managed_path_table() {
             spec_hash: c.spec,
             get: c.get.as_ref(),
             now: t(0),
+            startup_timeout: std::time::Duration::from_secs(900),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

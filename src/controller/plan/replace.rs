@@ -57,7 +57,7 @@ pub fn died(step: &Step, status: &ProxyStatus) -> bool {
     let asked = status.delete_requested_at.is_some();
     match step {
         Step::Delete {
-            why: ReplaceCause::Stopped(_),
+            why: ReplaceCause::Stopped(_) | ReplaceCause::StartupTimedOut { .. },
         } => !asked,
         Step::ClearAndCreate => !asked,
         _ => false,

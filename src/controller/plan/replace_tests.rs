@@ -337,6 +337,7 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             spec_hash: Some("h"),
             get: None,
             now: t(c.now),
+            startup_timeout: std::time::Duration::from_secs(900),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

@@ -317,15 +317,31 @@ pub fn mark_replacing(
     if requested {
         status.delete_requested_at = Some(now);
     }
-    let msg = match why {
-        ReplaceCause::SpecChanged => "spec changed: replacing the instance".to_string(),
-        ReplaceCause::Stopped(s) => format!("instance is {}: replacing it", s.as_str()),
-        ReplaceCause::Recycled => "recycled: drained, replacing the instance".to_string(),
+    let (reason, msg) = match why {
+        ReplaceCause::SpecChanged => (
+            REASON_CREATING,
+            "spec changed: replacing the instance".to_string(),
+        ),
+        ReplaceCause::Stopped(s) => (
+            REASON_CREATING,
+            format!("instance is {}: replacing it", s.as_str()),
+        ),
+        ReplaceCause::Recycled => (
+            REASON_CREATING,
+            "recycled: drained, replacing the instance".to_string(),
+        ),
+        ReplaceCause::StartupTimedOut { after } => (
+            REASON_STARTUP_TIMED_OUT,
+            format!(
+                "the instance was not running with an address {} after its create (the startup timeout): replacing it",
+                humantime::format_duration(after)
+            ),
+        ),
     };
     provisioned(
         status,
         ConditionStatus::False,
-        REASON_CREATING,
+        reason,
         &msg,
         now,
         generation,
@@ -351,6 +367,7 @@ pub fn clear_instance(status: &mut ProxyStatus) {
     status.provider_id = None;
     status.ip = None;
     status.port = None;
+    status.created_at = None;
     status.delete_requested_at = None;
 }
 

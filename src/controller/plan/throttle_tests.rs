@@ -15,6 +15,7 @@ fn limits(per_minute: u32, in_flight: u32) -> CreateLimits {
         creates_per_minute: per_minute,
         max_creates_in_flight: in_flight,
         max_instances: None,
+        ..CreateLimits::default()
     }
 }
 
