@@ -20,6 +20,11 @@ pub const SPEC_HASH_ANNOTATION: &str = "crawl.example.com/spec-hash";
 /// Annotation that lets deletion drop the finalizer without cleanup;
 /// honoured only when its value is exactly `"true"`.
 pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+/// Annotation on a Proxy asking for a new instance (a fresh egress IP):
+/// each new value is acted on once, through the provider's budget and a
+/// drain (`status.replaceHandled` holds the last value acted on). The
+/// lease API's `POST /v1/leases/{id}/replace` writes it too.
+pub const REPLACE_ANNOTATION: &str = "crawl.example.com/replace";
 /// Annotation on a ProviderHealth that resets the provider's circuit
 /// breaker (any value); the operator removes it once it has acted.
 pub const RESET_CIRCUIT_BREAKER_ANNOTATION: &str = "crawl.example.com/reset-circuit-breaker";

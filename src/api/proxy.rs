@@ -322,6 +322,10 @@ pub struct ProxyStatus {
     /// waits from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_replaced_at: Option<DateTime<Utc>>,
+    /// The last `crawl.example.com/replace` value acted on: the instance
+    /// was, or is being, replaced for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_handled: Option<String>,
     /// When the Proxy began draining for a recycle (no new leases); unset
     /// when not draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]

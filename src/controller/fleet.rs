@@ -382,6 +382,14 @@ pub fn mark_draining(status: &mut ProxyStatus, now: DateTime<Utc>) {
     );
 }
 
+/// Records that the replace `proxy` asks for (`crawl.example.com/replace`)
+/// is being acted on: its drain started, or its instance goes anyway.
+pub fn handle_replace(proxy: &Proxy, status: &mut ProxyStatus) {
+    if let Some(v) = crate::fleet::replace_pending(proxy) {
+        status.replace_handled = Some(v.to_string());
+    }
+}
+
 /// The instance is gone or stopped but the provider's breaker is open:
 /// it is not replaced until the breaker closes.
 pub fn mark_circuit_open(status: &mut ProxyStatus, now: DateTime<Utc>, generation: Option<i64>) {
@@ -436,27 +444,31 @@ pub fn mark_outdated(
     );
 }
 
-/// How a running pass ends once its recycle step is known (`outdated`: the
-/// instance is older than the spec, whose port is `spec_port`): a drain that
-/// starts is recorded and looked at again soon; a drain in progress comes
-/// back when it can end.
+/// How a running pass of `proxy` ends once its recycle step is known
+/// (`outdated`: the instance is older than the spec): a drain that starts
+/// is recorded (with the replace it answers, if one was asked) and looked
+/// at again soon; a drain in progress comes back when it can end; a Proxy
+/// that waits for the budget (outdated, or a replace asked) asks again
+/// soon.
 pub fn after_running(
     step: RecycleStep,
-    (outdated, spec_port): (bool, Option<i32>),
+    outdated: bool,
+    proxy: &Proxy,
     status: &mut ProxyStatus,
-    end: End,
-    now: DateTime<Utc>,
+    (end, now): (End, DateTime<Utc>),
 ) -> End {
     let soon = |d: Duration| match end {
         End::RequeueAfter(e) => End::RequeueAfter(e.min(d)),
         End::AwaitChange => End::RequeueAfter(d),
     };
-    mark_outdated(status, (outdated, spec_port), now);
+    mark_outdated(status, (outdated, proxy.spec.port), now);
+    let asked = crate::fleet::replace_pending(proxy).is_some();
     match step {
         // Waiting for the budget: ask it again soon.
-        RecycleStep::Serve if outdated => soon(OUTDATED_RETRY),
+        RecycleStep::Serve if outdated || asked => soon(OUTDATED_RETRY),
         RecycleStep::Serve | RecycleStep::Replace(_) => end,
         RecycleStep::StartDrain => {
+            handle_replace(proxy, status);
             mark_draining(status, now);
             soon(Duration::from_secs(5))
         }

@@ -75,12 +75,18 @@ fn after_running_table() {
     ];
     for c in cases {
         let mut status = ProxyStatus::default();
+        let proxy: Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"provider": "gcp", "port": 3128},
+        }))
+        .unwrap();
         let got = after_running(
             c.step,
-            (c.outdated, Some(3128)),
+            c.outdated,
+            &proxy,
             &mut status,
-            End::RequeueAfter(RUNNING_RESYNC),
-            at(10),
+            (End::RequeueAfter(RUNNING_RESYNC), at(10)),
         );
         assert_eq!(got, c.want, "{}", c.name);
         assert_eq!(status.draining_since.is_some(), c.draining, "{}", c.name);

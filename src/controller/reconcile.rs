@@ -279,6 +279,7 @@ async fn managed_path(
                     plan::replace::note(status, now);
                 }
                 ctx.throttle.settle(&provider_name, &uid, false, now);
+                fleet::handle_replace(proxy, status);
                 plan::status::clear_instance(status);
                 fleet::clear_drain(status);
                 get = None;
@@ -296,6 +297,7 @@ async fn managed_path(
                             if plan::replace::unhealthy(status) {
                                 plan::replace::note(status, now);
                             }
+                            fleet::handle_replace(proxy, status);
                             info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
                             Ending::Replacing {
                                 why: ReplaceCause::of_drain(outdated),
@@ -331,10 +333,7 @@ async fn managed_path(
         let end = plan::end(ending, status, now, generation);
         // A running instance's pass ends as the fleet's recycle step says.
         let end = match recycle {
-            Some((rs, outdated)) => {
-                let built = (outdated, proxy.spec.port);
-                fleet::after_running(rs, built, status, end, now)
-            }
+            Some((rs, outdated)) => fleet::after_running(rs, outdated, proxy, status, (end, now)),
             None => end,
         };
         return Ok(action(ctx, end));

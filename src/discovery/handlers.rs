@@ -17,7 +17,8 @@ use super::middleware::BODY_LIMIT;
 use super::model::*;
 use super::state::{ApiState, Client, ANONYMOUS};
 use crate::lease::{
-    AcquireError, AcquireRequest, Admission, Lease, Outcome, ProxyKey, Refusal, TtlError,
+    AcquireError, AcquireRequest, Admission, Candidates, Lease, Outcome, ProxyKey, Refusal,
+    TtlError,
 };
 
 /// Longest `stickyKey` and `site`.
@@ -111,7 +112,7 @@ fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
 
 /// Takes in a lease another leader granted when its id is presented here
 /// first (docs/api.md, "Failover"); counts what happened.
-fn admit(s: &ApiState, id: &str) {
+pub(super) fn readmit(s: &ApiState, id: &str) {
     let listing = s.listing();
     let eligible = |k: &ProxyKey| listing.get(k).is_some();
     match s.leases.admit(id, eligible) {
@@ -138,7 +139,7 @@ fn caller(client: Option<Extension<Client>>) -> std::sync::Arc<str> {
 /// The live lease `id` when `caller` holds it. Another client's lease is
 /// as unknown to the caller as one that never was: an id seen in passing
 /// (a log, a proxy's access log) is no hold on the lease.
-fn own_lease(s: &ApiState, id: &str, caller: &str) -> ApiResult<Lease> {
+pub(super) fn own_lease(s: &ApiState, id: &str, caller: &str) -> ApiResult<Lease> {
     s.leases
         .get(id)
         .filter(|l| &*l.client == caller)
@@ -204,24 +205,13 @@ pub(super) async fn acquire(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     // Only a forwarded call (its signature checked) carries these.
-    let deadline = forwarded.map(|Extension(d)| d.0);
+    let deadline = forwarded.as_ref().map(|Extension(d)| d.0);
     let request_key = deadline
         .and(headers.get(REQUEST_KEY_HEADER))
         .and_then(|v| v.to_str().ok());
-    let b: AcquireBody = parse_body(body, true)?;
-    check_len("stickyKey", &b.sticky_key)?;
-    check_len("site", &b.site)?;
-    let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
-    let filter = Filter::new(b.filters)
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", m))?;
+    let (req, filter) = lease_terms(&s, body, client)?;
     let listing = s.listing();
     let members = listing.members(&filter);
-    let req = AcquireRequest {
-        ttl,
-        sticky_key: b.sticky_key,
-        site: b.site,
-        client: caller(client),
-    };
     let client_name = req.client.clone();
     if let Some(lease) = request_key.and_then(|k| granted_before(&s, &client_name, k)) {
         return created(&s, &listing, lease);
@@ -238,32 +228,77 @@ pub(super) async fn acquire(
     }
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
-            if !confirmed(&s, deadline).await {
-                // Never answered: a lease nobody holds would only keep its
-                // slot (a follower's copy may hold it, which is safe).
-                s.leases.release(&lease.id);
-                s.metrics.lease_event("refused", 1);
-                return Err(unconfirmed("the replicas in sync did not confirm the grant in time; nothing was granted, ask again"));
-            }
-            s.metrics.lease_event("granted", 1);
             if let Some(k) = request_key {
                 let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
                 r.put(client_name, k, lease.id.clone(), std::time::Instant::now());
             }
-            created(&s, &listing, lease)
+            granted(&s, &listing, lease, forwarded).await
         }
-        Err(e) => {
-            s.metrics.lease_event("refused", 1);
-            let (status, code) = match e {
-                AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
-                AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
-                AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
-                AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
-            };
-            let wait = s.leases.retry_after_among(&members, &client_name, &e);
-            Err(ApiError::new(status, code, e.to_string()).retry_after(wait))
-        }
+        Err(e) => Err(refused(&s, &members, &client_name, e)),
     }
+}
+
+/// The terms of a new lease from an acquire body (an empty one is `{}`),
+/// for the caller.
+pub(super) fn lease_terms(
+    s: &ApiState,
+    body: Result<Bytes, BytesRejection>,
+    client: Option<Extension<Client>>,
+) -> ApiResult<(AcquireRequest, Filter)> {
+    let b: AcquireBody = parse_body(body, true)?;
+    check_len("stickyKey", &b.sticky_key)?;
+    check_len("site", &b.site)?;
+    let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
+    let filter = Filter::new(b.filters)
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", m))?;
+    let req = AcquireRequest {
+        ttl,
+        sticky_key: b.sticky_key,
+        site: b.site,
+        client: caller(client),
+    };
+    Ok((req, filter))
+}
+
+/// Who asks, as a note may name it.
+pub(super) fn requester(req: &AcquireRequest) -> String {
+    req.client.to_string()
+}
+
+/// Answers a grant once the replicas in sync hold it (`201`), or undoes
+/// it (`503`): a lease nobody was told of would only keep its slot (a
+/// follower's copy may hold it, which is safe).
+pub(super) async fn granted(
+    s: &ApiState,
+    listing: &super::state::Listing,
+    lease: Lease,
+    forwarded: Option<Extension<Deadline>>,
+) -> ApiResult<Response> {
+    if !confirmed(s, forwarded.map(|Extension(d)| d.0)).await {
+        s.leases.release(&lease.id);
+        s.metrics.lease_event("refused", 1);
+        return Err(unconfirmed("the replicas in sync did not confirm the grant in time; nothing was granted, ask again"));
+    }
+    s.metrics.lease_event("granted", 1);
+    created(s, listing, lease)
+}
+
+/// The answer to an acquire the store refused, with when to ask again.
+pub(super) fn refused(
+    s: &ApiState,
+    members: &dyn Candidates,
+    client: &str,
+    e: AcquireError,
+) -> ApiError {
+    s.metrics.lease_event("refused", 1);
+    let (status, code) = match e {
+        AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
+        AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
+        AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
+        AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
+    };
+    let wait = s.leases.retry_after_among(members, client, &e);
+    ApiError::new(status, code, e.to_string()).retry_after(wait)
 }
 
 /// The live lease `client` was granted under request key `key`, when
@@ -325,7 +360,7 @@ pub(super) async fn get_lease(
     client: Option<Extension<Client>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<LeaseResponse>> {
-    admit(&s, &id);
+    readmit(&s, &id);
     let lease = own_lease(&s, &id, &caller(client))?;
     let item = s
         .item_for(&lease)
@@ -350,7 +385,7 @@ pub(super) async fn renew(
 ) -> ApiResult<Json<LeaseResponse>> {
     let b: RenewBody = parse_body(body, true)?;
     let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
-    admit(&s, &id);
+    readmit(&s, &id);
     let lease = own_lease(&s, &id, &caller(client))?;
     let item = s
         .item_for(&lease)
@@ -377,7 +412,7 @@ pub(super) async fn release(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     // A lease another leader granted is taken in first, so it can end.
-    admit(&s, &id);
+    readmit(&s, &id);
     own_lease(&s, &id, &caller(client))?;
     if !s.leases.release(&id) {
         return Err(unknown_lease());
@@ -415,7 +450,7 @@ pub(super) async fn report(
             ))
         }
     };
-    admit(&s, &id);
+    readmit(&s, &id);
     own_lease(&s, &id, &caller(client))?;
     s.leases
         .report(&id, outcome, b.site.as_deref())

@@ -250,7 +250,11 @@ pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
         return None;
     }
     let st = p.status.as_ref()?;
-    if st.phase != Some(ProxyPhase::Ready) || st.draining_since.is_some() {
+    // Draining, or about to (a replace was asked): no new leases.
+    if st.phase != Some(ProxyPhase::Ready)
+        || st.draining_since.is_some()
+        || crate::fleet::replace_pending(p).is_some()
+    {
         return None;
     }
     let healthy = st

@@ -47,6 +47,7 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
                 .route("/v1/leases/{id}", get(get_lease).delete(release))
                 .route("/v1/leases/{id}/renew", post(renew))
                 .route("/v1/leases/{id}/report", post(report))
+                .route("/v1/leases/{id}/replace", post(super::replace::replace))
                 .route_layer(middleware::from_fn_with_state(state.clone(), forward)),
         )
         .fallback(not_found)

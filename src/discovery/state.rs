@@ -76,6 +76,11 @@ pub struct ApiState {
     pub(super) peers: crate::server::Trusted,
     /// The followers grants wait for (`replicas.rs`).
     pub(super) replicas: Arc<super::replicas::Replicas>,
+    /// Who replaces a proxy a crawler asks to (`replace.rs`); none: the
+    /// API replaces nothing.
+    pub(super) replacer: Option<Arc<dyn super::replace::Replacer>>,
+    /// Each client's recent replaces.
+    pub(super) replace_limits: Arc<Mutex<super::replace::ReplaceLimits>>,
 }
 
 impl ApiState {
@@ -120,7 +125,15 @@ impl ApiState {
             replays: Arc::default(),
             peers: crate::server::Trusted::default(),
             replicas: Arc::new(super::replicas::Replicas::new(l2, "local")),
+            replacer: None,
+            replace_limits: Arc::default(),
         }
+    }
+
+    /// Replaces the proxies crawlers ask to through `replacer`.
+    pub fn with_replacer(mut self, replacer: Arc<dyn super::replace::Replacer>) -> Self {
+        self.replacer = Some(replacer);
+        self
     }
 
     /// Serves lease calls only while `forwarder` says this replica leads,

@@ -168,7 +168,7 @@ pub fn admit_fair(
         // serves nothing (its new spec may be the fix) like an unhealthy one.
         let leaves_pool = match c.reason {
             RecycleReason::Unhealthy => false,
-            RecycleReason::SpecChanged => c.serving,
+            RecycleReason::SpecChanged | RecycleReason::Requested => c.serving,
             RecycleReason::MaxAge => true,
         };
         let fits = recycling < allowance && (!leaves_pool || unavailable < allowance);

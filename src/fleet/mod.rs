@@ -26,8 +26,8 @@ pub use drain::{
     leases_end, next_drain_step, unseen_leases_end, DrainDone, DrainInput, DrainStep, DRAIN_NOTICE,
 };
 pub use recycle::{
-    parse_duration, wants_recycle, DurationError, RecycleInput, RecyclePolicy, RecycleReason,
-    DEFAULT_DRAIN_TIMEOUT, MIN_STARTUP_TIMEOUT, MIN_UNHEALTHY_FOR,
+    parse_duration, replace_pending, wants_recycle, DurationError, RecycleInput, RecyclePolicy,
+    RecycleReason, DEFAULT_DRAIN_TIMEOUT, MIN_STARTUP_TIMEOUT, MIN_UNHEALTHY_FOR,
 };
 pub mod view;
 

@@ -30,6 +30,9 @@ pub const MIN_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum RecycleReason {
     /// It stayed unhealthy for `unhealthyFor`.
     Unhealthy,
+    /// A crawler (the lease API) or a user (`crawl.example.com/replace`)
+    /// asked for a new instance.
+    Requested,
     /// Its instance runs with an older spec or cloud-init.
     SpecChanged,
     /// Its instance is older than `maxAge`.
@@ -41,6 +44,7 @@ impl RecycleReason {
     pub fn as_str(self) -> &'static str {
         match self {
             RecycleReason::Unhealthy => "RecycleUnhealthy",
+            RecycleReason::Requested => "RecycleRequested",
             RecycleReason::SpecChanged => "RecycleSpecChanged",
             RecycleReason::MaxAge => "RecycleMaxAge",
         }
@@ -130,6 +134,18 @@ fn at_least(since: Option<DateTime<Utc>>, now: DateTime<Utc>, d: Option<Duration
             .is_ok_and(|elapsed| elapsed >= d),
         _ => false,
     }
+}
+
+/// The value of `crawl.example.com/replace` on `p` when it asks for a
+/// replacement not acted on yet (not the one in `status.replaceHandled`).
+pub fn replace_pending(p: &crate::api::Proxy) -> Option<&str> {
+    let asked = p
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(crate::api::constants::REPLACE_ANNOTATION)?;
+    let handled = p.status.as_ref().and_then(|s| s.replace_handled.as_deref());
+    (!asked.trim().is_empty() && handled != Some(asked.as_str())).then_some(asked.as_str())
 }
 
 /// Whether the Proxy wants recycling, and why. Unhealthy wins over age:

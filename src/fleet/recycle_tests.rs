@@ -215,3 +215,36 @@ fn policy_of_spec_table() {
         assert_eq!(got, c.want.map_err(String::from), "{}", c.name);
     }
 }
+
+#[test]
+fn replace_pending_table() {
+    let proxy = |asked: Option<&str>, handled: Option<&str>| -> crate::api::Proxy {
+        let mut p: crate::api::Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"provider": "gcp", "port": 3128},
+            "status": {"replaceHandled": handled},
+        }))
+        .unwrap();
+        if let Some(v) = asked {
+            p.metadata.annotations = Some(
+                [(
+                    crate::api::constants::REPLACE_ANNOTATION.to_string(),
+                    v.to_string(),
+                )]
+                .into(),
+            );
+        }
+        p
+    };
+    let cases = [
+        (None, None, None, "no annotation"),
+        (Some("1"), None, Some("1"), "a first value"),
+        (Some("1"), Some("1"), None, "acted on already"),
+        (Some("2"), Some("1"), Some("2"), "a new value asks again"),
+        (Some(" "), None, None, "blank asks nothing"),
+    ];
+    for (asked, handled, want, name) in cases {
+        assert_eq!(replace_pending(&proxy(asked, handled)), want, "{name}");
+    }
+}

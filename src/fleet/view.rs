@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 
 use super::{
-    admit_fair, next_drain_step, wants_recycle, Breaker, BreakerPolicy, Candidate, DrainDone,
-    DrainInput, DrainStep, FleetCounts, MaxUnavailable, Member, RecycleInput, RecyclePolicy,
-    RecycleReason, Transition,
+    admit_fair, next_drain_step, replace_pending, wants_recycle, Breaker, BreakerPolicy, Candidate,
+    DrainDone, DrainInput, DrainStep, FleetCounts, MaxUnavailable, Member, RecycleInput,
+    RecyclePolicy, RecycleReason, Transition,
 };
 use crate::api::condition::find;
 use crate::api::proxy::conditions::{HEALTHY, PROVISIONED, UP_TO_DATE};
@@ -65,10 +65,8 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
     // The reconcile marks a running instance whose spec changed; unhealthy
     // still goes first.
     let outdated = since(p, UP_TO_DATE, ConditionStatus::False).map(|_| RecycleReason::SpecChanged);
-    let wants = match (wants, outdated) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let requested = replace_pending(p).map(|_| RecycleReason::Requested);
+    let wants = [wants, outdated, requested].into_iter().flatten().min();
     Some(Summary {
         key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
         provider: p.spec.provider.clone().unwrap_or_default(),

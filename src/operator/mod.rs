@@ -12,12 +12,12 @@ mod horizon;
 pub mod lease_key;
 pub mod metrics;
 pub mod reload;
+mod replace;
 pub mod runnables;
 pub mod settings;
 mod term;
 mod tokens;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +74,8 @@ pub struct Operator {
     events: Events,
     /// The discovery API's lease table, once it serves: drains read it.
     lease_store: std::sync::OnceLock<Arc<crate::lease::LeaseStore>>,
+    /// Replaces the proxies crawlers ask to, through each term's fleet.
+    replacer: Arc<replace::ProxyReplacer>,
 }
 
 impl Operator {
@@ -105,6 +107,7 @@ impl Operator {
         Ok(Operator {
             settings,
             events: Events::new(client.clone()),
+            replacer: Arc::new(replace::ProxyReplacer::new(client.clone())),
             client,
             providers,
             deps,
@@ -182,7 +185,7 @@ impl Operator {
                 addr,
                 s,
                 (&self.client, proxy_cache.clone(), key.clone()),
-                &self.metrics,
+                (&self.metrics, self.replacer.clone()),
                 seen,
                 stop.clone().cancelled_owned(),
             );
@@ -255,7 +258,10 @@ impl Operator {
         // Runnables finish their in-flight work on the stop signal; one
         // that is stuck (e.g. a watch retrying an unreachable API server)
         // is abandoned after a grace period so a stop always ends the run.
-        let (res, ()) = tokio::join!(leading, drain(&mut tasks, stop.cancelled(), SHUTDOWN_GRACE));
+        let (res, ()) = tokio::join!(
+            leading,
+            runnables::drain(&mut tasks, stop.cancelled(), SHUTDOWN_GRACE)
+        );
         res
     }
 
@@ -439,19 +445,6 @@ impl Operator {
                 warn!(error = %plain_message(&e), "Could not release the leader lease; it expires by itself")
             }
             Err(_) => warn!("Releasing the leader lease timed out; it expires by itself"),
-        }
-    }
-}
-
-/// Waits for every task in `tasks`; once `until` has resolved, gives them
-/// `grace` more, then aborts the rest.
-async fn drain(tasks: &mut JoinSet<()>, until: impl Future<Output = ()>, grace: Duration) {
-    tokio::select! {
-        _ = async { while tasks.join_next().await.is_some() {} } => {}
-        _ = async { until.await; tokio::time::sleep(grace).await } => {
-            warn!(grace = ?grace, "Runnables did not stop in time; abandoning them");
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
         }
     }
 }

@@ -95,7 +95,7 @@ pub fn spawn_discovery(
     addr: SocketAddr,
     settings: &Settings,
     (client, cache, key): (&kube::Client, Store<Proxy>, LeaseKey),
-    metrics: &Metrics,
+    (metrics, replacer): (&Metrics, Arc<dyn discovery::Replacer>),
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> (Arc<LeaseStore>, Arc<Replicas>, CancellationToken) {
@@ -126,7 +126,8 @@ pub fn spawn_discovery(
             .with_token_set(tokens.clone())
             .with_external_namespaces(settings.health.defaults.external.clone())
             .with_forwarder(forwarder)
-            .with_replicas(replicas.clone());
+            .with_replicas(replicas.clone())
+            .with_replacer(replacer);
     let stop = futures::FutureExt::shared(Box::pin(stop));
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
@@ -270,6 +271,23 @@ pub fn spawn_provider_health(
             providerhealth::writer::run(writer, rounds, writer_stop)
         );
     });
+}
+
+/// Waits for every task in `tasks`; once `until` has resolved, gives them
+/// `grace` more, then aborts the rest.
+pub(super) async fn drain(
+    tasks: &mut JoinSet<()>,
+    until: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = async { until.await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(grace = ?grace, "Runnables did not stop in time; abandoning them");
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::reload::ProviderSet;
-use super::{drain, runnables, Operator, SHUTDOWN_GRACE};
+use super::runnables::drain;
+use super::{runnables, Operator, SHUTDOWN_GRACE};
 use crate::api::Proxy;
 use crate::controller::{self, Context, HealthSource};
 use crate::gc::{self, Gc};
@@ -133,6 +134,7 @@ impl Operator {
                     .collect(),
             ),
         );
+        self.replacer.set_fleet(fleet.clone());
         let fresh = fleet.clone().keep_fresh(stop.clone().cancelled_owned());
         tasks.spawn(fresh);
         let states = fleet.clone();

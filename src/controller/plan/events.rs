@@ -8,6 +8,7 @@
 use super::delete::ReleaseReason;
 use super::status::CREATING_MESSAGE;
 use crate::api::condition::{self, Condition, ConditionStatus};
+use crate::api::constants::REPLACE_ANNOTATION;
 use crate::api::proxy::conditions::*;
 use crate::api::{ProxyPhase, ProxyStatus};
 use crate::events::{Note, Severity};
@@ -36,6 +37,9 @@ pub const DELETED: &str = "Deleted";
 pub const CLEANUP_SKIPPED: &str = "CleanupSkipped";
 /// The instance was not running by its startup timeout: replaced.
 pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";
+/// A new instance was asked for (`crawl.example.com/replace`, or a
+/// crawler through the lease API): the note names the request.
+pub const REPLACE_REQUESTED: &str = "ReplaceRequested";
 /// A deleted Proxy's instance cannot be deleted: the note says why.
 pub const CLEANUP_FAILED: &str = "CleanupFailed";
 
@@ -67,6 +71,18 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
     notes.extend(vanished_note(was, before, after));
     if let Some(c) = now.filter(|_| !same(was, now)) {
         notes.extend(provisioned_note(c, after));
+    }
+    if let Some(v) = after
+        .replace_handled
+        .as_deref()
+        .filter(|v| before.replace_handled.as_deref() != Some(*v))
+    {
+        notes.push(note(
+            Severity::Normal,
+            REPLACE_REQUESTED,
+            "Replace",
+            format!("a new instance was asked for ({REPLACE_ANNOTATION}={v}): draining the proxy and replacing its instance"),
+        ));
     }
     let deleting = condition::find(&after.conditions, DELETING);
     if let Some(c) =
