@@ -193,9 +193,14 @@ fn the_comparison_sees_a_changed_field_and_ignores_helms_labels() {
 /// config/default plus config/prometheus with config/default's namespace
 /// and prefix: what the chart renders with the Prometheus objects on.
 fn kustomize_with_prometheus() -> Vec<Value> {
+    // Inside the checkout (kustomize takes only relative paths), under
+    // target/, which a clean clone whose cargo target lives elsewhere
+    // does not have.
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
     let dir = tempfile::Builder::new()
         .prefix("helm-drift")
-        .tempdir_in(repo().join("target"))
+        .tempdir_in(&scratch)
         .unwrap();
     let rel = |p: &str| {
         let depth = dir

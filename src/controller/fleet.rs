@@ -1,8 +1,9 @@
 //! The controller's side of fleet policy ([`crate::fleet`]): the shared
-//! fleet view (refreshed from the Proxy cache at most once a second), the
-//! breaker gate before a replace, and the recycle of a running Proxy
-//! (drain, then replace). Decisions are the fleet module's; this file
-//! only gathers their inputs and writes what they say into the status.
+//! fleet view (refreshed from the Proxy cache at most once a second) the
+//! plan's gates ask, the breaker before a dead instance is replaced and
+//! the recycle step of a running Proxy. Decisions are the fleet module's,
+//! and what they mean for a Proxy's status is the plan's
+//! (`plan::recycle`); this file only gathers their inputs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -14,12 +15,7 @@ use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use tokio::sync::watch;
 
-use super::plan::{End, RUNNING_RESYNC};
-use crate::api::condition::{self, Condition};
-use crate::api::proxy::conditions::{
-    PROVISIONED, REASON_CIRCUIT_OPEN, REASON_DRAINING, REASON_SPEC_CHANGED, RECYCLING, UP_TO_DATE,
-};
-use crate::api::{ConditionStatus, Proxy, ProxyPhase, ProxyStatus};
+use crate::api::{Proxy, ProxyStatus};
 use crate::fleet::breaker::Report;
 use crate::fleet::cap;
 use crate::fleet::{
@@ -33,10 +29,6 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How long a drain started here counts as draining before the cache
 /// shows it (so two passes never both take the last budget slot).
 const PENDING_FOR: Duration = Duration::from_secs(60);
-/// When a Proxy held by the open breaker looks again.
-pub const CIRCUIT_RETRY: Duration = Duration::from_secs(30);
-/// When a Proxy whose spec changed asks the budget again.
-const OUTDATED_RETRY: Duration = Duration::from_secs(3);
 /// Transitions kept for the ProviderHealth writer at most; without a
 /// writer (provider checks off) nobody takes them, and the oldest go.
 const KEEP_TRANSITIONS: usize = 64;
@@ -366,123 +358,3 @@ fn log_transition(provider: &str, t: Transition) {
         Transition::Reset => tracing::info!(provider, "Circuit breaker reset by an operator"),
     }
 }
-
-/// Records that the drain began at `now`: no new leases from here on.
-pub fn mark_draining(status: &mut ProxyStatus, now: DateTime<Utc>) {
-    status.draining_since.get_or_insert(now);
-    condition::set(
-        &mut status.conditions,
-        Condition::new(
-            RECYCLING,
-            ConditionStatus::True,
-            REASON_DRAINING,
-            "recycling: draining, no new leases; held leases run to their expiry or the drain timeout, then the instance is replaced",
-            now,
-        ),
-    );
-}
-
-/// Records that the replace `proxy` asks for (`crawl.example.com/replace`)
-/// is being acted on: its drain started, or its instance goes anyway.
-pub fn handle_replace(proxy: &Proxy, status: &mut ProxyStatus) {
-    if let Some(v) = crate::fleet::replace_pending(proxy) {
-        status.replace_handled = Some(v.to_string());
-    }
-}
-
-/// The instance is gone or stopped but the provider's breaker is open:
-/// it is not replaced until the breaker closes.
-pub fn mark_circuit_open(status: &mut ProxyStatus, now: DateTime<Utc>, generation: Option<i64>) {
-    status.phase = Some(ProxyPhase::Provisioning);
-    condition::set(
-        &mut status.conditions,
-        Condition::new(
-            PROVISIONED,
-            ConditionStatus::False,
-            REASON_CIRCUIT_OPEN,
-            "the provider's circuit breaker is open (too many of its proxies failed at once): not replacing the instance until it closes",
-            now,
-        )
-        .at_generation(generation),
-    );
-}
-
-/// The recycle is over (the old instance is gone): forget the drain, and
-/// that the instance was older than the spec.
-pub fn clear_drain(status: &mut ProxyStatus) {
-    status.draining_since = None;
-    condition::remove(&mut status.conditions, RECYCLING);
-    condition::remove(&mut status.conditions, UP_TO_DATE);
-}
-
-/// Records whether the running instance is older than the spec (whose
-/// port is `spec_port`): the fleet view reads it (`fleet::summarize`) to
-/// roll the change through the provider's budget. An up-to-date instance
-/// of an older version, which did not record its port, serves on the
-/// spec's.
-pub fn mark_outdated(
-    status: &mut ProxyStatus,
-    (outdated, spec_port): (bool, Option<i32>),
-    now: DateTime<Utc>,
-) {
-    if !outdated {
-        condition::remove(&mut status.conditions, UP_TO_DATE);
-        if status.port.is_none() {
-            status.port = spec_port;
-        }
-        return;
-    }
-    condition::set(
-        &mut status.conditions,
-        Condition::new(
-            UP_TO_DATE,
-            ConditionStatus::False,
-            REASON_SPEC_CHANGED,
-            "the spec or cloud-init changed: the instance keeps serving until the provider's budget (maxUnavailable) lets it be drained and replaced",
-            now,
-        ),
-    );
-}
-
-/// How a running pass of `proxy` ends once its recycle step is known
-/// (`outdated`: the instance is older than the spec): a drain that starts
-/// is recorded (with the replace it answers, if one was asked) and looked
-/// at again soon; a drain in progress comes back when it can end; a Proxy
-/// that waits for the budget (outdated, or a replace asked) asks again
-/// soon.
-pub fn after_running(
-    step: RecycleStep,
-    outdated: bool,
-    proxy: &Proxy,
-    status: &mut ProxyStatus,
-    (end, now): (End, DateTime<Utc>),
-) -> End {
-    let soon = |d: Duration| match end {
-        End::RequeueAfter(e) => End::RequeueAfter(e.min(d)),
-        End::AwaitChange => End::RequeueAfter(d),
-    };
-    mark_outdated(status, (outdated, proxy.spec.port), now);
-    let asked = crate::fleet::replace_pending(proxy).is_some();
-    match step {
-        // Waiting for the budget: ask it again soon.
-        RecycleStep::Serve if outdated || asked => soon(OUTDATED_RETRY),
-        RecycleStep::Serve | RecycleStep::Replace(_) => end,
-        RecycleStep::StartDrain => {
-            handle_replace(proxy, status);
-            mark_draining(status, now);
-            soon(Duration::from_secs(5))
-        }
-        RecycleStep::Drain { until } => {
-            let d = until
-                .signed_duration_since(now)
-                .to_std()
-                .unwrap_or_default();
-            soon(d.clamp(Duration::from_secs(1), RUNNING_RESYNC))
-        }
-        RecycleStep::HoldCircuitOpen => soon(CIRCUIT_RETRY),
-    }
-}
-
-#[cfg(test)]
-#[path = "fleet_tests.rs"]
-mod tests;

@@ -12,7 +12,7 @@ use tracing::{info, instrument, warn};
 
 use super::context::Context;
 use super::error::Error;
-use super::plan::{self, End, Ending, GetOutcome, ManagedInput, Path, ReplaceCause, Step};
+use super::plan::{self, Ending, GetOutcome, ManagedInput, Path, Step};
 mod delete;
 mod endings;
 mod events;
@@ -20,11 +20,11 @@ mod look;
 mod writes;
 
 use super::throttle::{admit_or_hold, hold, Held};
-use super::{cloud_init, fleet, status_patch};
+use super::{cloud_init, status_patch};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{Proxy, ProxyStatus};
 use crate::crashpoint;
-use crate::fleet::{RecyclePolicy, RecycleStep};
+use crate::fleet::{replace_pending, RecyclePolicy};
 use crate::provider::error::plain_message;
 use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
@@ -146,9 +146,9 @@ async fn managed_path(
         .and_then(|p| p.startup_timeout)
         .unwrap_or(ctx.throttle.limits(&provider_name).startup_timeout);
 
+    let mut gates = plan::Gates::default();
     for _ in 0..MANAGED_STEPS {
         let now = ctx.clock.now();
-        let mut recycle = None;
         let step = plan::next_managed_step(&ManagedInput {
             generation,
             has_finalizer,
@@ -159,6 +159,7 @@ async fn managed_path(
             get: get.as_ref(),
             now,
             startup_timeout,
+            gates,
         });
         // The plan only asks for provider calls once the provider is known.
         let p = || {
@@ -243,17 +244,31 @@ async fn managed_path(
                 get = Some(look::look(p()?.as_ref(), &id, status).await);
                 continue;
             }
-            Step::Delete {
-                why: ReplaceCause::Stopped(_) | ReplaceCause::StartupTimedOut { .. },
+            Step::AskReplace => {
+                gates.replace = Some(ctx.fleet.admit_replace(&provider_name, &key(proxy), now));
+                continue;
             }
-            | Step::ClearAndCreate
-                if recorded == hash
-                    && !ctx.fleet.admit_replace(&provider_name, &key(proxy), now) =>
-            {
-                fleet::mark_circuit_open(status, now, generation);
-                plan::status::health_unknown(status, now);
-                return Ok(action(ctx, End::RequeueAfter(fleet::CIRCUIT_RETRY)));
+            Step::CircuitOpen => Ending::CircuitOpen,
+            Step::AskRecycle => {
+                gates.recycle = Some(ctx.fleet.step(proxy, status, now));
+                continue;
             }
+            Step::DeleteDrained { why } => match p()?.delete(&id).await {
+                Ok(()) => {
+                    // Replaced for failing its probe: the next create
+                    // backs off as after a death.
+                    if plan::replace::unhealthy(status) {
+                        plan::replace::note(status, now);
+                    }
+                    plan::recycle::handle_replace(replace_pending(proxy), status);
+                    info!(providerID = %id, reason = ?why, "Recycling: replacing the drained instance");
+                    Ending::Replacing {
+                        why,
+                        requested: true,
+                    }
+                }
+                Err(e) => return fail(ctx, proxy, e, status, now),
+            },
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
                     if died {
@@ -279,45 +294,26 @@ async fn managed_path(
                     plan::replace::note(status, now);
                 }
                 ctx.throttle.settle(&provider_name, &uid, false, now);
-                fleet::handle_replace(proxy, status);
+                plan::recycle::handle_replace(replace_pending(proxy), status);
                 plan::status::clear_instance(status);
-                fleet::clear_drain(status);
+                plan::recycle::clear_drain(status);
                 get = None;
                 continue;
             }
             Step::WaitProvisioning => Ending::Provisioning,
-            Step::Running { ip, outdated } => match ctx.fleet.step(proxy, status, now) {
-                RecycleStep::Replace(done)
-                    if !plan::recently_requested(status.delete_requested_at, now) =>
-                {
-                    match p()?.delete(&id).await {
-                        Ok(()) => {
-                            // Replaced for failing its probe: the next
-                            // create backs off as after a death.
-                            if plan::replace::unhealthy(status) {
-                                plan::replace::note(status, now);
-                            }
-                            fleet::handle_replace(proxy, status);
-                            info!(providerID = %id, drain = ?done, "Recycling: replacing the drained instance");
-                            Ending::Replacing {
-                                why: ReplaceCause::of_drain(outdated),
-                                requested: true,
-                            }
-                        }
-                        Err(e) => return fail(ctx, proxy, e, status, now),
-                    }
-                }
-                RecycleStep::Replace(_) => Ending::Replacing {
-                    why: ReplaceCause::of_drain(outdated),
-                    requested: false,
-                },
-                rs => {
-                    recycle = Some((rs, outdated));
-                    Ending::Running {
-                        health: health_of(ctx, proxy, Some(&ip)),
-                        ip,
-                    }
-                }
+            Step::Running {
+                ip,
+                outdated,
+                recycle,
+            } => Ending::Running {
+                health: health_of(ctx, proxy, Some(&ip)),
+                ip,
+                recycle: Some(plan::recycle::Recycle {
+                    step: recycle,
+                    outdated,
+                    spec_port: proxy.spec.port,
+                    asked: replace_pending(proxy).map(str::to_string),
+                }),
             },
             Step::Failed { class, message } => {
                 let err = get_error(class, &provider_name, &id, message);
@@ -330,13 +326,7 @@ async fn managed_path(
         };
         let provisioning = matches!(ending, Ending::Created { .. } | Ending::Provisioning);
         ctx.throttle.settle(&provider_name, &uid, provisioning, now);
-        let end = plan::end(ending, status, now, generation);
-        // A running instance's pass ends as the fleet's recycle step says.
-        let end = match recycle {
-            Some((rs, outdated)) => fleet::after_running(rs, outdated, proxy, status, (end, now)),
-            None => end,
-        };
-        return Ok(action(ctx, end));
+        return Ok(action(ctx, plan::end(ending, status, now, generation)));
     }
     finish(ctx, Ending::StepLimit, status, ctx.clock.now(), generation)
 }

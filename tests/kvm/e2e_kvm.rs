@@ -88,3 +88,93 @@ async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
         "overlay and seed must be gone: {volumes:?}"
     );
 }
+
+/// A reload that drops the host a Proxy's domain runs on: deleting the
+/// Proxy then keeps its finalizer and shows `Deleting=False/CleanupFailed`
+/// naming the host (the domain may still run there, so the operator never
+/// calls it gone), and the domain is left alone; once the host is back in
+/// the config the deletion completes and the domain is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm_proxy_whose_host_left_the_config_keeps_its_finalizer() {
+    let env = Env::start("hostleft");
+    let (url, _) = env.serve_qcow2("base.qcow2", "64M");
+    let with_h1 = env.providers_yaml("kvm-test", "h1", "test-image", &url);
+    let without_h1 = env.providers_yaml("kvm-test", "h2", "test-image", &url);
+    let ground = support::ground_without_pods("kvm-hostleft").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ground.operator(dir.path(), &with_h1);
+    cmd.args(["--providers-config-reload-interval", "1s"]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let rewrite = |text: &str| {
+        let tmp = dir.path().join("providers.yaml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.path().join("providers.yaml")).unwrap();
+    };
+    let reloads = || {
+        std::fs::read_to_string(dir.path().join("operator.log"))
+            .unwrap_or_default()
+            .matches("providers config reloaded")
+            .count()
+    };
+
+    let proxies: Api<Proxy> = ground.proxies();
+    let proxy = support::proxy(
+        "k1",
+        json!({
+            "provider": "kvm-test", "port": 3128,
+            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
+            "cloudInit": {"inline": "#cloud-config\n"},
+        }),
+    );
+    let created = proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    let domain = name_from_uid(&created.metadata.uid.clone().unwrap());
+    env.track(&domain);
+    eventually("the domain defined", Duration::from_secs(180), || async {
+        env.domain_exists(&domain).then_some(())
+    })
+    .await;
+
+    rewrite(&without_h1);
+    eventually("the reload without h1", Duration::from_secs(30), || async {
+        (reloads() >= 1).then_some(())
+    })
+    .await;
+    proxies
+        .delete("k1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = eventually("CleanupFailed", Duration::from_secs(60), || async {
+        let p = proxies.get("k1").await.ok()?;
+        let c = support::condition(&p, "Deleting")?;
+        (c.reason == "CleanupFailed").then(|| c.message.clone())
+    })
+    .await;
+    println!("{message}");
+    assert!(
+        message.contains("\"h1\" is no longer in kvm.hosts"),
+        "{message}"
+    );
+    let described = ground.kubectl(&["describe", "px", "k1"]);
+    assert!(described.contains("CleanupFailed"), "{described}");
+    assert!(env.domain_exists(&domain), "the domain is left alone");
+    assert!(
+        proxies
+            .get("k1")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers
+            .is_some(),
+        "the finalizer is kept"
+    );
+
+    rewrite(&with_h1);
+    eventually("the Proxy released", Duration::from_secs(120), || async {
+        proxies.get_opt("k1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(!env.domain_exists(&domain), "the domain must be gone");
+}

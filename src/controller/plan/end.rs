@@ -104,7 +104,12 @@ pub enum Ending<'a> {
         ip: String,
         /// What the health engine says.
         health: Health,
+        /// What its recycle does now (`None`: not asked, as in tests of
+        /// the running state alone).
+        recycle: Option<super::recycle::Recycle>,
     },
+    /// The instance is dead but the provider's circuit breaker is open.
+    CircuitOpen,
     /// An External Proxy with this endpoint host (`None`: no endpoint).
     External {
         /// `spec.endpoint.host`.
@@ -177,10 +182,23 @@ pub fn end(
             status::health_unknown(status, now);
             End::RequeueAfter(PROVISIONING_POLL)
         }
-        Ending::Running { ip, health } => {
+        Ending::Running {
+            ip,
+            health,
+            recycle,
+        } => {
             status::mark_running(status, &ip, &health, now, generation);
             super::replace::settle_running(status, now);
-            End::RequeueAfter(RUNNING_RESYNC)
+            let end = End::RequeueAfter(RUNNING_RESYNC);
+            match recycle {
+                Some(r) => super::recycle::after_running(r, status, end, now),
+                None => end,
+            }
+        }
+        Ending::CircuitOpen => {
+            super::recycle::mark_circuit_open(status, now, generation);
+            status::health_unknown(status, now);
+            End::RequeueAfter(super::recycle::CIRCUIT_RETRY)
         }
         Ending::External { host: None, .. } => {
             status::mark_invalid(status, ENDPOINT_REQUIRED, now, generation);

@@ -30,6 +30,10 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         get: None,
         now: t(1),
         startup_timeout: std::time::Duration::from_secs(900),
+        gates: super::super::managed::Gates {
+            replace: Some(true),
+            recycle: Some(crate::fleet::RecycleStep::Serve),
+        },
     };
     assert_eq!(next_managed_step(&input), Step::Create);
 }
@@ -185,6 +189,7 @@ fn endings_table() {
             ending: Ending::Running {
                 ip: "10.0.0.7".into(),
                 health: Health::Unknown,
+                recycle: None,
             },
             want: after(RUNNING_RESYNC),
             phase: running,
@@ -197,6 +202,7 @@ fn endings_table() {
             ending: Ending::Running {
                 ip: "10.0.0.7".into(),
                 health: Health::Unknown,
+                recycle: None,
             },
             want: after(RUNNING_RESYNC),
             phase: ready,
@@ -209,6 +215,7 @@ fn endings_table() {
             ending: Ending::Running {
                 ip: "10.0.0.7".into(),
                 health: Health::Report(unhealthy.clone()),
+                recycle: None,
             },
             want: after(RUNNING_RESYNC),
             phase: running,
@@ -337,6 +344,7 @@ fn endings_record_what_they_found() {
         Ending::Running {
             ip: "10.0.0.9".into(),
             health: Health::Unknown,
+            recycle: None,
         },
         &mut s,
         t(2),

@@ -8,6 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use super::end::is_latched;
 use super::{delete_pending, replace, GetOutcome};
 use crate::api::ProxyStatus;
+use crate::fleet::RecycleStep;
 use crate::provider::{ErrorClass, InstanceState};
 
 /// What the managed path knows at a decision point.
@@ -31,6 +32,20 @@ pub struct ManagedInput<'a> {
     pub now: DateTime<Utc>,
     /// How long a new instance may take to run with an address.
     pub startup_timeout: Duration,
+    /// The shared gates' answers, each asked only once the plan needs it.
+    pub gates: Gates,
+}
+
+/// The answers of the gates every Proxy of a provider shares. The plan
+/// asks for one (an `Ask…` step) when it needs it; the shell asks the gate
+/// and hands the answer back, so every ending comes out of the plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gates {
+    /// The circuit breaker: may a dead instance (stopped, vanished, past
+    /// its startup timeout) be replaced now?
+    pub replace: Option<bool>,
+    /// The fleet's recycle step for the running instance.
+    pub recycle: Option<RecycleStep>,
 }
 
 /// The next step of the managed path.
@@ -80,6 +95,20 @@ pub enum Step {
         /// provider's budget lets it be drained and replaced (the fleet's
         /// recycle, reason [`crate::fleet::RecycleReason::SpecChanged`]).
         outdated: bool,
+        /// What the fleet says of its recycle.
+        recycle: RecycleStep,
+    },
+    /// Ask the circuit breaker whether the dead instance may be replaced.
+    AskReplace,
+    /// The breaker is open: the dead instance is not replaced until it
+    /// closes.
+    CircuitOpen,
+    /// Ask the fleet what the running instance's recycle does now.
+    AskRecycle,
+    /// The drain is over: delete the instance, then poll again.
+    DeleteDrained {
+        /// Why: its changed spec, or its recycle.
+        why: ReplaceCause,
     },
     /// The get reported the instance's asynchronous create failed.
     CreateFailed {
@@ -128,6 +157,49 @@ impl ReplaceCause {
 
 /// The next step of the managed path.
 pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
+    gated(input, ungated(input))
+}
+
+/// `step` through the gates it needs: a dead instance is replaced only
+/// while the breaker lets it (a changed spec goes either way: the new
+/// spec may be the fix); a running instance serves, drains or goes as the
+/// fleet's recycle says.
+fn gated(input: &ManagedInput<'_>, step: Step) -> Step {
+    let dead = matches!(
+        step,
+        Step::Delete {
+            why: ReplaceCause::Stopped(_) | ReplaceCause::StartupTimedOut { .. }
+        } | Step::ClearAndCreate
+    );
+    if dead && input.recorded_hash == input.spec_hash {
+        return match input.gates.replace {
+            None => Step::AskReplace,
+            Some(true) => step,
+            Some(false) => Step::CircuitOpen,
+        };
+    }
+    let Step::Running { ip, outdated, .. } = step else {
+        return step;
+    };
+    let why = ReplaceCause::of_drain(outdated);
+    match input.gates.recycle {
+        None => Step::AskRecycle,
+        Some(RecycleStep::Replace(_))
+            if !super::recently_requested(input.status.delete_requested_at, input.now) =>
+        {
+            Step::DeleteDrained { why }
+        }
+        Some(RecycleStep::Replace(_)) => Step::WaitForDeletion { why },
+        Some(recycle) => Step::Running {
+            ip,
+            outdated,
+            recycle,
+        },
+    }
+}
+
+/// The next step before the gates.
+fn ungated(input: &ManagedInput<'_>) -> Step {
     if !input.has_finalizer {
         return Step::AddFinalizer;
     }
@@ -175,6 +247,7 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             Step::Running {
                 ip: inst.ip.clone(),
                 outdated: true,
+                recycle: RecycleStep::Serve,
             }
         }
         GetOutcome::Found(inst) if !hash_matches => {
@@ -184,6 +257,7 @@ pub fn next_managed_step(input: &ManagedInput<'_>) -> Step {
             InstanceState::Running if !inst.ip.is_empty() => Step::Running {
                 ip: inst.ip.clone(),
                 outdated: false,
+                recycle: RecycleStep::Serve,
             },
             // Running without an address (a VM whose NIC never came up,
             // or a provider breaking its contract) is still starting.

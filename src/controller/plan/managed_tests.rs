@@ -3,6 +3,7 @@ use chrono::{DateTime, Utc};
 use super::super::tests::{inst, latched, status_with_id, t};
 use super::*;
 use crate::api::ProxyStatus;
+use crate::fleet::{DrainDone, RecycleStep};
 use crate::provider::{ErrorClass, InstanceState};
 
 struct Case {
@@ -14,8 +15,15 @@ struct Case {
     spec: Option<&'static str>,
     get: Option<GetOutcome>,
     delete_requested_at: Option<DateTime<Utc>>,
+    gates: Gates,
     want: Step,
 }
+
+/// Every gate open: the breaker lets replaces go, the fleet says serve.
+const OPEN: Gates = Gates {
+    replace: Some(true),
+    recycle: Some(RecycleStep::Serve),
+};
 
 fn base(name: &'static str, want: Step) -> Case {
     Case {
@@ -27,7 +35,31 @@ fn base(name: &'static str, want: Step) -> Case {
         spec: Some("h1"),
         get: None,
         delete_requested_at: None,
+        gates: OPEN,
         want,
+    }
+}
+
+/// Each case's step, at t(0), with a 900 s startup timeout.
+fn check(cases: Vec<Case>) {
+    for c in cases {
+        let status = ProxyStatus {
+            delete_requested_at: c.delete_requested_at,
+            ..c.status.clone()
+        };
+        let input = ManagedInput {
+            generation: Some(3),
+            has_finalizer: c.has_finalizer,
+            status: &status,
+            provider_configured: c.configured,
+            recorded_hash: c.recorded,
+            spec_hash: c.spec,
+            get: c.get.as_ref(),
+            now: t(0),
+            startup_timeout: std::time::Duration::from_secs(900),
+            gates: c.gates,
+        };
+        assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }
 }
 
@@ -73,6 +105,7 @@ fn managed_path_table() {
                 Step::Running {
                     ip: "10.0.0.9".into(),
                     outdated: false,
+                    recycle: RecycleStep::Serve,
                 },
             )
         },
@@ -160,6 +193,7 @@ fn managed_path_table() {
                 Step::Running {
                     ip: "10.0.0.7".into(),
                     outdated: false,
+                    recycle: RecycleStep::Serve,
                 },
             )
         },
@@ -206,6 +240,7 @@ fn managed_path_table() {
                 Step::Running {
                     ip: "10.0.0.7".into(),
                     outdated: true,
+                    recycle: RecycleStep::Serve,
                 },
             )
         },
@@ -238,6 +273,7 @@ fn managed_path_table() {
                 Step::Running {
                     ip: "10.0.0.7".into(),
                     outdated: true,
+                    recycle: RecycleStep::Serve,
                 },
             )
         },
@@ -298,24 +334,7 @@ fn managed_path_table() {
             )
         },
     ];
-    for c in cases {
-        let status = ProxyStatus {
-            delete_requested_at: c.delete_requested_at,
-            ..c.status.clone()
-        };
-        let input = ManagedInput {
-            generation: Some(3),
-            has_finalizer: c.has_finalizer,
-            status: &status,
-            provider_configured: c.configured,
-            recorded_hash: c.recorded,
-            spec_hash: c.spec,
-            get: c.get.as_ref(),
-            now: t(0),
-            startup_timeout: std::time::Duration::from_secs(900),
-        };
-        assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
-    }
+    check(cases);
 }
 
 #[test]
@@ -366,4 +385,99 @@ fn create_port_table() {
 fn a_drained_instance_is_replaced_for_its_changed_spec_or_its_recycle() {
     assert_eq!(ReplaceCause::of_drain(true), ReplaceCause::SpecChanged);
     assert_eq!(ReplaceCause::of_drain(false), ReplaceCause::Recycled);
+}
+
+#[test]
+fn the_gates_are_asked_only_when_needed_and_their_answers_end_the_pass() {
+    let stopped = || Some(GetOutcome::Found(inst(InstanceState::Stopped, "")));
+    let running = || Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.9")));
+    let gates = |replace: Option<bool>, recycle: Option<RecycleStep>| Gates { replace, recycle };
+    let drained = Some(RecycleStep::Replace(DrainDone::NoLeases));
+    let cases = vec![
+        Case {
+            get: stopped(),
+            gates: gates(None, None),
+            ..base(
+                "a stopped instance: ask the breaker first",
+                Step::AskReplace,
+            )
+        },
+        Case {
+            get: stopped(),
+            gates: gates(Some(false), None),
+            ..base("the breaker is open: hold", Step::CircuitOpen)
+        },
+        Case {
+            get: Some(GetOutcome::NotFound),
+            gates: gates(None, None),
+            ..base(
+                "a vanished instance: ask the breaker first",
+                Step::AskReplace,
+            )
+        },
+        Case {
+            get: Some(GetOutcome::NotFound),
+            gates: gates(Some(false), None),
+            ..base("vanished, breaker open: hold", Step::CircuitOpen)
+        },
+        Case {
+            get: Some(GetOutcome::NotFound),
+            recorded: Some("old"),
+            gates: gates(Some(false), None),
+            ..base(
+                "vanished with a changed spec: replaced whatever the breaker says",
+                Step::ClearAndCreate,
+            )
+        },
+        Case {
+            get: running(),
+            gates: gates(None, None),
+            ..base("running: ask the fleet", Step::AskRecycle)
+        },
+        Case {
+            get: running(),
+            gates: gates(None, Some(RecycleStep::StartDrain)),
+            ..base(
+                "running, the drain starts: still serving this pass",
+                Step::Running {
+                    ip: "10.0.0.9".into(),
+                    outdated: false,
+                    recycle: RecycleStep::StartDrain,
+                },
+            )
+        },
+        Case {
+            get: running(),
+            gates: gates(None, drained),
+            ..base(
+                "drained: delete it for its recycle",
+                Step::DeleteDrained {
+                    why: ReplaceCause::Recycled,
+                },
+            )
+        },
+        Case {
+            get: running(),
+            recorded: Some("old"),
+            gates: gates(None, drained),
+            ..base(
+                "drained and outdated: delete it for its spec",
+                Step::DeleteDrained {
+                    why: ReplaceCause::SpecChanged,
+                },
+            )
+        },
+        Case {
+            get: running(),
+            delete_requested_at: Some(t(-5)),
+            gates: gates(None, drained),
+            ..base(
+                "drained, delete just asked: wait",
+                Step::WaitForDeletion {
+                    why: ReplaceCause::Recycled,
+                },
+            )
+        },
+    ];
+    check(cases);
 }

@@ -27,6 +27,7 @@ pub mod hold;
 pub mod jitter;
 pub mod managed;
 pub mod phase;
+pub mod recycle;
 pub mod replace;
 pub mod status;
 pub mod summary;
@@ -49,7 +50,7 @@ pub use end::{
     UNAVAILABLE_RETRY_MAX, UNAVAILABLE_RETRY_MIN,
 };
 pub use jitter::{jitter, jittered, Fixed, Random, SystemRandom};
-pub use managed::{create_port, next_managed_step, ManagedInput, ReplaceCause, Step};
+pub use managed::{create_port, next_managed_step, Gates, ManagedInput, ReplaceCause, Step};
 pub use phase::{phase, ready, Stage};
 pub use status::{Health, REASON_AWAITING_PROBE, REASON_PROBE_FAILED, REASON_PROBE_SUCCEEDED};
 pub use summary::summarize;

@@ -199,6 +199,7 @@ fn running_since(since: i64, n: i32) -> ProxyStatus {
         Ending::Running {
             ip: "10.0.0.1".into(),
             health: Health::Unknown,
+            recycle: None,
         },
         &mut s,
         t(since),
@@ -285,6 +286,7 @@ fn a_running_pass_resets_the_row_once_it_has_run_long_enough() {
         Ending::Running {
             ip: "10.0.0.1".into(),
             health: Health::Unknown,
+            recycle: None,
         },
         &mut s,
         t(601),
@@ -338,6 +340,10 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             get: None,
             now: t(c.now),
             startup_timeout: std::time::Duration::from_secs(900),
+            gates: super::super::managed::Gates {
+                replace: Some(true),
+                recycle: Some(crate::fleet::RecycleStep::Serve),
+            },
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

@@ -316,9 +316,14 @@ impl Provider for KvmProvider {
 
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
         let r = DomainRef::parse(id).map_err(|m| self.err(Op::Delete, id, Tagged::permanent(m)))?;
+        // A host that left the config may still run the domain: never
+        // report it deleted, so the Proxy keeps its finalizer and says why.
         let Some(link) = self.link(&r.host) else {
-            info!(host = %r.host, id, "host is not configured; delete has nothing to clean up");
-            return Ok(());
+            let message = format!(
+                "host {:?} is no longer in kvm.hosts, so its domain may still run there: put the host back in the providers config to delete it",
+                r.host
+            );
+            return Err(self.err(Op::Delete, id, Tagged::permanent(message)));
         };
         // A create still running is stopped first, so it cannot define the
         // domain after the delete removed it.

@@ -75,18 +75,17 @@ fn after_running_table() {
     ];
     for c in cases {
         let mut status = ProxyStatus::default();
-        let proxy: Proxy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
-            "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"provider": "gcp", "port": 3128},
-        }))
-        .unwrap();
+        let recycle = Recycle {
+            step: c.step,
+            outdated: c.outdated,
+            spec_port: Some(3128),
+            asked: None,
+        };
         let got = after_running(
-            c.step,
-            c.outdated,
-            &proxy,
+            recycle,
             &mut status,
-            (End::RequeueAfter(RUNNING_RESYNC), at(10)),
+            End::RequeueAfter(RUNNING_RESYNC),
+            at(10),
         );
         assert_eq!(got, c.want, "{}", c.name);
         assert_eq!(status.draining_since.is_some(), c.draining, "{}", c.name);
