@@ -41,7 +41,7 @@ pub struct Context {
     /// The statuses passes wrote that the cache may not show yet.
     pub written: super::written::Written,
     /// The per-provider fleet view: breaker, budget, recycles.
-    pub fleet: Arc<super::fleet::Fleet>,
+    pub fleet: Arc<crate::fleet::Fleet>,
     /// `--external-proxy-namespaces`: where External Proxies are served.
     pub external: Arc<ExternalNamespaces>,
     /// The process's Event recorder; none records no Events.
@@ -71,7 +71,7 @@ impl Context {
             random: Arc::new(plan::SystemRandom),
             throttle: Arc::default(),
             written: super::written::Written::default(),
-            fleet: Arc::new(super::fleet::Fleet::new(
+            fleet: Arc::new(crate::fleet::Fleet::new(
                 None,
                 Default::default(),
                 Duration::ZERO,
@@ -110,7 +110,7 @@ impl Context {
     }
 
     /// Consults `fleet` for the breaker and recycling.
-    pub fn with_fleet(mut self, fleet: Arc<super::fleet::Fleet>) -> Self {
+    pub fn with_fleet(mut self, fleet: Arc<crate::fleet::Fleet>) -> Self {
         self.fleet = fleet;
         self
     }

@@ -4,7 +4,6 @@
 pub mod cloud_init;
 pub mod context;
 pub mod error;
-pub mod fleet;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;

@@ -19,7 +19,7 @@ mod events;
 mod look;
 mod writes;
 
-use super::throttle::{admit_or_hold, hold, Held};
+use super::throttle::create_gate;
 use super::{cloud_init, status_patch};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{Proxy, ProxyStatus};
@@ -159,6 +159,7 @@ async fn managed_path(
             get: get.as_ref(),
             now,
             startup_timeout,
+            port: proxy.spec.port,
             gates,
         });
         // The plan only asks for provider calls once the provider is known.
@@ -207,24 +208,24 @@ async fn managed_path(
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 continue;
             }
-            Step::Create => {
+            Step::NoPort => Ending::NoPort,
+            Step::AskCreate => {
+                gates.create = Some(create_gate(ctx, &provider_name, &uid, generation, now));
+                continue;
+            }
+            Step::Held(held) => {
+                if let Some(reason) = held.counted_as() {
+                    ctx.throttle.held(&provider_name, reason);
+                }
+                Ending::Held {
+                    provider: &provider_name,
+                    held,
+                }
+            }
+            Step::Create { port } => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
-                let Some(port) = plan::create_port(proxy.spec.port) else {
-                    return finish(ctx, Ending::NoPort, status, now, generation);
-                };
-                let provider = p()?;
-                // Refused for quota or as unavailable: not again before
-                // that slow retry, whatever started this pass.
-                if let Some(wait) = ctx.create_wait(&uid, generation, now) {
-                    return Ok(Action::requeue(wait));
-                }
-                if let Some(held) =
-                    admit_or_hold(ctx, &provider_name, &uid, status, now, generation)
-                {
-                    return Ok(held);
-                }
                 let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
-                match provider.create(&req).await {
+                match p()?.create(&req).await {
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
@@ -235,10 +236,6 @@ async fn managed_path(
                         return fail(ctx, proxy, e, status, now);
                     }
                 }
-            }
-            Step::ReplaceBackoff { until } => {
-                let held = Held::ReplaceBackoff { until };
-                return Ok(hold(ctx, &provider_name, held, status, now, generation));
             }
             Step::Get => {
                 get = Some(look::look(p()?.as_ref(), &id, status).await);

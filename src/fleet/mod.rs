@@ -13,6 +13,10 @@
 //! - [`cap`]: `maxInstances`, how many instances a provider may hold.
 //! - [`drain`]: drain before replace (no new leases, existing leases run to
 //!   expiry or the drain timeout).
+//! - [`view`]: the per-provider state these make up, from the Proxies.
+//! - [`shared`]: that state behind a lock, refreshed from the Proxy cache,
+//!   as every reconcile (the plan's gates), the lease API and the
+//!   ProviderHealth writer consult it.
 
 pub mod breaker;
 pub mod budget;
@@ -29,6 +33,8 @@ pub use recycle::{
     parse_duration, replace_pending, wants_recycle, DurationError, RecycleInput, RecyclePolicy,
     RecycleReason, DEFAULT_DRAIN_TIMEOUT, MIN_STARTUP_TIMEOUT, MIN_UNHEALTHY_FOR,
 };
+pub mod shared;
 pub mod view;
 
+pub use shared::{Fleet, Seen};
 pub use view::{mark_replacing, recycle_step, summarize, FleetState, RecycleStep, Summary};

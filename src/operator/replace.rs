@@ -12,8 +12,8 @@ use serde_json::json;
 
 use crate::api::constants::REPLACE_ANNOTATION;
 use crate::api::Proxy;
-use crate::controller::fleet::Fleet;
 use crate::discovery::Replacer;
+use crate::fleet::Fleet;
 use crate::lease::ProxyKey;
 use crate::provider::error::plain_message;
 

@@ -118,7 +118,7 @@ impl Operator {
         let gc_stop = stop.clone().cancelled_owned();
         tasks.spawn(async move { gc.run(gc_stop).await });
         let fleet = Arc::new(
-            controller::fleet::Fleet::new(
+            crate::fleet::Fleet::new(
                 Some(proxies.reader()),
                 entries
                     .iter()

@@ -34,11 +34,11 @@ use crate::api::constants::{
     INSTALLATION_MARK, MANAGED_BY_LABEL, OPERATOR_NAME, RESET_CIRCUIT_BREAKER_ANNOTATION,
 };
 use crate::api::ProviderHealth;
-use crate::controller::fleet::Fleet;
 use crate::controller::metrics::ReconcileMetrics;
 use crate::controller::plan::{jitter, Random, SystemRandom};
 use crate::controller::status_patch::merge_diff;
 use crate::events::Events;
+use crate::fleet::Fleet;
 use crate::provider::error::plain_message;
 
 /// Controller label of the reconcile metrics.

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use egress_proxies_operator::api::Proxy;
-use egress_proxies_operator::controller::fleet::Fleet;
 use egress_proxies_operator::controller::plan::replace::replace_delay;
+use egress_proxies_operator::fleet::Fleet;
 use egress_proxies_operator::fleet::{MaxUnavailable, MIN_UNHEALTHY_FOR};
 use egress_proxies_operator::lease::{Clock, FakeClock};
 use egress_proxies_operator::provider::fake::FakeProvider;

@@ -24,7 +24,7 @@ fn populated() -> Metrics {
     m.throttle.set_limiters(|| {
         vec![(
             "gcp-eu".into(),
-            egress_proxies_operator::controller::plan::throttle::Gauges {
+            egress_proxies_operator::controller::throttle::limiter::Gauges {
                 tokens: 1,
                 in_flight: 2,
                 waiting: 3,

@@ -56,6 +56,9 @@ pub enum End {
     AwaitChange,
     /// Reconcile again after this long.
     RequeueAfter(Duration),
+    /// Reconcile again no sooner than this (a held create's next try):
+    /// its spread goes after it, never before.
+    NotBefore(Duration),
 }
 
 /// A failure that goes back to the controller as an error, retried with
@@ -110,6 +113,13 @@ pub enum Ending<'a> {
     },
     /// The instance is dead but the provider's circuit breaker is open.
     CircuitOpen,
+    /// The create waits.
+    Held {
+        /// The provider's name, which the status names.
+        provider: &'a str,
+        /// Why, and until when.
+        held: crate::controller::throttle::limiter::Held,
+    },
     /// An External Proxy with this endpoint host (`None`: no endpoint).
     External {
         /// `spec.endpoint.host`.
@@ -194,6 +204,11 @@ pub fn end(
                 Some(r) => super::recycle::after_running(r, status, end, now),
                 None => end,
             }
+        }
+        Ending::Held { provider, held } => {
+            End::NotBefore(crate::controller::throttle::limiter::mark_held_create(
+                status, provider, held, now, generation,
+            ))
         }
         Ending::CircuitOpen => {
             super::recycle::mark_circuit_open(status, now, generation);

@@ -30,12 +30,14 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         get: None,
         now: t(1),
         startup_timeout: std::time::Duration::from_secs(900),
+        port: Some(3128),
         gates: super::super::managed::Gates {
             replace: Some(true),
             recycle: Some(crate::fleet::RecycleStep::Serve),
+            create: Some(crate::controller::throttle::limiter::CreateGate::Go),
         },
     };
-    assert_eq!(next_managed_step(&input), Step::Create);
+    assert_eq!(next_managed_step(&input), Step::Create { port: 3128 });
 }
 
 /// A status that has served and was found healthy.
@@ -739,4 +741,55 @@ fn backoff_table() {
     for c in cases {
         assert_eq!(backoff(c.failures), c.want, "{}", c.name);
     }
+}
+
+#[test]
+fn a_held_create_says_why_and_comes_back_no_sooner_than_its_next_try() {
+    use crate::config::CreateLimits;
+    use crate::controller::throttle::limiter::{Held, Hold};
+    let s = std::time::Duration::from_secs;
+    let limits = CreateLimits::default();
+    let cases = [
+        (
+            Held::Throttled {
+                hold: Hold::Rate,
+                until: t(40),
+                limits,
+            },
+            Some("CreateThrottled"),
+            s(30),
+        ),
+        (
+            Held::ReplaceBackoff { until: t(70) },
+            Some("ReplaceBackoff"),
+            s(60),
+        ),
+        (
+            Held::InstanceLimit { max: 3, held: 3 },
+            Some("InstanceLimit"),
+            s(15),
+        ),
+        // The refusal's own condition stays; only the wait counts.
+        (Held::Refused { wait: s(200) }, None, s(200)),
+    ];
+    for (held, reason, wait) in cases {
+        let mut status = ProxyStatus::default();
+        let got = end(
+            Ending::Held {
+                provider: "gcp-eu",
+                held,
+            },
+            &mut status,
+            t(10),
+            Some(1),
+        );
+        assert_eq!(got, End::NotBefore(wait), "{held:?}");
+        let shown = condition::find(&status.conditions, PROVISIONED).map(|c| c.reason.as_str());
+        assert_eq!(shown, reason, "{held:?}");
+    }
+    assert_eq!(
+        super::super::jittered(End::NotBefore(s(30)), 0.5),
+        End::RequeueAfter(std::time::Duration::from_millis(32_500)),
+        "spread after the next try (half of at most 5 s), never before"
+    );
 }

@@ -1,6 +1,8 @@
 //! Jitter for every requeue delay, so Proxies that failed or were created
 //! together do not come back in lockstep. The spread is taken off the
-//! delay, never added, so a documented delay is also its upper bound.
+//! delay, never added, so a documented delay is also its upper bound;
+//! only a held create's next try ([`End::NotBefore`]) is spread after
+//! it, since coming back before it would only be told to wait again.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -63,6 +65,9 @@ pub fn jittered(end: End, unit: f64) -> End {
     match end {
         End::AwaitChange => End::AwaitChange,
         End::RequeueAfter(d) => End::RequeueAfter(jitter(d, unit)),
+        End::NotBefore(d) => {
+            End::RequeueAfter(crate::controller::throttle::limiter::spread_after(d, unit))
+        }
     }
 }
 

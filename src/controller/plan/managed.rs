@@ -8,6 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use super::end::is_latched;
 use super::{delete_pending, replace, GetOutcome};
 use crate::api::ProxyStatus;
+use crate::controller::throttle::limiter::{CreateGate, Held};
 use crate::fleet::RecycleStep;
 use crate::provider::{ErrorClass, InstanceState};
 
@@ -32,6 +33,8 @@ pub struct ManagedInput<'a> {
     pub now: DateTime<Utc>,
     /// How long a new instance may take to run with an address.
     pub startup_timeout: Duration,
+    /// `spec.port`.
+    pub port: Option<i32>,
     /// The shared gates' answers, each asked only once the plan needs it.
     pub gates: Gates,
 }
@@ -46,6 +49,10 @@ pub struct Gates {
     pub replace: Option<bool>,
     /// The fleet's recycle step for the running instance.
     pub recycle: Option<RecycleStep>,
+    /// The create gate: the hold after a refused create, the provider's
+    /// `maxInstances`, then its create limits (in that order, so a create
+    /// any of them holds takes no token from the bucket).
+    pub create: Option<CreateGate>,
 }
 
 /// The next step of the managed path.
@@ -60,14 +67,19 @@ pub enum Step {
     ProviderNotConfigured,
     /// Resolve cloud-init and compute the spec hash.
     ResolveCloudInit,
-    /// Nothing recorded yet: record the hash if needed, then create.
-    Create,
-    /// A create is due, but the instance was replaced repeatedly: wait
-    /// until then ([`super::replace`]).
-    ReplaceBackoff {
-        /// When the create may go.
-        until: DateTime<Utc>,
+    /// Nothing recorded yet: record the hash if needed, then create an
+    /// instance serving on `port`.
+    Create {
+        /// The port it serves on.
+        port: u16,
     },
+    /// A create is due but the spec has no usable port.
+    NoPort,
+    /// Ask the create gate whether the create may go now.
+    AskCreate,
+    /// The create waits: the instance was replaced repeatedly
+    /// ([`super::replace`]), or the gate holds it.
+    Held(Held),
     /// Record the current hash without replacing (adopted instance).
     RecordHash,
     /// Ask the provider for the instance.
@@ -214,10 +226,7 @@ fn ungated(input: &ManagedInput<'_>) -> Step {
     };
     let provider_id = input.status.provider_id.as_deref().unwrap_or("");
     if provider_id.is_empty() {
-        return match replace::backoff_until(input.status) {
-            Some(until) if until > input.now => Step::ReplaceBackoff { until },
-            _ => Step::Create,
-        };
+        return create(input);
     }
     let hash_matches = input.recorded_hash == Some(spec_hash);
     let Some(get) = input.get else {
@@ -266,6 +275,22 @@ fn ungated(input: &ManagedInput<'_>) -> Step {
                 delete_or_wait(input, s, ReplaceCause::Stopped(s))
             }
         },
+    }
+}
+
+/// No instance: create one, unless the replace back-off, a port missing
+/// or the create gate holds it.
+fn create(input: &ManagedInput<'_>) -> Step {
+    if let Some(until) = replace::backoff_until(input.status).filter(|u| *u > input.now) {
+        return Step::Held(Held::ReplaceBackoff { until });
+    }
+    let Some(port) = create_port(input.port) else {
+        return Step::NoPort;
+    };
+    match input.gates.create {
+        None => Step::AskCreate,
+        Some(CreateGate::Go) => Step::Create { port },
+        Some(CreateGate::Held(held)) => Step::Held(held),
     }
 }
 

@@ -3,6 +3,7 @@ use chrono::{DateTime, Utc};
 use super::super::tests::{inst, latched, status_with_id, t};
 use super::*;
 use crate::api::ProxyStatus;
+use crate::controller::throttle::limiter::{CreateGate, Held};
 use crate::fleet::{DrainDone, RecycleStep};
 use crate::provider::{ErrorClass, InstanceState};
 
@@ -23,6 +24,7 @@ struct Case {
 const OPEN: Gates = Gates {
     replace: Some(true),
     recycle: Some(RecycleStep::Serve),
+    create: Some(CreateGate::Go),
 };
 
 fn base(name: &'static str, want: Step) -> Case {
@@ -57,6 +59,7 @@ fn check(cases: Vec<Case>) {
             get: c.get.as_ref(),
             now: t(0),
             startup_timeout: std::time::Duration::from_secs(900),
+            port: Some(3128),
             gates: c.gates,
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
@@ -163,12 +166,12 @@ fn managed_path_table() {
         Case {
             status: ProxyStatus::default(),
             recorded: None,
-            ..base("nothing recorded: create", Step::Create)
+            ..base("nothing recorded: create", Step::Create { port: 3128 })
         },
         Case {
             status: ProxyStatus::default(),
             recorded: Some("old"),
-            ..base("nothing recorded, stale hash: create", Step::Create)
+            ..base("nothing recorded, stale hash: create", Step::Create { port: 3128 })
         },
         Case {
             recorded: None,
@@ -391,9 +394,33 @@ fn a_drained_instance_is_replaced_for_its_changed_spec_or_its_recycle() {
 fn the_gates_are_asked_only_when_needed_and_their_answers_end_the_pass() {
     let stopped = || Some(GetOutcome::Found(inst(InstanceState::Stopped, "")));
     let running = || Some(GetOutcome::Found(inst(InstanceState::Running, "10.0.0.9")));
-    let gates = |replace: Option<bool>, recycle: Option<RecycleStep>| Gates { replace, recycle };
+    let gates = |replace: Option<bool>, recycle: Option<RecycleStep>| Gates {
+        replace,
+        recycle,
+        create: None,
+    };
     let drained = Some(RecycleStep::Replace(DrainDone::NoLeases));
+    let create = |gate: Option<CreateGate>| Gates {
+        create: gate,
+        ..gates(None, None)
+    };
+    let capped = Held::InstanceLimit { max: 3, held: 3 };
     let cases = vec![
+        Case {
+            status: ProxyStatus::default(),
+            gates: create(None),
+            ..base("no instance: ask the create gate", Step::AskCreate)
+        },
+        Case {
+            status: ProxyStatus::default(),
+            gates: create(Some(CreateGate::Go)),
+            ..base("the gate lets it go", Step::Create { port: 3128 })
+        },
+        Case {
+            status: ProxyStatus::default(),
+            gates: create(Some(CreateGate::Held(capped))),
+            ..base("the gate holds it", Step::Held(capped))
+        },
         Case {
             get: stopped(),
             gates: gates(None, None),

@@ -31,7 +31,6 @@ pub mod recycle;
 pub mod replace;
 pub mod status;
 pub mod summary;
-pub mod throttle;
 pub mod written;
 
 use chrono::{DateTime, Utc};

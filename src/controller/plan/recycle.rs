@@ -2,7 +2,7 @@
 //! the drain mark, the `UpToDate` mark of an outdated instance, the
 //! circuit breaker's hold, and a replace asked for by annotation. The
 //! fleet's decisions themselves are [`crate::fleet`]'s; the shell asks
-//! them (`controller::fleet`) and hands the answers in.
+//! them (`fleet::shared`) and hands the answers in.
 
 use std::time::Duration;
 
@@ -120,7 +120,7 @@ pub struct Recycle {
 /// soon.
 pub fn after_running(r: Recycle, status: &mut ProxyStatus, end: End, now: DateTime<Utc>) -> End {
     let soon = |d: Duration| match end {
-        End::RequeueAfter(e) => End::RequeueAfter(e.min(d)),
+        End::RequeueAfter(e) | End::NotBefore(e) => End::RequeueAfter(e.min(d)),
         End::AwaitChange => End::RequeueAfter(d),
     };
     mark_outdated(status, (r.outdated, r.spec_port), now);

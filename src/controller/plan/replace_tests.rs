@@ -308,25 +308,27 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             name: "a first create is never held",
             status: ProxyStatus::default(),
             now: 0,
-            want: Step::Create,
+            want: Step::Create { port: 3128 },
         },
         Case {
             name: "the first replacement is re-created at once",
             status: replaced(Some(1), Some(0)),
             now: 0,
-            want: Step::Create,
+            want: Step::Create { port: 3128 },
         },
         Case {
             name: "the third waits a minute",
             status: replaced(Some(3), Some(0)),
             now: 30,
-            want: Step::ReplaceBackoff { until: t(60) },
+            want: Step::Held(crate::controller::throttle::limiter::Held::ReplaceBackoff {
+                until: t(60),
+            }),
         },
         Case {
             name: "and goes when it is over",
             status: replaced(Some(3), Some(0)),
             now: 60,
-            want: Step::Create,
+            want: Step::Create { port: 3128 },
         },
     ];
     for c in cases {
@@ -340,9 +342,11 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             get: None,
             now: t(c.now),
             startup_timeout: std::time::Duration::from_secs(900),
+            port: Some(3128),
             gates: super::super::managed::Gates {
                 replace: Some(true),
                 recycle: Some(crate::fleet::RecycleStep::Serve),
+                create: Some(crate::controller::throttle::limiter::CreateGate::Go),
             },
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);

@@ -40,6 +40,8 @@ pub(super) fn action(ctx: &Context, end: End) -> Action {
 pub(super) fn controller_action(end: End) -> Action {
     match end {
         End::AwaitChange => Action::await_change(),
+        // Spread by `jittered` already; a bare one waits exactly that.
+        End::NotBefore(d) => Action::requeue(d),
         End::RequeueAfter(d) => Action::requeue(d),
     }
 }

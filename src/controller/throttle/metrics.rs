@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::controller::plan::throttle::Gauges;
+use crate::controller::throttle::limiter::Gauges;
 use crate::metrics::{Registrar, Scraped};
 
 const TOKENS: &str = "proxy_operator_create_tokens";

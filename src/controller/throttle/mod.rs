@@ -1,10 +1,11 @@
 //! The create limiters every reconcile shares: one
-//! [`CreateLimiter`](crate::controller::plan::throttle::CreateLimiter) per
+//! [`CreateLimiter`](crate::controller::throttle::limiter::CreateLimiter) per
 //! configured provider, with that provider's `createsPerMinute` and
 //! `maxCreatesInFlight`, behind one lock. The decisions are the plan's
-//! ([`plan::throttle`](crate::controller::plan::throttle)); this only
+//! ([`limiter`]); this only
 //! keeps their state and counts what they held back.
 
+pub mod limiter;
 pub mod metrics;
 
 use std::collections::BTreeMap;
@@ -13,7 +14,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 
 use crate::config::{CreateLimits, ProvidersConfig};
-use crate::controller::plan::throttle::{Admission, CreateLimiter, Gauges};
+use crate::controller::throttle::limiter::{Admission, CreateGate, CreateLimiter, Gauges, Held};
 pub use metrics::ThrottleMetrics;
 
 /// Every provider's create limiter. A provider that is not configured
@@ -117,91 +118,33 @@ impl Throttle {
     }
 }
 
-/// Why a pass holds its create back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Held {
-    /// The provider's create limits, until then.
-    Throttled {
-        /// What holds it.
-        hold: crate::controller::plan::throttle::Hold,
-        /// The next try.
-        until: DateTime<Utc>,
-    },
-    /// Replace backoff, until then.
-    ReplaceBackoff {
-        /// The next try.
-        until: DateTime<Utc>,
-    },
-    /// The provider holds `held` instances, its `maxInstances` `max`.
-    InstanceLimit {
-        /// The cap.
-        max: u32,
-        /// Instances held.
-        held: usize,
-    },
-}
-
-/// Asks `provider`'s limiter whether the create of the Proxy `key` may go
-/// now: `None` when it may (a token taken), or the pass's ending (see
-/// [`hold`]) when it is held.
-pub fn admit_or_hold(
+/// The create gate of the Proxy `uid` on `provider` at `now`, asked in
+/// order: the hold after its last create was refused with a slow retry
+/// (until then, whatever started this pass), the provider's
+/// `maxInstances` (a create it holds takes no token from the bucket),
+/// then the provider's create limits (a token taken when it may go).
+pub fn create_gate(
     ctx: &crate::controller::Context,
     provider: &str,
-    key: &str,
-    status: &mut crate::api::ProxyStatus,
-    now: DateTime<Utc>,
+    uid: &str,
     generation: Option<i64>,
-) -> Option<kube::runtime::controller::Action> {
-    // The cap first: a create it holds takes no token from the bucket.
-    if let Some(max) = ctx.throttle.limits(provider).max_instances {
-        if let Err(held) = ctx.fleet.admit_create(provider, key, max, now) {
-            let held = Held::InstanceLimit { max, held };
-            return Some(hold(ctx, provider, held, status, now, generation));
+    now: DateTime<Utc>,
+) -> CreateGate {
+    if let Some(wait) = ctx.create_wait(uid, generation, now) {
+        return CreateGate::Held(Held::Refused { wait });
+    }
+    let limits = ctx.throttle.limits(provider);
+    if let Some(max) = limits.max_instances {
+        if let Err(held) = ctx.fleet.admit_create(provider, uid, max, now) {
+            return CreateGate::Held(Held::InstanceLimit { max, held });
         }
     }
-    match ctx.throttle.admit(provider, key, now) {
-        Admission::Go => None,
-        Admission::Wait { hold: h, until } => {
-            let held = Held::Throttled { hold: h, until };
-            Some(hold(ctx, provider, held, status, now, generation))
-        }
+    match ctx.throttle.admit(provider, uid, now) {
+        Admission::Go => CreateGate::Go,
+        Admission::Wait { hold, until } => CreateGate::Held(Held::Throttled {
+            hold,
+            until,
+            limits,
+        }),
     }
-}
-
-/// Ends a pass whose create is held: its status says why and until when,
-/// the hold is counted, and the Proxy comes back at that time (never
-/// before, with a spread after it), not on every poll.
-pub fn hold(
-    ctx: &crate::controller::Context,
-    provider: &str,
-    held: Held,
-    status: &mut crate::api::ProxyStatus,
-    now: DateTime<Utc>,
-    generation: Option<i64>,
-) -> kube::runtime::controller::Action {
-    use crate::controller::plan::{replace, throttle};
-    let until = match held {
-        Held::Throttled { hold, until } => {
-            let limits = ctx.throttle.limits(provider);
-            throttle::mark_create_throttled(
-                status, provider, &limits, hold, until, now, generation,
-            );
-            until
-        }
-        Held::ReplaceBackoff { until } => {
-            ctx.throttle.held(provider, "replace_backoff");
-            replace::mark_replace_backoff(status, until, now, generation);
-            until
-        }
-        Held::InstanceLimit { max, held } => {
-            ctx.throttle.held(provider, "instance_limit");
-            throttle::mark_instance_limit(status, provider, (max, held), now, generation);
-            now + chrono::Duration::from_std(throttle::INSTANCE_LIMIT_RETRY).unwrap_or_default()
-        }
-    };
-    kube::runtime::controller::Action::requeue(throttle::held_requeue(
-        until,
-        now,
-        ctx.random.unit(),
-    ))
 }

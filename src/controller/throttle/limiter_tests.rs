@@ -1,10 +1,14 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::super::tests::t;
 use super::*;
 use crate::api::condition::{self, ConditionStatus};
 use crate::api::proxy::conditions::PROVISIONED;
+
+/// `s` seconds after a fixed instant.
+fn t(s: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + s, 0).expect("a valid timestamp")
+}
 
 fn ms(n: i64) -> DateTime<Utc> {
     t(0) + TimeDelta::milliseconds(n)

@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 
-use super::status;
 use crate::api::proxy::conditions::{REASON_CREATE_THROTTLED, REASON_INSTANCE_LIMIT};
 use crate::api::ProxyStatus;
 use crate::config::CreateLimits;
+use crate::controller::plan::status;
 
 /// How often a create held back by the in-flight cap asks again: an
 /// in-flight create ends, at the soonest, at its instance's next
@@ -236,7 +236,12 @@ impl CreateLimiter {
 /// part (`unit` in `[0, 1)`) of up to a fifth of the wait, at most
 /// [`MAX_SPREAD`], so Proxies held together do not come back in lockstep.
 pub fn held_requeue(until: DateTime<Utc>, now: DateTime<Utc>, unit: f64) -> Duration {
-    let wait = (until - now).to_std().unwrap_or(Duration::ZERO);
+    spread_after((until - now).to_std().unwrap_or(Duration::ZERO), unit)
+}
+
+/// `wait` plus up to a fifth of it (at most [`MAX_SPREAD`]) by `unit`:
+/// never before the wait, spread after it.
+pub fn spread_after(wait: Duration, unit: f64) -> Duration {
     let u = if unit.is_finite() {
         unit.clamp(0.0, 1.0)
     } else {
@@ -292,6 +297,92 @@ pub fn mark_instance_limit(
     status::mark_held(status, REASON_INSTANCE_LIMIT, &message, now, generation);
 }
 
+/// Why a create waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// The provider's create limits, until then.
+    Throttled {
+        /// What holds it.
+        hold: Hold,
+        /// The next try.
+        until: DateTime<Utc>,
+        /// The provider's limits, which the status names.
+        limits: CreateLimits,
+    },
+    /// The instance was replaced repeatedly ([`super::replace`]): not
+    /// before then.
+    ReplaceBackoff {
+        /// The next try.
+        until: DateTime<Utc>,
+    },
+    /// The provider holds `held` instances, its `maxInstances` `max`.
+    InstanceLimit {
+        /// The cap.
+        max: u32,
+        /// Instances held.
+        held: usize,
+    },
+    /// The provider refused this Proxy's last create with a slow retry
+    /// ([`super::hold`]): not for this long, whatever starts the pass.
+    Refused {
+        /// How much longer.
+        wait: Duration,
+    },
+}
+
+impl Held {
+    /// The `reason` label the throttle counter counts this hold under,
+    /// where the pass counts it (the bucket counts its own holds).
+    pub fn counted_as(self) -> Option<&'static str> {
+        match self {
+            Held::ReplaceBackoff { .. } => Some("replace_backoff"),
+            Held::InstanceLimit { .. } => Some("instance_limit"),
+            Held::Throttled { .. } | Held::Refused { .. } => None,
+        }
+    }
+}
+
+/// The create gate's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateGate {
+    /// The create may go (a token was taken).
+    Go,
+    /// It waits.
+    Held(Held),
+}
+
+/// Writes why the create of a Proxy on `provider` waits, and says how
+/// long: never before the next try, spread a little after it.
+pub fn mark_held_create(
+    status: &mut ProxyStatus,
+    provider: &str,
+    held: Held,
+    now: DateTime<Utc>,
+    generation: Option<i64>,
+) -> Duration {
+    let until = match held {
+        Held::Throttled {
+            hold,
+            until,
+            limits,
+        } => {
+            mark_create_throttled(status, provider, &limits, hold, until, now, generation);
+            until
+        }
+        Held::ReplaceBackoff { until } => {
+            crate::controller::plan::replace::mark_replace_backoff(status, until, now, generation);
+            until
+        }
+        Held::InstanceLimit { max, held } => {
+            mark_instance_limit(status, provider, (max, held), now, generation);
+            return INSTANCE_LIMIT_RETRY;
+        }
+        // The refusal's own condition stays as it was written.
+        Held::Refused { wait } => return wait,
+    };
+    (until - now).to_std().unwrap_or(Duration::ZERO)
+}
+
 #[cfg(test)]
-#[path = "throttle_tests.rs"]
+#[path = "limiter_tests.rs"]
 mod tests;
