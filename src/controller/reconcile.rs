@@ -228,6 +228,8 @@ async fn managed_path(
                 match p()?.create(&req).await {
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);
+                        // A new instance is what a pending replace asks for.
+                        plan::recycle::handle_replace(replace_pending(proxy), status);
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
                         Ending::Created { id, port }
                     }

@@ -272,6 +272,20 @@ struct OneProxy {
     _dir: tempfile::TempDir,
 }
 
+/// Waits up to `secs` for the Proxy `name` to show `Healthy=False`.
+async fn until_unhealthy(
+    proxies: &kube::Api<egress_proxies_operator::api::Proxy>,
+    name: &str,
+    what: &str,
+    secs: u64,
+) {
+    eventually(what, Duration::from_secs(secs), || async {
+        let p = proxies.get(name).await.ok()?;
+        (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
+    })
+    .await;
+}
+
 async fn one_proxy(prefix: &str, name: &str) -> OneProxy {
     one_proxy_with(
         prefix,
@@ -406,15 +420,7 @@ async fn a_killed_squid_is_restarted_in_its_pod_and_never_replaced_on_top() {
     })
     .await;
     kill_squid(&uid);
-    eventually(
-        "Healthy=False while Squid is down",
-        Duration::from_secs(30),
-        || async {
-            let p = proxies.get("victim").await.ok()?;
-            (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
-        },
-    )
-    .await;
+    until_unhealthy(&proxies, "victim", "Healthy=False while Squid is down", 30).await;
     eventually(
         "the dead Squid no longer offered",
         Duration::from_secs(5),
@@ -600,13 +606,5 @@ async fn a_proxy_that_never_passes_its_probe_is_recycled_with_back_off() {
         "the third Pod, created {}, came before the 30 s back-off from {last} ended",
         created[2]
     );
-    eventually(
-        "the third Pod fails its probe too",
-        Duration::from_secs(60),
-        || async {
-            let p = proxies.get("sick").await.ok()?;
-            (condition(&p, "Healthy")?.status.as_str() == "False").then_some(())
-        },
-    )
-    .await;
+    until_unhealthy(&proxies, "sick", "the third Pod fails its probe too", 60).await;
 }

@@ -18,6 +18,22 @@ use kvm_support::{virsh, Env};
 use serde_json::json;
 use support::{eventually, Operator};
 
+/// Creates the Proxy `k1` on host h1 of the provider `kvm-test`.
+async fn create_k1(proxies: &Api<Proxy>, cloud_init: &str) -> Proxy {
+    let proxy = support::proxy(
+        "k1",
+        json!({
+            "provider": "kvm-test", "port": 3128,
+            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
+            "cloudInit": {"inline": cloud_init},
+        }),
+    );
+    proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
     let env = Env::start("e2e");
@@ -31,18 +47,7 @@ async fn a_kvm_proxy_gets_a_marked_domain_and_deleting_it_removes_everything() {
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
 
     let proxies: Api<Proxy> = ground.proxies();
-    let proxy = support::proxy(
-        "k1",
-        json!({
-            "provider": "kvm-test", "port": 3128,
-            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
-            "cloudInit": {"inline": "#cloud-config\npackages: [squid]\n"},
-        }),
-    );
-    let created = proxies
-        .create(&PostParams::default(), &proxy)
-        .await
-        .unwrap();
+    let created = create_k1(&proxies, "#cloud-config\npackages: [squid]\n").await;
     let uid = created.metadata.uid.clone().unwrap();
     let domain = name_from_uid(&uid);
     env.track(&domain);
@@ -118,18 +123,7 @@ async fn a_kvm_proxy_whose_host_left_the_config_keeps_its_finalizer() {
     };
 
     let proxies: Api<Proxy> = ground.proxies();
-    let proxy = support::proxy(
-        "k1",
-        json!({
-            "provider": "kvm-test", "port": 3128,
-            "placement": {"zone": "h1", "machineType": "small", "image": "test-image"},
-            "cloudInit": {"inline": "#cloud-config\n"},
-        }),
-    );
-    let created = proxies
-        .create(&PostParams::default(), &proxy)
-        .await
-        .unwrap();
+    let created = create_k1(&proxies, "#cloud-config\n").await;
     let domain = name_from_uid(&created.metadata.uid.clone().unwrap());
     env.track(&domain);
     eventually("the domain defined", Duration::from_secs(180), || async {

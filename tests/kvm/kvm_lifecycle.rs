@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use egress_proxies_operator::config::ImageFormat;
 use egress_proxies_operator::config::KvmImage;
+use egress_proxies_operator::provider::error::plain_message;
 use egress_proxies_operator::provider::kvm::ids::base_volume_for_url;
 use egress_proxies_operator::provider::kvm::KvmProvider;
 use egress_proxies_operator::provider::{
@@ -205,7 +206,15 @@ async fn lifecycle_create_get_list_delete() {
         .await
         .unwrap_err()
         .is(ErrorClass::Permanent));
-    p.delete("hosts/nope/domains/x").await.unwrap();
+    // A host not (or no longer) configured may still run the domain: the
+    // delete is never reported done.
+    let refused = p.delete("hosts/nope/domains/x").await.unwrap_err();
+    assert!(refused.is(ErrorClass::Permanent));
+    assert!(
+        plain_message(&refused).contains("\"nope\" is no longer in kvm.hosts"),
+        "{}",
+        plain_message(&refused)
+    );
     let text = logs.text();
     assert!(!text.contains("SENTINEL"), "cloud-init reached the logs");
     assert!(

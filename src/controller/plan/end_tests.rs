@@ -31,11 +31,7 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         now: t(1),
         startup_timeout: std::time::Duration::from_secs(900),
         port: Some(3128),
-        gates: super::super::managed::Gates {
-            replace: Some(true),
-            recycle: Some(crate::fleet::RecycleStep::Serve),
-            create: Some(crate::controller::throttle::limiter::CreateGate::Go),
-        },
+        gates: super::super::tests::open_gates(),
     };
     assert_eq!(next_managed_step(&input), Step::Create { port: 3128 });
 }

@@ -81,7 +81,7 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
             Severity::Normal,
             REPLACE_REQUESTED,
             "Replace",
-            format!("a new instance was asked for ({REPLACE_ANNOTATION}={v}): draining the proxy and replacing its instance"),
+            format!("a new instance was asked for ({REPLACE_ANNOTATION}={v}): the proxy takes no new leases until it has one"),
         ));
     }
     let deleting = condition::find(&after.conditions, DELETING);

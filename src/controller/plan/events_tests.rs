@@ -50,6 +50,10 @@ fn replacing_vanished(s: &mut ProxyStatus) {
     status::mark_replacing(s, why, true, t(3), Some(1));
     status::health_unknown(s, t(3));
 }
+fn replace_asked(s: &mut ProxyStatus) {
+    ready(s);
+    s.replace_handled = Some("api client crawler-a at t".into());
+}
 fn timed_out(s: &mut ProxyStatus) {
     created(s);
     let why = ReplaceCause::StartupTimedOut {
@@ -179,6 +183,18 @@ fn a_pass_records_an_event_per_transition_only() {
                 (REPLACING, false, "px-abc vanished"),
                 (CREATING, false, "px-new"),
             ],
+        },
+        Case {
+            name: "a replace asked for: the request, naming the client",
+            before: ready,
+            after: replace_asked,
+            want: vec![(REPLACE_REQUESTED, false, "replace=api client crawler-a")],
+        },
+        Case {
+            name: "the same request again: nothing new",
+            before: replace_asked,
+            after: replace_asked,
+            want: vec![],
         },
         Case {
             name: "not running by its startup timeout: a Warning naming the timeout",

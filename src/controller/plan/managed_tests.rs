@@ -1,6 +1,6 @@
 use chrono::{DateTime, Utc};
 
-use super::super::tests::{inst, latched, status_with_id, t};
+use super::super::tests::{inst, latched, open_gates, status_with_id, t};
 use super::*;
 use crate::api::ProxyStatus;
 use crate::controller::throttle::limiter::{CreateGate, Held};
@@ -20,13 +20,6 @@ struct Case {
     want: Step,
 }
 
-/// Every gate open: the breaker lets replaces go, the fleet says serve.
-const OPEN: Gates = Gates {
-    replace: Some(true),
-    recycle: Some(RecycleStep::Serve),
-    create: Some(CreateGate::Go),
-};
-
 fn base(name: &'static str, want: Step) -> Case {
     Case {
         name,
@@ -37,7 +30,7 @@ fn base(name: &'static str, want: Step) -> Case {
         spec: Some("h1"),
         get: None,
         delete_requested_at: None,
-        gates: OPEN,
+        gates: open_gates(),
         want,
     }
 }

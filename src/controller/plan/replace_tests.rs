@@ -343,11 +343,7 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             now: t(c.now),
             startup_timeout: std::time::Duration::from_secs(900),
             port: Some(3128),
-            gates: super::super::managed::Gates {
-                replace: Some(true),
-                recycle: Some(crate::fleet::RecycleStep::Serve),
-                create: Some(crate::controller::throttle::limiter::CreateGate::Go),
-            },
+            gates: super::super::tests::open_gates(),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

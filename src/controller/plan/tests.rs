@@ -6,6 +6,16 @@ use super::*;
 use crate::api::ProxyStatus;
 use crate::provider::{InstanceState, Op};
 
+/// Every gate open: the breaker lets replaces go, the fleet says serve,
+/// the create may go.
+pub(super) fn open_gates() -> super::Gates {
+    super::Gates {
+        replace: Some(true),
+        recycle: Some(crate::fleet::RecycleStep::Serve),
+        create: Some(crate::controller::throttle::limiter::CreateGate::Go),
+    }
+}
+
 /// `s` seconds after a fixed instant.
 pub(super) fn t(s: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
