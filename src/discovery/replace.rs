@@ -120,7 +120,7 @@ pub fn request_value(client: &str, at: chrono::DateTime<chrono::Utc>) -> String 
         (status = 201, description = "The old lease ended and its proxy is being replaced; this is the new lease, on another proxy", body = LeaseResponse),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, description = "unknown_lease: no live lease of this client has this id", body = ErrorBody),
-        (status = 409, description = "circuit_open: the proxy's provider replaces nothing now (nothing was done, the lease is kept); replace_unavailable: no operator behind this API; no_proxy, no_capacity, client_limit: the replace was asked and the old lease ended, but no other proxy is free now (acquire again after Retry-After)", body = ErrorBody,
+        (status = 409, description = "circuit_open: the proxy's provider replaces nothing now (nothing was done, the lease is kept); not_replaceable: an External proxy (nothing was done); replace_unavailable: no operator behind this API; no_proxy, no_capacity, client_limit: the replace was asked and the old lease ended, but no other proxy is free now (acquire again after Retry-After)", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it"))),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 429, description = "rate_limited: this client asked for more than 10 replaces within a minute; nothing was done", body = ErrorBody,
@@ -144,17 +144,22 @@ pub(super) async fn replace(
             "this API has no operator behind it to replace proxies".into(),
         ));
     };
-    let provider = s
-        .source
-        .proxies()
-        .iter()
-        .find(|p| {
-            use kube::ResourceExt;
-            p.namespace().as_deref() == Some(old.proxy.namespace.as_str())
-                && p.name_any() == old.proxy.name
-        })
-        .and_then(|p| p.spec.provider.clone())
-        .unwrap_or_default();
+    let proxy = s.source.proxies().into_iter().find(|p| {
+        use kube::ResourceExt;
+        p.namespace().as_deref() == Some(old.proxy.namespace.as_str())
+            && p.name_any() == old.proxy.name
+    });
+    let Some(proxy) = proxy.filter(|p| p.spec.mode == crate::api::ProxyMode::Managed) else {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "not_replaceable",
+            format!(
+                "proxy {} is not one the operator manages an instance of (External, or gone); release the lease and acquire another",
+                old.proxy
+            ),
+        ));
+    };
+    let provider = proxy.spec.provider.clone().unwrap_or_default();
     if let Some(why) = replacer.held(&provider) {
         s.metrics.lease_event("replace_refused", 1);
         return Err(refuse(StatusCode::CONFLICT, "circuit_open", why).retry_after(CIRCUIT_RETRY));

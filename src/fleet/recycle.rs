@@ -136,9 +136,14 @@ fn at_least(since: Option<DateTime<Utc>>, now: DateTime<Utc>, d: Option<Duration
     }
 }
 
-/// The value of `crawl.example.com/replace` on `p` when it asks for a
-/// replacement not acted on yet (not the one in `status.replaceHandled`).
+/// The value of `crawl.example.com/replace` on the Managed Proxy `p`
+/// when it asks for a replacement not acted on yet (not the one in
+/// `status.replaceHandled`). An External Proxy has no instance of ours to
+/// replace: the annotation means nothing there.
 pub fn replace_pending(p: &crate::api::Proxy) -> Option<&str> {
+    if p.spec.mode != crate::api::ProxyMode::Managed {
+        return None;
+    }
     let asked = p
         .metadata
         .annotations

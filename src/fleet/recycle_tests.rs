@@ -247,4 +247,11 @@ fn replace_pending_table() {
     for (asked, handled, want, name) in cases {
         assert_eq!(replace_pending(&proxy(asked, handled)), want, "{name}");
     }
+    let mut external = proxy(Some("1"), None);
+    external.spec.mode = crate::api::ProxyMode::External;
+    assert_eq!(
+        replace_pending(&external),
+        None,
+        "External: nothing to replace"
+    );
 }
