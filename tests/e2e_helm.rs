@@ -668,6 +668,49 @@ async fn e2e_helm_install_upgrade_uninstall() {
     )
     .await;
 
+    // 4b. helm upgrade changing the providers alone: the running Pods
+    // reload the file (no checksum annotation restarts them); a
+    // ProviderHealth for the third provider says the reload happened.
+    let pods_before = manager_pods(c, "{.items[*].metadata.uid}");
+    let mut three = two.clone();
+    let mut third = three[0].clone();
+    third["name"] = json!("kubernetes-3");
+    three.as_array_mut().unwrap().push(third);
+    let reloaded = values(json!({"replicas": 2, "logLevel": "debug", "providers": three}));
+    let upgraded = helm_ok(
+        home,
+        kubeconfig,
+        &[
+            "upgrade",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "-f",
+            reloaded.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        upgraded.contains("providers config reload"),
+        "the notes say how to see a reload: {upgraded}"
+    );
+    let asked = std::time::Instant::now();
+    eventually(
+        "ProviderHealth kubernetes-3 by a reload",
+        Duration::from_secs(120),
+        || async { health.get_opt("kubernetes-3").await.ok()? },
+    )
+    .await;
+    println!(
+        "providers reloaded {:?} after helm upgrade",
+        asked.elapsed()
+    );
+    assert_eq!(
+        manager_pods(c, "{.items[*].metadata.uid}"),
+        pods_before,
+        "a providers change restarts no Pod"
+    );
+
     // 5. helm uninstall (Proxies first, so the operator runs their
     // finalizers): no operator object is left; the CRDs are (crds.keep).
     assert!(
