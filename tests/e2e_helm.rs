@@ -368,6 +368,85 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("kvmSsh.privateKey"));
 }
 
+/// A values file setting each of the chart's escape hatches: a pinned
+/// digest, Pod labels, a priority class, topology spread, and an extra
+/// volume mounted into the manager (a probe CA, as `--probe-ca-file`
+/// would read it).
+fn escape_hatches(dir: &Path) -> std::path::PathBuf {
+    let v = json!({
+        "image": {"repository": "registry.example/epo", "digest": format!("sha256:{}", "ab".repeat(32))},
+        "podLabels": {"team": "crawl"},
+        "priorityClassName": "system-cluster-critical",
+        "topologySpreadConstraints": [{
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"control-plane": "controller-manager"}},
+        }],
+        "extraVolumes": [{"name": "probe-ca", "secret": {"secretName": "probe-ca", "optional": true}}],
+        "extraVolumeMounts": [{"name": "probe-ca", "mountPath": "/etc/probe-ca", "readOnly": true}],
+        "extraArgs": ["--probe-ca-file=/etc/probe-ca/ca.crt"],
+    });
+    let file = dir.join("escape-hatches.json");
+    std::fs::write(&file, v.to_string()).unwrap();
+    file
+}
+
+#[test]
+fn the_escape_hatches_render_into_the_pod() {
+    let home = tempfile::tempdir().unwrap();
+    let values = escape_hatches(home.path());
+    let docs = yaml_docs(&helm_ok(
+        home.path(),
+        None,
+        &[
+            "template",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NS,
+            "-f",
+            values.to_str().unwrap(),
+        ],
+    ));
+    let deployment = object(&docs, "Deployment", DEPLOYMENT);
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(pod["metadata"]["labels"]["team"], "crawl");
+    assert_eq!(
+        pod["metadata"]["labels"]["control-plane"], "controller-manager",
+        "the selector labels stay"
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["priorityClassName"], "system-cluster-critical");
+    assert_eq!(spec["topologySpreadConstraints"][0]["maxSkew"], 1);
+    let manager = &spec["containers"][0];
+    assert_eq!(
+        manager["image"],
+        format!("registry.example/epo@sha256:{}", "ab".repeat(32))
+    );
+    let named =
+        |list: &Value, name: &str| list.as_array().unwrap().iter().any(|v| v["name"] == name);
+    assert!(named(&spec["volumes"], "probe-ca"), "{}", spec["volumes"]);
+    assert!(
+        named(&spec["volumes"], "providers-config"),
+        "the chart's own volumes stay"
+    );
+    assert!(named(&manager["volumeMounts"], "probe-ca"));
+    assert!(named(&manager["volumeMounts"], "tmp"));
+    // A digest that is not one is refused, naming the key.
+    let out = helm(
+        home.path(),
+        None,
+        &["template", RELEASE, CHART, "--set", "image.digest=latest"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("digest"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 struct Case {
     name: &'static str,
     set: &'static str,
@@ -551,6 +630,31 @@ async fn e2e_helm_install_upgrade_uninstall() {
         &["template", RELEASE, CHART, "-n", NS, "-f", first],
     );
     let manifest = home.join("rendered.yaml");
+    std::fs::write(&manifest, &rendered).unwrap();
+    let dry = c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        manifest.to_str().unwrap(),
+    ]);
+    assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{dry}");
+    // The escape hatches pass the real API server's validation too.
+    let hatches = escape_hatches(home);
+    let rendered = helm_ok(
+        home,
+        None,
+        &[
+            "template",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "-f",
+            hatches.to_str().unwrap(),
+        ],
+    );
+    let manifest = home.join("rendered-hatches.yaml");
     std::fs::write(&manifest, &rendered).unwrap();
     let dry = c.kubectl_ok(&[
         "apply",
