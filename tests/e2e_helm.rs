@@ -369,13 +369,15 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
 }
 
 /// A values file setting each of the chart's escape hatches: a pinned
-/// digest, Pod labels, a priority class, topology spread, and an extra
+/// digest, ServiceAccount annotations (Workload Identity), Pod labels, a
+/// priority class, topology spread, and an extra
 /// volume mounted into the manager (a probe CA, as `--probe-ca-file`
 /// would read it).
 fn escape_hatches(dir: &Path) -> std::path::PathBuf {
     let v = json!({
         "image": {"repository": "registry.example/epo", "digest": format!("sha256:{}", "ab".repeat(32))},
         "podLabels": {"team": "crawl"},
+        "serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "epo@project.iam.gserviceaccount.com"}},
         "priorityClassName": "system-cluster-critical",
         "topologySpreadConstraints": [{
             "maxSkew": 1,
@@ -410,6 +412,11 @@ fn the_escape_hatches_render_into_the_pod() {
         ],
     ));
     let deployment = object(&docs, "Deployment", DEPLOYMENT);
+    let account = object(&docs, "ServiceAccount", DEPLOYMENT);
+    assert_eq!(
+        account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"],
+        "epo@project.iam.gserviceaccount.com"
+    );
     let pod = &deployment["spec"]["template"];
     assert_eq!(pod["metadata"]["labels"]["team"], "crawl");
     assert_eq!(

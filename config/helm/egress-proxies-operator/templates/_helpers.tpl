@@ -44,7 +44,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 An object of the kustomize tree (a file under files/, a symlink into
 config/) as config/default's kustomization renders it: names prefixed with
 the fullname, the release namespace, the chart's labels; RBAC references
-follow the names. Call with (list $ "files/rbac/role.yaml").
+follow the names; the ServiceAccount gets serviceAccount.annotations. Call with (list $ "files/rbac/role.yaml").
 */}}
 {{- define "epo.fromKustomize" -}}
 {{- $root := index . 0 -}}
@@ -57,6 +57,9 @@ follow the names. Call with (list $ "files/rbac/role.yaml").
 {{- end -}}
 {{- $labels := merge (include "epo.labels" $root | fromYaml) (omit (default dict $meta.labels) "app.kubernetes.io/managed-by") -}}
 {{- $_ := set $meta "labels" $labels -}}
+{{- if and (eq $obj.kind "ServiceAccount") $root.Values.serviceAccount.annotations -}}
+{{- $_ := set $meta "annotations" (merge (dict) $root.Values.serviceAccount.annotations (default dict $meta.annotations)) -}}
+{{- end -}}
 {{- with $obj.roleRef -}}
 {{- $_ := set . "name" (printf "%s-%s" $prefix .name | trunc 63 | trimSuffix "-") -}}
 {{- end -}}
