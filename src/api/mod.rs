@@ -13,6 +13,6 @@ pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,
-    ProxyStatus, SecretKeyRef,
+    ProxyStatus, RetiringStatus, SecretKeyRef, SurgeStatus,
 };
 pub use recycle::RecycleSpec;

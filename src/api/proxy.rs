@@ -330,12 +330,78 @@ pub struct ProxyStatus {
     /// when not draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining_since: Option<DateTime<Utc>>,
+    /// The serial of the current instance: its name is the Proxy's
+    /// instance name, followed by `-<serial>` from 1 on (absent: 0, the
+    /// bare name). Each surge replacement takes the next serial, so the old
+    /// and the new instance can exist at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub instance_serial: Option<i32>,
+    /// The replacement being created before the current instance goes
+    /// (the provider's `maxSurge`): recorded before it is created, so a
+    /// restart finds it by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surge: Option<SurgeStatus>,
+    /// The previous instance after a surge replacement took over: it
+    /// serves the leases granted on it until they end or the drain
+    /// timeout, then it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<RetiringStatus>,
     /// Conditions: `Ready` (the summary: True exactly when the phase is
     /// Ready), `Provisioned` (instance exists and runs), `Healthy` (probes
     /// pass through the proxy) and `Recycling`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// A surge replacement in progress (see `ProxyStatus::surge`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SurgeStatus {
+    /// Its serial (see `ProxyStatus::instanceSerial`).
+    #[schemars(range(min = 1))]
+    pub serial: i32,
+    /// When the surge was decided.
+    pub started_at: DateTime<Utc>,
+    /// Its provider ID, once created.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+    /// When it was created; its startup timeout counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
+    /// The port it serves on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// The spec hash it was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_hash: Option<String>,
+    /// When the operator asked the provider to delete it (a surge that
+    /// did not come up is given up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_requested_at: Option<DateTime<Utc>>,
+}
+
+/// A replaced instance being drained (see `ProxyStatus::retiring`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetiringStatus {
+    /// Its provider ID.
+    #[serde(rename = "providerID")]
+    pub provider_id: String,
+    /// Its address, for the leases still on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// When its replacement took over: its drain counts from here.
+    pub since: DateTime<Utc>,
+    /// When the operator asked the provider to delete it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_requested_at: Option<DateTime<Utc>>,
 }
 
 /// Lifecycle phase of a Proxy.
@@ -420,6 +486,12 @@ pub mod conditions {
     pub const RECYCLING: &str = "Recycling";
     /// Recycling=True: draining before the instance is replaced.
     pub const REASON_DRAINING: &str = "Draining";
+    /// Recycling=True: its replacement is being created while it serves
+    /// (the provider's `maxSurge`).
+    pub const REASON_SURGING: &str = "Surging";
+    /// Recycling=True: the replacement took over; the replaced instance
+    /// serves the leases it had until they end, then goes.
+    pub const REASON_RETIRING: &str = "Retiring";
     /// Deleting (False while a deleted Proxy's instance cannot be deleted):
     /// the finalizer stays until it can, or until skip-cleanup.
     pub const DELETING: &str = "Deleting";

@@ -1,4 +1,4 @@
-//! Fleet policy keys of a provider entry: `maxUnavailable` and
+//! Fleet policy keys of a provider entry: `maxUnavailable`, `maxSurge` and
 //! `circuitBreaker`.
 
 use serde_norway::Value;
@@ -12,17 +12,31 @@ pub const MAX_MIN_READY_PROXIES: u32 = 100_000;
 
 /// `maxUnavailable`: a count (`2`) or a percent (`"25%"`); default 1.
 pub(super) fn max_unavailable(v: Option<Value>) -> Result<MaxUnavailable, String> {
+    count_or_percent("maxUnavailable", v, MaxUnavailable::default())
+}
+
+/// `maxSurge`: how many replacements may be created before the instances
+/// they replace go, a count or a percent; default 0 (none).
+pub(super) fn max_surge(v: Option<Value>) -> Result<MaxUnavailable, String> {
+    count_or_percent("maxSurge", v, MaxUnavailable::Count(0))
+}
+
+fn count_or_percent(
+    key: &str,
+    v: Option<Value>,
+    default: MaxUnavailable,
+) -> Result<MaxUnavailable, String> {
     let text = match v {
-        None | Some(Value::Null) => return Ok(MaxUnavailable::default()),
+        None | Some(Value::Null) => return Ok(default),
         Some(Value::Number(n)) => n.to_string(),
         Some(Value::String(s)) => s,
         Some(_) => {
-            return Err(
-                "maxUnavailable must be a count such as 2 or a percent such as \"25%\"".into(),
-            )
+            return Err(format!(
+                "{key} must be a count such as 2 or a percent such as \"25%\""
+            ))
         }
     };
-    MaxUnavailable::parse(&text).map_err(|why| format!("maxUnavailable {why}"))
+    MaxUnavailable::parse(&text).map_err(|why| format!("{key} {why}"))
 }
 
 /// `circuitBreaker: {threshold, window, minReadyProxies}`; absent keys

@@ -60,6 +60,29 @@ fn max_unavailable_key_table() {
 }
 
 #[test]
+fn max_surge_key_table() {
+    let cases: [(&str, Result<MaxUnavailable, &str>); 5] = [
+        ("", Ok(MaxUnavailable::Count(0))),
+        ("maxSurge: 2", Ok(MaxUnavailable::Count(2))),
+        ("maxSurge: \"10%\"", Ok(MaxUnavailable::Percent(10))),
+        (
+            "maxSurge: two",
+            Err("providers[0] \"k\": maxSurge \"two\" must be a count such as 2 or a percent such as 25%"),
+        ),
+        (
+            "maxSurge: {n: 1}",
+            Err("providers[0] \"k\": maxSurge must be a count such as 2 or a percent such as \"25%\""),
+        ),
+    ];
+    for (value, want) in cases {
+        let got = ProvidersConfig::from_slice(entry(value).as_bytes())
+            .map(|cfg| cfg.providers[0].max_surge)
+            .map_err(|e| e.to_string());
+        assert_eq!(got, want.map_err(String::from), "{value:?}");
+    }
+}
+
+#[test]
 fn circuit_breaker_key_table() {
     struct Case {
         name: &'static str,

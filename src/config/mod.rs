@@ -49,6 +49,9 @@ pub struct ProviderConfig {
     /// `maxUnavailable`: how many of the provider's proxies may be
     /// recycled at once (default 1).
     pub max_unavailable: crate::fleet::MaxUnavailable,
+    /// `maxSurge`: how many replacements of serving proxies may be created
+    /// before the instances they replace go (default 0: they drain first).
+    pub max_surge: crate::fleet::MaxUnavailable,
     /// `circuitBreaker`: when the provider's breaker opens (default more
     /// than 50% of 3 or more Ready proxies lost within 5 minutes).
     pub circuit_breaker: crate::fleet::BreakerPolicy,

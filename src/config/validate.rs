@@ -38,6 +38,8 @@ struct RawEntry {
     max_creates_in_flight: Option<Value>,
     #[serde(default, rename = "maxUnavailable")]
     max_unavailable: Option<Value>,
+    #[serde(default, rename = "maxSurge")]
+    max_surge: Option<Value>,
     #[serde(default, rename = "maxInstances")]
     max_instances: Option<Value>,
     #[serde(default, rename = "startupTimeout")]
@@ -209,6 +211,7 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
     )?
     .with_startup_timeout(raw.startup_timeout)?;
     let max_unavailable = super::fleet::max_unavailable(raw.max_unavailable)?;
+    let max_surge = super::fleet::max_surge(raw.max_surge)?;
     let circuit_breaker = super::fleet::circuit_breaker(raw.circuit_breaker)?;
     Ok(ProviderConfig {
         name,
@@ -216,6 +219,7 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
         settings,
         limits,
         max_unavailable,
+        max_surge,
         circuit_breaker,
     })
 }

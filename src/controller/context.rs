@@ -48,6 +48,9 @@ pub struct Context {
     pub events: Option<Events>,
     /// Every decision's "now": the system's, or one a test steps.
     pub clock: Arc<dyn Clock>,
+    /// Probes a surge replacement before it takes over; none: it takes
+    /// over once it runs with an address.
+    pub checker: Option<Arc<crate::health::check::Checker>>,
 }
 
 impl Context {
@@ -81,7 +84,14 @@ impl Context {
             external: Arc::new(ExternalNamespaces::only([])),
             events: None,
             clock: Arc::new(SystemClock),
+            checker: None,
         }
+    }
+
+    /// Probes surge replacements with `checker` before they take over.
+    pub fn with_checker(mut self, checker: Arc<crate::health::check::Checker>) -> Self {
+        self.checker = Some(checker);
+        self
     }
 
     /// Decides by `clock` instead of the system's (a test steps it).

@@ -17,6 +17,7 @@ mod delete;
 mod endings;
 mod events;
 mod look;
+mod side;
 mod writes;
 
 use super::throttle::create_gate;
@@ -26,7 +27,7 @@ use crate::api::{Proxy, ProxyStatus};
 use crate::crashpoint;
 use crate::fleet::{replace_pending, RecyclePolicy};
 use crate::provider::error::plain_message;
-use crate::provider::naming::{name_from_uid, spec_hash, HashInput};
+use crate::provider::naming::{instance_name, spec_hash, HashInput};
 use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
 use delete::delete_path;
 use endings::{action, external_path, fail, fail_delete, finish, health_of};
@@ -34,7 +35,7 @@ use writes::{patch_metadata, patch_status, record_hash};
 
 /// Steps of one managed pass; every step either ends the pass or adds an
 /// observation, so the bound is never reached in practice.
-const MANAGED_STEPS: usize = 16;
+const MANAGED_STEPS: usize = 24;
 
 fn key(p: &Proxy) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -106,15 +107,16 @@ fn get_error(class: ErrorClass, provider: &str, id: &str, message: String) -> Pr
     ProviderError::new(class, Op::Get, provider, id, message)
 }
 
+/// The create of `proxy`'s instance of `serial` (its name's suffix).
 fn create_request(
     proxy: &Proxy,
-    installation_id: &str,
+    (installation_id, serial): (&str, u32),
     port: u16,
     cloud_init: UserData,
 ) -> CreateRequest {
     let uid = proxy.uid().unwrap_or_default();
     CreateRequest {
-        name: name_from_uid(&uid),
+        name: instance_name(&uid, serial),
         uid,
         namespace: proxy.namespace().unwrap_or_default(),
         proxy_name: proxy.name_any(),
@@ -147,6 +149,7 @@ async fn managed_path(
         .unwrap_or(ctx.throttle.limits(&provider_name).startup_timeout);
 
     let mut gates = plan::Gates::default();
+    let mut side_obs = plan::surge::SideObs::default();
     for _ in 0..MANAGED_STEPS {
         let now = ctx.clock.now();
         let step = plan::next_managed_step(&ManagedInput {
@@ -161,6 +164,7 @@ async fn managed_path(
             startup_timeout,
             port: proxy.spec.port,
             gates,
+            side: &side_obs,
         });
         // The plan only asks for provider calls once the provider is known.
         let p = || {
@@ -210,7 +214,7 @@ async fn managed_path(
             }
             Step::NoPort => Ending::NoPort,
             Step::AskCreate => {
-                gates.create = Some(create_gate(ctx, &provider_name, &uid, generation, now));
+                gates.create = Some(create_gate(ctx, &provider_name, (&uid, 0), generation, now));
                 continue;
             }
             Step::Held(held) => {
@@ -224,7 +228,9 @@ async fn managed_path(
             }
             Step::Create { port } => {
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
-                let req = create_request(proxy, &ctx.installation_id, port, user_data.clone());
+                let serial = u32::try_from(status.instance_serial.unwrap_or(0)).unwrap_or(0);
+                let installation = (ctx.installation_id.as_str(), serial);
+                let req = create_request(proxy, installation, port, user_data.clone());
                 match p()?.create(&req).await {
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);
@@ -241,6 +247,19 @@ async fn managed_path(
             }
             Step::Get => {
                 get = Some(look::look(p()?.as_ref(), &id, status).await);
+                continue;
+            }
+            Step::Side(step) => {
+                let side = side::Side {
+                    proxy,
+                    ctx,
+                    provider: p()?,
+                    provider_name: &provider_name,
+                    user_data: &user_data,
+                    hash: hash.as_deref().unwrap_or_default(),
+                };
+                let seen = (&mut recorded, &mut get);
+                side.perform(step, status, &mut side_obs, seen, now).await?;
                 continue;
             }
             Step::AskReplace => {
@@ -325,7 +344,8 @@ async fn managed_path(
         };
         let provisioning = matches!(ending, Ending::Created { .. } | Ending::Provisioning);
         ctx.throttle.settle(&provider_name, &uid, provisioning, now);
-        return Ok(action(ctx, plan::end(ending, status, now, generation)));
+        let end = plan::end(ending, status, now, generation);
+        return Ok(action(ctx, plan::surge::poll(status, end)));
     }
     finish(ctx, Ending::StepLimit, status, ctx.clock.now(), generation)
 }

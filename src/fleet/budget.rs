@@ -184,6 +184,22 @@ pub fn admit_fair(
     out
 }
 
+/// Which of `candidates` may start a surge replacement now: at most
+/// `free` (the provider's `maxSurge` less the surges running), in the
+/// order [`admit_fair`] uses; none while `breaker_open`.
+pub fn admit_surge(
+    free: usize,
+    breaker_open: bool,
+    mut candidates: Vec<Candidate>,
+    busy: &BTreeMap<String, usize>,
+) -> Vec<String> {
+    if breaker_open {
+        return Vec::new();
+    }
+    fair_order(&mut candidates, busy);
+    candidates.into_iter().take(free).map(|c| c.key).collect()
+}
+
 #[cfg(test)]
 #[path = "budget_tests.rs"]
 mod tests;

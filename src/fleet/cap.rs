@@ -21,14 +21,18 @@ pub struct Seen<'a> {
     pub key: &'a str,
     /// `spec.provider`.
     pub provider: &'a str,
-    /// `status.providerID` is set: it holds an instance.
-    pub has_instance: bool,
+    /// The instances its status records: the current one, a surge
+    /// replacement (from when it is decided, before its create) and a
+    /// retiring one.
+    pub instances: usize,
 }
 
 /// Creates admitted here, by Proxy UID: (provider, when).
 pub type Reserved = BTreeMap<String, (String, DateTime<Utc>)>;
 
-/// How many instances `provider` holds for Proxies other than `asking`,
+/// How many instances `provider` holds for Proxies other than `asking`
+/// (whose own instances the caller counts: none for a create, its current
+/// one for a surge replacement),
 /// and forgets admitted creates the cache now shows, or that are older
 /// than [`RESERVED_FOR`].
 pub fn held<'a>(
@@ -42,10 +46,10 @@ pub fn held<'a>(
     reserved.retain(|_, (_, at)| now.signed_duration_since(*at) < reach);
     let mut n = 0;
     for s in seen {
-        if s.has_instance {
+        if s.instances > 0 {
             reserved.remove(s.key);
             if s.provider == provider && s.key != asking {
-                n += 1;
+                n += s.instances;
             }
         }
     }
@@ -67,7 +71,7 @@ mod tests {
         Seen {
             key,
             provider,
-            has_instance,
+            instances: usize::from(has_instance),
         }
     }
 
@@ -97,5 +101,20 @@ mod tests {
         assert_eq!(held(cache, &mut r, "gcp", "d", at(59)), 3);
         assert_eq!(held(cache, &mut r, "gcp", "d", at(60)), 2);
         assert_eq!(held(cache, &mut r, "kube", "d", at(60)), 1, "per provider");
+    }
+
+    #[test]
+    fn a_surge_replacement_and_a_retiring_instance_count_as_instances() {
+        let mut r = Reserved::new();
+        let cache = [
+            Seen {
+                key: "a",
+                provider: "gcp",
+                instances: 3,
+            },
+            seen("b", "gcp", true),
+        ];
+        assert_eq!(held(cache, &mut r, "gcp", "c", at(0)), 4);
+        assert_eq!(held(cache, &mut r, "gcp", "a", at(0)), 1, "not its own");
     }
 }

@@ -25,7 +25,7 @@ pub mod drain;
 pub mod recycle;
 
 pub use breaker::{Breaker, BreakerPolicy, Member, Transition};
-pub use budget::{admit, admit_fair, Candidate, FleetCounts, MaxUnavailable};
+pub use budget::{admit, admit_fair, admit_surge, Candidate, FleetCounts, MaxUnavailable};
 pub use drain::{
     leases_end, next_drain_step, unseen_leases_end, DrainDone, DrainInput, DrainStep, DRAIN_NOTICE,
 };
@@ -37,4 +37,7 @@ pub mod shared;
 pub mod view;
 
 pub use shared::{Fleet, Seen};
-pub use view::{mark_replacing, recycle_step, summarize, FleetState, RecycleStep, Summary};
+pub use view::{
+    mark_replacing, recycle_step, recycle_step_with_surge, summarize, FleetState, RecycleStep,
+    Summary,
+};

@@ -19,8 +19,8 @@ use crate::api::{Proxy, ProxyStatus};
 use crate::fleet::breaker::Report;
 use crate::fleet::cap;
 use crate::fleet::{
-    leases_end, mark_replacing, recycle_step, summarize, BreakerPolicy, DrainInput, FleetState,
-    MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
+    leases_end, mark_replacing, recycle_step_with_surge, summarize, BreakerPolicy, DrainInput,
+    FleetState, MaxUnavailable, RecyclePolicy, RecycleStep, Transition,
 };
 use crate::lease::{HeldUntil, LeaseStore, ProxyKey};
 
@@ -70,6 +70,8 @@ struct Inner {
     refreshed: Option<DateTime<Utc>>,
     /// Drains started by this process, by key, not yet seen in the cache.
     pending: HashMap<String, DateTime<Utc>>,
+    /// Surges started by this process, by key, not yet seen in the cache.
+    pending_surge: HashMap<String, DateTime<Utc>>,
     /// Replaces decided by this process, by key, while the cache may
     /// still show the Proxy Ready (see [`mark_replacing`]).
     replacing: BTreeMap<String, DateTime<Utc>>,
@@ -95,6 +97,7 @@ impl Fleet {
                 state: FleetState::new(BreakerPolicy::default(), budgets),
                 refreshed: None,
                 pending: HashMap::new(),
+                pending_surge: HashMap::new(),
                 replacing: BTreeMap::new(),
                 transitions: Vec::new(),
                 creating: cap::Reserved::new(),
@@ -107,6 +110,13 @@ impl Fleet {
     pub fn with_breaker_policies(mut self, policies: BTreeMap<String, BreakerPolicy>) -> Self {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         inner.state = std::mem::take(&mut inner.state).with_breaker_policies(policies);
+        self
+    }
+
+    /// Each provider's `maxSurge` (absent: none).
+    pub fn with_surges(mut self, surges: BTreeMap<String, MaxUnavailable>) -> Self {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        inner.state = std::mem::take(&mut inner.state).with_surges(surges);
         self
     }
 
@@ -175,16 +185,20 @@ impl Fleet {
             .filter_map(|p| summarize(p, now))
             .collect();
         for s in summaries.iter_mut() {
-            match inner.pending.get(&s.key) {
-                Some(_) if s.draining => {
-                    inner.pending.remove(&s.key);
-                }
-                Some(t) if now.signed_duration_since(*t) < pending_for => s.draining = true,
-                Some(_) => {
-                    inner.pending.remove(&s.key);
-                }
-                None => {}
-            }
+            mark_pending(
+                &mut inner.pending,
+                &s.key,
+                &mut s.draining,
+                now,
+                pending_for,
+            );
+            mark_pending(
+                &mut inner.pending_surge,
+                &s.key,
+                &mut s.surging,
+                now,
+                pending_for,
+            );
         }
         mark_replacing(&mut summaries, &mut inner.replacing, now, pending_for);
         for (provider, t) in inner.state.refresh(now, &summaries) {
@@ -214,12 +228,14 @@ impl Fleet {
     /// Whether the Proxy `key` (its UID) may create an instance on
     /// `provider`, which may hold `max` (`maxInstances`): `Err` with the
     /// instances it holds when not; when it may, the create counts until
-    /// the cache shows its instance. Without a cache (tests) it may.
+    /// the cache shows its instance. `own` counts the instances the Proxy
+    /// keeps meanwhile (its current one, for a surge replacement). Without
+    /// a cache (tests) it may.
     pub fn admit_create(
         &self,
         provider: &str,
         key: &str,
-        max: u32,
+        (max, own): (u32, usize),
         now: DateTime<Utc>,
     ) -> Result<(), usize> {
         let Some(cache) = &self.cache else {
@@ -229,14 +245,10 @@ impl Fleet {
         let seen = proxies.iter().map(|p| cap::Seen {
             key: p.metadata.uid.as_deref().unwrap_or_default(),
             provider: p.spec.provider.as_deref().unwrap_or_default(),
-            has_instance: p
-                .status
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .is_some_and(|id| !id.is_empty()),
+            instances: p.status.as_ref().map_or(0, instances_of),
         });
         let mut inner = self.lock();
-        let held = cap::held(seen, &mut inner.creating, provider, key, now);
+        let held = cap::held(seen, &mut inner.creating, provider, key, now) + own;
         if held >= max as usize {
             return Err(held);
         }
@@ -323,7 +335,46 @@ impl Fleet {
         let policy = RecyclePolicy::of(proxy.spec.recycle.as_ref()).unwrap_or_default();
         let mut inner = self.lock();
         self.refresh(&mut inner, now);
-        let admitted = inner.state.admitted(&provider, &key) && !inner.pending.contains_key(&key);
+        let busy = inner.pending.contains_key(&key) || inner.pending_surge.contains_key(&key);
+        let admitted = inner.state.admitted(&provider, &key) && !busy;
+        let surge = inner.state.surge_admitted(&provider, &key) && !busy;
+        let drain = self.drain_input(proxy, status.draining_since, policy, now);
+        let open = inner.state.breaker_open(&provider);
+        let step = recycle_step_with_surge(admitted, surge, open, &drain);
+        match step {
+            RecycleStep::StartDrain => {
+                inner.pending.insert(key, now);
+            }
+            RecycleStep::StartSurge => {
+                inner.pending_surge.insert(key, now);
+            }
+            _ => {}
+        }
+        step
+    }
+
+    /// Where the drain of `proxy` begun at `since` stands at `now`: the
+    /// drain of its retiring instance after a surge replacement took over.
+    /// Every lease on the Proxy counts, those taken on the new instance
+    /// too (the lease table does not say which instance a lease got), so
+    /// a busy Proxy's old instance goes at its drain timeout.
+    pub fn retire_step(
+        &self,
+        proxy: &Proxy,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> crate::fleet::DrainStep {
+        let policy = RecyclePolicy::of(proxy.spec.recycle.as_ref()).unwrap_or_default();
+        crate::fleet::next_drain_step(&self.drain_input(proxy, Some(since), policy, now))
+    }
+
+    fn drain_input(
+        &self,
+        proxy: &Proxy,
+        since: Option<DateTime<Utc>>,
+        policy: RecyclePolicy,
+        now: DateTime<Utc>,
+    ) -> DrainInput {
         let held = match &self.leases {
             Leases::Table(store) => store.held_until(&ProxyKey {
                 namespace: proxy.namespace().unwrap_or_default(),
@@ -332,18 +383,46 @@ impl Fleet {
             Leases::NoApi => HeldUntil::Known(None),
             Leases::Unknown => HeldUntil::Unknown,
         };
-        let drain = DrainInput {
-            draining_since: status.draining_since,
-            leases_end: leases_end(status.draining_since, held, self.max_lease_ttl, now),
+        DrainInput {
+            draining_since: since,
+            leases_end: leases_end(since, held, self.max_lease_ttl, now),
             timeout: policy.drain_timeout,
             now,
-        };
-        let step = recycle_step(admitted, inner.state.breaker_open(&provider), &drain);
-        if step == RecycleStep::StartDrain {
-            inner.pending.insert(key, now);
         }
-        step
     }
+}
+
+/// Applies a start this process made (`pending`, by key) to `flag` until
+/// the cache shows it, or for `pending_for` at most.
+fn mark_pending(
+    pending: &mut HashMap<String, DateTime<Utc>>,
+    key: &str,
+    flag: &mut bool,
+    now: DateTime<Utc>,
+    pending_for: chrono::Duration,
+) {
+    match pending.get(key) {
+        Some(_) if *flag => {
+            pending.remove(key);
+        }
+        Some(t) if now.signed_duration_since(*t) < pending_for => *flag = true,
+        Some(_) => {
+            pending.remove(key);
+        }
+        None => {}
+    }
+}
+
+/// The instances `status` records: its current one, a surge replacement
+/// (counted from its decision, before the create) and a retiring one.
+pub fn instances_of(status: &ProxyStatus) -> usize {
+    let current = status
+        .provider_id
+        .as_deref()
+        .is_some_and(|id| !id.is_empty());
+    usize::from(current)
+        + usize::from(status.surge.is_some())
+        + usize::from(status.retiring.is_some())
 }
 
 fn log_transition(provider: &str, t: Transition) {

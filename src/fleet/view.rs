@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 
 use super::{
-    admit_fair, next_drain_step, replace_pending, wants_recycle, Breaker, BreakerPolicy, Candidate,
-    DrainDone, DrainInput, DrainStep, FleetCounts, MaxUnavailable, Member, RecycleInput,
-    RecyclePolicy, RecycleReason, Transition,
+    admit_fair, admit_surge, next_drain_step, replace_pending, wants_recycle, Breaker,
+    BreakerPolicy, Candidate, DrainDone, DrainInput, DrainStep, FleetCounts, MaxUnavailable,
+    Member, RecycleInput, RecyclePolicy, RecycleReason, Transition,
 };
 use crate::api::condition::find;
 use crate::api::proxy::conditions::{HEALTHY, PROVISIONED, UP_TO_DATE};
@@ -32,6 +32,9 @@ pub struct Summary {
     pub replacing: bool,
     /// `status.drainingSince` is set: a recycle runs.
     pub draining: bool,
+    /// `status.surge` is set: its replacement is being created while it
+    /// serves (the provider's `maxSurge`).
+    pub surging: bool,
     /// Why it wants recycling now, if it does.
     pub wants: Option<RecycleReason>,
     /// When its instance came up (Provisioned turned True).
@@ -54,7 +57,10 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
         return None;
     }
     let st = p.status.clone().unwrap_or_default();
-    let created_at = since(p, PROVISIONED, ConditionStatus::True);
+    // A surge replacement takes over with Provisioned still True since the
+    // old instance came up: its own creation time is the later one.
+    let created_at =
+        since(p, PROVISIONED, ConditionStatus::True).map(|t| st.created_at.map_or(t, |c| c.max(t)));
     let policy = RecyclePolicy::of(p.spec.recycle.as_ref()).unwrap_or_default();
     let wants = wants_recycle(&RecycleInput {
         policy,
@@ -73,6 +79,7 @@ pub fn summarize(p: &Proxy, now: DateTime<Utc>) -> Option<Summary> {
         ready: st.phase == Some(ProxyPhase::Ready),
         replacing: false,
         draining: st.draining_since.is_some(),
+        surging: st.surge.is_some(),
         wants,
         created_at,
     })
@@ -117,6 +124,8 @@ pub fn mark_replacing(
 struct ProviderFleet {
     breaker: Breaker,
     admitted: BTreeSet<String>,
+    /// Admitted to a surge replacement (created before the old one goes).
+    surge: BTreeSet<String>,
 }
 
 /// Every provider's fleet state.
@@ -125,6 +134,8 @@ pub struct FleetState {
     policy: BreakerPolicy,
     policies: BTreeMap<String, BreakerPolicy>,
     budgets: BTreeMap<String, MaxUnavailable>,
+    /// Each provider's `maxSurge` (absent: 0, no surge).
+    surges: BTreeMap<String, MaxUnavailable>,
     providers: BTreeMap<String, ProviderFleet>,
 }
 
@@ -135,8 +146,16 @@ impl FleetState {
             policy,
             policies: BTreeMap::new(),
             budgets,
+            surges: BTreeMap::new(),
             providers: BTreeMap::new(),
         }
+    }
+
+    /// Each provider's `maxSurge`: how many replacements may be created
+    /// before the instances they replace go (absent: none).
+    pub fn with_surges(mut self, surges: BTreeMap<String, MaxUnavailable>) -> Self {
+        self.surges = surges;
+        self
     }
 
     /// Each provider's own breaker policy (absent ones get the one given
@@ -176,7 +195,7 @@ impl FleetState {
                 .entry(name.to_string())
                 .or_insert_with(|| ProviderFleet {
                     breaker: Breaker::new(policy),
-                    admitted: BTreeSet::new(),
+                    ..ProviderFleet::default()
                 });
             // A Proxy being recycled leaves on purpose: not a loss.
             let members: Vec<Member> = proxies
@@ -201,9 +220,9 @@ impl FleetState {
                     .count(),
                 recycling: proxies.iter().filter(|s| s.draining).count(),
             };
-            let candidates = proxies
+            let candidates: Vec<Candidate> = proxies
                 .iter()
-                .filter(|s| !s.draining)
+                .filter(|s| !s.draining && !s.surging)
                 .filter_map(|s| {
                     s.wants.map(|reason| Candidate {
                         key: s.key.clone(),
@@ -213,14 +232,20 @@ impl FleetState {
                     })
                 })
                 .collect();
-            let mut busy: BTreeMap<String, usize> = BTreeMap::new();
-            for s in proxies.iter().filter(|s| s.draining) {
-                let ns = s.key.split_once('/').map_or("", |(ns, _)| ns);
-                *busy.entry(ns.to_string()).or_default() += 1;
-            }
+            let busy = per_namespace(&proxies, |s| s.draining);
             let budget = self.budgets.get(name).copied().unwrap_or_default();
             let open = fleet.breaker.is_open();
-            fleet.admitted = admit_fair(budget, counts, open, candidates, &busy)
+            let surge = self
+                .surges
+                .get(name)
+                .map_or(0, |m| m.allowance(proxies.len()));
+            let (surged, drained) = split_surge(surge, candidates);
+            let surging = per_namespace(&proxies, |s| s.surging);
+            let free = surge.saturating_sub(surging.values().sum());
+            fleet.surge = admit_surge(free, open, surged, &surging)
+                .into_iter()
+                .collect();
+            fleet.admitted = admit_fair(budget, counts, open, drained, &busy)
                 .into_iter()
                 .collect();
         }
@@ -246,6 +271,13 @@ impl FleetState {
         self.providers
             .get(provider)
             .is_some_and(|f| f.admitted.contains(key))
+    }
+
+    /// Whether the Proxy `key` of `provider` may start a surge replacement.
+    pub fn surge_admitted(&self, provider: &str, key: &str) -> bool {
+        self.providers
+            .get(provider)
+            .is_some_and(|f| f.surge.contains(key))
     }
 
     /// An operator reset of `provider`'s breaker.
@@ -275,6 +307,9 @@ pub enum RecycleStep {
     Serve,
     /// Start draining now (record `drainingSince`).
     StartDrain,
+    /// Create the replacement first (record `status.surge`): the instance
+    /// serves until the replacement passes its probe, then drains.
+    StartSurge,
     /// Draining: come back at `until`.
     Drain {
         /// When to look again at the latest.
@@ -285,6 +320,44 @@ pub enum RecycleStep {
     /// The drain is over but the provider's breaker is open: keep the
     /// instance (out of the pool) until it closes.
     HoldCircuitOpen,
+}
+
+/// How many of `proxies` are `busy`, by namespace.
+fn per_namespace(proxies: &[&Summary], busy: impl Fn(&Summary) -> bool) -> BTreeMap<String, usize> {
+    let mut out: BTreeMap<String, usize> = BTreeMap::new();
+    for s in proxies.iter().filter(|s| busy(s)) {
+        let ns = s.key.split_once('/').map_or("", |(ns, _)| ns);
+        *out.entry(ns.to_string()).or_default() += 1;
+    }
+    out
+}
+
+/// Splits recycle candidates into those replaced surge-first and those
+/// drained first: with a surge allowance, a serving proxy whose spec
+/// changed or that grew old always waits for a surge slot (so a roll
+/// never lowers the Ready count); an unhealthy one serves nothing, and one
+/// a crawler asked to replace must leave the pool at once, so both drain.
+fn split_surge(allowance: usize, candidates: Vec<Candidate>) -> (Vec<Candidate>, Vec<Candidate>) {
+    candidates.into_iter().partition(|c| {
+        allowance > 0
+            && c.serving
+            && matches!(c.reason, RecycleReason::SpecChanged | RecycleReason::MaxAge)
+    })
+}
+
+/// [`recycle_step`] for a Proxy the view may also have admitted to a
+/// surge replacement (`surge`): one not draining starts its surge, unless
+/// the breaker is open.
+pub fn recycle_step_with_surge(
+    admitted: bool,
+    surge: bool,
+    breaker_open: bool,
+    drain: &DrainInput,
+) -> RecycleStep {
+    if surge && !breaker_open && drain.draining_since.is_none() {
+        return RecycleStep::StartSurge;
+    }
+    recycle_step(admitted, breaker_open, drain)
 }
 
 /// The recycle step of one running Proxy: `admitted` by the view,

@@ -14,6 +14,7 @@ fn s(i: usize, ready: bool, draining: bool, wants: Option<RecycleReason>) -> Sum
         ready,
         replacing: false,
         draining,
+        surging: false,
         wants,
         created_at: Some(at(i as i64)),
     }
@@ -104,6 +105,135 @@ fn refresh_table() {
         assert_eq!(admitted, c.want_admitted, "{}", c.name);
         assert_eq!(f.breaker_open("k"), c.want_open, "{}: open", c.name);
     }
+}
+
+#[test]
+fn surge_admission_table() {
+    let spec = Some(RecycleReason::SpecChanged);
+    let unhealthy = Some(RecycleReason::Unhealthy);
+    let asked = Some(RecycleReason::Requested);
+    struct Case {
+        name: &'static str,
+        surge: MaxUnavailable,
+        now: Vec<Summary>,
+        want_surge: Vec<usize>,
+        want_drain: Vec<usize>,
+    }
+    let surging = |i| Summary {
+        surging: true,
+        ..s(i, true, false, spec)
+    };
+    let cases = [
+        Case {
+            name: "no maxSurge: the spec change drains, within maxUnavailable",
+            surge: MaxUnavailable::Count(0),
+            now: (0..10).map(|i| s(i, true, false, spec)).collect(),
+            want_surge: vec![],
+            want_drain: vec![0, 1],
+        },
+        Case {
+            name: "maxSurge 2: the two oldest surge, none drains",
+            surge: MaxUnavailable::Count(2),
+            now: (0..10).map(|i| s(i, true, false, spec)).collect(),
+            want_surge: vec![0, 1],
+            want_drain: vec![],
+        },
+        Case {
+            name: "two surging use maxSurge: the rest wait, none drains",
+            surge: MaxUnavailable::Count(2),
+            now: (0..10)
+                .map(|i| {
+                    if i < 2 {
+                        surging(i)
+                    } else {
+                        s(i, true, false, spec)
+                    }
+                })
+                .collect(),
+            want_surge: vec![],
+            want_drain: vec![],
+        },
+        Case {
+            name: "a percent of the fleet, rounded up",
+            surge: MaxUnavailable::Percent(25),
+            now: (0..10).map(|i| s(i, true, false, AGE)).collect(),
+            want_surge: vec![0, 1, 2],
+            want_drain: vec![],
+        },
+        Case {
+            name: "an unhealthy one and one asked to be replaced drain; the changed one surges",
+            surge: MaxUnavailable::Count(2),
+            now: vec![
+                s(0, false, false, unhealthy),
+                s(1, true, false, asked),
+                s(2, true, false, spec),
+            ],
+            want_surge: vec![2],
+            want_drain: vec![0, 1],
+        },
+        Case {
+            name: "a changed one that serves nothing drains: a surge would not keep anything Ready",
+            surge: MaxUnavailable::Count(2),
+            now: vec![s(0, false, false, spec), s(1, true, false, spec)],
+            want_surge: vec![1],
+            want_drain: vec![0],
+        },
+    ];
+    for c in cases {
+        let mut f = FleetState::new(
+            BreakerPolicy::default(),
+            BTreeMap::from([("k".to_string(), MaxUnavailable::Count(2))]),
+        )
+        .with_surges(BTreeMap::from([("k".to_string(), c.surge)]));
+        f.refresh(at(0), &c.now);
+        let pick = |admitted: &dyn Fn(&str) -> bool| -> Vec<usize> {
+            (0..c.now.len())
+                .filter(|i| admitted(&format!("ns/p{i}")))
+                .collect()
+        };
+        assert_eq!(
+            pick(&|k| f.surge_admitted("k", k)),
+            c.want_surge,
+            "{}: surge",
+            c.name
+        );
+        assert_eq!(
+            pick(&|k| f.admitted("k", k)),
+            c.want_drain,
+            "{}: drain",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn surge_step_table() {
+    let drain = |since: Option<i64>| DrainInput {
+        draining_since: since.map(at),
+        leases_end: None,
+        timeout: Duration::from_secs(600),
+        now: at(10),
+    };
+    let step = recycle_step_with_surge;
+    assert_eq!(
+        step(false, true, false, &drain(None)),
+        RecycleStep::StartSurge
+    );
+    assert_eq!(
+        step(false, true, true, &drain(None)),
+        RecycleStep::Serve,
+        "breaker open"
+    );
+    assert_eq!(
+        step(false, true, false, &drain(Some(0))),
+        RecycleStep::Replace(DrainDone::NoLeases),
+        "a drain already running goes on"
+    );
+    assert_eq!(
+        step(true, false, false, &drain(None)),
+        RecycleStep::StartDrain
+    );
+    assert_eq!(step(false, false, false, &drain(None)), RecycleStep::Serve);
 }
 
 #[test]

@@ -11,6 +11,7 @@
 //! - [`notify`]: the reconcile trigger channel to the Proxy controller.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
+pub mod check;
 pub mod engine;
 pub mod error;
 pub mod fairness;

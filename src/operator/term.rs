@@ -132,6 +132,12 @@ impl Operator {
                     .iter()
                     .map(|p| (p.name.clone(), p.circuit_breaker))
                     .collect(),
+            )
+            .with_surges(
+                entries
+                    .iter()
+                    .map(|p| (p.name.clone(), p.max_surge))
+                    .collect(),
             ),
         );
         self.replacer.set_fleet(fleet.clone());
@@ -167,7 +173,11 @@ impl Operator {
             .with_throttle(throttle)
             .with_fleet(fleet)
             .with_events(self.events.clone())
-            .with_external_namespaces(s.health.defaults.external.clone()),
+            .with_external_namespaces(s.health.defaults.external.clone())
+            .with_checker(Arc::new(crate::health::check::Checker::new(
+                s.health.defaults.clone(),
+                s.health.tls.clone(),
+            ))),
         );
         let ns = s.proxy_namespace.clone();
         let concurrency = s.max_concurrent_reconciles;

@@ -27,6 +27,18 @@ pub fn name_from_uid(uid: &str) -> String {
     format!("{NAME_PREFIX}{}", base32_lower(&digest[..10]))
 }
 
+/// The name of a Proxy's instance of `serial`: [`name_from_uid`] for 0
+/// (every instance before surge replacements existed keeps its name), and
+/// `-<serial>` after it from 1 on, so a surge replacement and the instance
+/// it replaces can exist at once. At most 6 + 16 + 11 characters: still a
+/// valid GCE instance name, DNS label and libvirt domain name.
+pub fn instance_name(uid: &str, serial: u32) -> String {
+    match serial {
+        0 => name_from_uid(uid),
+        n => format!("{}-{n}", name_from_uid(uid)),
+    }
+}
+
 /// The inputs of the spec hash: what the instance is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct HashInput<'a> {
@@ -122,6 +134,9 @@ mod tests {
             );
         }
         assert_ne!(name_from_uid("a"), name_from_uid("b"));
+        assert_eq!(instance_name("abc", 0), "proxy-xj4bnp4pahh6uqkb");
+        assert_eq!(instance_name("abc", 3), "proxy-xj4bnp4pahh6uqkb-3");
+        assert!(instance_name("abc", u32::MAX).len() <= 63);
     }
 
     fn placement(region: &str, zone: &str, mt: &str, image: &str) -> Placement {

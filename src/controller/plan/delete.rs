@@ -116,6 +116,69 @@ pub fn next_delete_step(input: &DeleteInput<'_>) -> DeleteStep {
     }
 }
 
+/// Which of a deleted Proxy's instances the deletion path works on: a
+/// retiring one, then a surge replacement, then the current one; each
+/// is deleted and seen gone before the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `status.retiring`.
+    Retiring,
+    /// `status.surge` (once created).
+    Surge,
+    /// `status.providerID`.
+    Current,
+}
+
+/// The instance the deletion path works on next: its kind, ID and when
+/// its delete was last asked for.
+pub fn deletion_target(status: &ProxyStatus) -> (Target, Option<&str>, Option<DateTime<Utc>>) {
+    if let Some(r) = &status.retiring {
+        return (
+            Target::Retiring,
+            Some(r.provider_id.as_str()),
+            r.delete_requested_at,
+        );
+    }
+    if let Some(s) = status.surge.as_ref().filter(|s| s.provider_id.is_some()) {
+        return (
+            Target::Surge,
+            s.provider_id.as_deref(),
+            s.delete_requested_at,
+        );
+    }
+    (
+        Target::Current,
+        status.provider_id.as_deref(),
+        status.delete_requested_at,
+    )
+}
+
+/// `target` is gone (or nothing was recorded for it): forget it.
+pub fn forget_target(status: &mut ProxyStatus, target: Target) {
+    match target {
+        Target::Retiring => status.retiring = None,
+        Target::Surge => status.surge = None,
+        Target::Current => {}
+    }
+}
+
+/// A delete of `target` was asked for at `now`.
+pub fn target_delete_requested(status: &mut ProxyStatus, target: Target, now: DateTime<Utc>) {
+    match target {
+        Target::Retiring => {
+            if let Some(r) = status.retiring.as_mut() {
+                r.delete_requested_at = Some(now);
+            }
+        }
+        Target::Surge => {
+            if let Some(s) = status.surge.as_mut() {
+                s.delete_requested_at = Some(now);
+            }
+        }
+        Target::Current => status.delete_requested_at = Some(now),
+    }
+}
+
 /// Failed cleanup attempts in a row after which a deleted Proxy says so
 /// in its status and an Event: one failure is often a blip the next poll
 /// clears.

@@ -242,3 +242,45 @@ fn repeated_cleanup_failures_show_in_the_status_with_the_providers_words() {
         "the same failure again changes nothing (no new Event)"
     );
 }
+
+#[test]
+fn a_deleted_proxy_goes_through_its_retiring_then_its_surge_then_its_current_instance() {
+    use crate::api::{RetiringStatus, SurgeStatus};
+    let at = t;
+    let mut st = ProxyStatus {
+        provider_id: Some("cur".into()),
+        retiring: Some(RetiringStatus {
+            provider_id: "old".into(),
+            since: at(0),
+            ..RetiringStatus::default()
+        }),
+        surge: Some(SurgeStatus {
+            serial: 2,
+            started_at: at(0),
+            provider_id: Some("new".into()),
+            ..SurgeStatus::default()
+        }),
+        ..ProxyStatus::default()
+    };
+    assert_eq!(deletion_target(&st), (Target::Retiring, Some("old"), None));
+    target_delete_requested(&mut st, Target::Retiring, at(5));
+    assert_eq!(
+        deletion_target(&st),
+        (Target::Retiring, Some("old"), Some(at(5)))
+    );
+    forget_target(&mut st, Target::Retiring);
+    assert_eq!(deletion_target(&st), (Target::Surge, Some("new"), None));
+    target_delete_requested(&mut st, Target::Surge, at(6));
+    assert_eq!(
+        deletion_target(&st),
+        (Target::Surge, Some("new"), Some(at(6)))
+    );
+    forget_target(&mut st, Target::Surge);
+    assert_eq!(deletion_target(&st), (Target::Current, Some("cur"), None));
+    target_delete_requested(&mut st, Target::Current, at(7));
+    assert_eq!(st.delete_requested_at, Some(at(7)));
+    // A surge decided but never created has no instance of its own to
+    // delete here (one created before a crash is an orphan for GC).
+    st.surge = Some(SurgeStatus::default());
+    assert_eq!(deletion_target(&st).0, Target::Current);
+}

@@ -32,6 +32,7 @@ fn latch_is_per_generation_and_only_for_permanent_errors() {
         startup_timeout: std::time::Duration::from_secs(900),
         port: Some(3128),
         gates: super::super::tests::open_gates(),
+        side: &Default::default(),
     };
     assert_eq!(next_managed_step(&input), Step::Create { port: 3128 });
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::end::is_latched;
+use super::surge::{next_side_step, SideInput, SideObs, SideStep};
 use super::{delete_pending, replace, GetOutcome};
 use crate::api::ProxyStatus;
 use crate::controller::throttle::limiter::{CreateGate, Held};
@@ -37,6 +38,8 @@ pub struct ManagedInput<'a> {
     pub port: Option<i32>,
     /// The shared gates' answers, each asked only once the plan needs it.
     pub gates: Gates,
+    /// What was observed of a surge replacement and a retiring instance.
+    pub side: &'a SideObs,
 }
 
 /// The answers of the gates every Proxy of a provider shares. The plan
@@ -129,6 +132,9 @@ pub enum Step {
         /// The message (names the field and value for Permanent).
         message: String,
     },
+    /// A step of a surge replacement or of a retiring instance, taken
+    /// before the current instance's own.
+    Side(SideStep),
     /// The last call failed with this class.
     Failed {
         /// The class.
@@ -224,6 +230,16 @@ fn ungated(input: &ManagedInput<'_>) -> Step {
     let Some(spec_hash) = input.spec_hash else {
         return Step::ResolveCloudInit;
     };
+    if let Some(side) = next_side_step(&SideInput {
+        status: input.status,
+        spec_hash,
+        port: create_port(input.port),
+        startup_timeout: input.startup_timeout,
+        obs: input.side,
+        now: input.now,
+    }) {
+        return Step::Side(side);
+    }
     let provider_id = input.status.provider_id.as_deref().unwrap_or("");
     if provider_id.is_empty() {
         return create(input);

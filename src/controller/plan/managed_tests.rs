@@ -54,6 +54,7 @@ fn check(cases: Vec<Case>) {
             startup_timeout: std::time::Duration::from_secs(900),
             port: Some(3128),
             gates: c.gates,
+            side: &Default::default(),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

@@ -17,6 +17,8 @@
 //!   keeps dying, kept in the status.
 //! - [`throttle`]: whether a create may go now (the provider's create
 //!   limits).
+//! - [`surge`]: a surge replacement (created and probed before the old
+//!   instance goes) and the retiring instance it leaves.
 //! - [`written`]: whether a pass starts from the status it read or from
 //!   the one the last pass wrote (read your own writes).
 
@@ -31,6 +33,7 @@ pub mod recycle;
 pub mod replace;
 pub mod status;
 pub mod summary;
+pub mod surge;
 pub mod written;
 
 use chrono::{DateTime, Utc};

@@ -94,7 +94,7 @@ pub fn mark_outdated(
             UP_TO_DATE,
             ConditionStatus::False,
             REASON_SPEC_CHANGED,
-            "the spec or cloud-init changed: the instance keeps serving until the provider's budget (maxUnavailable) lets it be drained and replaced",
+            "the spec or cloud-init changed: the instance keeps serving until the provider's budget (maxUnavailable, or maxSurge) lets it be replaced",
             now,
         ),
     );
@@ -139,6 +139,10 @@ pub fn after_running(r: Recycle, status: &mut ProxyStatus, end: End, now: DateTi
                 .to_std()
                 .unwrap_or_default();
             soon(d.clamp(Duration::from_secs(1), RUNNING_RESYNC))
+        }
+        RecycleStep::StartSurge => {
+            super::surge::start(status, now);
+            soon(Duration::from_secs(1))
         }
         RecycleStep::HoldCircuitOpen => soon(CIRCUIT_RETRY),
     }

@@ -45,6 +45,13 @@ fn after_running_table() {
             outdated: false,
         },
         Case {
+            name: "a surge starts: recorded (not a drain), looked at again at once",
+            step: RecycleStep::StartSurge,
+            want: End::RequeueAfter(s(1)),
+            draining: false,
+            outdated: true,
+        },
+        Case {
             name: "drained but the breaker is open: back after the circuit retry",
             step: RecycleStep::HoldCircuitOpen,
             want: End::RequeueAfter(CIRCUIT_RETRY),
@@ -90,9 +97,14 @@ fn after_running_table() {
         assert_eq!(got, c.want, "{}", c.name);
         assert_eq!(status.draining_since.is_some(), c.draining, "{}", c.name);
         let recycling = condition::find(&status.conditions, RECYCLING).map(|c| c.reason.clone());
+        let want = match c.step {
+            RecycleStep::StartSurge => Some(crate::api::proxy::conditions::REASON_SURGING),
+            _ => c.draining.then_some(REASON_DRAINING),
+        };
+        assert_eq!(recycling.as_deref(), want, "{}", c.name);
         assert_eq!(
-            recycling,
-            c.draining.then(|| REASON_DRAINING.to_string()),
+            status.surge.is_some(),
+            c.step == RecycleStep::StartSurge,
             "{}",
             c.name
         );

@@ -344,6 +344,7 @@ fn the_managed_path_holds_a_re_create_until_the_backoff_ends() {
             startup_timeout: std::time::Duration::from_secs(900),
             port: Some(3128),
             gates: super::super::tests::open_gates(),
+            side: &Default::default(),
         };
         assert_eq!(next_managed_step(&input), c.want, "{}", c.name);
     }

@@ -11,12 +11,14 @@ use crate::api::constants::{is_true_annotation, FINALIZER, SKIP_CLEANUP_ANNOTATI
 use crate::api::{Proxy, ProxyStatus};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::plan::delete::Target;
 use crate::controller::plan::{self, DeleteInput, DeleteStep, Ending, GetOutcome, ReleaseReason};
 use crate::crashpoint;
 use crate::provider::error::plain_message;
 
-/// Steps of one deletion pass (get, delete after a permanent get, release).
-const DELETE_STEPS: usize = 4;
+/// Steps of one deletion pass (get, delete after a permanent get, release),
+/// for up to three instances (retiring, surge, current).
+const DELETE_STEPS: usize = 10;
 
 #[instrument(name = "reconcile.delete", skip_all)]
 pub(super) async fn delete_path(
@@ -27,15 +29,16 @@ pub(super) async fn delete_path(
     let generation = proxy.metadata.generation;
     let provider_name = proxy.spec.provider.clone().unwrap_or_default();
     let provider = ctx.registry.get(&provider_name);
-    let id = status.provider_id.clone().unwrap_or_default();
     ctx.throttle
         .forget(&provider_name, &proxy.uid().unwrap_or_default());
     let mut get: Option<GetOutcome> = None;
     for _ in 0..DELETE_STEPS {
         let now = ctx.clock.now();
+        let (target, target_id, requested) = plan::delete::deletion_target(status);
+        let id = target_id.unwrap_or_default().to_string();
         let step = plan::next_delete_step(&DeleteInput {
             has_finalizer: proxy.finalizers().iter().any(|f| f == FINALIZER),
-            provider_id: status.provider_id.as_deref(),
+            provider_id: target_id,
             skip_cleanup: is_true_annotation(
                 proxy
                     .annotations()
@@ -44,7 +47,7 @@ pub(super) async fn delete_path(
             ),
             provider_configured: provider.is_some(),
             get: get.as_ref(),
-            delete_requested_at: status.delete_requested_at,
+            delete_requested_at: requested,
             now,
         });
         let not_configured = || Error::NotConfigured {
@@ -54,6 +57,14 @@ pub(super) async fn delete_path(
         let p = || provider.clone().ok_or_else(not_configured);
         let ending = match step {
             DeleteStep::Nothing => Ending::NotHeld,
+            // A surge or retiring instance is gone: on to the next.
+            DeleteStep::Release { why }
+                if why != ReleaseReason::SkipCleanup && target != Target::Current =>
+            {
+                plan::delete::forget_target(status, target);
+                get = None;
+                continue;
+            }
             DeleteStep::Release { why } => {
                 if why == ReleaseReason::SkipCleanup {
                     info!(providerID = %id, provider = %provider_name, "skip-cleanup set: abandoning the instance");
@@ -77,7 +88,11 @@ pub(super) async fn delete_path(
                 continue;
             }
             DeleteStep::Delete => match p()?.delete(&id).await {
-                Ok(()) => Ending::CleanupRequested,
+                Ok(()) if target == Target::Current => Ending::CleanupRequested,
+                Ok(()) => {
+                    plan::delete::target_delete_requested(status, target, now);
+                    Ending::CleanupPending
+                }
                 Err(e) => {
                     failed(ctx, proxy, status, &plain_message(&e));
                     return fail_delete(ctx, e);

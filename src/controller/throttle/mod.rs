@@ -123,10 +123,12 @@ impl Throttle {
 /// (until then, whatever started this pass), the provider's
 /// `maxInstances` (a create it holds takes no token from the bucket),
 /// then the provider's create limits (a token taken when it may go).
+/// `own`: the instances the Proxy keeps while this one is created (its
+/// current one, for a surge replacement), counted under `maxInstances`.
 pub fn create_gate(
     ctx: &crate::controller::Context,
     provider: &str,
-    uid: &str,
+    (uid, own): (&str, usize),
     generation: Option<i64>,
     now: DateTime<Utc>,
 ) -> CreateGate {
@@ -135,7 +137,7 @@ pub fn create_gate(
     }
     let limits = ctx.throttle.limits(provider);
     if let Some(max) = limits.max_instances {
-        if let Err(held) = ctx.fleet.admit_create(provider, uid, max, now) {
+        if let Err(held) = ctx.fleet.admit_create(provider, uid, (max, own), now) {
             return CreateGate::Held(Held::InstanceLimit { max, held });
         }
     }
