@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use egress_proxies_operator::gc::select::{verdict, Rules, Verdict};
 use egress_proxies_operator::provider::fake::{FakeProvider, Seed};
-use egress_proxies_operator::provider::naming::name_from_uid;
+use egress_proxies_operator::provider::naming::{instance_name, name_from_uid};
 use egress_proxies_operator::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Listing, Op, Provider, ProviderError,
     UserData,
@@ -152,6 +152,10 @@ const CONTRACTS: &[(&str, Contract)] = &[
     ("create is idempotent by name", |b| {
         Box::pin(create_is_idempotent_by_name(b))
     }),
+    (
+        "a Proxy's instances coexist under their serial names",
+        |b| Box::pin(instances_of_one_proxy_coexist(b)),
+    ),
     ("adoption refuses another owner's UID", |b| {
         Box::pin(adoption_refuses_another_owner(b))
     }),
@@ -374,6 +378,37 @@ async fn adoption_refuses_another_owner(b: &dyn Backend) {
 
     p.delete(&id).await.expect("delete");
     until_gone(b, &id, &mine.uid).await;
+}
+
+/// A surge replacement (issue 32): a Proxy's next instance is created
+/// under its serial name while the current one still exists; both carry
+/// the Proxy's UID, are listed, and go separately.
+async fn instances_of_one_proxy_coexist(b: &dyn Backend) {
+    let p = b.provider();
+    let current = request(b, "surge", &installation("surge")).await;
+    let mut next = current.clone();
+    next.name = instance_name(&current.uid, 1);
+    let id0 = p
+        .create(&current)
+        .await
+        .expect("create the current instance");
+    let id1 = p.create(&next).await.expect("create the surge instance");
+    assert_ne!(id0, id1, "two names, two instances");
+    assert_eq!(id1, b.id_of(&next.name), "the surge instance's providerID");
+    let listing = listing_with(b, &[&id0, &id1]).await;
+    let mine: Vec<&str> = listing
+        .instances
+        .iter()
+        .filter(|i| i.uid == current.uid)
+        .map(|i| i.id.as_str())
+        .collect();
+    assert_eq!(mine.len(), 2, "both listed with the Proxy's UID: {mine:?}");
+    p.delete(&id0).await.expect("delete the current instance");
+    until_gone(b, &id0, &current.uid).await;
+    let kept = p.get(&id1).await.expect("the surge instance outlives it");
+    assert_eq!(kept.uid, current.uid);
+    p.delete(&id1).await.expect("delete the surge instance");
+    until_gone(b, &id1, &current.uid).await;
 }
 
 async fn get_after_delete_is_not_found(b: &dyn Backend) {

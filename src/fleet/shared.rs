@@ -185,20 +185,12 @@ impl Fleet {
             .filter_map(|p| summarize(p, now))
             .collect();
         for s in summaries.iter_mut() {
-            mark_pending(
-                &mut inner.pending,
-                &s.key,
-                &mut s.draining,
-                now,
-                pending_for,
-            );
-            mark_pending(
-                &mut inner.pending_surge,
-                &s.key,
-                &mut s.surging,
-                now,
-                pending_for,
-            );
+            let seen = s.draining;
+            s.draining |= still_pending(&mut inner.pending, &s.key, seen, now, pending_for);
+            // A surge may come and go between two refreshes: one that no
+            // longer wants a new instance is done.
+            let seen = s.surging || s.wants.is_none();
+            s.surging |= still_pending(&mut inner.pending_surge, &s.key, seen, now, pending_for);
         }
         mark_replacing(&mut summaries, &mut inner.replacing, now, pending_for);
         for (provider, t) in inner.state.refresh(now, &summaries) {
@@ -392,24 +384,22 @@ impl Fleet {
     }
 }
 
-/// Applies a start this process made (`pending`, by key) to `flag` until
-/// the cache shows it, or for `pending_for` at most.
-fn mark_pending(
+/// Whether a start this process made for `key` (`pending`) still counts:
+/// until the cache has `seen` it, for `pending_for` at most.
+fn still_pending(
     pending: &mut HashMap<String, DateTime<Utc>>,
     key: &str,
-    flag: &mut bool,
+    seen: bool,
     now: DateTime<Utc>,
     pending_for: chrono::Duration,
-) {
+) -> bool {
     match pending.get(key) {
-        Some(_) if *flag => {
-            pending.remove(key);
-        }
-        Some(t) if now.signed_duration_since(*t) < pending_for => *flag = true,
+        Some(t) if !seen && now.signed_duration_since(*t) < pending_for => true,
         Some(_) => {
             pending.remove(key);
+            false
         }
-        None => {}
+        None => false,
     }
 }
 

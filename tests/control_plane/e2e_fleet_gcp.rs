@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use egress_proxies_operator::api::Proxy;
-use egress_proxies_operator::provider::naming::name_from_uid;
+use egress_proxies_operator::provider::naming::{instance_name, name_from_uid};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::PostParams;
@@ -331,6 +331,18 @@ async fn a_changed_cloud_init_secret_rolls_through_the_budget_without_cutting_a_
     roll_ten("rollout-gcp", "roll", Roll::SecretChange).await;
 }
 
+/// The same change with `maxSurge: 2` (issue 32): each replacement is
+/// created, and passes its probe, before the instance it replaces stops
+/// taking leases, so every sample (at least five a second) finds all ten
+/// Proxies Ready; each Proxy gets exactly one new instance, under the
+/// next instance name, running the new user-data; the old one is deleted
+/// once, no sooner than the end of the lease held on it or the drain
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_surge_a_changed_cloud_init_secret_rolls_without_lowering_the_ready_count() {
+    roll_ten("surge-gcp", "surge", Roll::SecretChangeSurge).await;
+}
+
 /// What makes every instance of [`roll_ten`] be replaced.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Roll {
@@ -338,6 +350,8 @@ enum Roll {
     MaxAge,
     /// The shared cloud-init Secret's content changes once all are leased.
     SecretChange,
+    /// The same, with `maxSurge: 2`.
+    SecretChangeSurge,
 }
 
 const SECRET: &str = "rollout-ci";
@@ -366,12 +380,12 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
     let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
-    let mut cmd = ground.discovery_operator(
-        dir.path(),
-        &providers(&standin, &format!("    maxUnavailable: {BUDGET}\n")),
-        api,
-        TOKEN,
-    );
+    let surge = roll == Roll::SecretChangeSurge;
+    let mut limits = format!("    maxUnavailable: {BUDGET}\n");
+    if surge {
+        limits.push_str("    maxSurge: 2\n");
+    }
+    let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, &limits), api, TOKEN);
     cmd.args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let secrets: kube::Api<Secret> = ground.api();
@@ -432,7 +446,7 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
         ttl_s: LEASE_TTL_S,
     };
     let mut held = crawler.lease_each(&names).await;
-    if roll == Roll::SecretChange {
+    if roll != Roll::MaxAge {
         // Every Proxy's spec hash changes with the Secret's content.
         let mut changed = secrets.get(SECRET).await.unwrap();
         changed.data = Some(user_data("v2"));
@@ -457,10 +471,14 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
             report,
         )
         .await;
-    sampled.assert_within(BUDGET, started.elapsed());
+    if surge {
+        sampled.assert_all_ready(N, started.elapsed());
+    } else {
+        sampled.assert_within(BUDGET, started.elapsed());
+    }
     // One new instance per recycle: never two for one drain; a changed
     // spec replaces each exactly once, with the new user-data.
-    for name in &names {
+    for name in names.iter().filter(|_| !surge) {
         let inserts = standin.calls("insert", &instances[name]).len();
         let recycles = sampled.drains.get(name).map_or(0, |d| d.len());
         assert!(
@@ -476,6 +494,30 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
             );
         }
     }
+    // A surge replacement is the next instance name: created once, with
+    // the new user-data; the old name is never created again.
+    for name in names.iter().filter(|_| surge) {
+        let p = proxies.get(name).await.unwrap();
+        let next = instance_name(&p.uid().unwrap(), 1);
+        let old = &instances[name];
+        let count = |kind, inst: &str| standin.calls(kind, inst).len();
+        assert_eq!(count("insert", old), 1, "{name}: the old name created once");
+        assert_eq!(
+            count("delete", old),
+            1,
+            "{name}: the old instance deleted once"
+        );
+        assert_eq!(count("insert", &next), 1, "{name}: replaced exactly once");
+        assert_eq!(count("delete", &next), 0, "{name}: the new one stays");
+        let data = standin.user_data(&next).unwrap_or_default();
+        assert!(
+            data.contains("rollout v2"),
+            "{name} runs the new user-data: {data}"
+        );
+        let st = p.status.clone().unwrap_or_default();
+        assert_eq!(st.instance_serial, Some(1), "{name}");
+        assert!(st.surge.is_none(), "{name}: no surge left");
+    }
     // The stand-in's clock is the test's: a call's Instant, as wall time.
     let (now_wall, now) = (Utc::now(), Instant::now());
     let deleted_at = |name: &str| {
@@ -487,7 +529,7 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
         checked > 0,
         "some lease was held when its proxy's drain began"
     );
-    if roll == Roll::SecretChange {
+    if roll != Roll::MaxAge {
         for p in proxies.list(&Default::default()).await.unwrap().items {
             let up = support::condition(&p, "UpToDate");
             assert!(up.is_none(), "{} is up to date: {up:?}", p.name_any());

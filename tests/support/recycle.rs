@@ -28,8 +28,13 @@ pub struct Held {
 pub struct Sampled {
     /// The most Proxies unavailable (not Ready, or draining) at once.
     pub most_unavailable: usize,
-    /// Each Proxy's drains, by their start.
+    /// Each Proxy's drains, by their start: a drain of the Proxy, or the
+    /// takeover of a surge replacement (from which the old instance
+    /// retires, taking no new leases).
     pub drains: BTreeMap<String, BTreeSet<DateTime<Utc>>>,
+    /// The fewest Ready Proxies in a sample, and how many samples there were.
+    pub fewest_ready: usize,
+    pub samples: usize,
     /// Leases asked for on draining proxies (each refused, or the run panics).
     pub refused_while_draining: usize,
 }
@@ -51,6 +56,18 @@ impl Sampled {
             self.refused_while_draining > 0,
             "some draining proxy was asked for a lease"
         );
+    }
+
+    /// Prints what was sampled and asserts that every one of the `n`
+    /// Proxies stayed Ready, serving, in every sample (a surge roll).
+    pub fn assert_all_ready(&self, n: usize, took: Duration) {
+        println!(
+            "every Proxy replaced {took:?} after applying; {} samples, at least {} Ready in each, at most {} unavailable",
+            self.samples, self.fewest_ready, self.most_unavailable
+        );
+        assert_eq!(self.fewest_ready, n, "the Ready count dropped");
+        assert_eq!(self.most_unavailable, 0, "a Proxy was unavailable");
+        assert_eq!(self.refused_while_draining, 0, "no Proxy drained");
     }
 }
 
@@ -117,6 +134,8 @@ impl Crawler<'_> {
             most_unavailable: 0,
             drains: BTreeMap::new(),
             refused_while_draining: 0,
+            fewest_ready: usize::MAX,
+            samples: 0,
         };
         // Proxies draining in a sample, with when that sample was taken.
         let mut draining_seen: BTreeMap<String, Instant> = BTreeMap::new();
@@ -134,11 +153,18 @@ impl Crawler<'_> {
                 .filter(|p| phase(p) != Some("Ready") || draining(p))
                 .count();
             out.most_unavailable = out.most_unavailable.max(unavailable);
+            let ready = list.iter().filter(|p| phase(p) == Some("Ready")).count();
+            out.fewest_ready = out.fewest_ready.min(ready);
+            out.samples += 1;
             let mut draining_now = BTreeSet::new();
             for p in &list {
-                if let Some(t) = p.status.as_ref().and_then(|s| s.draining_since) {
+                let st = p.status.as_ref();
+                if let Some(t) = st.and_then(|s| s.draining_since) {
                     out.drains.entry(p.name_any()).or_default().insert(t);
                     draining_now.insert(p.name_any());
+                }
+                if let Some(r) = st.and_then(|s| s.retiring.as_ref()) {
+                    out.drains.entry(p.name_any()).or_default().insert(r.since);
                 }
             }
             draining_seen.retain(|n, _| draining_now.contains(n));
