@@ -107,7 +107,7 @@ fn operator_log_tail(dir: &std::path::Path) -> String {
 /// drain lasts 15 s), a drain timeout of 1 minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease() {
-    roll_ten("fleet-age", "age", Some("45s"), None).await;
+    roll_ten("fleet-age", "age", Some("45s"), None, false).await;
 }
 
 /// A `spec.port` change of 10 running Proxies with `maxUnavailable: 2`
@@ -115,13 +115,29 @@ async fn max_age_recycles_every_proxy_within_the_budget_without_cutting_a_lease(
 /// Pod each, listening on the new port, no held lease cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_change_rolls_through_the_budget_without_cutting_a_lease() {
-    roll_ten("fleet-port", "port", None, Some(3129)).await;
+    roll_ten("fleet-port", "port", None, Some(3129), false).await;
+}
+
+/// The same `spec.port` change with `maxSurge: 2`: each Proxy's new Pod
+/// is created and passes its probe before the old one stops taking
+/// leases, so every sample finds all ten Proxies Ready; one new Pod each,
+/// on the new port; the old Pod deleted no sooner than the end of the
+/// lease held on it or the drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_surge_a_port_change_rolls_without_lowering_the_ready_count() {
+    roll_ten("surge-port", "surge", None, Some(3129), true).await;
 }
 
 /// Ten Proxies (`<names>-0`…), with `maxAge` when given, all Ready and
 /// each leased; then `port` applied to every one when given; then the
-/// checks above until each has a new Pod.
-async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option<u16>) {
+/// checks above until each has a new Pod (with `maxSurge: 2` when `surge`).
+async fn roll_ten(
+    prefix: &str,
+    names: &str,
+    max_age: Option<&str>,
+    port: Option<u16>,
+    surge: bool,
+) {
     const N: usize = 10;
     const BUDGET: usize = 2;
     const LEASE_TTL_S: i64 = 15;
@@ -133,10 +149,14 @@ async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option
     let (pods, watch) = watch_pods(&ground);
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
+    let mut limits = format!("    maxUnavailable: {BUDGET}\n");
+    if surge {
+        limits.push_str("    maxSurge: 2\n");
+    }
     let _op = fleet_operator(
         &ground,
         dir.path(),
-        &format!("    maxUnavailable: {BUDGET}\n"),
+        &limits,
         target,
         api,
         &["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl],
@@ -217,7 +237,11 @@ async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option
         )
         .await;
     watch.abort();
-    sampled.assert_within(BUDGET, started.elapsed());
+    if surge {
+        sampled.assert_all_ready(N, started.elapsed());
+    } else {
+        sampled.assert_within(BUDGET, started.elapsed());
+    }
 
     // One new Pod per recycle: never two for one drain.
     let all_pods = pods.lock().unwrap().clone();
@@ -228,6 +252,9 @@ async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option
             made >= 2 && made <= 1 + recycles,
             "{name}: {made} Pods for {recycles} recycles"
         );
+        if surge {
+            assert_eq!(made, 2, "{name}: exactly one new Pod");
+        }
     }
 
     // No held lease was cut: a Pod is deleted no sooner than the end of the
@@ -238,7 +265,17 @@ async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option
         checked > 0,
         "some lease was held when its proxy's drain began"
     );
-    if let Some(port) = port {
+    if let (Some(port), true) = (port, surge) {
+        // The leases held through the surge: reading one gives the new
+        // Pod's address, on the new port.
+        for (name, h) in &held {
+            let path = format!("/v1/leases/{}", h.id);
+            let (code, lease) = api_call(api, "GET", &path, Some(TOKEN), "".into()).await;
+            assert_eq!(code, 200, "{name}: {lease}");
+            assert_eq!(lease["proxy"]["port"], json!(port), "{name}: {lease}");
+        }
+    }
+    if let (Some(port), false) = (port, surge) {
         // The new Pods serve on the new port: a lease hands it out.
         let (code, lease) = api_call(
             api,
@@ -250,6 +287,8 @@ async fn roll_ten(prefix: &str, names: &str, max_age: Option<&str>, port: Option
         .await;
         assert_eq!(code, 201, "{lease}");
         assert_eq!(lease["proxy"]["port"], json!(port), "{lease}");
+    }
+    if port.is_some() {
         for p in proxies.list(&Default::default()).await.unwrap().items {
             assert!(
                 condition(&p, "UpToDate").is_none(),
