@@ -21,9 +21,17 @@ pub const AFTER_RECORD_HASH: &str = "after-record-hash";
 /// During finalizer release: the instance is cleaned up, the finalizer is
 /// not yet removed.
 pub const BEFORE_RELEASE: &str = "before-release";
+/// After the provider's create of a surge replacement returned an ID,
+/// before the status records it.
+pub const AFTER_SURGE_CREATE: &str = "after-surge-create";
 
 /// Every point the binary has.
-pub const POINTS: [&str; 3] = [AFTER_CREATE, AFTER_RECORD_HASH, BEFORE_RELEASE];
+pub const POINTS: [&str; 4] = [
+    AFTER_CREATE,
+    AFTER_RECORD_HASH,
+    BEFORE_RELEASE,
+    AFTER_SURGE_CREATE,
+];
 
 /// Where to abort.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -66,12 +66,13 @@ impl Side<'_> {
                 let req = create_request(self.proxy, installation, port, self.user_data.clone());
                 match self.provider.create(&req).await {
                     Ok(id) => {
+                        crate::crashpoint::hit(crate::crashpoint::AFTER_SURGE_CREATE);
                         info!(providerID = %id, serial, "Surge replacement created: it takes over once it passes its probe");
                         surge::created(status, id, self.hash, port, now);
                     }
                     Err(e) => {
                         self.ctx.throttle.create_failed(self.provider_name, &uid);
-                        return Ok(self.failed(status, obs, "creating", &plain_message(&e), now));
+                        self.failed(status, obs, "creating", &plain_message(&e), now);
                     }
                 }
             }
@@ -105,7 +106,7 @@ impl Side<'_> {
                     obs.surge = None;
                 }
                 Err(e) if e.class() == ErrorClass::NotFound => surge::forget(status),
-                Err(e) => return Ok(self.failed(status, obs, "deleting", &plain_message(&e), now)),
+                Err(e) => self.failed(status, obs, "deleting", &plain_message(&e), now),
             },
             SideStep::Forget => surge::forget(status),
             SideStep::AskDrain => {
