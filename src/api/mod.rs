@@ -5,14 +5,16 @@ pub mod condition;
 pub mod constants;
 pub mod crd;
 pub mod health;
+pub mod instances;
 pub mod provider_health;
 pub mod proxy;
 pub mod recycle;
 
 pub use condition::{Condition, ConditionStatus};
+pub use instances::{RetiringStatus, SurgeStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,
-    ProxyStatus, RetiringStatus, SecretKeyRef, SurgeStatus,
+    ProxyStatus, SecretKeyRef,
 };
 pub use recycle::RecycleSpec;

@@ -156,8 +156,8 @@ pub fn deletion_target(status: &ProxyStatus) -> (Target, Option<&str>, Option<Da
 /// `target` is gone (or nothing was recorded for it): forget it.
 pub fn forget_target(status: &mut ProxyStatus, target: Target) {
     match target {
-        Target::Retiring => status.retiring = None,
-        Target::Surge => status.surge = None,
+        Target::Retiring => super::surge::retired(status),
+        Target::Surge => super::surge::forget(status),
         Target::Current => {}
     }
 }
@@ -165,16 +165,8 @@ pub fn forget_target(status: &mut ProxyStatus, target: Target) {
 /// A delete of `target` was asked for at `now`.
 pub fn target_delete_requested(status: &mut ProxyStatus, target: Target, now: DateTime<Utc>) {
     match target {
-        Target::Retiring => {
-            if let Some(r) = status.retiring.as_mut() {
-                r.delete_requested_at = Some(now);
-            }
-        }
-        Target::Surge => {
-            if let Some(s) = status.surge.as_mut() {
-                s.delete_requested_at = Some(now);
-            }
-        }
+        Target::Retiring => super::surge::retire_requested(status, now),
+        Target::Surge => super::surge::giving_up(status, now),
         Target::Current => status.delete_requested_at = Some(now),
     }
 }

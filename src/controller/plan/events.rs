@@ -42,6 +42,10 @@ pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";
 pub const REPLACE_REQUESTED: &str = "ReplaceRequested";
 /// A deleted Proxy's instance cannot be deleted: the note says why.
 pub const CLEANUP_FAILED: &str = "CleanupFailed";
+/// A replacement is being created while the instance serves (`maxSurge`).
+pub const SURGING: &str = "Surging";
+/// The surge replacement took over; the old instance retires.
+pub const REPLACED: &str = "Replaced";
 
 fn note(severity: Severity, reason: &'static str, action: &'static str, text: String) -> Note {
     Note {
@@ -84,6 +88,7 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
             format!("a new instance was asked for ({REPLACE_ANNOTATION}={v}): the proxy takes no new leases until it has one"),
         ));
     }
+    notes.extend(surge_notes(before, after));
     let deleting = condition::find(&after.conditions, DELETING);
     if let Some(c) =
         deleting.filter(|c| !same(condition::find(&before.conditions, DELETING), Some(c)))
@@ -121,6 +126,35 @@ pub fn pass_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
     notes
 }
 
+/// The Events of a surge replacement: decided, and taking over.
+fn surge_notes(before: &ProxyStatus, after: &ProxyStatus) -> Vec<Note> {
+    let mut notes = Vec::new();
+    if before.surge.is_none() && after.surge.is_some() {
+        let serving = before.provider_id.as_deref().unwrap_or("");
+        notes.push(note(
+            Severity::Normal,
+            SURGING,
+            "Replace",
+            format!("creating a replacement first (the provider's maxSurge): instance {serving} serves until it passes its probe"),
+        ));
+    }
+    let took_over = after
+        .retiring
+        .as_ref()
+        .filter(|r| before.provider_id.as_deref() == Some(r.provider_id.as_str()));
+    if let Some(r) = took_over.filter(|_| before.retiring.is_none()) {
+        let new = after.provider_id.as_deref().unwrap_or("");
+        let at = after.ip.as_deref().unwrap_or("an unknown address");
+        notes.push(note(
+            Severity::Normal,
+            REPLACED,
+            "Replace",
+            format!("instance {new} at {at} took over from {}, which serves the leases it had until they end or the drain timeout, then is deleted", r.provider_id),
+        ));
+    }
+    notes
+}
+
 /// The Replacing Event of an instance that went without being asked to:
 /// the pass found it gone and forgot it (a replacement the operator
 /// started has said so already, in the status `was`).
@@ -134,7 +168,9 @@ fn vanished_note(
         (c.reason == REASON_CREATING && c.message != CREATING_MESSAGE)
             || c.reason == REASON_STARTUP_TIMED_OUT
     });
-    if replacing || after.provider_id.as_deref() == Some(old) {
+    // A surge replacement took over: the old one retires, it did not go.
+    let retiring = after.retiring.as_ref().map(|r| r.provider_id.as_str());
+    if replacing || after.provider_id.as_deref() == Some(old) || retiring == Some(old) {
         return None;
     }
     Some(note(

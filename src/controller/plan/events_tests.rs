@@ -22,6 +22,15 @@ fn cleanup_failing(s: &mut ProxyStatus) {
     ready(s);
     super::super::delete::mark_cleanup_failed(s, 5, "HTTP 403: permission denied", t(3));
 }
+fn surging(s: &mut ProxyStatus) {
+    ready(s);
+    super::super::surge::start(s, t(3));
+}
+fn took_over(s: &mut ProxyStatus) {
+    surging(s);
+    super::super::surge::created(s, "px-abc-1".into(), "v1:x", 3128, t(4));
+    super::super::surge::take_over(s, "10.0.0.8", t(5));
+}
 fn created(s: &mut ProxyStatus) {
     s.provider_id = Some("px-abc".into());
     status::mark_creating(s, t(0), Some(1));
@@ -225,6 +234,28 @@ fn a_pass_records_an_event_per_transition_only() {
             before: recreated,
             after: recreated_running,
             want: vec![(RUNNING, false, "px-def")],
+        },
+        Case {
+            name: "a surge replacement starts",
+            before: ready,
+            after: surging,
+            want: vec![(SURGING, false, "instance px-abc serves")],
+        },
+        Case {
+            name: "it takes over: Replaced, not a vanished instance",
+            before: surging,
+            after: took_over,
+            want: vec![(
+                REPLACED,
+                false,
+                "px-abc-1 at 10.0.0.8 took over from px-abc",
+            )],
+        },
+        Case {
+            name: "retiring: nothing new",
+            before: took_over,
+            after: took_over,
+            want: vec![],
         },
         Case {
             name: "quota refused the create",
