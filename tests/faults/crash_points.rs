@@ -445,11 +445,15 @@ async fn crash_at_chosen_points(ground: &Ground, backend: &Backend) {
     // 6. A last process releases keep, and one GC sweep collects the leak.
     let metrics = format!("127.0.0.1:{}", support::free_port());
     let mut cmd = ground.operator(dir, &backend.providers());
+    // A sweep running past half the min-age deletes nothing ("aborted"):
+    // 1 s left a kvm listing over SSH half a second on a loaded machine,
+    // and no sweep ever ended ok. The leaked instance is far older than
+    // 6 s by now (it was made before phase 4).
     cmd.args([
         "--gc-interval",
         "10s",
         "--gc-min-age",
-        "1s",
+        "6s",
         "--metrics-bind-address",
         &metrics,
     ]);
