@@ -161,6 +161,12 @@ RENDER = ( set -eu; img='$(IMG)'; last=$${img\#\#*/}; name=$$img; tag=; digest=;
 render: ## Print config/default with the image set to IMG.
 	@$(RENDER)
 
+INSTALLER ?= dist/install.yaml
+
+build-installer: ## Write INSTALLER (dist/install.yaml): config/default with the image set to IMG, one file to apply with kubectl alone (no kustomize, no Helm).
+	@mkdir -p $(dir $(INSTALLER)) && $(RENDER) > $(INSTALLER).tmp && mv $(INSTALLER).tmp $(INSTALLER)
+	@echo "wrote $(INSTALLER) (image $(IMG)): kubectl apply --server-side -f $(INSTALLER)"
+
 deploy: ## Install the operator (config/default) with image IMG into the current cluster.
 	@$(RENDER) | $(KUBECTL) apply --server-side -f -
 

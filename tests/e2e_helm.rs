@@ -629,48 +629,27 @@ async fn e2e_helm_install_upgrade_uninstall() {
     let first = values(json!({}));
     let first = first.to_str().unwrap();
 
-    // 1. helm template, validated by the real API server (server-side dry run).
+    // 1. helm template, validated by the real API server (server-side dry
+    // run): the defaults, and the escape hatches.
     c.kubectl_ok(&["create", "namespace", NS]);
-    let rendered = helm_ok(
-        home,
-        None,
-        &["template", RELEASE, CHART, "-n", NS, "-f", first],
-    );
-    let manifest = home.join("rendered.yaml");
-    std::fs::write(&manifest, &rendered).unwrap();
-    let dry = c.kubectl_ok(&[
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "-f",
-        manifest.to_str().unwrap(),
-    ]);
-    assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{dry}");
-    // The escape hatches pass the real API server's validation too.
     let hatches = escape_hatches(home);
-    let rendered = helm_ok(
-        home,
-        None,
-        &[
-            "template",
-            RELEASE,
-            CHART,
-            "-n",
-            NS,
+    for (n, file) in [first, hatches.to_str().unwrap()].into_iter().enumerate() {
+        let rendered = helm_ok(
+            home,
+            None,
+            &["template", RELEASE, CHART, "-n", NS, "-f", file],
+        );
+        let manifest = home.join(format!("rendered-{n}.yaml"));
+        std::fs::write(&manifest, &rendered).unwrap();
+        let dry = c.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
             "-f",
-            hatches.to_str().unwrap(),
-        ],
-    );
-    let manifest = home.join("rendered-hatches.yaml");
-    std::fs::write(&manifest, &rendered).unwrap();
-    let dry = c.kubectl_ok(&[
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "-f",
-        manifest.to_str().unwrap(),
-    ]);
-    assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{dry}");
+            manifest.to_str().unwrap(),
+        ]);
+        assert!(dry.contains("deployment.apps/egress-proxies-operator-controller-manager serverside-applied (server dry run)"), "{file}: {dry}");
+    }
 
     // 2. helm install; the operator becomes Ready.
     let installed = helm_ok(

@@ -16,6 +16,7 @@ use std::time::Duration;
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use kube::ResourceExt;
 use support::*;
 
 const NS: &str = "egress-proxies-operator-system";
@@ -23,8 +24,11 @@ const DEPLOYMENT: &str = "egress-proxies-operator-controller-manager";
 const SA: &str = "egress-proxies-operator-controller-manager";
 
 /// The host processes running the operator binary with `--leader-elect`
-/// (the Deployment's args) as uid 65532: the node agent's containers.
-fn operator_pids() -> Vec<u32> {
+/// (the Deployment's args) as uid 65532 for one of the Pods `pods` (by
+/// their `POD_NAME`): the node agent's containers. Other test binaries'
+/// clusters (the Helm test's) run the same binary the same way on this
+/// host at the same time.
+fn operator_pids(pods: &[String]) -> Vec<u32> {
     let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -43,9 +47,15 @@ fn operator_pids() -> Vec<u32> {
         let name = |p: &str| std::path::Path::new(p).file_name().map(|n| n.to_owned());
         // Other test binaries run replicas with --leader-elect too, as
         // root: the Pods' run as 65532 (asserted below on every replica).
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let ours = environ
+            .split(|b| *b == 0)
+            .filter_map(|v| std::str::from_utf8(v).ok()?.strip_prefix("POD_NAME="))
+            .any(|n| pods.iter().any(|p| p == n));
         if args.first().and_then(|a| name(a)) == name(bin)
             && args.iter().any(|a| a == "--leader-elect")
             && uid(pid) == Some(65532)
+            && ours
         {
             pids.push(pid);
         }
@@ -99,12 +109,22 @@ fn rolled_out(c: &test_cluster::TestCluster) {
     c.kubectl_ok(&["-n", NS, "rollout", "status", &deployment, "--timeout=120s"]);
 }
 
-async fn check_operator_process() {
+async fn check_operator_process(client: &kube::Client) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mine = ListParams::default().labels("control-plane=controller-manager");
     let pids = eventually(
         "the two replicas' processes",
         Duration::from_secs(30),
         || async {
-            let p = operator_pids();
+            let names: Vec<String> = pods
+                .list(&mine)
+                .await
+                .ok()?
+                .items
+                .iter()
+                .map(|p| p.name_any())
+                .collect();
+            let p = operator_pids(&names);
             (p.len() == 2).then_some(p)
         },
     )
@@ -343,6 +363,32 @@ async fn scrape_the_pods_metrics(c: &test_cluster::TestCluster, client: &kube::C
     c.kubectl_ok(&["delete", "clusterrolebinding", &format!("{ns}-scraper")]);
 }
 
+/// `make build-installer` with the default image, into a scratch file
+/// (the checkout's `dist/` is the user's); returns its path.
+fn build_installer(c: &test_cluster::TestCluster) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("installer-{}", std::process::id()));
+    let out = dir.join("install.yaml");
+    let kubectl = c.kubectl();
+    let run = std::process::Command::new("make")
+        .current_dir(repo())
+        .arg("-s")
+        .arg("build-installer")
+        .arg(format!("INSTALLER={}", out.display()))
+        .arg(format!(
+            "KUBECTL={}",
+            kubectl.get_program().to_string_lossy()
+        ))
+        .output()
+        .expect("make runs");
+    assert!(
+        run.status.success(),
+        "make build-installer failed: {}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
 #[tokio::test]
 async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
     let c = cluster();
@@ -361,18 +407,25 @@ async fn the_default_install_runs_the_operator_as_its_pod_and_serves_proxies() {
         "discovery-token",
         &format!("--from-literal=token={TOKEN}"),
     ]);
-    c.kubectl_ok(&[
-        "apply",
-        "--server-side",
-        "-k",
-        repo().join("config/default").to_str().unwrap(),
-    ]);
+    // The one-file installer (`make build-installer`) is what `kubectl
+    // apply -k config/default` applies, object for object; it is applied.
+    let installer = build_installer(c);
+    let kustomized = c.kubectl_ok(&["kustomize", repo().join("config/default").to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(&installer).unwrap(),
+        kustomized,
+        "dist/install.yaml differs from config/default"
+    );
+    c.kubectl_ok(&["apply", "--server-side", "-f", installer.to_str().unwrap()]);
+    if let Some(dir) = installer.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     rolled_out(c);
 
     // 2. The node agent runs the Deployment's Pod as the manifest asks
     // (only on the launcher's cluster: its node agent runs the Pod here).
     if c.is_local() {
-        check_operator_process().await;
+        check_operator_process(&client).await;
     }
 
     // 3. Point the default probe at the test target (no internet here): a

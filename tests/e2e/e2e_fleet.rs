@@ -574,19 +574,27 @@ async fn a_pod_that_vanishes_twice_is_replaced_at_once_then_after_the_backoff() 
     })
     .await;
     watch.abort();
+    third_pod_after_the_back_off(&pods, last);
+}
+
+/// Asserts the Pods seen are exactly three, the third created no sooner
+/// than 30 s (the back-off of a second replacement in a row) after
+/// `last` (`status.lastReplacedAt`).
+fn third_pod_after_the_back_off(pods: &Pods, last: chrono::DateTime<chrono::Utc>) {
     let seen = pods.lock().unwrap().clone();
-    assert_eq!(seen.len(), 3, "exactly one Pod after the backoff: {seen:?}");
-    let third = seen
-        .iter()
-        .filter(|(uid, _)| Some(uid.as_str()) != first.uid().as_deref())
-        .filter(|(uid, _)| Some(uid.as_str()) != second.uid().as_deref())
-        .map(|(_, p)| p.created.unwrap())
-        .next()
-        .unwrap();
+    let mut created: Vec<_> = seen.values().map(|p| p.created.unwrap()).collect();
+    created.sort();
+    println!("Pods created at {created:?}; the second replacement at {last}");
+    assert_eq!(
+        created.len(),
+        3,
+        "exactly one Pod after the back-off: {seen:?}"
+    );
     // Creation times are known to the second, rounded down.
     assert!(
-        third + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
-        "the third Pod, created {third}, came before the 30 s backoff from {last} ended"
+        created[2] + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
+        "the third Pod, created {}, came before the 30 s back-off from {last} ended",
+        created[2]
     );
 }
 
@@ -634,16 +642,6 @@ async fn a_proxy_that_never_passes_its_probe_is_recycled_with_back_off() {
     })
     .await;
     watch.abort();
-    let seen = pods.lock().unwrap().clone();
-    let mut created: Vec<_> = seen.values().map(|p| p.created.unwrap()).collect();
-    created.sort();
-    println!("Pods created at {created:?}; the second recycle at {last}");
-    assert_eq!(created.len(), 3, "one Pod per create: {seen:?}");
-    // Creation times are known to the second, rounded down.
-    assert!(
-        created[2] + chrono::TimeDelta::seconds(1) >= last + chrono::TimeDelta::seconds(30),
-        "the third Pod, created {}, came before the 30 s back-off from {last} ended",
-        created[2]
-    );
+    third_pod_after_the_back_off(&pods, last);
     until_unhealthy(&proxies, "sick", "the third Pod fails its probe too", 60).await;
 }
