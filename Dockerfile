@@ -9,6 +9,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# The commit `--version` and the startup line report (.git is not in the
+# build context); `make docker-build` passes the checkout's.
+ARG EPO_COMMIT=unknown
+ENV EPO_COMMIT=${EPO_COMMIT}
 RUN cargo build --release --locked --bin egress-proxies-operator \
  && make runtime-libs BIN=target/release/egress-proxies-operator DEST=/runtime
 

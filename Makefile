@@ -184,7 +184,7 @@ runtime-libs: ## Copy every shared library BIN loads (as ldd resolves it, with t
 	echo "$$paths" | wc -l | xargs echo "copied libraries:" >&2
 
 docker-build: ## Build the image IMG (needs a Docker engine).
-	docker build -t $(IMG) .
+	docker build --build-arg EPO_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) -t $(IMG) .
 
 kvm-ssh-secret: ## Create or update the kvm-ssh Secret from KVM_SSH_KEY and KVM_KNOWN_HOSTS in KVM_SSH_NAMESPACE.
 	@grep -q 'PRIVATE KEY' "$(KVM_SSH_KEY)" || { echo "$(KVM_SSH_KEY) is not a private key (set KVM_SSH_KEY)"; exit 1; }

@@ -21,7 +21,7 @@ pub enum LogFormat {
 /// and KVM from `Proxy` objects, probes them through themselves, and leases
 /// healthy ones to crawlers over an HTTP API.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "egress-proxies-operator", version, about, long_about = None, args_override_self = true)]
+#[command(name = "egress-proxies-operator", version = crate::VERSION, about, long_about = None, args_override_self = true)]
 pub struct Flags {
     /// Path of the providers YAML file (required). In the cluster:
     /// /etc/proxy-operator/providers.yaml from the providers-config ConfigMap.

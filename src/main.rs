@@ -47,6 +47,8 @@ async fn main() -> ExitCode {
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),
+        commit = egress_proxies_operator::COMMIT,
+        rust = env!("EPO_RUSTC"),
         "Starting egress-proxies-operator"
     );
     let code = run(&flags).await;

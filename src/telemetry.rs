@@ -127,7 +127,10 @@ fn env_filter(filter: &str) -> (EnvFilter, Option<String>) {
 fn build_provider(exporter: &Exporter) -> Result<SdkTracerProvider, String> {
     let mut resource = opentelemetry_sdk::Resource::builder_empty()
         .with_service_name(OPERATOR_NAME)
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_attribute(KeyValue::new(
+            "service.version",
+            concat!(env!("CARGO_PKG_VERSION"), "+", env!("EPO_COMMIT")),
+        ))
         .with_detectors(&[Box::new(
             opentelemetry_sdk::resource::EnvResourceDetector::new(),
         )]);

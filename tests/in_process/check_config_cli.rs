@@ -358,3 +358,30 @@ fn a_misspelt_crash_point_stops_the_start_naming_the_variable() {
         );
     }
 }
+
+/// `--version` names the release and the commit the binary was built from
+/// (the checkout's HEAD here: the test binary and the operator are built
+/// from the same tree), as a bug report should quote them.
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git runs (the suite needs a checkout)");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(head.len(), 12, "a commit: {head:?}");
+    assert_eq!(
+        printed,
+        format!(
+            "egress-proxies-operator {} (commit {head})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
