@@ -1,7 +1,7 @@
 //! egress-proxies-operator: turns `Proxy` objects into forward proxies on
 //! Kubernetes, GCP or KVM, probes them, and leases healthy ones to crawlers.
 
-/// The commit the binary was built from (`build.rs`; `unknown` outside a
+/// The commit the binary was built from (`src/build.rs`; `unknown` outside a
 /// checkout unless `EPO_COMMIT` was set for the build).
 pub const COMMIT: &str = env!("EPO_COMMIT");
 /// What `--version` prints after the name: the release and the commit.

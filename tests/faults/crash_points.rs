@@ -15,7 +15,6 @@ use crate::kvm_support::{virsh, Env};
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -276,27 +275,9 @@ fn start(ground: &Ground, backend: &Backend, dir: &Path, name: &str, crash: &str
     Operator::spawn(cmd, &dir.join(format!("{name}.log")))
 }
 
-/// Waits for the armed process to abort at `point`: killed by SIGABRT,
-/// its log naming the point.
+/// Waits for the armed process `name` to abort at `point`.
 async fn crashed(op: &mut Operator, dir: &Path, name: &str, point: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = op.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} did not abort at {point} within 120 s:\n{}",
-            log_of(dir, name)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let log = log_of(dir, name);
-    assert_eq!(status.signal(), Some(6), "{name} ended by {status}:\n{log}");
-    assert!(
-        log.contains(&format!("Crash point {point} reached")),
-        "{name} crashed elsewhere:\n{log}"
-    );
+    op.aborted_at(&dir.join(format!("{name}.log")), point).await;
 }
 
 /// `series` on the `/metrics` of the process `pid` (log `log`): `None`

@@ -136,6 +136,33 @@ impl Operator {
     pub fn pid(&self) -> u32 {
         self.0.id()
     }
+
+    /// Waits up to 120 s for the process, armed with a crash point, to
+    /// abort at `point`: ended by SIGABRT, its log (`log`) naming the
+    /// point; panics with the log otherwise.
+    pub async fn aborted_at(&mut self, log: &Path, point: &str) {
+        use std::os::unix::process::ExitStatusExt;
+        let text = || std::fs::read_to_string(log).unwrap_or_default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} did not abort at {point} within 120 s:\n{}",
+                log.display(),
+                text()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        let text = text();
+        assert_eq!(status.signal(), Some(6), "ended by {status}:\n{text}");
+        assert!(
+            text.contains(&format!("Crash point {point} reached")),
+            "crashed elsewhere than {point}:\n{text}"
+        );
+    }
 }
 
 impl Drop for Operator {

@@ -16,7 +16,7 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=EPO_COMMIT");
-    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/build.rs");
     let commit = std::env::var("EPO_COMMIT")
         .ok()
         .filter(|c| !c.trim().is_empty())
