@@ -698,19 +698,19 @@ async fn e2e_helm_install_upgrade_uninstall() {
     added["name"] = json!("kubernetes-2");
     two.as_array_mut().unwrap().push(added);
     let second = values(json!({"replicas": 2, "logLevel": "debug", "providers": two}));
-    helm_ok(
-        home,
-        kubeconfig,
-        &[
+    let upgrade = |file: &std::path::Path| {
+        let args = [
             "upgrade",
             RELEASE,
             CHART,
             "-n",
             NS,
             "-f",
-            second.to_str().unwrap(),
-        ],
-    );
+            file.to_str().unwrap(),
+        ];
+        helm_ok(home, kubeconfig, &args)
+    };
+    upgrade(&second);
     rolled_out(c);
     let ready = c.kubectl_ok(&[
         "-n",
@@ -767,19 +767,7 @@ async fn e2e_helm_install_upgrade_uninstall() {
     third["name"] = json!("kubernetes-3");
     three.as_array_mut().unwrap().push(third);
     let reloaded = values(json!({"replicas": 2, "logLevel": "debug", "providers": three}));
-    let upgraded = helm_ok(
-        home,
-        kubeconfig,
-        &[
-            "upgrade",
-            RELEASE,
-            CHART,
-            "-n",
-            NS,
-            "-f",
-            reloaded.to_str().unwrap(),
-        ],
-    );
+    let upgraded = upgrade(&reloaded);
     assert!(
         upgraded.contains("providers config reload"),
         "the notes say how to see a reload: {upgraded}"

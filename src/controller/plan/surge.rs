@@ -323,7 +323,7 @@ pub fn retired(status: &mut ProxyStatus) {
 }
 
 /// `end`'s delay, shortened to [`SIDE_POLL`] while a side instance is in
-/// progress.
+/// progress (a `NotBefore` hold is kept as it is).
 pub fn poll(status: &ProxyStatus, end: super::End) -> super::End {
     use super::End;
     if status.surge.is_none() && status.retiring.is_none() {
@@ -331,7 +331,8 @@ pub fn poll(status: &ProxyStatus, end: super::End) -> super::End {
     }
     match end {
         End::RequeueAfter(d) => End::RequeueAfter(d.min(SIDE_POLL)),
-        End::NotBefore(d) => End::NotBefore(d.min(SIDE_POLL)),
+        // A spread hold means "never before": the side steps wait for it.
+        End::NotBefore(d) => End::NotBefore(d),
         End::AwaitChange => End::RequeueAfter(SIDE_POLL),
     }
 }

@@ -115,13 +115,11 @@ impl Side<'_> {
                 }
             }
             SideStep::GetRetiring => {
-                let id = status.retiring.as_ref().map(|r| r.provider_id.clone());
-                let id = id.unwrap_or_default();
+                let id = retiring_id(status);
                 obs.retiring = Some(GetOutcome::of(self.provider.get(&id).await));
             }
             SideStep::DeleteRetiring => {
-                let id = status.retiring.as_ref().map(|r| r.provider_id.clone());
-                let id = id.unwrap_or_default();
+                let id = retiring_id(status);
                 match self.provider.delete(&id).await {
                     Ok(()) => {
                         info!(providerID = %id, "Deleting the retired instance");
@@ -160,4 +158,13 @@ impl Side<'_> {
         warn!(proxy = %self.proxy.name_any(), error = %why, "Surge replacement: {what} failed; retrying");
         surge::failed(status, what, why, now);
     }
+}
+
+/// The retiring instance's provider ID (empty when none is recorded).
+fn retiring_id(status: &ProxyStatus) -> String {
+    status
+        .retiring
+        .as_ref()
+        .map(|r| r.provider_id.clone())
+        .unwrap_or_default()
 }
