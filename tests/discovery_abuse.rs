@@ -258,16 +258,24 @@ async fn start_server(max_connections: Option<usize>) -> (Server, SocketAddr) {
 /// reset). Returns them, still open, and the count.
 async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
     let mut idle = Vec::with_capacity(IDLE);
+    let start = Instant::now();
     for i in 0..IDLE {
         idle.push(TcpStream::connect(addr).await.unwrap());
-        // In batches the listen backlog holds: a busy machine's server
-        // accepting slower than 5,000 connects arrive would otherwise see
-        // some reset by the kernel, which this count would take for the
-        // server's own refusals.
+        // In batches the listen backlog (1,024) holds, each once the
+        // server has taken the last: a full backlog drops SYNs, and each
+        // connect that waits out a retransmit (1 s, then 3 s) adds to the
+        // time the first connections sit idle, until the 10 s header
+        // timeout closes them and this count takes them for refusals.
         if i % 512 == 511 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            accept_queue_drained(addr.port()).await;
         }
     }
+    accept_queue_drained(addr.port()).await;
+    let opened = start.elapsed();
+    assert!(
+        opened.as_secs() + 2 < HEADER_TIMEOUT_S as u64,
+        "opening {IDLE} connections took {opened:?}: the first may have met the header timeout"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle: Vec<std::net::TcpStream> = idle.into_iter().map(|s| s.into_std().unwrap()).collect();
     let admitted = idle
@@ -279,6 +287,27 @@ async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
         })
         .count();
     (idle, admitted)
+}
+
+/// Waits (at most 5 s) until the listening socket on `port` has no
+/// connection waiting to be accepted (its queue length is the `rx_queue`
+/// of its LISTEN row in /proc/net/tcp).
+async fn accept_queue_drained(port: u16) {
+    let listen_row = format!(":{port:04X} 00000000:0000 0A ");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let queued = table
+            .lines()
+            .find(|l| l.contains(&listen_row))
+            .and_then(|l| l.split_whitespace().nth(4))
+            .and_then(|q| q.split(':').nth(1))
+            .and_then(|rx| usize::from_str_radix(rx, 16).ok());
+        if queued == Some(0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The cap holds: no more than [`CAP`] idle connections are kept, and
