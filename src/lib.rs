@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod crashpoint;
+pub mod credentials;
 pub mod discovery;
 pub mod events;
 pub mod fleet;

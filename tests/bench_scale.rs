@@ -186,6 +186,7 @@ fn probe_target(squid: u16, target: SocketAddr, name: &str) -> ProbeTarget {
         url: format!("http://{target}/p/{name}").parse().unwrap(),
         expected_status: 200,
         timeout: Duration::from_secs(5),
+        credentials: None,
     }
 }
 

@@ -318,15 +318,47 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .create(&PostParams::default(), &from_secret)
         .await
         .unwrap();
-    eventually(
+    let created = eventually(
         "the Proxy with a cloud-init Secret created",
         Duration::from_secs(60),
         || async {
             let p = proxies.get("cloud-init-from-secret").await.ok()?;
-            p.status.as_ref()?.provider_id.is_some().then_some(())
+            p.status.as_ref()?.provider_id.is_some().then_some(p)
         },
     )
     .await;
+    // Its credentials Secret (created under the shipped RBAC) gets new
+    // credentials when the instance is replaced under its name (a patch),
+    // and goes when the Proxy stops asking for credentials (a delete).
+    let creds = created.status.unwrap().credentials_secret.unwrap();
+    let password =
+        |s: &k8s_openapi::api::core::v1::Secret| s.data.as_ref().unwrap()["password"].clone();
+    let first = password(&secrets.get(&creds).await.unwrap());
+    for (spec, what) in [
+        (serde_json::json!({"port": 3129}), "rotated"),
+        (serde_json::json!({"auth": {"mode": "None"}}), "deleted"),
+    ] {
+        proxies
+            .patch(
+                "cloud-init-from-secret",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+        eventually(
+            &format!("the credentials Secret {what}"),
+            Duration::from_secs(60),
+            || async {
+                let s = secrets.get_opt(&creds).await.ok()?;
+                match what {
+                    "rotated" => (password(s.as_ref()?) != first).then_some(()),
+                    _ => s.is_none().then_some(()),
+                }
+            },
+        )
+        .await;
+    }
     proxies
         .delete("cloud-init-from-secret", &Default::default())
         .await

@@ -59,7 +59,7 @@ def acquire(api, ttl, filters, deadline):
         r = api.call("POST", "/v1/leases", body)
         if r.status_code == 201:
             lease = r.json()
-            log("leased", lease["id"], "via", lease["proxy"]["url"])
+            log("leased", lease["id"], "via", where(lease))
             return lease
         if r.status_code in (409, 503):
             wait = int(r.headers.get("Retry-After", "5"))
@@ -105,7 +105,14 @@ def report(api, lease, result, site):
         log("report refused:", r.status_code, r.text)
 
 
+def where(lease):
+    # Never the URL: it carries the proxy's password.
+    return "%s:%s" % (lease["proxy"]["ip"], lease["proxy"]["port"])
+
+
 def fetch(lease, url, timeout):
+    # The URL holds the proxy's credentials (user:password@): requests
+    # sends them as Proxy-Authorization, to the proxy only.
     proxy = lease["proxy"]["url"]
     return requests.get(url, proxies={"http": proxy, "https": proxy}, timeout=timeout)
 
@@ -144,7 +151,7 @@ def main(argv=None):
                 report(api, lease, "ok" if ok else "blocked", site)
                 fetched += ok
             except requests.RequestException as e:
-                log("fetch through", lease["proxy"]["url"], "failed:", e)
+                log("fetch through", where(lease), "failed:", e)
                 report(api, lease, "failed", site)
             time.sleep(a.interval)
     finally:

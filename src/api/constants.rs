@@ -30,6 +30,9 @@ pub const REPLACE_ANNOTATION: &str = "crawl.example.com/replace";
 pub const RESET_CIRCUIT_BREAKER_ANNOTATION: &str = "crawl.example.com/reset-circuit-breaker";
 /// Label a Secret must carry before the operator reads cloud-init from it.
 pub const CLOUD_INIT_SECRET_LABEL: &str = "crawl.example.com/cloud-init";
+/// Label on every credentials Secret the operator reads: those it
+/// generates for Managed Proxies, and those users name for External ones.
+pub const CREDENTIALS_SECRET_LABEL: &str = "crawl.example.com/proxy-credentials";
 /// Standard ownership label on objects the operator creates.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 

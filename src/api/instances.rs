@@ -36,6 +36,10 @@ pub struct SurgeStatus {
     /// did not come up is given up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_requested_at: Option<DateTime<Utc>>,
+    /// The Secret holding its credentials (see
+    /// `ProxyStatus::credentialsSecret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
 }
 
 /// A replaced instance being drained (see `ProxyStatus::retiring`).
@@ -53,4 +57,7 @@ pub struct RetiringStatus {
     /// When the operator asked the provider to delete it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_requested_at: Option<DateTime<Utc>>,
+    /// The Secret holding its credentials, deleted once it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
 }

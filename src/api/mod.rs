@@ -1,6 +1,7 @@
 //! The two custom resources (`Proxy`, `ProviderHealth`), their conditions
 //! and the names the operator shares with users and backends.
 
+pub mod auth;
 pub mod condition;
 pub mod constants;
 pub mod crd;
@@ -10,6 +11,7 @@ pub mod provider_health;
 pub mod proxy;
 pub mod recycle;
 
+pub use auth::{AuthMode, ProxyAuth, SecretName};
 pub use condition::{Condition, ConditionStatus};
 pub use instances::{RetiringStatus, SurgeStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};

@@ -133,6 +133,10 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attributes: BTreeMap<String, String>,
 
+    /// Who may use the proxy: credentials (the default) or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<super::ProxyAuth>,
+
     /// Where an External proxy listens. Required when `mode` is External.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
@@ -338,6 +342,12 @@ pub struct ProxyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub instance_serial: Option<i32>,
+    /// The Secret (in the Proxy's namespace) holding the current
+    /// instance's credentials (keys `username`, `password`); absent when
+    /// it takes none (`spec.auth.mode: None`, or created before
+    /// credentials existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
     /// The replacement being created before the current instance goes
     /// (the provider's `maxSurge`): recorded before it is created, so a
     /// restart finds it by name.
@@ -421,6 +431,9 @@ pub mod conditions {
     /// `--external-proxy-namespaces` does not list; never probed nor
     /// offered.
     pub const REASON_EXTERNAL_NOT_ALLOWED: &str = "ExternalNotAllowed";
+    /// Provisioned=False: an External Proxy's `spec.auth.secretRef` names
+    /// no labelled Secret with usable credentials; not probed nor offered.
+    pub const REASON_CREDENTIALS_UNAVAILABLE: &str = "CredentialsUnavailable";
     /// Healthy=Unknown: the Proxy is not probed (see Provisioned).
     pub const REASON_NOT_PROBED: &str = "NotProbed";
     /// Provisioned=False: the provider's create limits (`createsPerMinute`,

@@ -27,6 +27,9 @@ pub struct Context {
     /// The labelled cloud-init Secrets, filled by the controller's Secret
     /// watch; cloud-init is read from here, never with `get`.
     pub secrets: cloud_init::SecretCache,
+    /// The credentials Secrets (generated and External), shared with the
+    /// health engine and the discovery API.
+    pub credentials: Arc<crate::credentials::CredentialsCache>,
     failures: Mutex<HashMap<String, u32>>,
     /// Failed cleanup attempts in a row, per deleted Proxy.
     cleanup_failures: Mutex<HashMap<String, u32>>,
@@ -67,6 +70,7 @@ impl Context {
             installation_id,
             health,
             secrets: cloud_init::SecretCache::default(),
+            credentials: Arc::default(),
             failures: Mutex::new(HashMap::new()),
             cleanup_failures: Mutex::new(HashMap::new()),
             create_holds: Mutex::new(HashMap::new()),
@@ -91,6 +95,12 @@ impl Context {
     /// Probes surge replacements with `checker` before they take over.
     pub fn with_checker(mut self, checker: Arc<crate::health::check::Checker>) -> Self {
         self.checker = Some(checker);
+        self
+    }
+
+    /// Reads and stores credentials through `cache` (the process's one).
+    pub fn with_credentials(mut self, cache: Arc<crate::credentials::CredentialsCache>) -> Self {
+        self.credentials = cache;
         self
     }
 

@@ -14,6 +14,9 @@ pub enum Error {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {msg}", msg = plain_message(.0))]
     Kube(#[from] kube::Error),
+    /// The credentials of an instance could not be read or stored.
+    #[error("{0}")]
+    Credentials(String),
     /// The provider of a Proxy being deleted is not configured.
     #[error("provider {provider:?} is not configured; cannot clean up instance {id}; set {SKIP_CLEANUP_ANNOTATION}: \"true\" to abandon it")]
     NotConfigured {

@@ -13,6 +13,7 @@ use tracing::{info, instrument, warn};
 use super::context::Context;
 use super::error::Error;
 use super::plan::{self, Ending, GetOutcome, ManagedInput, Path, Step};
+mod credentials;
 mod delete;
 mod endings;
 mod events;
@@ -23,12 +24,14 @@ mod writes;
 use super::throttle::create_gate;
 use super::{cloud_init, status_patch};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
-use crate::api::{Proxy, ProxyStatus};
+use crate::api::{AuthMode, Proxy, ProxyAuth, ProxyStatus};
 use crate::crashpoint;
 use crate::fleet::{replace_pending, RecyclePolicy};
 use crate::provider::error::plain_message;
 use crate::provider::naming::{instance_name, spec_hash, HashInput};
-use crate::provider::{CreateRequest, ErrorClass, Op, Provider, ProviderError, UserData};
+use crate::provider::{
+    CreateRequest, ErrorClass, InstanceCredentials, Op, Provider, ProviderError, UserData,
+};
 use delete::delete_path;
 use endings::{action, external_path, fail, fail_delete, finish, health_of};
 use writes::{patch_metadata, patch_status, record_hash};
@@ -112,10 +115,11 @@ fn create_request(
     proxy: &Proxy,
     (installation_id, serial): (&str, u32),
     port: u16,
-    cloud_init: UserData,
+    (cloud_init, credentials): (UserData, Option<InstanceCredentials>),
 ) -> CreateRequest {
     let uid = proxy.uid().unwrap_or_default();
     CreateRequest {
+        credentials,
         name: instance_name(&uid, serial),
         uid,
         namespace: proxy.namespace().unwrap_or_default(),
@@ -199,6 +203,7 @@ async fn managed_path(
                             placement: proxy.spec.placement.as_ref(),
                             cloud_init: &text,
                             port: proxy.spec.port.unwrap_or(0),
+                            open: ProxyAuth::mode_of(proxy.spec.auth.as_ref()) == AuthMode::None,
                         }));
                         user_data = UserData::new(text);
                         continue;
@@ -230,10 +235,13 @@ async fn managed_path(
                 record_hash(proxy, &ctx.client, &mut recorded, &hash).await?;
                 let serial = u32::try_from(status.instance_serial.unwrap_or(0)).unwrap_or(0);
                 let installation = (ctx.installation_id.as_str(), serial);
-                let req = create_request(proxy, installation, port, user_data.clone());
+                let creds = credentials::ensure(ctx, proxy, serial).await?;
+                let secret = creds.as_ref().map(|c| c.secret_name.clone());
+                let req = create_request(proxy, installation, port, (user_data.clone(), creds));
                 match p()?.create(&req).await {
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);
+                        status.credentials_secret = secret;
                         // A new instance is what a pending replace asks for.
                         plan::recycle::handle_replace(replace_pending(proxy), status);
                         info!(providerID = %id, provider = %provider_name, cloudInitBytes = req.cloud_init.len(), "Instance created");
@@ -273,6 +281,7 @@ async fn managed_path(
             }
             Step::DeleteDrained { why } => match p()?.delete(&id).await {
                 Ok(()) => {
+                    credentials::replaced(ctx, proxy, status.credentials_secret.as_deref()).await;
                     // Replaced for failing its probe: the next create
                     // backs off as after a death.
                     if plan::replace::unhealthy(status) {
@@ -289,6 +298,7 @@ async fn managed_path(
             },
             Step::Delete { why } => match p()?.delete(&id).await {
                 Ok(()) => {
+                    credentials::replaced(ctx, proxy, status.credentials_secret.as_deref()).await;
                     if died {
                         plan::replace::note(status, now);
                     }
@@ -323,16 +333,19 @@ async fn managed_path(
                 ip,
                 outdated,
                 recycle,
-            } => Ending::Running {
-                health: health_of(ctx, proxy, Some(&ip)),
-                ip,
-                recycle: Some(plan::recycle::Recycle {
-                    step: recycle,
-                    outdated,
-                    spec_port: proxy.spec.port,
-                    asked: replace_pending(proxy).map(str::to_string),
-                }),
-            },
+            } => {
+                credentials::restore(ctx, proxy, status.credentials_secret.as_deref()).await?;
+                Ending::Running {
+                    health: health_of(ctx, proxy, Some(&ip)),
+                    ip,
+                    recycle: Some(plan::recycle::Recycle {
+                        step: recycle,
+                        outdated,
+                        spec_port: proxy.spec.port,
+                        asked: replace_pending(proxy).map(str::to_string),
+                    }),
+                }
+            }
             Step::Failed { class, message } => {
                 let err = get_error(class, &provider_name, &id, message);
                 return fail(ctx, proxy, err, status, now);

@@ -11,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::api::condition::ConditionStatus;
 use crate::api::proxy::conditions::HEALTHY;
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
+use crate::credentials::{CredentialsCache, Sensitive};
 use crate::lease::ProxyKey;
 use crate::tenancy::ExternalNamespaces;
 
@@ -26,8 +27,18 @@ pub struct ProxyItem {
     pub ip: String,
     /// Port to connect to.
     pub port: u16,
-    /// `http://ip:port`, ready for a client's proxy setting.
-    pub url: String,
+    /// `http://ip:port`, with `username:password@` when the proxy takes
+    /// credentials: ready for a client's proxy setting.
+    #[schema(value_type = String)]
+    pub url: Sensitive,
+    /// The username the proxy asks for (HTTP Basic, `Proxy-Authorization`);
+    /// absent when it takes none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Its password; absent when it takes none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub password: Option<Sensitive>,
     /// `Managed` or `External`.
     pub mode: String,
     /// Provider name (Managed); absent for External proxies.
@@ -241,8 +252,12 @@ pub struct ErrorDetail {
 /// Ready, draining for a recycle (no new leases, no renewals), Healthy not
 /// True, without an address, or External in a namespace `external` does
 /// not allow (whatever its status says: whoever may write it could claim
-/// Ready).
-pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
+/// Ready), or taking credentials `credentials` does not hold (yet).
+pub fn item_of(
+    p: &Proxy,
+    external: &ExternalNamespaces,
+    credentials: &CredentialsCache,
+) -> Option<ProxyItem> {
     if p.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -280,10 +295,20 @@ pub fn item_of(p: &Proxy, external: &ExternalNamespaces) -> Option<ProxyItem> {
     } else {
         ip.clone()
     };
+    let namespace = p.namespace().unwrap_or_default();
+    let creds = match crate::credentials::secret_of(p) {
+        Some(secret) => Some(credentials.get(&namespace, secret)?),
+        None => None,
+    };
     Some(ProxyItem {
         name: p.name_any(),
-        namespace: p.namespace().unwrap_or_default(),
-        url: format!("http://{host}:{port}"),
+        url: match &creds {
+            Some(c) => c.url(&host, port),
+            None => Sensitive::new(format!("http://{host}:{port}")),
+        },
+        username: creds.as_ref().map(|c| c.username.clone()),
+        password: creds.as_ref().map(|c| c.password()),
+        namespace,
         ip,
         port,
         mode: match p.spec.mode {
@@ -453,7 +478,12 @@ mod tests {
         ];
         for c in cases {
             let p = ready("p", c.spec, "True");
-            assert_eq!(item_of(&p, &c.allowed).is_some(), c.listed, "{}", c.name);
+            assert_eq!(
+                item_of(&p, &c.allowed, &Default::default()).is_some(),
+                c.listed,
+                "{}",
+                c.name
+            );
         }
     }
 
@@ -465,13 +495,14 @@ mod tests {
             "placement": {"zone": "z1", "region": "r1"}, "attributes": {"geo": "home"}}),
             "True",
         );
-        let item = item_of(&ok, &any()).unwrap();
-        assert_eq!(item.url, "http://127.0.0.9:3128");
+        let item = item_of(&ok, &any(), &Default::default()).unwrap();
+        assert_eq!(item.url.expose(), "http://127.0.0.9:3128");
         assert_eq!(item.zone.as_deref(), Some("z1"));
         assert_eq!(item.provider.as_deref(), Some("kubernetes"));
         assert!(item_of(
             &ready("b", json!({"provider": "k", "port": 3128}), "False"),
-            &any()
+            &any(),
+            &Default::default()
         )
         .is_none());
         let ext = ready(
@@ -479,18 +510,18 @@ mod tests {
             json!({"mode": "External", "endpoint": {"host": "127.0.0.9", "port": 8080}}),
             "True",
         );
-        let e = item_of(&ext, &any()).unwrap();
+        let e = item_of(&ext, &any(), &Default::default()).unwrap();
         assert_eq!(
             (e.port, e.provider.clone(), e.mode.as_str()),
             (8080, None, "External")
         );
         let mut running = ok.clone();
         running.status.as_mut().unwrap().phase = Some(ProxyPhase::Running);
-        assert!(item_of(&running, &any()).is_none());
+        assert!(item_of(&running, &any(), &Default::default()).is_none());
         let mut draining = ok.clone();
         draining.status.as_mut().unwrap().draining_since = Some(chrono::Utc::now());
         assert!(
-            item_of(&draining, &any()).is_none(),
+            item_of(&draining, &any(), &Default::default()).is_none(),
             "a draining proxy gets no new lease"
         );
         let json = serde_json::to_value(&item).unwrap();
@@ -507,7 +538,7 @@ mod tests {
             "True",
         );
         proxy.labels_mut().insert("team".into(), "crawl".into());
-        let item = item_of(&proxy, &any()).unwrap();
+        let item = item_of(&proxy, &any(), &Default::default()).unwrap();
         let cases: [(&str, Result<bool, ()>); 17] = [
             ("namespace=ns", Ok(true)),
             ("namespace=other", Ok(false)),

@@ -13,6 +13,7 @@ use super::metrics::DiscoveryMetrics;
 use super::model::{item_of, Filter, ProxyItem};
 use super::tokens::TokenSet;
 use crate::api::Proxy;
+use crate::credentials::CredentialsCache;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
 use crate::tenancy::ExternalNamespaces;
 
@@ -67,6 +68,8 @@ pub struct ApiState {
     generations: Arc<AtomicU64>,
     /// Where External Proxies may be offered from.
     external: Arc<ExternalNamespaces>,
+    /// The proxies' credentials, handed out with them.
+    credentials: Arc<CredentialsCache>,
     /// Where lease calls go when this replica does not lead.
     pub(super) forward: Arc<Forwarder>,
     /// Forwarded acquires answered, by request key (`replay.rs`).
@@ -121,6 +124,7 @@ impl ApiState {
             // None until told: a namespace that may write a Proxy's status
             // must still not get its own endpoint into the pool.
             external: Arc::new(ExternalNamespaces::only([])),
+            credentials: Arc::default(),
             forward: Arc::new(Forwarder::alone()),
             replays: Arc::default(),
             peers: crate::server::Trusted::default(),
@@ -153,6 +157,13 @@ impl ApiState {
     /// Offers External Proxies from the namespaces `external` allows only.
     pub fn with_external_namespaces(mut self, external: Arc<ExternalNamespaces>) -> Self {
         self.external = external;
+        self
+    }
+
+    /// Hands out the proxies' credentials from `credentials` (a proxy
+    /// that takes credentials it does not hold is not offered).
+    pub fn with_credentials(mut self, credentials: Arc<CredentialsCache>) -> Self {
+        self.credentials = credentials;
         self
     }
 
@@ -197,7 +208,7 @@ impl ApiState {
             .source
             .proxies()
             .iter()
-            .filter_map(|p| item_of(p, &self.external))
+            .filter_map(|p| item_of(p, &self.external, &self.credentials))
             .map(|i| (i.key(), i))
             .collect();
         items.sort_by(|a, b| a.0.cmp(&b.0));

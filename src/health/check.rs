@@ -27,7 +27,8 @@ impl Checker {
         Checker { defaults, tls }
     }
 
-    /// Whether `proxy`'s health check passes through `ip:port` as many
+    /// Whether `proxy`'s health check passes through its surge instance at
+    /// `ip:port` (with that instance's credentials) as many
     /// times in a row as its success threshold asks; `Err` says why not,
     /// in plain words.
     pub async fn check(&self, proxy: &Proxy, ip: &str, port: u16) -> Result<(), String> {
@@ -36,6 +37,11 @@ impl Checker {
         st.phase = Some(ProxyPhase::Ready);
         st.ip = Some(ip.to_string());
         st.port = Some(i32::from(port));
+        st.credentials_secret = proxy
+            .status
+            .as_ref()
+            .and_then(|s| s.surge.as_ref())
+            .and_then(|s| s.credentials_secret.clone());
         let Some(spec) = probe_spec(&at, &self.defaults) else {
             return Err("the Proxy's health check has no usable URL".into());
         };

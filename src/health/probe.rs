@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use url::Url;
 
 pub use super::error::ProbeError;
+use crate::credentials::Credentials;
 use crate::tenancy::ProbeDenylist;
 
 /// Longest response head (status line and headers) read.
@@ -40,6 +41,9 @@ pub struct ProbeTarget {
     pub expected_status: u16,
     /// Limit for the whole probe.
     pub timeout: Duration,
+    /// The proxy's credentials, sent as `Proxy-Authorization` (its
+    /// `Debug` hides the password).
+    pub credentials: Option<Credentials>,
 }
 
 /// The result of one probe.
@@ -150,13 +154,19 @@ async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), ProbeE
         .map_err(|e| ProbeError::connect(&e))?;
     let _ = conn.set_nodelay(true);
     let host = host_header(&target.url)?;
+    // Only ever to the proxy: it consumes the header (a CONNECT's never
+    // reaches the target; Squid drops it from a forward request).
+    let auth = match &target.credentials {
+        Some(c) => format!("Proxy-Authorization: {}\r\n", c.proxy_authorization()),
+        None => String::new(),
+    };
     match target.url.scheme() {
         "http" => {
             // Forward request: the absolute URI goes to the proxy.
             let mut abs = target.url.clone();
             abs.set_fragment(None);
             let req = format!(
-                "GET {abs} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+                "GET {abs} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{auth}Accept: */*\r\nConnection: close\r\n\r\n"
             );
             exchange(&mut conn, &req, target.expected_status, "target").await
         }
@@ -168,7 +178,7 @@ async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), ProbeE
                 format!("{h}:{port}")
             };
             let connect = format!(
-                "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n\r\n"
+                "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n"
             );
             conn.write_all(connect.as_bytes())
                 .await

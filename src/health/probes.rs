@@ -20,6 +20,7 @@ use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
 use crate::api::health::HealthReport;
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
+use crate::credentials::CredentialsCache;
 use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
 
 /// Operator-wide probe defaults (flags).
@@ -34,6 +35,8 @@ pub struct Defaults {
     pub external: Arc<ExternalNamespaces>,
     /// `--probe-deny-cidrs`: what an External endpoint must not resolve to.
     pub deny: Arc<ProbeDenylist>,
+    /// The credentials Secrets the probes authenticate with.
+    pub credentials: Arc<CredentialsCache>,
 }
 
 /// Default seconds between probes.
@@ -73,9 +76,10 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
     if p.metadata.deletion_timestamp.is_some() {
         return None;
     }
+    let namespace = p.namespace().unwrap_or_default();
     let (host, port, deny) = match p.spec.mode {
         ProxyMode::External => {
-            if !d.external.allows(&p.namespace().unwrap_or_default()) {
+            if !d.external.allows(&namespace) {
                 return None;
             }
             let ep = p.spec.endpoint.as_ref()?;
@@ -95,6 +99,13 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
         }
     };
     let port = u16::try_from(port).ok().filter(|p| *p > 0)?;
+    // A proxy that takes credentials is probed only with them: without,
+    // it would answer 407 and be taken for broken (until the Secret is
+    // cached, or while it is missing, it is not probed at all).
+    let credentials = match crate::credentials::secret_of(p) {
+        Some(name) => Some(d.credentials.get(&namespace, name)?),
+        None => None,
+    };
     let hc = p.spec.health_check.clone().unwrap_or_default();
     let url = match &hc.url {
         Some(u) => Url::parse(u).ok()?,
@@ -117,6 +128,7 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
             url,
             expected_status,
             timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),
+            credentials,
         },
         interval: Duration::from_secs(positive(hc.interval_seconds, DEFAULT_INTERVAL.as_secs())),
         thresholds: Thresholds {

@@ -8,6 +8,7 @@ pub(crate) fn defaults() -> Defaults {
         expected_status: 204,
         external: std::sync::Arc::new(crate::tenancy::ExternalNamespaces::Any),
         deny: std::sync::Arc::new(crate::tenancy::ProbeDenylist::default_list()),
+        credentials: std::sync::Arc::default(),
     }
 }
 

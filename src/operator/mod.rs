@@ -154,6 +154,7 @@ impl Operator {
                 _ = cache_stop.cancelled() => {}
             }
         });
+        runnables::watch_credentials(&mut tasks, s, &self.client, &stop);
         runnables::count_phases(
             &self.metrics,
             proxy_cache.clone(),

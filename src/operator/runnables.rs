@@ -125,6 +125,7 @@ pub fn spawn_discovery(
         discovery::ApiState::with_clients(Arc::new(cache), leases.clone(), &[], &metrics.discovery)
             .with_token_set(tokens.clone())
             .with_external_namespaces(settings.health.defaults.external.clone())
+            .with_credentials(settings.health.defaults.credentials.clone())
             .with_forwarder(forwarder)
             .with_replicas(replicas.clone())
             .with_replacer(replacer);
@@ -171,6 +172,25 @@ pub fn leader_of(observed: &Observed, key: &LeaseKey) -> discovery::Leader {
         },
         Observed::Nobody => discovery::Leader::Unknown,
     }
+}
+
+/// The credentials Secrets' watch: probes, leases and creates read them
+/// from this one.
+pub fn watch_credentials(
+    tasks: &mut JoinSet<()>,
+    s: &super::Settings,
+    client: &kube::Client,
+    stop: &CancellationToken,
+) {
+    let cache = &s.health.defaults.credentials;
+    let watch = cache.watch(client.clone(), s.proxy_namespace.as_deref());
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = watch => {}
+            _ = stop.cancelled() => {}
+        }
+    });
 }
 
 /// The health engine (leader-only): probes every Proxy through itself and

@@ -230,6 +230,7 @@ impl Settings {
                     expected_status: flags.default_probe_expected_status,
                     external: Arc::new(external),
                     deny: Arc::new(deny),
+                    credentials: Arc::default(),
                 },
                 workers: usize::from(flags.health_workers),
                 tls,

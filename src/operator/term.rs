@@ -174,6 +174,7 @@ impl Operator {
             .with_fleet(fleet)
             .with_events(self.events.clone())
             .with_external_namespaces(s.health.defaults.external.clone())
+            .with_credentials(s.health.defaults.credentials.clone())
             .with_checker(Arc::new(crate::health::check::Checker::new(
                 s.health.defaults.clone(),
                 s.health.tls.clone(),

@@ -78,6 +78,18 @@ pub struct CreateRequest {
     /// This installation's identity, written as the installation mark so GC
     /// never touches another cluster's instances.
     pub installation_id: String,
+    /// The credentials the instance must ask for; `None`: it asks for none.
+    pub credentials: Option<InstanceCredentials>,
+}
+
+/// An instance's credentials and the Secret (in the Proxy's namespace, named
+/// as the instance) that holds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceCredentials {
+    /// The Secret's name; its keys are `username`, `password`, `htpasswd`.
+    pub secret_name: String,
+    /// What it holds.
+    pub credentials: crate::credentials::Credentials,
 }
 
 /// Lifecycle state of an instance as the reconciler sees it.

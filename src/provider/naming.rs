@@ -48,6 +48,10 @@ pub struct HashInput<'a> {
     pub cloud_init: &'a str,
     /// `spec.port` (0 when unset).
     pub port: i32,
+    /// `spec.auth.mode: None`: the proxy takes no credentials. Only this
+    /// mode enters the hash, so instances made before credentials existed
+    /// keep their hash (they are not rolled by an upgrade).
+    pub open: bool,
 }
 
 /// `v1:` and the lowercase hex SHA-256 of the canonical JSON
@@ -69,6 +73,14 @@ pub fn spec_hash(input: HashInput<'_>) -> String {
         },
         "port": input.port,
     });
+    let canonical = match input.open {
+        true => {
+            let mut c = canonical;
+            c["auth"] = serde_json::json!("None");
+            c
+        }
+        false => canonical,
+    };
     let digest = Sha256::digest(canonical.to_string().as_bytes());
     let mut hex = String::with_capacity(64 + 3);
     hex.push_str(SPEC_HASH_VERSION);
@@ -155,11 +167,13 @@ mod tests {
             placement: Some(&p),
             cloud_init: "#cloud-config\n",
             port: 3128,
+            open: false,
         });
         let b = spec_hash(HashInput {
             placement: Some(&p.clone()),
             cloud_init: "#cloud-config\n",
             port: 3128,
+            open: false,
         });
         assert_eq!(a, b);
         assert!(a.starts_with("v1:"));
@@ -169,7 +183,8 @@ mod tests {
             spec_hash(HashInput {
                 placement: None,
                 cloud_init: "",
-                port: 3128
+                port: 3128,
+                open: false,
             }),
             "v1:f533ec53621ca997416a855fdb6bd3033772f7e2c66cabda34bc6196bdd95343"
         );
@@ -183,6 +198,7 @@ mod tests {
                 placement: Some(p),
                 cloud_init: ci,
                 port,
+                open: false,
             })
         };
         let reference = h(&base, "ci", 3128);
@@ -196,6 +212,15 @@ mod tests {
             ("image", h(&placement("r", "z", "m", "i2"), "ci", 3128)),
             ("cloudInit", h(&base, "ci2", 3128)),
             ("port", h(&base, "ci", 3129)),
+            (
+                "auth.mode None",
+                spec_hash(HashInput {
+                    placement: Some(&base),
+                    cloud_init: "ci",
+                    port: 3128,
+                    open: true,
+                }),
+            ),
         ];
         for (field, v) in &variants {
             assert_ne!(&reference, v, "changing {field} must change the hash");
@@ -210,7 +235,8 @@ mod tests {
             spec_hash(HashInput {
                 placement: None,
                 cloud_init: "x",
-                port: 1
+                port: 1,
+                open: false,
             }),
             h(&Placement::default(), "x", 1)
         );
@@ -229,6 +255,7 @@ mod tests {
                 placement: s.placement.as_ref(),
                 cloud_init: "",
                 port: s.port.unwrap_or(0),
+                open: false,
             })
         };
         let before = hash_of(&a);

@@ -3,7 +3,8 @@
 //! receiver in this test, runs two gcp Proxies (against the Compute
 //! stand-in, the wire log of full payloads on): one with a sentinel in its
 //! inline cloud-init, one whose cloud-init Secret holds another; a third
-//! sentinel is `DISCOVERY_TOKEN`. After the API is called with a wrong, no
+//! sentinel is `DISCOVERY_TOKEN`; the passwords the operator generated for
+//! the two instances are sentinels too. After the API is called with a wrong, no
 //! and the right token, and `/metrics` is scraped, no sentinel, plain or
 //! base64 at any alignment, is in the log, the exported spans, `/metrics`,
 //! the Proxies' status, the namespace's Events or an API error body.
@@ -82,10 +83,13 @@ fn base64_forms_are_found_in_an_encoded_secret() {
     }
 }
 
-/// Every sentinel form found in `text`.
-fn leaks(text: &str) -> Vec<String> {
+/// Every sentinel form found in `text`: the fixed ones and `generated`
+/// (the proxies' passwords).
+fn leaks(text: &str, generated: &[String]) -> Vec<String> {
     [INLINE, IN_SECRET, TOKEN]
         .iter()
+        .copied()
+        .chain(generated.iter().map(String::as_str))
         .flat_map(|s| {
             let mut forms = vec![s.to_string()];
             forms.extend(base64_forms(s));
@@ -200,6 +204,21 @@ async fn no_secret_reaches_logs_spans_metrics_status_events_or_api_errors() {
         "the stand-in never received the cloud-inits"
     );
 
+    // Each instance's generated password (the probes send it, base64 in
+    // Proxy-Authorization, which the sentinel forms cover at any
+    // alignment).
+    let mut passwords = Vec::new();
+    for name in ["inline", "from-secret"] {
+        let p = proxies.get(name).await.unwrap();
+        let secret = p.status.and_then(|s| s.credentials_secret);
+        let secret = secrets
+            .get(&secret.expect("credentials generated"))
+            .await
+            .unwrap();
+        let password = &secret.data.as_ref().unwrap()["password"].0;
+        passwords.push(String::from_utf8(password.clone()).unwrap());
+    }
+
     // The API, with a wrong token, none, and the right one.
     let mut answers = String::new();
     let wrong = format!("{}x", &TOKEN[..TOKEN.len() - 1]);
@@ -292,6 +311,10 @@ async fn no_secret_reaches_logs_spans_metrics_status_events_or_api_errors() {
         ("the events.k8s.io Events", &events_new),
         ("the API answers", &answers),
     ] {
-        assert_eq!(leaks(text), Vec::<String>::new(), "a secret in {what}");
+        assert_eq!(
+            leaks(text, &passwords),
+            Vec::<String>::new(),
+            "a secret in {what}"
+        );
     }
 }

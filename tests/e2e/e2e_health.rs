@@ -334,6 +334,7 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
         }
         .rules()
         .unwrap(),
+        false,
     );
     let denying = squid_pod(
         &pods,

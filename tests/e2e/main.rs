@@ -7,6 +7,7 @@ mod support;
 
 mod e2e_breaker;
 mod e2e_crash;
+mod e2e_credentials;
 mod e2e_events;
 mod e2e_fleet;
 mod e2e_gc_health;

@@ -67,6 +67,7 @@ pub fn request(
         cloud_init: egress_proxies_operator::provider::UserData::new(cloud_init),
         port: 3128,
         installation_id: "inst-1".into(),
+        credentials: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn target(port: u16, url: &str, expected: u16) -> ProbeTarget {
         url: Url::parse(url).unwrap(),
         expected_status: expected,
         timeout: Duration::from_secs(3),
+        credentials: None,
     }
 }
 

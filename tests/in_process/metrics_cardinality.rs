@@ -45,6 +45,7 @@ async fn exposition(n: usize, per_proxy: bool, squid: u16, target: SocketAddr) -
         expected_status: 200,
         external: Arc::new(ExternalNamespaces::Any),
         deny: Arc::new(ProbeDenylist::default_list()),
+        credentials: Arc::default(),
     };
     let engine = Arc::new(Engine::new(
         defaults,

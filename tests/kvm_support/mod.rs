@@ -1005,6 +1005,7 @@ pub fn request(
         cloud_init: UserData::new("#cloud-config\n"),
         port: 3128,
         installation_id: installation.into(),
+        credentials: None,
     }
 }
 

@@ -12,6 +12,7 @@ use super::status::{self, Health};
 use crate::api::condition::{self, ConditionStatus};
 use crate::api::proxy::conditions::REASON_PROVIDER_UNAVAILABLE;
 use crate::api::proxy::conditions::{PROVISIONED, REASON_PERMANENT_ERROR};
+use crate::api::proxy::conditions::{REASON_CREDENTIALS_UNAVAILABLE, REASON_EXTERNAL_NOT_ALLOWED};
 use crate::api::ProxyStatus;
 use crate::provider::{ErrorClass, Op};
 
@@ -36,6 +37,8 @@ pub const UNAVAILABLE_RETRY_MAX: Duration = Duration::from_secs(600);
 /// Retry while the cloud-init Secret cannot be read (its watch usually
 /// triggers sooner).
 pub const CLOUD_INIT_RETRY: Duration = Duration::from_secs(30);
+/// Until an External Proxy's credentials Secret is looked for again.
+pub const CREDENTIALS_RETRY: Duration = Duration::from_secs(30);
 /// A delete is not resubmitted within this long of the last one while the
 /// instance still shows (providers may take minutes to finish a delete).
 pub const DELETE_RESUBMIT_AFTER: Duration = Duration::from_secs(60);
@@ -133,6 +136,12 @@ pub enum Ending<'a> {
         /// The refusal, naming the field, the namespace and the flag.
         message: String,
     },
+    /// An External Proxy whose `spec.auth.secretRef` holds no usable
+    /// credentials.
+    ExternalCredentialsUnavailable {
+        /// What is wrong, naming the field and the Secret.
+        message: String,
+    },
     /// The deletion path has nothing to hold (no finalizer of ours).
     NotHeld,
     /// The finalizer was released.
@@ -227,8 +236,15 @@ pub fn end(
             End::AwaitChange
         }
         Ending::ExternalNotAllowed { message } => {
-            status::mark_external_refused(status, &message, now, generation);
+            let refusal = (REASON_EXTERNAL_NOT_ALLOWED, message.as_str());
+            status::mark_external_refused(status, refusal, now, generation);
             End::AwaitChange
+        }
+        // The Secret may appear or gain its label: looked for again.
+        Ending::ExternalCredentialsUnavailable { message } => {
+            let refusal = (REASON_CREDENTIALS_UNAVAILABLE, message.as_str());
+            status::mark_external_refused(status, refusal, now, generation);
+            End::RequeueAfter(CREDENTIALS_RETRY)
         }
         Ending::CleanupRequested => {
             status.delete_requested_at = Some(now);

@@ -28,7 +28,7 @@ fn surging(s: &mut ProxyStatus) {
 }
 fn took_over(s: &mut ProxyStatus) {
     surging(s);
-    super::super::surge::created(s, "px-abc-1".into(), "v1:x", 3128, t(4));
+    super::super::surge::created(s, ("px-abc-1".into(), None), "v1:x", 3128, t(4));
     super::super::surge::take_over(s, "10.0.0.8", t(5));
 }
 fn created(s: &mut ProxyStatus) {

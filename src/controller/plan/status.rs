@@ -138,9 +138,9 @@ pub fn mark_running(
 pub fn mark_external(status: &mut ProxyStatus, host: &str, health: &Health, now: DateTime<Utc>) {
     // An External Proxy has no Provisioned condition; one left from a
     // refusal (the allowlist has since changed) goes.
-    if condition::find(&status.conditions, PROVISIONED)
-        .is_some_and(|c| c.reason == REASON_EXTERNAL_NOT_ALLOWED)
-    {
+    if condition::find(&status.conditions, PROVISIONED).is_some_and(|c| {
+        c.reason == REASON_EXTERNAL_NOT_ALLOWED || c.reason == REASON_CREDENTIALS_UNAVAILABLE
+    }) {
         condition::remove(&mut status.conditions, PROVISIONED);
     }
     status.ip = Some(host.to_string());
@@ -152,19 +152,13 @@ pub fn mark_external(status: &mut ProxyStatus, host: &str, health: &Health, now:
 /// verdict left from before (nothing is probed).
 pub fn mark_external_refused(
     status: &mut ProxyStatus,
-    message: &str,
+    (reason, message): (&str, &str),
     now: DateTime<Utc>,
     generation: Option<i64>,
 ) {
     status.ip = None;
     status.latency_millis = None;
-    mark_failed(
-        status,
-        REASON_EXTERNAL_NOT_ALLOWED,
-        message,
-        now,
-        generation,
-    );
+    mark_failed(status, reason, message, now, generation);
     condition::set(
         &mut status.conditions,
         Condition::new(
@@ -369,6 +363,7 @@ pub fn clear_instance(status: &mut ProxyStatus) {
     status.port = None;
     status.created_at = None;
     status.delete_requested_at = None;
+    status.credentials_secret = None;
 }
 
 /// Folds what the health engine says into the status of a serving (running

@@ -125,7 +125,14 @@ fn ready_follows_the_phase_with_the_blocking_reason() {
         },
         Case {
             name: "an External Proxy refused by the allowlist",
-            build: |s| mark_external_refused(s, "namespace \"a\" not allowed", t(0), Some(1)),
+            build: |s| {
+                mark_external_refused(
+                    s,
+                    (REASON_EXTERNAL_NOT_ALLOWED, "namespace \"a\" not allowed"),
+                    t(0),
+                    Some(1),
+                )
+            },
             ready: ConditionStatus::False,
             reason: REASON_EXTERNAL_NOT_ALLOWED,
             message: "not allowed",

@@ -227,16 +227,18 @@ pub fn start(status: &mut ProxyStatus, now: DateTime<Utc>) {
     );
 }
 
-/// Records the surge instance created as `id` from `spec_hash` on `port`.
+/// Records the surge instance created as `id` (its credentials in the
+/// Secret named, if any) from `spec_hash` on `port`.
 pub fn created(
     status: &mut ProxyStatus,
-    id: String,
+    (id, credentials_secret): (String, Option<String>),
     spec_hash: &str,
     port: u16,
     now: DateTime<Utc>,
 ) {
     if let Some(s) = status.surge.as_mut() {
         s.provider_id = Some(id);
+        s.credentials_secret = credentials_secret;
         s.created_at = Some(now);
         s.spec_hash = Some(spec_hash.to_string());
         s.port = Some(i32::from(port));
@@ -256,12 +258,14 @@ pub fn take_over(status: &mut ProxyStatus, ip: &str, now: DateTime<Utc>) {
         ip: status.ip.clone(),
         since: now,
         delete_requested_at: None,
+        credentials_secret: status.credentials_secret.clone(),
     });
     status.provider_id = s.provider_id;
     status.ip = Some(ip.to_string());
     status.port = s.port.or(status.port);
     status.created_at = s.created_at;
     status.instance_serial = Some(s.serial);
+    status.credentials_secret = s.credentials_secret;
     status.delete_requested_at = None;
     super::recycle::clear_drain(status);
     if status.retiring.is_some() {

@@ -28,6 +28,7 @@ fn surging(id: Option<&str>, created: Option<i64>) -> ProxyStatus {
             port: Some(3129),
             spec_hash: Some(HASH.into()),
             delete_requested_at: None,
+            credentials_secret: None,
         }),
         ..serving()
     }
@@ -40,6 +41,7 @@ fn retiring(requested: Option<i64>) -> ProxyStatus {
             ip: Some("10.0.0.9".into()),
             since: t(0),
             delete_requested_at: requested.map(t),
+            credentials_secret: None,
         }),
         ..serving()
     }
@@ -386,9 +388,16 @@ fn a_surge_is_recorded_before_its_create_and_takes_the_next_serial() {
     assert!(condition::find(&st.conditions, RECYCLING).is_some_and(|c| c.reason == REASON_SURGING));
     start(&mut st, t(6));
     assert_eq!(st.surge.as_ref().map(|s| s.started_at), Some(t(5)), "once");
-    created(&mut st, "new".into(), HASH, 3129, t(7));
+    created(
+        &mut st,
+        ("new".into(), Some("proxy-x-5".into())),
+        HASH,
+        3129,
+        t(7),
+    );
     let s = st.surge.clone().expect("still recorded");
     assert_eq!(s.provider_id.as_deref(), Some("new"));
+    assert_eq!(s.credentials_secret.as_deref(), Some("proxy-x-5"));
     assert_eq!((s.created_at, s.port), (Some(t(7)), Some(3129)));
 }
 
@@ -397,7 +406,16 @@ fn taking_over_makes_the_surge_current_and_retires_the_old_instance() {
     let mut st = surging(Some("new"), Some(7));
     st.instance_serial = None;
     st.draining_since = Some(t(1));
+    st.credentials_secret = Some("proxy-x".into());
+    if let Some(s) = st.surge.as_mut() {
+        s.credentials_secret = Some("proxy-x-1".into());
+    }
     take_over(&mut st, "10.0.0.2", t(40));
+    assert_eq!(
+        st.credentials_secret.as_deref(),
+        Some("proxy-x-1"),
+        "leases and probes of the new instance use its own credentials"
+    );
     assert_eq!(st.provider_id.as_deref(), Some("new"));
     assert_eq!(st.ip.as_deref(), Some("10.0.0.2"));
     assert_eq!((st.port, st.instance_serial), (Some(3129), Some(1)));

@@ -92,7 +92,14 @@ pub(super) fn fail_delete(ctx: &Context, err: ProviderError) -> Result<Action, E
 
 pub(super) fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStatus) -> Action {
     let namespace = proxy.namespace().unwrap_or_default();
-    let ending = if ctx.external.allows(&namespace) {
+    let credentials = external_credentials(proxy, ctx, &namespace);
+    let ending = if !ctx.external.allows(&namespace) {
+        Ending::ExternalNotAllowed {
+            message: ctx.external.refusal(&namespace),
+        }
+    } else if let Err(message) = credentials {
+        Ending::ExternalCredentialsUnavailable { message }
+    } else {
         Ending::External {
             host: proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
             health: health_of(
@@ -101,13 +108,29 @@ pub(super) fn external_path(proxy: &Proxy, ctx: &Context, status: &mut ProxyStat
                 proxy.spec.endpoint.as_ref().map(|ep| ep.host.as_str()),
             ),
         }
-    } else {
-        Ending::ExternalNotAllowed {
-            message: ctx.external.refusal(&namespace),
-        }
     };
     action(
         ctx,
         plan::end(ending, status, ctx.clock.now(), proxy.metadata.generation),
     )
+}
+
+/// Whether an External Proxy's `spec.auth.secretRef` (if any) holds usable
+/// credentials; `Err` says what is wrong, naming the field and the Secret.
+fn external_credentials(proxy: &Proxy, ctx: &Context, namespace: &str) -> Result<(), String> {
+    use crate::credentials::cache::Lookup;
+    let Some(name) = crate::credentials::secret_of(proxy) else {
+        return Ok(());
+    };
+    let label = crate::api::constants::CREDENTIALS_SECRET_LABEL;
+    match ctx.credentials.lookup(namespace, name) {
+        Lookup::Found(_) => Ok(()),
+        Lookup::NotSynced => Err(format!(
+            "spec.auth.secretRef: the operator's watch of credentials Secrets has not synced yet (Secret {name:?})"
+        )),
+        Lookup::Missing => Err(format!(
+            "spec.auth.secretRef: no Secret {name:?} labelled {label}: \"true\" in namespace {namespace:?} (create it with keys username and password, and label it)"
+        )),
+        Lookup::Invalid(e) => Err(format!("spec.auth.secretRef: {e}")),
+    }
 }

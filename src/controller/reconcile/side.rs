@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use tracing::{info, warn};
 
+use super::credentials::forget;
 use super::look::look;
 use super::writes::record_hash;
 use super::{create_request, Error};
@@ -63,12 +64,15 @@ impl Side<'_> {
             }
             SideStep::Create { serial, port } => {
                 let installation = (self.ctx.installation_id.as_str(), serial);
-                let req = create_request(self.proxy, installation, port, self.user_data.clone());
+                let creds = super::credentials::ensure(self.ctx, self.proxy, serial).await?;
+                let secret = creds.as_ref().map(|c| c.secret_name.clone());
+                let data = (self.user_data.clone(), creds);
+                let req = create_request(self.proxy, installation, port, data);
                 match self.provider.create(&req).await {
                     Ok(id) => {
                         crate::crashpoint::hit(crate::crashpoint::AFTER_SURGE_CREATE);
                         info!(providerID = %id, serial, "Surge replacement created: it takes over once it passes its probe");
-                        surge::created(status, id, self.hash, port, now);
+                        surge::created(status, (id, secret), self.hash, port, now);
                     }
                     Err(e) => {
                         self.ctx.throttle.create_failed(self.provider_name, &uid);
@@ -105,10 +109,24 @@ impl Side<'_> {
                     surge::giving_up(status, now);
                     obs.surge = None;
                 }
-                Err(e) if e.class() == ErrorClass::NotFound => surge::forget(status),
+                Err(e) if e.class() == ErrorClass::NotFound => {
+                    let secret = status
+                        .surge
+                        .as_ref()
+                        .and_then(|s| s.credentials_secret.clone());
+                    forget(self.ctx, self.proxy, secret.as_deref()).await;
+                    surge::forget(status)
+                }
                 Err(e) => self.failed(status, obs, "deleting", &plain_message(&e), now),
             },
-            SideStep::Forget => surge::forget(status),
+            SideStep::Forget => {
+                let secret = status
+                    .surge
+                    .as_ref()
+                    .and_then(|s| s.credentials_secret.clone());
+                forget(self.ctx, self.proxy, secret.as_deref()).await;
+                surge::forget(status)
+            }
             SideStep::AskDrain => {
                 if let Some(r) = &status.retiring {
                     obs.drain = Some(self.ctx.fleet.retire_step(self.proxy, r.since, now));
@@ -126,7 +144,10 @@ impl Side<'_> {
                         surge::retire_requested(status, now);
                         obs.retiring = None;
                     }
-                    Err(e) if e.class() == ErrorClass::NotFound => surge::retired(status),
+                    Err(e) if e.class() == ErrorClass::NotFound => {
+                        forget(self.ctx, self.proxy, retiring_secret(status).as_deref()).await;
+                        surge::retired(status)
+                    }
                     Err(e) => {
                         let why = plain_message(&e);
                         warn!(providerID = %id, error = %why, "Cannot delete the retired instance; retrying");
@@ -134,7 +155,10 @@ impl Side<'_> {
                     }
                 }
             }
-            SideStep::Retired => surge::retired(status),
+            SideStep::Retired => {
+                forget(self.ctx, self.proxy, retiring_secret(status).as_deref()).await;
+                surge::retired(status)
+            }
         }
         Ok(())
     }
@@ -167,4 +191,12 @@ fn retiring_id(status: &ProxyStatus) -> String {
         .as_ref()
         .map(|r| r.provider_id.clone())
         .unwrap_or_default()
+}
+
+/// The credentials Secret of the retiring instance.
+fn retiring_secret(status: &ProxyStatus) -> Option<String> {
+    status
+        .retiring
+        .as_ref()
+        .and_then(|r| r.credentials_secret.clone())
 }

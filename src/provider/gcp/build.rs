@@ -296,6 +296,7 @@ mod tests {
             cloud_init: UserData::new("#cloud-config\n"),
             port: 3128,
             installation_id: "inst-1".into(),
+            credentials: None,
         }
     }
 

@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext,
-    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, KeyToPath, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -115,7 +116,11 @@ pub fn build_pod(req: &CreateRequest, image: &str, destinations: &DestinationRul
         ]),
         env: Some(vec![EnvVar {
             name: "SQUID_CONF".into(),
-            value: Some(squid_conf(req.port, destinations)),
+            value: Some(squid_conf(
+                req.port,
+                destinations,
+                req.credentials.is_some(),
+            )),
             value_from: None,
         }]),
         ports: Some(vec![ContainerPort {
@@ -145,11 +150,7 @@ pub fn build_pod(req: &CreateRequest, image: &str, destinations: &DestinationRul
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(volume_mounts(req)),
         ..Default::default()
     };
     Pod {
@@ -182,18 +183,58 @@ pub fn build_pod(req: &CreateRequest, image: &str, destinations: &DestinationRul
                 }),
                 ..Default::default()
             }),
-            volumes: Some(vec![Volume {
-                name: "tmp".into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(quantity("64Mi")),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+            volumes: Some(volumes(req)),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// A writable `/tmp`, and the credentials Secret's `htpasswd` key when the
+/// instance asks for credentials.
+fn volumes(req: &CreateRequest) -> Vec<Volume> {
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("64Mi".into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if let Some(c) = &req.credentials {
+        volumes.push(Volume {
+            name: "auth".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(c.secret_name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: crate::credentials::HTPASSWD_KEY.into(),
+                    path: "htpasswd".into(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o444),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        });
+    }
+    volumes
+}
+
+fn volume_mounts(req: &CreateRequest) -> Vec<VolumeMount> {
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    }];
+    if req.credentials.is_some() {
+        mounts.push(VolumeMount {
+            name: "auth".into(),
+            mount_path: squid::HTPASSWD_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    mounts
 }
 
 /// The contract's view of a Pod.

@@ -1,0 +1,170 @@
+//! The operator's view of credentials Secrets: a watch of the Secrets
+//! labelled `crawl.example.com/proxy-credentials=true` (those it generates,
+//! and those users name for External Proxies), so that probes, leases and
+//! reconciles read credentials without a call, and no unrelated Secret
+//! enters the operator's memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt as _, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tracing::warn;
+
+use super::{Credentials, CredentialsError};
+use crate::api::constants::CREDENTIALS_SECRET_LABEL;
+use crate::provider::error::plain_message;
+
+/// The cached credentials Secrets.
+pub struct CredentialsCache {
+    store: Store<Secret>,
+    writer: Mutex<Option<reflector::store::Writer<Secret>>>,
+    /// What this process wrote lately, which the watch may not show yet.
+    written: Mutex<HashMap<(String, String), (Credentials, Instant)>>,
+}
+
+/// How long a write of this process outranks the watch's copy: far longer
+/// than the watch lags, far shorter than credentials live.
+const WRITTEN_FOR: Duration = Duration::from_secs(60);
+
+impl Default for CredentialsCache {
+    fn default() -> Self {
+        let (store, writer) = reflector::store();
+        CredentialsCache {
+            store,
+            writer: Mutex::new(Some(writer)),
+            written: Mutex::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for CredentialsCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CredentialsCache({} Secrets)", self.store.state().len())
+    }
+}
+
+/// What the cache knows of one credentials Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The watch has not listed yet: nothing can be said.
+    NotSynced,
+    /// No labelled Secret of that name.
+    Missing,
+    /// It holds no usable credentials.
+    Invalid(CredentialsError),
+    /// Its credentials.
+    Found(Credentials),
+}
+
+impl CredentialsCache {
+    /// The label selector of the watch.
+    pub fn selector() -> String {
+        format!("{CREDENTIALS_SECRET_LABEL}=true")
+    }
+
+    /// Watches the labelled Secrets (in `namespace`, or everywhere) into
+    /// this cache until the returned future is dropped. A second call
+    /// finds the writer taken and returns at once.
+    pub fn watch(
+        self: &Arc<Self>,
+        client: Client,
+        namespace: Option<&str>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let api: Api<Secret> = match namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        };
+        async move {
+            let Some(writer) = writer else { return };
+            let wc = watcher::Config::default().labels(&Self::selector());
+            watcher(api, wc)
+                .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|res| async move {
+                    if let Err(e) = res {
+                        warn!(error = %plain_message(&e), "Watching credentials Secrets");
+                    }
+                })
+                .await;
+        }
+    }
+
+    /// Records that this process just wrote `creds` into `namespace/name`:
+    /// lookups return them until the watch shows the same, or for a minute.
+    pub fn wrote(&self, namespace: &str, name: &str, creds: &Credentials) {
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        w.retain(|_, (_, at)| at.elapsed() < WRITTEN_FOR);
+        w.insert(
+            (namespace.to_string(), name.to_string()),
+            (creds.clone(), Instant::now()),
+        );
+    }
+
+    /// The credentials of the Secret `namespace/name`.
+    pub fn lookup(&self, namespace: &str, name: &str) -> Lookup {
+        let key = (namespace.to_string(), name.to_string());
+        let recent = {
+            let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            w.get(&key)
+                .filter(|(_, at)| at.elapsed() < WRITTEN_FOR)
+                .map(|(c, _)| c.clone())
+        };
+        if let Some(creds) = recent {
+            return Lookup::Found(creds);
+        }
+        if !self.synced() {
+            return Lookup::NotSynced;
+        }
+        match self
+            .store
+            .get(&ObjectRef::<Secret>::new(name).within(namespace))
+        {
+            None => Lookup::Missing,
+            Some(secret) => match Credentials::from_secret(&secret) {
+                Ok(c) => Lookup::Found(c),
+                Err(e) => Lookup::Invalid(e),
+            },
+        }
+    }
+
+    /// The credentials of `namespace/name` when the cache holds usable
+    /// ones.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Credentials> {
+        match self.lookup(namespace, name) {
+            Lookup::Found(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether the watch has listed once.
+    pub fn synced(&self) -> bool {
+        self.store
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
+    }
+
+    /// Waits (at most `limit`) for the first list.
+    pub async fn ready_within(&self, limit: std::time::Duration) -> bool {
+        tokio::time::timeout(limit, self.store.wait_until_ready())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Puts `secret` into the cache as if the watch had seen it (unit
+    /// tests of the code that reads it, and the first list in them).
+    pub fn insert_for_tests(&self, secret: Secret) {
+        let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = guard.as_mut() {
+            w.apply_watcher_event(&watcher::Event::Apply(secret));
+            w.apply_watcher_event(&watcher::Event::InitDone);
+        }
+    }
+}
