@@ -183,6 +183,40 @@ fn unused(rules: &[PolicyRule], ns: Option<&str>, seen: &[Attributes]) -> Vec<St
     out
 }
 
+/// No sample opens a proxy to everyone: the VM samples use the built-in
+/// setup (which asks for credentials), and no file under config/samples
+/// tells Squid `http_access allow all`.
+#[test]
+fn no_sample_opens_a_proxy_to_everyone() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/samples");
+    let mut vm_samples = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains("http_access allow all"),
+            "{} opens its proxy to everyone",
+            path.display()
+        );
+        if text.contains("kind: Proxy") && text.contains("cloudInit") {
+            let doc: Value = serde_norway::from_str(&text).unwrap();
+            assert_eq!(
+                doc["spec"]["cloudInit"]["builtin"],
+                "squid",
+                "{}",
+                path.display()
+            );
+            assert!(
+                doc["spec"].get("auth").is_none(),
+                "{}: credentials stay on",
+                path.display()
+            );
+            vm_samples += 1;
+        }
+    }
+    assert_eq!(vm_samples, 2, "the gcp and kvm samples");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     support::require_squid_pods();

@@ -46,3 +46,12 @@ impl ProxyAuth {
         auth.map(|a| a.mode).unwrap_or_default()
     }
 }
+
+/// A cloud-init the operator writes itself (`spec.cloudInit.builtin`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Builtin {
+    /// Squid from the image's packages, configured as the kubernetes
+    /// provider's Pods are, asking for the Proxy's credentials.
+    Squid,
+}

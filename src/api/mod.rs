@@ -11,7 +11,7 @@ pub mod provider_health;
 pub mod proxy;
 pub mod recycle;
 
-pub use auth::{AuthMode, ProxyAuth, SecretName};
+pub use auth::{AuthMode, Builtin, ProxyAuth, SecretName};
 pub use condition::{Condition, ConditionStatus};
 pub use instances::{RetiringStatus, SurgeStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};

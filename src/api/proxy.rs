@@ -184,8 +184,8 @@ pub struct Placement {
 /// Cloud-init user-data: exactly one of `inline` or `secretRef`.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[x_kube(
-    validation = Rule::new("has(self.inline) != has(self.secretRef)")
-        .message("exactly one of cloudInit.inline or cloudInit.secretRef must be set")
+    validation = Rule::new("(has(self.inline) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) + (has(self.builtin) ? 1 : 0) == 1")
+        .message("exactly one of cloudInit.inline, cloudInit.secretRef or cloudInit.builtin must be set")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CloudInit {
@@ -196,6 +196,11 @@ pub struct CloudInit {
     /// must carry the label `crawl.example.com/cloud-init: "true"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretKeyRef>,
+    /// A setup the operator writes itself: `squid` installs Squid from the
+    /// image's packages with the kubernetes provider's destination rules,
+    /// the Proxy's credentials and no client headers (docs/credentials.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<super::auth::Builtin>,
 }
 
 /// A key of a Secret in the Proxy's own namespace.

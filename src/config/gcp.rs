@@ -6,6 +6,11 @@ use serde::Deserialize;
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GcpConfig {
+    /// Which addresses the built-in Squid setup (`cloudInit.builtin:
+    /// squid`) refuses to reach (`gcp.destinations`, as the kubernetes
+    /// provider's).
+    #[serde(default)]
+    pub destinations: crate::config::Destinations,
     /// Project every call goes to (required).
     #[serde(default)]
     pub project: String,

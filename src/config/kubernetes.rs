@@ -72,13 +72,19 @@ impl DestinationRules {
 impl Destinations {
     /// Parses every entry; an error names the key, the index and the value.
     pub fn rules(&self) -> Result<DestinationRules, String> {
+        self.rules_of("kubernetes")
+    }
+
+    /// [`Self::rules`] of the `block` (`gcp`, `kvm`) the list is in, which
+    /// the refusal names.
+    pub fn rules_of(&self, block: &str) -> Result<DestinationRules, String> {
         let parse = |key: &str, list: &[String]| -> Result<Vec<IpNet>, String> {
             list.iter()
                 .enumerate()
                 .map(|(i, s)| {
                     net(s).ok_or_else(|| {
                         format!(
-                            "kubernetes.destinations.{key}[{i}]: {s:?} is not an IP address or CIDR (e.g. 10.0.0.0/8)"
+                            "{block}.destinations.{key}[{i}]: {s:?} is not an IP address or CIDR (e.g. 10.0.0.0/8)"
                         )
                     })
                 })

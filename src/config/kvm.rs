@@ -10,6 +10,11 @@ use super::validate::{http_url, is_identifier};
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KvmConfig {
+    /// Which addresses the built-in Squid setup (`cloudInit.builtin:
+    /// squid`) refuses to reach (`kvm.destinations`, as the kubernetes
+    /// provider's).
+    #[serde(default)]
+    pub destinations: crate::config::Destinations,
     /// Private key used for every host.
     #[serde(default)]
     pub ssh_key_file: String,

@@ -68,6 +68,18 @@ pub enum ProviderSettings {
     Kvm(KvmConfig),
 }
 
+impl ProviderSettings {
+    /// The destination rules of the block: what the kubernetes provider's
+    /// Pods, and the built-in setup of VMs, refuse to reach.
+    pub fn destinations(&self) -> &Destinations {
+        match self {
+            ProviderSettings::Kubernetes(k) => &k.destinations,
+            ProviderSettings::Gcp(g) => &g.destinations,
+            ProviderSettings::Kvm(k) => &k.destinations,
+        }
+    }
+}
+
 /// The `kubernetes` block.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -196,11 +196,13 @@ fn parse_entry(entry: Value) -> Result<ProviderConfig, String> {
         ProviderType::Gcp => {
             let cfg: super::GcpConfig = strict("gcp", block("gcp")?)?;
             cfg.validate()?;
+            cfg.destinations.rules_of("gcp")?;
             ProviderSettings::Gcp(cfg)
         }
         ProviderType::Kvm => {
             let cfg: super::KvmConfig = strict("kvm", block("kvm")?)?;
             cfg.validate()?;
+            cfg.destinations.rules_of("kvm")?;
             ProviderSettings::Kvm(cfg)
         }
     };

@@ -111,7 +111,9 @@ pub enum CloudInitError {
     },
 }
 
-/// The resolved cloud-init text (empty when the Proxy has none).
+/// The resolved cloud-init text (empty when the Proxy has none): what the
+/// spec hash covers and the template a create fills in
+/// ([`super::user_data::render`]).
 pub async fn resolve(
     secrets: &SecretCache,
     namespace: &str,
@@ -120,6 +122,9 @@ pub async fn resolve(
     let Some(ci) = spec else {
         return Ok(String::new());
     };
+    if ci.builtin.is_some() {
+        return Ok(super::user_data::BUILTIN_SQUID.to_string());
+    }
     if let Some(text) = &ci.inline {
         return Ok(text.clone());
     }
@@ -199,6 +204,7 @@ mod tests {
                 name: name.into(),
                 key: None,
             }),
+            builtin: None,
         }
     }
 
@@ -233,6 +239,7 @@ mod tests {
         let inline = CloudInit {
             inline: Some("x".into()),
             secret_ref: None,
+            builtin: None,
         };
         assert_eq!(
             resolve(&cache, "default", Some(&inline)).await.unwrap(),

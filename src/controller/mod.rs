@@ -9,6 +9,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod status_patch;
 pub mod throttle;
+pub mod user_data;
 pub mod written;
 
 use std::future::Future;
@@ -152,6 +153,7 @@ mod tests {
                         name: s.into(),
                         key: None,
                     }),
+                    builtin: None,
                 }),
                 ..Default::default()
             },

@@ -22,9 +22,10 @@ mod side;
 mod writes;
 
 use super::throttle::create_gate;
-use super::{cloud_init, status_patch};
+use super::{cloud_init, status_patch, user_data};
 use crate::api::constants::{FINALIZER, SPEC_HASH_ANNOTATION};
 use crate::api::{AuthMode, Proxy, ProxyAuth, ProxyStatus};
+use crate::config::DestinationRules;
 use crate::crashpoint;
 use crate::fleet::{replace_pending, RecyclePolicy};
 use crate::provider::error::plain_message;
@@ -114,11 +115,30 @@ fn get_error(class: ErrorClass, provider: &str, id: &str, message: String) -> Pr
 fn create_request(
     proxy: &Proxy,
     (installation_id, serial): (&str, u32),
-    port: u16,
-    (cloud_init, credentials): (UserData, Option<InstanceCredentials>),
-) -> CreateRequest {
+    (port, destinations): (u16, &DestinationRules),
+    (cloud_init, credentials): (&UserData, Option<InstanceCredentials>),
+) -> Result<CreateRequest, Error> {
     let uid = proxy.uid().unwrap_or_default();
-    CreateRequest {
+    let creds = credentials.as_ref().map(|c| &c.credentials);
+    let htpasswd = match creds {
+        Some(c) => Some(
+            c.htpasswd()
+                .map_err(|e| Error::Credentials(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let fill = user_data::Fill {
+        port,
+        credentials: creds,
+        htpasswd: htpasswd.as_deref(),
+        destinations,
+    };
+    let cloud_init = UserData::new(user_data::render(
+        proxy.spec.cloud_init.as_ref(),
+        cloud_init.expose(),
+        &fill,
+    ));
+    Ok(CreateRequest {
         credentials,
         name: instance_name(&uid, serial),
         uid,
@@ -128,7 +148,7 @@ fn create_request(
         cloud_init,
         port,
         installation_id: installation_id.to_string(),
-    }
+    })
 }
 
 #[instrument(name = "reconcile.managed", skip_all)]
@@ -237,7 +257,8 @@ async fn managed_path(
                 let installation = (ctx.installation_id.as_str(), serial);
                 let creds = credentials::ensure(ctx, proxy, serial).await?;
                 let secret = creds.as_ref().map(|c| c.secret_name.clone());
-                let req = create_request(proxy, installation, port, (user_data.clone(), creds));
+                let rules = ctx.registry.destinations(&provider_name);
+                let req = create_request(proxy, installation, (port, &rules), (&user_data, creds))?;
                 match p()?.create(&req).await {
                     Ok(id) => {
                         crashpoint::hit(crashpoint::AFTER_CREATE);

@@ -5,19 +5,16 @@
 //! enters the operator's memory.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt as _, StreamExt};
+use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
-use tracing::warn;
+use kube::runtime::watcher;
 
 use super::{Credentials, CredentialsError};
 use crate::api::constants::CREDENTIALS_SECRET_LABEL;
-use crate::provider::error::plain_message;
 
 /// The cached credentials Secrets.
 pub struct CredentialsCache {
@@ -67,33 +64,9 @@ impl CredentialsCache {
         format!("{CREDENTIALS_SECRET_LABEL}=true")
     }
 
-    /// Watches the labelled Secrets (in `namespace`, or everywhere) into
-    /// this cache until the returned future is dropped. A second call
-    /// finds the writer taken and returns at once.
-    pub fn watch(
-        self: &Arc<Self>,
-        client: Client,
-        namespace: Option<&str>,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let api: Api<Secret> = match namespace {
-            Some(ns) => Api::namespaced(client, ns),
-            None => Api::all(client),
-        };
-        async move {
-            let Some(writer) = writer else { return };
-            let wc = watcher::Config::default().labels(&Self::selector());
-            watcher(api, wc)
-                .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
-                .default_backoff()
-                .reflect(writer)
-                .for_each(|res| async move {
-                    if let Err(e) = res {
-                        warn!(error = %plain_message(&e), "Watching credentials Secrets");
-                    }
-                })
-                .await;
-        }
+    /// The writer the watch fills the cache through; `None` once taken.
+    pub fn take_writer(&self) -> Option<reflector::store::Writer<Secret>> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Records that this process just wrote `creds` into `namespace/name`:

@@ -182,8 +182,26 @@ pub fn watch_credentials(
     client: &kube::Client,
     stop: &CancellationToken,
 ) {
-    let cache = &s.health.defaults.credentials;
-    let watch = cache.watch(client.clone(), s.proxy_namespace.as_deref());
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let Some(writer) = s.health.defaults.credentials.take_writer() else {
+        return; // a second call: the first one's watch fills the cache
+    };
+    let api: kube::Api<Secret> = match s.proxy_namespace.as_deref() {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
+    let wc = watcher::Config::default().labels(&crate::credentials::CredentialsCache::selector());
+    let watch = watcher(api, wc)
+        .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
+        .default_backoff()
+        .reflect(writer)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::warn!(error = %crate::provider::error::plain_message(&e), "Watching credentials Secrets");
+            }
+        });
     let stop = stop.clone();
     tasks.spawn(async move {
         tokio::select! {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::decorators::{MetricsProvider, TracingProvider};
 use super::metrics::ProviderMetrics;
 use super::{Checker, Provider};
-use crate::config::{ProviderConfig, ProvidersConfig};
+use crate::config::{DestinationRules, Destinations, ProviderConfig, ProvidersConfig};
 
 pub use crate::config::ProviderType;
 
@@ -41,6 +41,8 @@ pub struct CheckerEntry {
 pub struct Registry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     checkers: Vec<CheckerEntry>,
+    /// Each provider's destination rules (`<type>.destinations`).
+    destinations: BTreeMap<String, DestinationRules>,
 }
 
 impl Registry {
@@ -70,6 +72,10 @@ impl Registry {
                 MetricsProvider::new(raw, metrics.clone()),
             )));
             reg.providers.insert(entry.name.clone(), decorated);
+            reg.destinations.insert(
+                entry.name.clone(),
+                DestinationRules::of(entry.settings.destinations()),
+            );
         }
         Ok(reg)
     }
@@ -114,6 +120,15 @@ impl Registry {
     /// Decorated providers by name.
     pub fn providers(&self) -> impl Iterator<Item = (&str, &Arc<dyn Provider>)> {
         self.providers.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The destination rules of provider `name` (the default denials when
+    /// it is not configured).
+    pub fn destinations(&self, name: &str) -> DestinationRules {
+        self.destinations
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| DestinationRules::of(&Destinations::default()))
     }
 
     /// Health checks in config order.

@@ -394,8 +394,13 @@ fn the_manager_gets_least_privilege_rbac() {
             assert!(!names.iter().any(|x| x == "*"), "no wildcards: {r:?}");
         }
     }
-    // Secrets: only the labelled cache's list and watch, never get/write.
-    assert_eq!(grants(&cluster, "", "secrets"), ["list", "watch"]);
+    // Secrets: the labelled caches' list and watch, and the writes of the
+    // credentials Secrets (create, patch to rotate, delete once their
+    // instance is gone); never get or update.
+    assert_eq!(
+        grants(&cluster, "", "secrets"),
+        ["create", "delete", "list", "patch", "watch"]
+    );
     // Only kube-system, and only get.
     let ns_rule = cluster
         .iter()

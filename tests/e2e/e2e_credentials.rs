@@ -10,10 +10,9 @@
 
 use crate::support;
 
-use support::{api_call, eventually, phase, Ground, Operator};
+use support::{api_call, curl_status, eventually, phase, Ground, Operator};
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies_operator::api::Proxy;
@@ -48,25 +47,6 @@ async fn no_content_target(ip: std::net::IpAddr) -> SocketAddr {
         }
     });
     addr
-}
-
-/// The status curl reports for `http://target/` through `proxy` (a proxy
-/// URL, with or without credentials).
-fn curl_status(proxy: &str, target: SocketAddr) -> String {
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .args(["-x", proxy, &format!("http://{target}/")])
-        .output()
-        .expect("curl runs (apt-get install curl)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs curl in a Pod of `ground`'s namespace (the node agent runs it with
@@ -118,11 +98,12 @@ async fn a_kubernetes_proxy_asks_for_the_credentials_its_lease_hands_out() {
     let ground = support::ground("creds").await;
     let other = support::ground("creds-other").await;
     let target = no_content_target(ground.host_ip()).await;
+    let page = format!("http://{target}/");
     let api: SocketAddr = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let providers = support::kubernetes_reaching("kubernetes", "", target.ip());
     let mut cmd = ground.discovery_operator(dir.path(), &providers, api, TOKEN);
-    cmd.args(["--default-probe-url", &format!("http://{target}/")])
+    cmd.args(["--default-probe-url", &page])
         .args(["--default-probe-expected-status", "204"]);
     let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
     let proxies: Api<Proxy> = ground.proxies();
@@ -204,12 +185,12 @@ async fn a_kubernetes_proxy_asks_for_the_credentials_its_lease_hands_out() {
 
     // Real curl: 407 without credentials or with a wrong password, 204
     // with the lease's.
-    assert_eq!(curl_status(&format!("http://{address}"), target), "407");
+    assert_eq!(curl_status(&format!("http://{address}"), &page), "407");
     assert_eq!(
-        curl_status(&format!("http://{user}:wrong@{address}"), target),
+        curl_status(&format!("http://{user}:wrong@{address}"), &page),
         "407"
     );
-    assert_eq!(curl_status(&url, target), "204");
+    assert_eq!(curl_status(&url, &page), "204");
     // A Pod in another namespace without them: 407.
     assert_eq!(
         curl_from_pod(&other, &format!("http://{address}"), target).await,
@@ -218,10 +199,7 @@ async fn a_kubernetes_proxy_asks_for_the_credentials_its_lease_hands_out() {
     // The open proxy takes anyone in the cluster's private ranges.
     let o = open.status.unwrap();
     let open_address = format!("{}:{}", o.ip.unwrap(), o.port.unwrap());
-    assert_eq!(
-        curl_status(&format!("http://{open_address}"), target),
-        "204"
-    );
+    assert_eq!(curl_status(&format!("http://{open_address}"), &page), "204");
     let open_item = lease_for(api, "open").await;
     assert!(open_item.get("password").is_none(), "{open_item}");
 
@@ -252,7 +230,7 @@ async fn a_kubernetes_proxy_asks_for_the_credentials_its_lease_hands_out() {
     eventually(
         "the new credentials work",
         Duration::from_secs(90),
-        || async { (curl_status(&new_url, target) == "204").then_some(()) },
+        || async { (curl_status(&new_url, &page) == "204").then_some(()) },
     )
     .await;
     drop(dir);

@@ -34,6 +34,7 @@ pub fn config(endpoint: &str) -> egress_proxies_operator::config::GcpConfig {
         allowed_zones: Vec::new(),
         allowed_machine_types: Vec::new(),
         allowed_images: Vec::new(),
+        destinations: Default::default(),
     }
 }
 

@@ -13,9 +13,11 @@
 //! the guest's Squid (`Via`, with the hostname from user-data). The
 //! create's spans, the SSH dial included, reach an OTLP receiver as one
 //! reconcile trace (provider checks and orphan sweeps are off, so the
-//! creating reconcile is what dials the host). Editing the cloud-init replaces the VM, and the new
-//! guest shows the new hostname; deleting the Proxy leaves no domain,
-//! overlay or seed.
+//! creating reconcile is what dials the host). Switching to the operator's
+//! built-in setup (`cloudInit.builtin: squid`, issue 33) replaces the VM;
+//! the new guest's Squid answers 407 without credentials, lets the lease's
+//! credentials through, refuses the cloud metadata address and adds no
+//! Via; deleting the Proxy leaves no domain, overlay or seed.
 #![cfg(feature = "kvm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
@@ -33,7 +35,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use kvm_support::{guest_tools_missing, virsh, Env};
 use serde_json::json;
-use support::{crawler, eventually, Operator};
+use support::{crawler, curl_status, eventually, Operator};
 
 const TOKEN: &str = "kvm-guest-token";
 const NAME: &str = "guest";
@@ -167,15 +169,25 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     let host_ip = IpAddr::V4(net.host_ip);
     let url = env.http.add("/epo-test-guest.qcow2", &image);
     // Squid and its libraries unpack into RAM: 256 MiB, not the harness's 128.
+    // The built-in setup refuses private destinations unless allowed: the
+    // test host's servers are on the bridge.
     let providers = env
         .providers_yaml("kvm-guest", "h1", "epo-guest", &url)
-        .replace("memoryMiB: 128", "memoryMiB: 256");
+        .replace("memoryMiB: 128", "memoryMiB: 256")
+        .replace(
+            "    kvm:\n",
+            &format!("    kvm:\n      destinations:\n        allow: [\"{host_ip}\"]\n"),
+        );
     assert!(providers.contains("memoryMiB: 256"), "{providers}");
 
     // The probe target (https: the probe goes through a CONNECT tunnel) and
     // the crawler's web server, both on the bridge, where the guest is.
     let (tls, ca_pem) = support::tls_target_on(host_ip).await;
     let (web, heads) = support::recording_target(host_ip, 200, "hello from the test host").await;
+    // The built-in setup's probe target: its Squid tunnels CONNECT to port
+    // 443 only (as Squid's default config does), and the TLS target's port
+    // is not, so its probe is a forward request to a 204.
+    let (no_content, _) = support::recording_target(host_ip, 204, "").await;
     let (otlp, spans) = support::otlp_spans().await;
     let api: SocketAddr = support::loopback();
 
@@ -279,15 +291,21 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     }
     println!("spans under the creating reconcile: {counts:?}");
 
-    // New cloud-init: a new VM (the domain keeps its name, which comes from
-    // the Proxy's UID, and is defined anew), whose Squid shows the new
-    // hostname.
+    // The built-in setup instead (issue 33): a new VM (the domain keeps its
+    // name, which comes from the Proxy's UID, and is defined anew) whose
+    // Squid the operator configured: 407 without the credentials, 204 with
+    // the lease's (the operator's probes, with them, made it Ready), the
+    // crawler's page through it, the cloud metadata address refused, no
+    // Via.
     let replacing = Instant::now();
     let patched = proxies
         .patch(
             NAME,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"cloudInit": {"inline": user_data("guest-two")}}})),
+            &Patch::Merge(json!({"spec": {
+                "cloudInit": {"inline": null, "builtin": "squid"},
+                "healthCheck": {"url": format!("http://{no_content}/generate_204"), "expectedStatus": 204},
+            }})),
         )
         .await
         .unwrap();
@@ -303,15 +321,69 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     let (_, uuid2) = virsh(&["domuuid", &domain1]);
     assert_ne!(uuid1.trim(), uuid2.trim(), "the domain must be a new one");
     println!(
-        "replaced (domain UUID {} -> {}), Ready at {ip2} {:?} after the edit",
+        "replaced by the built-in setup (domain UUID {} -> {}), Ready at {ip2} {:?} after the edit",
         uuid1.trim(),
         uuid2.trim(),
         replacing.elapsed()
     );
-    crawl(api, &page).await;
+    let port = proxies
+        .get(NAME)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .port
+        .unwrap();
+    let bare = format!("http://{ip2}:{port}");
+    assert_eq!(curl_status(&bare, &page), "407", "no credentials");
+    assert_eq!(
+        curl_status(&format!("http://{NAME}:wrong@{ip2}:{port}"), &page),
+        "407",
+        "a wrong password"
+    );
+    let (code, lease) = support::api_call(
+        api,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        br#"{"ttlSeconds": 60}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 201, "{lease}");
+    let leased = lease["proxy"]["url"].as_str().unwrap().to_string();
+    assert!(leased.contains('@'), "the lease carries the credentials");
+    let generate_204 = format!("http://{no_content}/generate_204");
+    assert_eq!(
+        curl_status(&leased, &generate_204),
+        "204",
+        "the lease's credentials"
+    );
+    assert_eq!(curl_status(&leased, &page), "200");
     let head = heads.lock().unwrap().last().cloned().unwrap_or_default();
-    let via = via_of(&head).unwrap_or_default();
-    assert!(via.contains("guest-two"), "the new guest's Squid: {head}");
+    assert_eq!(
+        via_of(&head),
+        None,
+        "the built-in setup adds no Via: {head}"
+    );
+    assert!(
+        !head.to_ascii_lowercase().contains("x-forwarded-for"),
+        "{head}"
+    );
+    assert_eq!(
+        curl_status(&leased, "http://169.254.169.254/computeMetadata/v1/"),
+        "403",
+        "the cloud metadata address is refused"
+    );
+    let id = lease["id"].as_str().unwrap();
+    support::api_call(
+        api,
+        "DELETE",
+        &format!("/v1/leases/{id}"),
+        Some(TOKEN),
+        Vec::new(),
+    )
+    .await;
+    crawl(api, &page).await;
 
     proxies
         .delete(NAME, &DeleteParams::default())

@@ -90,10 +90,11 @@ done
 # Debian host, the same release the guest's kernel comes from), error
 # templates and MIME table.
 cp /usr/sbin/squid "$rootfs/usr/sbin/squid"
-# Squid refuses to start without unlinkd.
+# Squid refuses to start without unlinkd; basic_ncsa_auth checks the
+# credentials of the operator's built-in setup (`cloudInit.builtin`).
 mkdir -p "$rootfs/usr/lib/squid"
-cp /usr/lib/squid/unlinkd "$rootfs/usr/lib/squid/unlinkd"
-ldd /usr/sbin/squid /usr/lib/squid/unlinkd | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | sort -u | while read -r lib; do
+cp /usr/lib/squid/unlinkd /usr/lib/squid/basic_ncsa_auth "$rootfs/usr/lib/squid/"
+ldd /usr/sbin/squid /usr/lib/squid/unlinkd /usr/lib/squid/basic_ncsa_auth | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | sort -u | while read -r lib; do
   mkdir -p "$rootfs$(dirname "$lib")"
   cp -L "$lib" "$rootfs$lib"
 done

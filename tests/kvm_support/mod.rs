@@ -489,6 +489,7 @@ impl Env {
             .into_iter()
             .collect(),
             hosts: vec![self.host("h1")],
+            destinations: Default::default(),
         }
     }
 

@@ -456,6 +456,25 @@ pub async fn http_target_on(ip: std::net::IpAddr) -> std::net::SocketAddr {
     addr
 }
 
+/// The status curl reports for `url` through `proxy` (a proxy URL, with or
+/// without credentials): real curl, as a crawler runs it.
+pub fn curl_status(proxy: &str, url: &str) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "20",
+        ])
+        .args(["-x", proxy, url])
+        .output()
+        .unwrap_or_else(|e| panic!("curl is required (apt-get install curl): {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A Proxy named `name` with `spec`, in no namespace: `Api::namespaced`
 /// puts it in the test's.
 pub fn proxy(name: &str, spec: serde_json::Value) -> egress_proxies_operator::api::Proxy {

@@ -66,8 +66,9 @@ impl Side<'_> {
                 let installation = (self.ctx.installation_id.as_str(), serial);
                 let creds = super::credentials::ensure(self.ctx, self.proxy, serial).await?;
                 let secret = creds.as_ref().map(|c| c.secret_name.clone());
-                let data = (self.user_data.clone(), creds);
-                let req = create_request(self.proxy, installation, port, data);
+                let rules = self.ctx.registry.destinations(self.provider_name);
+                let data = (self.user_data, creds);
+                let req = create_request(self.proxy, installation, (port, &rules), data)?;
                 match self.provider.create(&req).await {
                     Ok(id) => {
                         crate::crashpoint::hit(crate::crashpoint::AFTER_SURGE_CREATE);
@@ -109,24 +110,10 @@ impl Side<'_> {
                     surge::giving_up(status, now);
                     obs.surge = None;
                 }
-                Err(e) if e.class() == ErrorClass::NotFound => {
-                    let secret = status
-                        .surge
-                        .as_ref()
-                        .and_then(|s| s.credentials_secret.clone());
-                    forget(self.ctx, self.proxy, secret.as_deref()).await;
-                    surge::forget(status)
-                }
+                Err(e) if e.class() == ErrorClass::NotFound => self.forget_surge(status).await,
                 Err(e) => self.failed(status, obs, "deleting", &plain_message(&e), now),
             },
-            SideStep::Forget => {
-                let secret = status
-                    .surge
-                    .as_ref()
-                    .and_then(|s| s.credentials_secret.clone());
-                forget(self.ctx, self.proxy, secret.as_deref()).await;
-                surge::forget(status)
-            }
+            SideStep::Forget => self.forget_surge(status).await,
             SideStep::AskDrain => {
                 if let Some(r) = &status.retiring {
                     obs.drain = Some(self.ctx.fleet.retire_step(self.proxy, r.since, now));
@@ -165,6 +152,16 @@ impl Side<'_> {
 
     /// A surge step failed: the Proxy says so, and the side steps rest
     /// until the next pass.
+    /// The surge is gone: its credentials Secret goes, and it is forgotten.
+    async fn forget_surge(&self, status: &mut ProxyStatus) {
+        let secret = status
+            .surge
+            .as_ref()
+            .and_then(|s| s.credentials_secret.clone());
+        forget(self.ctx, self.proxy, secret.as_deref()).await;
+        surge::forget(status)
+    }
+
     fn failed(
         &self,
         status: &mut ProxyStatus,

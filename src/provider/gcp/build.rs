@@ -278,6 +278,7 @@ mod tests {
             allowed_zones: Vec::new(),
             allowed_machine_types: Vec::new(),
             allowed_images: Vec::new(),
+            destinations: Default::default(),
         }
     }
 

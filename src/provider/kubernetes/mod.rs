@@ -23,7 +23,7 @@ use kube::{Api, Client};
 
 pub use classify::classify;
 pub use observe::{owners, strip_pod};
-pub use squid::{destination_access, squid_conf};
+pub use squid::{destination_access, squid_conf, vm_squid_conf};
 
 use super::registry::ProviderType;
 use super::{
