@@ -255,28 +255,46 @@ async fn start_server(max_connections: Option<usize>) -> (Server, SocketAddr) {
 
 /// Opens [`IDLE`] connections that never send a byte, then counts those
 /// the server kept open (the rest it closed at once: they read EOF or a
-/// reset). Returns them, still open, and the count.
+/// reset). Returns them, still open, and the count. A count is only
+/// sound while the first connection is younger than the header timeout
+/// (which closes idle connections too): an attempt that took longer, on
+/// a machine too busy at that moment, is dropped, said, and made again
+/// once the server has freed its slots (three attempts at most).
 async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
+    for attempt in 1..=3 {
+        let start = Instant::now();
+        let counted = count_idle(addr).await;
+        let took = start.elapsed();
+        match counted {
+            Some((idle, admitted)) if took.as_secs_f64() < HEADER_TIMEOUT_S as f64 - 1.0 => {
+                return (idle, admitted)
+            }
+            _ => println!("attempt {attempt}: the server fell behind or opening and counting took {took:?}, too close to the {HEADER_TIMEOUT_S} s header timeout to judge; again"),
+        }
+        // Every connection of the attempt closed (by us, or by the header
+        // timeout) before the next one starts.
+        tokio::time::sleep(Duration::from_secs(HEADER_TIMEOUT_S as u64 + 1)).await;
+        answers(addr).await;
+    }
+    panic!("three attempts at the idle step each took longer than the header timeout allows: the machine is too busy to measure it");
+}
+
+/// One attempt: the connections and the count, or `None` when the server
+/// did not keep up (its accept queue never emptied).
+async fn count_idle(addr: SocketAddr) -> Option<(Vec<std::net::TcpStream>, usize)> {
     let mut idle = Vec::with_capacity(IDLE);
-    let start = Instant::now();
     for i in 0..IDLE {
         idle.push(TcpStream::connect(addr).await.unwrap());
         // In batches the listen backlog (1,024) holds, each once the
         // server has taken the last: a full backlog drops SYNs, and each
-        // connect that waits out a retransmit (1 s, then 3 s) adds to the
-        // time the first connections sit idle, until the 10 s header
-        // timeout closes them and this count takes them for refusals.
-        if i % 512 == 511 {
-            accept_queue_drained(addr.port()).await;
+        // connect that waits out a retransmit (1 s, then 3 s) holds up the
+        // step; and a connection still queued would count as kept.
+        if (i % 512 == 511 || i + 1 == IDLE) && !accept_queue_drained(addr.port()).await {
+            return None;
         }
     }
-    accept_queue_drained(addr.port()).await;
-    let opened = start.elapsed();
-    assert!(
-        opened.as_secs() + 2 < HEADER_TIMEOUT_S as u64,
-        "opening {IDLE} connections took {opened:?}: the first may have met the header timeout"
-    );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Closes of refused connections are on their way over loopback.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let idle: Vec<std::net::TcpStream> = idle.into_iter().map(|s| s.into_std().unwrap()).collect();
     let admitted = idle
         .iter()
@@ -286,13 +304,13 @@ async fn open_idle(addr: SocketAddr) -> (Vec<std::net::TcpStream>, usize) {
             matches!((&**s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
         })
         .count();
-    (idle, admitted)
+    Some((idle, admitted))
 }
 
 /// Waits (at most 5 s) until the listening socket on `port` has no
 /// connection waiting to be accepted (its queue length is the `rx_queue`
-/// of its LISTEN row in /proc/net/tcp).
-async fn accept_queue_drained(port: u16) {
+/// of its LISTEN row in /proc/net/tcp); whether it got there.
+async fn accept_queue_drained(port: u16) -> bool {
     let listen_row = format!(":{port:04X} 00000000:0000 0A ");
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
@@ -304,10 +322,11 @@ async fn accept_queue_drained(port: u16) {
             .and_then(|q| q.split(':').nth(1))
             .and_then(|rx| usize::from_str_radix(rx, 16).ok());
         if queued == Some(0) {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    false
 }
 
 /// The cap holds: no more than [`CAP`] idle connections are kept, and

@@ -41,6 +41,50 @@ pub struct GcpConfig {
     /// Images a Proxy may ask for; empty allows any.
     #[serde(default)]
     pub allowed_images: Vec<String>,
+    /// `gcp.firewall`: when set, the provider keeps one firewall rule per
+    /// port its instances serve on, admitting `allowedSourceRanges` to
+    /// instances with `networkTag`, and deletes it once no instance of
+    /// this installation serves on that port.
+    #[serde(default)]
+    pub firewall: Option<FirewallConfig>,
+}
+
+/// `gcp.firewall`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FirewallConfig {
+    /// Source ranges (CIDRs) the rule admits: the crawlers' egress
+    /// addresses. Required, at least one.
+    #[serde(default)]
+    pub allowed_source_ranges: Vec<String>,
+}
+
+impl FirewallConfig {
+    /// Whether the ranges admit every address (`0.0.0.0/0` or `::/0`).
+    pub fn admits_everyone(&self) -> bool {
+        self.allowed_source_ranges.iter().any(|r| {
+            r.trim()
+                .parse::<ipnet::IpNet>()
+                .is_ok_and(|n| n.prefix_len() == 0)
+        })
+    }
+
+    fn validate(&self, network_tag: &str) -> Result<(), String> {
+        if self.allowed_source_ranges.is_empty() {
+            return Err("gcp.firewall.allowedSourceRanges is required when gcp.firewall is set (the crawlers' egress CIDRs, e.g. [203.0.113.0/24])".into());
+        }
+        for (i, r) in self.allowed_source_ranges.iter().enumerate() {
+            if r.trim().parse::<ipnet::IpNet>().is_err() {
+                return Err(format!(
+                    "gcp.firewall.allowedSourceRanges[{i}]: {r:?} is not a CIDR (e.g. 203.0.113.0/24)"
+                ));
+            }
+        }
+        if network_tag.trim().is_empty() {
+            return Err("gcp.networkTag is required when gcp.firewall is set: the rule admits traffic to the instances carrying it".into());
+        }
+        Ok(())
+    }
 }
 
 /// Whether `value` is allowed by `list`: an empty list allows anything; an
@@ -88,6 +132,9 @@ impl GcpConfig {
                     ));
                 }
             }
+        }
+        if let Some(fw) = &self.firewall {
+            fw.validate(&self.network_tag)?;
         }
         if let Some(ep) = &self.endpoint {
             super::validate::http_url(ep)
@@ -160,5 +207,61 @@ mod tests {
             let list: Vec<String> = c.list.iter().map(|s| s.to_string()).collect();
             assert_eq!(allowed(&list, c.value), c.want, "{}", c.name);
         }
+    }
+
+    #[test]
+    fn the_firewall_block_is_checked_naming_the_key() {
+        let base = || GcpConfig {
+            project: "p".into(),
+            network: "default".into(),
+            network_tag: "egress-proxy".into(),
+            ..serde_json::from_value(serde_json::json!({})).unwrap()
+        };
+        let with = |ranges: &[&str], tag: &str| GcpConfig {
+            network_tag: tag.into(),
+            firewall: Some(FirewallConfig {
+                allowed_source_ranges: ranges.iter().map(|r| r.to_string()).collect(),
+            }),
+            ..base()
+        };
+        let cases: [(&str, GcpConfig, Result<(), &str>); 5] = [
+            ("no firewall block", base(), Ok(())),
+            (
+                "ranges and a tag",
+                with(&["203.0.113.0/24", "2001:db8::/32"], "t"),
+                Ok(()),
+            ),
+            (
+                "no ranges",
+                with(&[], "t"),
+                Err("gcp.firewall.allowedSourceRanges is required"),
+            ),
+            (
+                "not a CIDR",
+                with(&["10.0.0.0/8", "everyone"], "t"),
+                Err("gcp.firewall.allowedSourceRanges[1]: \"everyone\" is not a CIDR"),
+            ),
+            (
+                "no tag",
+                with(&["10.0.0.0/8"], ""),
+                Err("gcp.networkTag is required when gcp.firewall is set"),
+            ),
+        ];
+        for (name, cfg, want) in cases {
+            match (cfg.validate(), want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(w)) => assert!(e.contains(w), "{name}: {e}"),
+                (got, want) => panic!("{name}: {got:?} vs {want:?}"),
+            }
+        }
+        assert!(with(&["0.0.0.0/0"], "t")
+            .firewall
+            .unwrap()
+            .admits_everyone());
+        assert!(with(&["::/0"], "t").firewall.unwrap().admits_everyone());
+        assert!(!with(&["0.0.0.0/1"], "t")
+            .firewall
+            .unwrap()
+            .admits_everyone());
     }
 }

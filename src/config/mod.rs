@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-pub use gcp::{allowed, GcpConfig};
+pub use gcp::{allowed, FirewallConfig, GcpConfig};
 pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use limits::{

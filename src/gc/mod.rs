@@ -222,6 +222,20 @@ impl Gc {
             }
             self.metrics.sweep(&name, SweepResult::Ok);
             self.record_collected(&name, &collected).await;
+            // What the provider shares between instances (gcp firewall
+            // rules), by the listing just read.
+            match provider
+                .collect_shared(&self.settings.installation_id)
+                .await
+            {
+                Ok(gone) if !gone.is_empty() => {
+                    info!(provider = %name, deleted = ?gone, "Deleted shared objects no instance needs");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    error!(provider = %name, error = %plain_message(&e), "Collecting shared objects failed");
+                }
+            }
         }
         report
     }

@@ -82,6 +82,9 @@ impl Provider for MetricsProvider {
         self.record(Op::List, t, &res);
         res
     }
+    async fn collect_shared(&self, installation_id: &str) -> Result<Vec<String>, ProviderError> {
+        self.inner.collect_shared(installation_id).await
+    }
 }
 
 /// A client span with the fields filled in as the call completes; span
@@ -188,5 +191,8 @@ impl Provider for TracingProvider {
         }
         finish(&span, &res);
         res
+    }
+    async fn collect_shared(&self, installation_id: &str) -> Result<Vec<String>, ProviderError> {
+        self.inner.collect_shared(installation_id).await
     }
 }

@@ -205,6 +205,9 @@ impl Provider for Listed {
     async fn list_by_tag(&self) -> Result<Listing, ProviderError> {
         self.inner.list_by_tag().await
     }
+    async fn collect_shared(&self, installation_id: &str) -> Result<Vec<String>, ProviderError> {
+        self.inner.collect_shared(installation_id).await
+    }
     fn observed(&self, id: &str) -> Observation {
         answer(self.slot.get().as_deref(), id, Utc::now(), self.max_age())
     }

@@ -215,6 +215,14 @@ pub trait Provider: Send + Sync {
     /// kubernetes provider lists Pod metadata, leaving `ip` and `state`).
     async fn list_by_tag(&self) -> Result<Listing, ProviderError>;
 
+    /// Deletes what the provider shares between the instances of
+    /// `installation_id` (gcp: the firewall rule of a port) that none of
+    /// them needs any more, by what its last `list_by_tag` saw; returns
+    /// what it deleted. GC calls it after each listing.
+    async fn collect_shared(&self, _installation_id: &str) -> Result<Vec<String>, ProviderError> {
+        Ok(Vec::new())
+    }
+
     /// The instance as the provider's observation last saw it; the
     /// reconciler asks this before `get`, which it calls only on
     /// [`Observation::Unknown`]. No I/O.

@@ -16,6 +16,7 @@ mod e2e_create_limits;
 mod e2e_events_gcp;
 mod e2e_fleet_gcp;
 mod e2e_gcp;
+mod e2e_gcp_firewall;
 mod e2e_gcp_listing;
 mod e2e_gcp_unavailable;
 mod e2e_leader;

@@ -5,7 +5,8 @@
 //! lease hands out (real curl both ways). The operator's own probes
 //! authenticate (the Proxy turns Ready). A deleted credentials Secret is
 //! put back with new credentials, which the Pod takes. `auth.mode: None`
-//! keeps a proxy open to the cluster's private ranges, as before.
+//! keeps a proxy open to the cluster's private ranges, as before. An
+//! External Proxy naming a missing credentials Secret says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -232,6 +233,45 @@ async fn a_kubernetes_proxy_asks_for_the_credentials_its_lease_hands_out() {
         Duration::from_secs(90),
         || async { (curl_status(&new_url, &page) == "204").then_some(()) },
     )
+    .await;
+
+    // An External Proxy naming a credentials Secret that does not exist
+    // says so in its status, naming the field and the Secret; once the
+    // labelled Secret exists, that condition goes.
+    let external = json!({"mode": "External", "endpoint": {"host": "proxy.example.net", "port": 3128},
+        "auth": {"secretRef": {"name": "ext-creds"}}});
+    proxies
+        .create(&PostParams::default(), &support::proxy("ext", external))
+        .await
+        .unwrap();
+    let refused = eventually(
+        "the External Proxy refused",
+        Duration::from_secs(30),
+        || async {
+            let p = proxies.get("ext").await.ok()?;
+            let c = support::condition(&p, "Provisioned")?;
+            (c.reason == "CredentialsUnavailable").then(|| c.message.clone())
+        },
+    )
+    .await;
+    assert!(
+        refused.contains("spec.auth.secretRef") && refused.contains("\"ext-creds\""),
+        "{refused}"
+    );
+    let labelled: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "ext-creds", "labels": {"crawl.example.com/proxy-credentials": "true"}},
+        "stringData": {"username": "crawler", "password": "from-the-vendor"},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &labelled)
+        .await
+        .unwrap();
+    eventually("the refusal gone", Duration::from_secs(60), || async {
+        let p = proxies.get("ext").await.ok()?;
+        let reason = support::condition(&p, "Provisioned").map(|c| c.reason.clone());
+        (reason.as_deref() != Some("CredentialsUnavailable")).then_some(())
+    })
     .await;
     drop(dir);
 }

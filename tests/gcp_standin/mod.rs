@@ -34,6 +34,7 @@ pub fn config(endpoint: &str) -> egress_proxies_operator::config::GcpConfig {
         allowed_zones: Vec::new(),
         allowed_machine_types: Vec::new(),
         allowed_images: Vec::new(),
+        firewall: None,
         destinations: Default::default(),
     }
 }
@@ -143,6 +144,8 @@ pub struct Store {
     /// `list`, `op`) and the instance it names (the body's name for an
     /// insert; empty for a list).
     pub calls: Vec<Call>,
+    /// Firewall rules by name (`global/firewalls`).
+    pub firewalls: BTreeMap<String, Value>,
 }
 
 /// One call the stand-in received.
@@ -200,6 +203,16 @@ impl StandIn {
                     message: format!("injected {status} {reason}"),
                 })
         });
+    }
+
+    /// The firewall rules it holds.
+    pub fn firewalls(&self) -> Vec<Value> {
+        self.with(|s| s.firewalls.values().cloned().collect())
+    }
+
+    /// How many calls of `kind` (e.g. `fw.insert`) it received.
+    pub fn calls_of(&self, kind: &str) -> usize {
+        self.with(|s| s.calls.iter().filter(|c| c.kind == kind).count())
     }
 
     pub fn count(&self, method: &str, path_contains: &str) -> usize {
@@ -411,6 +424,10 @@ async fn handle(
         ("GET", ["compute", "v1", "projects", _, "aggregated", "instances"]) => "list",
         ("GET", ["compute", "v1", "projects", _, "zones", _, "operations", _]) => "op",
         ("POST", ["compute", "v1", "projects", _, "zones", _, "operations", _, "wait"]) => "op",
+        ("POST", ["compute", "v1", "projects", _, "global", "firewalls"]) => "fw.insert",
+        ("GET", ["compute", "v1", "projects", _, "global", "firewalls"]) => "fw.list",
+        ("GET", ["compute", "v1", "projects", _, "global", "firewalls", _]) => "fw.get",
+        ("DELETE", ["compute", "v1", "projects", _, "global", "firewalls", _]) => "fw.delete",
         _ => "unknown",
     };
     let instance = match kind {
@@ -419,6 +436,7 @@ async fn handle(
             .and_then(|b| b["name"].as_str().map(str::to_string))
             .unwrap_or_default(),
         "get" | "delete" => segs[7].to_string(),
+        "fw.get" | "fw.delete" => segs[6].to_string(),
         _ => String::new(),
     };
     let (delay, injected) = {
@@ -456,8 +474,60 @@ async fn handle(
         "delete" => delete(&mut s, segs[5], segs[7]),
         "list" => list(&mut s, &q),
         "op" => operation(&mut s, segs[7]),
+        "fw.insert" => firewall_insert(&mut s, &body),
+        "fw.list" => ok(json!({"kind": "compute#firewallList",
+            "items": s.firewalls.values().cloned().collect::<Vec<_>>()})),
+        "fw.get" => match s.firewalls.get(segs[6]) {
+            Some(rule) => ok(rule.clone()),
+            None => firewall_not_found(segs[6]),
+        },
+        "fw.delete" => match s.firewalls.remove(segs[6]) {
+            Some(_) => ok(global_op(&mut s, "delete", segs[6])),
+            None => firewall_not_found(segs[6]),
+        },
         _ => google_error(404, "notFound", &format!("no route {method} {path}")),
     }
+}
+
+/// A finished global operation (firewall calls).
+fn global_op(s: &mut Store, op_type: &str, target: &str) -> Value {
+    s.next_op += 1;
+    json!({
+        "kind": "compute#operation",
+        "id": s.next_op.to_string(),
+        "name": format!("operation-{}-{op_type}", s.next_op),
+        "operationType": op_type,
+        "targetLink": format!("{}/projects/my-project/global/firewalls/{target}", s.base),
+        "status": "DONE",
+        "progress": 100,
+    })
+}
+
+fn firewall_not_found(name: &str) -> Response {
+    google_error(
+        404,
+        "notFound",
+        &format!("The resource 'projects/my-project/global/firewalls/{name}' was not found"),
+    )
+}
+
+/// A firewall insert: the rule kept as sent; 409 when its name exists.
+fn firewall_insert(s: &mut Store, body: &[u8]) -> Response {
+    let Ok(rule) = serde_json::from_slice::<Value>(body) else {
+        return google_error(400, "invalid", "the body is not JSON");
+    };
+    let Some(name) = rule["name"].as_str().map(str::to_string) else {
+        return google_error(400, "invalid", "a firewall needs a name");
+    };
+    if s.firewalls.contains_key(&name) {
+        return google_error(
+            409,
+            "alreadyExists",
+            &format!("The resource 'projects/my-project/global/firewalls/{name}' already exists"),
+        );
+    }
+    s.firewalls.insert(name.clone(), rule);
+    ok(global_op(s, "insert", &name))
 }
 
 fn new_op(s: &mut Store, zone: &str, op_type: &str, target: &str, status: &str) -> Value {

@@ -27,12 +27,21 @@ pub async fn ensure(
     proxy: &Proxy,
     serial: u32,
 ) -> Result<Option<InstanceCredentials>, Error> {
-    if ProxyAuth::mode_of(proxy.spec.auth.as_ref()) == AuthMode::None {
-        return Ok(None);
-    }
     let uid = proxy.uid().unwrap_or_default();
     let namespace = proxy.namespace().unwrap_or_default();
     let name = instance_name(&uid, serial);
+    if ProxyAuth::mode_of(proxy.spec.auth.as_ref()) == AuthMode::None {
+        // Left by an instance of this name made while the Proxy still
+        // asked for credentials (the mode changed between its delete and
+        // this create): nothing will use it.
+        if matches!(
+            ctx.credentials.lookup(&namespace, &name),
+            Lookup::Found(_) | Lookup::Invalid(_)
+        ) {
+            forget(ctx, proxy, Some(&name)).await;
+        }
+        return Ok(None);
+    }
     let cache = &ctx.credentials;
     if !cache.ready_within(SYNC_WAIT).await {
         return Err(Error::Credentials(format!(

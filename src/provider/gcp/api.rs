@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use google_cloud_compute_v1::client::{Instances, ZoneOperations};
+use google_cloud_compute_v1::client::{Firewalls, Instances, ZoneOperations};
 use google_cloud_compute_v1::model;
 use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use tracing::{debug, trace};
@@ -17,6 +17,7 @@ use crate::provider::{ErrorClass, Op, ProviderError};
 pub(super) struct Clients {
     pub(super) instances: Instances,
     pub(super) operations: ZoneOperations,
+    pub(super) firewalls: Firewalls,
 }
 
 /// Why a client could not be built (credentials, endpoint).
@@ -38,15 +39,22 @@ impl GcpProvider {
                 };
                 let mut ib = Instances::builder().with_retry_policy(policy());
                 let mut ob = ZoneOperations::builder().with_retry_policy(policy());
+                let mut fb = Firewalls::builder().with_retry_policy(policy());
                 if let Some(ep) = &cfg.endpoint {
                     ib = ib.with_endpoint(ep.clone());
                     ob = ob.with_endpoint(ep.clone());
+                    fb = fb.with_endpoint(ep.clone());
                 }
                 if cfg.anonymous {
                     let c = google_cloud_auth::credentials::anonymous::Builder::new().build();
                     ib = ib.with_credentials(c.clone());
-                    ob = ob.with_credentials(c);
+                    ob = ob.with_credentials(c.clone());
+                    fb = fb.with_credentials(c);
                 }
+                let firewalls = fb
+                    .build()
+                    .await
+                    .map_err(|e| ClientBuildError(e.to_string()))?;
                 let instances = ib
                     .build()
                     .await
@@ -58,6 +66,7 @@ impl GcpProvider {
                 Ok(Clients {
                     instances,
                     operations,
+                    firewalls,
                 })
             })
             .await

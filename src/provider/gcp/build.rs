@@ -15,6 +15,8 @@ pub const LABEL_MANAGED: &str = "proxy-operator-managed";
 pub const LABEL_UID: &str = "proxy-operator-uid";
 /// Label carrying the installation identity.
 pub const LABEL_INSTALLATION: &str = "proxy-operator-installation";
+/// Instance label: the port it serves on (which firewall rule it needs).
+pub const LABEL_PORT: &str = "proxy-operator-port";
 /// The metadata key cloud-init reads.
 pub const USER_DATA_KEY: &str = "user-data";
 /// The aggregated-list filter shared by ListByTag and the check.
@@ -147,6 +149,7 @@ pub fn build_instance(req: &CreateRequest, cfg: &GcpConfig) -> model::Instance {
         (LABEL_MANAGED, "true".to_string()),
         (LABEL_UID, req.uid.clone()),
         (LABEL_INSTALLATION, req.installation_id.clone()),
+        (LABEL_PORT, req.port.to_string()),
     ];
     let mut inst = model::Instance::new()
         .set_name(req.name.clone())
@@ -278,6 +281,7 @@ mod tests {
             allowed_zones: Vec::new(),
             allowed_machine_types: Vec::new(),
             allowed_images: Vec::new(),
+            firewall: None,
             destinations: Default::default(),
         }
     }
@@ -332,7 +336,8 @@ mod tests {
             i.tags.as_ref().unwrap().items,
             vec!["egress-proxy".to_string()]
         );
-        assert_eq!(i.labels.len(), 3);
+        assert_eq!(i.labels.len(), 4);
+        assert_eq!(i.labels[LABEL_PORT], "3128");
         assert_eq!(i.labels[LABEL_MANAGED], "true");
         assert_eq!(i.labels[LABEL_UID], "uid-1");
         assert_eq!(i.labels[LABEL_INSTALLATION], "inst-1");

@@ -17,6 +17,7 @@ impl GcpProvider {
             .await
             .map_err(|e| self.fail(Op::List, "", "client", e))?;
         let mut listing = Listing::default();
+        let mut ports = super::firewall::PortsInUse::new();
         let mut token = String::new();
         for page in 0.. {
             if page >= MAX_LIST_PAGES {
@@ -40,6 +41,11 @@ impl GcpProvider {
             self.wire_response("instances.aggregatedList", t, &res);
             let resp = res.map_err(|e| self.fail(Op::List, "", "instances.aggregatedList", e))?;
             collect_page(&resp, &mut listing);
+            for list in resp.items.values() {
+                for inst in list.instances.iter().filter(|i| build::is_managed(i)) {
+                    super::firewall::note_instance(&mut ports, inst);
+                }
+            }
             match resp.next_page_token.as_deref() {
                 Some(next) if !next.is_empty() => {
                     if next == token {
@@ -53,6 +59,11 @@ impl GcpProvider {
                 }
                 _ => break,
             }
+        }
+        // A listing missing zones could miss the instances that need a
+        // rule: the firewall sweep waits for a whole one.
+        if listing.unread_scopes.is_empty() {
+            *super::operations::lock(&self.inner.ports_seen) = Some((Instant::now(), ports));
         }
         listing.unread_scopes.sort();
         listing.unread_scopes.dedup();

@@ -5,12 +5,14 @@
 //! Calls: `instances.insert`, `instances.get`, `instances.delete`,
 //! `instances.aggregatedList`, plus `zoneOperations.get` for the operations
 //! this process submitted (an insert that failed asynchronously, a delete
-//! still in flight). Operations are never awaited.
+//! still in flight), and with `gcp.firewall` `firewalls.get`, `.insert`,
+//! `.list` and `.delete` ([`firewall`]). Operations are never awaited.
 
 mod api;
 pub mod build;
 mod check;
 pub mod classify;
+pub mod firewall;
 mod list;
 mod operations;
 pub mod wire;
@@ -78,6 +80,13 @@ struct Inner {
     /// or the API would answer with the old attempt's operation and create
     /// nothing.
     insert_ids: Mutex<HashMap<String, (String, String)>>,
+    /// Creates ensure their port's firewall rule one at a time.
+    firewall_lock: tokio::sync::Mutex<()>,
+    /// When a create last made sure of each port's rule.
+    ensured: Mutex<HashMap<u16, Instant>>,
+    /// The ports each installation's instances serve on, by the last
+    /// listing, and when it was taken.
+    ports_seen: Mutex<Option<(Instant, firewall::PortsInUse)>>,
 }
 
 /// The gcp provider. Cheap to clone; clones share clients and the memory of
@@ -115,6 +124,9 @@ impl GcpProvider {
                 inserts: Mutex::new(HashMap::new()),
                 deletes: Mutex::new(HashMap::new()),
                 insert_ids: Mutex::new(HashMap::new()),
+                firewall_lock: tokio::sync::Mutex::new(()),
+                ensured: Mutex::new(HashMap::new()),
+                ports_seen: Mutex::new(None),
             }),
         })
     }
@@ -141,6 +153,8 @@ impl Provider for GcpProvider {
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
         build::validate_placement(req, &self.inner.cfg)
             .map_err(|m| self.permanent(Op::Create, "", m))?;
+        self.refuse_open(req)?;
+        self.ensure_rule(req).await?;
         let zone = req.placement.zone.clone();
         let r = InstanceRef {
             zone: zone.clone(),
@@ -299,6 +313,10 @@ impl Provider for GcpProvider {
 
     async fn list_by_tag(&self) -> Result<Listing, ProviderError> {
         self.list_all().await
+    }
+
+    async fn collect_shared(&self, installation_id: &str) -> Result<Vec<String>, ProviderError> {
+        self.sweep_rules(installation_id).await
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {
