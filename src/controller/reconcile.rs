@@ -120,12 +120,14 @@ fn create_request(
 ) -> Result<CreateRequest, Error> {
     let uid = proxy.uid().unwrap_or_default();
     let creds = credentials.as_ref().map(|c| &c.credentials);
+    // A hash is CPU work: made only for user-data that holds one.
+    let wanted = user_data::wants_htpasswd(proxy.spec.cloud_init.as_ref(), cloud_init.expose());
     let htpasswd = match creds {
-        Some(c) => Some(
+        Some(c) if wanted => Some(
             c.htpasswd()
                 .map_err(|e| Error::Credentials(e.to_string()))?,
         ),
-        None => None,
+        _ => None,
     };
     let fill = user_data::Fill {
         port,

@@ -39,6 +39,13 @@ pub struct Fill<'a> {
     pub destinations: &'a DestinationRules,
 }
 
+/// Whether the user-data of `spec` (resolved to `resolved`) holds the
+/// credentials' `user:hash` line: the built-in setup does, and so does a
+/// Proxy's own text that names `proxy.htpasswd`.
+pub fn wants_htpasswd(spec: Option<&CloudInit>, resolved: &str) -> bool {
+    spec.and_then(|c| c.builtin).is_some() || resolved.contains(PLACEHOLDERS[3])
+}
+
 /// The user-data of a create: the built-in setup when `spec` asks for it,
 /// else `resolved` (the Proxy's own text) with its placeholders filled in.
 pub fn render(spec: Option<&CloudInit>, resolved: &str, fill: &Fill<'_>) -> String {

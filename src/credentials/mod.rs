@@ -95,6 +95,11 @@ pub enum CredentialsError {
     Random,
 }
 
+/// SHA-512 crypt rounds: the minimum. Stretching guards guessable
+/// passwords; these are 160 random bits, and every hash costs the
+/// operator (and Squid's helper, at each check it has not cached) CPU.
+pub const HASH_ROUNDS: usize = 1000;
+
 /// The alphabet of crypt(3) salts.
 const SALT_ALPHABET: &[u8; 64] =
     b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -126,8 +131,9 @@ impl Credentials {
         &self.password.0
     }
 
-    /// The `user:hash` line (SHA-512 crypt with a random salt, which
-    /// `basic_ncsa_auth` checks through the system's crypt(3)).
+    /// The `user:hash` line (SHA-512 crypt, [`HASH_ROUNDS`] rounds, a
+    /// random salt), which `basic_ncsa_auth` checks through the system's
+    /// crypt(3). CPU work: call it off the async threads.
     pub fn htpasswd(&self) -> Result<String, CredentialsError> {
         let mut raw = [0u8; 16];
         SystemRandom::new()
@@ -137,10 +143,14 @@ impl Credentials {
             .iter()
             .map(|b| SALT_ALPHABET[usize::from(b & 63)] as char)
             .collect();
-        let params = sha_crypt::Sha512Params::default();
+        let params =
+            sha_crypt::Sha512Params::new(HASH_ROUNDS).map_err(|_| CredentialsError::Random)?;
         let hash = sha_crypt::sha512_crypt_b64(self.expose().as_bytes(), salt.as_bytes(), &params)
             .map_err(|_| CredentialsError::Random)?;
-        Ok(format!("{}:$6${salt}${hash}\n", self.username))
+        Ok(format!(
+            "{}:$6$rounds={HASH_ROUNDS}${salt}${hash}\n",
+            self.username
+        ))
     }
 
     /// The password, wrapped for answers that hand it out.

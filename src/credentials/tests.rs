@@ -43,22 +43,19 @@ fn the_htpasswd_line_verifies_the_password_and_no_other() {
     let line = c.htpasswd().unwrap();
     let (user, hash) = line.trim_end().split_once(':').unwrap();
     assert_eq!(user, "proxy-a");
-    assert!(hash.starts_with("$6$"), "{hash}");
+    assert!(hash.starts_with("$6$rounds=1000$"), "{hash}");
     assert!(sha512_check("s3cret", hash));
     assert!(!sha512_check("s3cres", hash));
     assert_ne!(line, c.htpasswd().unwrap(), "each line has its own salt");
 }
 
-/// crypt(3)'s check, by recomputing with the line's own salt.
+/// crypt(3)'s check, by recomputing with the line's own rounds and salt.
 fn sha512_check(password: &str, hash: &str) -> bool {
     let mut parts = hash.split('$').skip(2);
+    let rounds = parts.next().unwrap().strip_prefix("rounds=").unwrap();
     let (salt, want) = (parts.next().unwrap(), parts.next().unwrap());
-    let got = sha_crypt::sha512_crypt_b64(
-        password.as_bytes(),
-        salt.as_bytes(),
-        &sha_crypt::Sha512Params::default(),
-    )
-    .unwrap();
+    let params = sha_crypt::Sha512Params::new(rounds.parse().unwrap()).unwrap();
+    let got = sha_crypt::sha512_crypt_b64(password.as_bytes(), salt.as_bytes(), &params).unwrap();
     got == want
 }
 

@@ -378,7 +378,7 @@ async fn every_cel_rule_refuses_its_bad_object_naming_the_field() {
         format!("apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}}}\nspec: {spec}\n")
     };
     // (what, the object first stored if any, the bad object, the field, the message)
-    let cases: [(&str, Option<&str>, &str, &str, &str); 7] = [
+    let cases: [(&str, Option<&str>, &str, &str, &str); 8] = [
         (
             "External without an endpoint",
             None,
@@ -412,7 +412,14 @@ async fn every_cel_rule_refuses_its_bad_object_naming_the_field() {
             None,
             "{provider: kubernetes, port: 3128, cloudInit: {inline: x, secretRef: {name: s}}}",
             "spec.cloudInit",
-            "exactly one of cloudInit.inline or cloudInit.secretRef must be set",
+            "exactly one of cloudInit.inline, cloudInit.secretRef or cloudInit.builtin must be set",
+        ),
+        (
+            "cloudInit with both inline and builtin",
+            None,
+            "{provider: kubernetes, port: 3128, cloudInit: {inline: x, builtin: squid}}",
+            "spec.cloudInit",
+            "exactly one of cloudInit.inline, cloudInit.secretRef or cloudInit.builtin must be set",
         ),
         (
             "mode changed",

@@ -107,18 +107,24 @@ async fn recorder() -> (String, Arc<Mutex<Vec<String>>>) {
 /// Makes "mallory" hold the election Lease for a minute, naming `url`
 /// with `seal` as where lease calls go.
 async fn take_lease(leases: &Api<Lease>, url: &str, seal: &str) {
-    let mut l = leases.get(LEASE).await.unwrap();
-    let spec = l.spec.as_mut().unwrap();
-    spec.holder_identity = Some("mallory".into());
-    spec.lease_duration_seconds = Some(60);
-    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-    let a = l.metadata.annotations.get_or_insert_with(Default::default);
-    a.insert("crawl.example.com/discovery-url".into(), url.into());
-    a.insert(URL_SEAL_ANNOTATION.into(), seal.into());
-    leases
-        .replace(LEASE, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    // The operator renews the same Lease: a write between our read and
+    // our replace is a 409, and the read is made again (bounded).
+    for _ in 0..20 {
+        let mut l = leases.get(LEASE).await.unwrap();
+        let spec = l.spec.as_mut().unwrap();
+        spec.holder_identity = Some("mallory".into());
+        spec.lease_duration_seconds = Some(60);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        let a = l.metadata.annotations.get_or_insert_with(Default::default);
+        a.insert("crawl.example.com/discovery-url".into(), url.into());
+        a.insert(URL_SEAL_ANNOTATION.into(), seal.into());
+        match leases.replace(LEASE, &PostParams::default(), &l).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("taking the Lease: {e}"),
+        }
+    }
+    panic!("the Lease kept changing under 20 attempts to take it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,15 +65,27 @@ async fn store(ctx: &Context, proxy: &Proxy, name: &str) -> Result<Credentials, 
         proxy.uid().unwrap_or_default(),
         proxy.namespace().unwrap_or_default(),
     );
-    let creds = Credentials::generate(name).map_err(|e| Error::Credentials(e.to_string()))?;
-    let owner = Owner {
-        namespace: &namespace,
-        proxy_name: &proxy.name_any(),
-        uid: &uid,
-        installation_id: &ctx.installation_id,
-    };
-    let secret =
-        credentials::secret(name, &owner, &creds).map_err(|e| Error::Credentials(e.to_string()))?;
+    let (owned_name, proxy_name, installation) = (
+        name.to_string(),
+        proxy.name_any(),
+        ctx.installation_id.clone(),
+    );
+    let (ns, id) = (namespace.clone(), uid.clone());
+    // The htpasswd line is a hash: off the async threads.
+    let made = tokio::task::spawn_blocking(move || {
+        let creds = Credentials::generate(&owned_name)?;
+        let owner = Owner {
+            namespace: &ns,
+            proxy_name: &proxy_name,
+            uid: &id,
+            installation_id: &installation,
+        };
+        credentials::secret(&owned_name, &owner, &creds).map(|s| (creds, s))
+    })
+    .await
+    .map_err(|e| Error::Credentials(format!("generating credentials: {e}")))?;
+    let (creds, secret) = made.map_err(|e| Error::Credentials(e.to_string()))?;
+
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
@@ -127,8 +139,15 @@ async fn rotate(ctx: &Context, proxy: &Proxy, secret: Option<&str>) {
     let Some(name) = secret else { return };
     let namespace = proxy.namespace().unwrap_or_default();
     let rotated = async {
-        let creds = Credentials::generate(name).map_err(|e| e.to_string())?;
-        let line = creds.htpasswd().map_err(|e| e.to_string())?;
+        let owned = name.to_string();
+        let (creds, line) = tokio::task::spawn_blocking(move || {
+            let creds = Credentials::generate(&owned)?;
+            let line = creds.htpasswd()?;
+            Ok::<_, credentials::CredentialsError>((creds, line))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
         let patch = serde_json::json!({"stringData": {
             credentials::USERNAME_KEY: creds.username,
             credentials::PASSWORD_KEY: creds.expose(),
