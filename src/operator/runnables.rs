@@ -182,26 +182,10 @@ pub fn watch_credentials(
     client: &kube::Client,
     stop: &CancellationToken,
 ) {
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Secret;
-    use kube::runtime::{watcher, WatchStreamExt};
-    let Some(writer) = s.health.defaults.credentials.take_writer() else {
+    let cache = &s.health.defaults.credentials;
+    let Some(watch) = credentials_watch(cache, client.clone(), s.proxy_namespace.as_deref()) else {
         return; // a second call: the first one's watch fills the cache
     };
-    let api: kube::Api<Secret> = match s.proxy_namespace.as_deref() {
-        Some(ns) => kube::Api::namespaced(client.clone(), ns),
-        None => kube::Api::all(client.clone()),
-    };
-    let wc = watcher::Config::default().labels(&crate::credentials::CredentialsCache::selector());
-    let watch = watcher(api, wc)
-        .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
-        .default_backoff()
-        .reflect(writer)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                tracing::warn!(error = %crate::provider::error::plain_message(&e), "Watching credentials Secrets");
-            }
-        });
     let stop = stop.clone();
     tasks.spawn(async move {
         tokio::select! {
@@ -209,6 +193,36 @@ pub fn watch_credentials(
             _ = stop.cancelled() => {}
         }
     });
+}
+
+/// The watch that fills `cache` with the labelled credentials Secrets (of
+/// `namespace`, or all), to be polled for as long as it should run; `None`
+/// when the cache already has its watch.
+pub fn credentials_watch(
+    cache: &crate::credentials::CredentialsCache,
+    client: kube::Client,
+    namespace: Option<&str>,
+) -> Option<impl Future<Output = ()> + Send + 'static> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let writer = cache.take_writer()?;
+    let api: kube::Api<Secret> = match namespace {
+        Some(ns) => kube::Api::namespaced(client, ns),
+        None => kube::Api::all(client),
+    };
+    let wc = watcher::Config::default().labels(&crate::credentials::CredentialsCache::selector());
+    Some(
+        watcher(api, wc)
+            .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
+            .default_backoff()
+            .reflect(writer)
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    tracing::warn!(error = %crate::provider::error::plain_message(&e), "Watching credentials Secrets");
+                }
+            }),
+    )
 }
 
 /// The health engine (leader-only): probes every Proxy through itself and

@@ -124,6 +124,15 @@ impl Scenario {
         .unwrap();
         let health = Arc::new(Verdicts::default());
         let source: Arc<dyn HealthSource> = health.clone();
+        // The credentials watch the operator runs, on the test's runtime.
+        let credentials =
+            Arc::new(egress_proxies_operator::credentials::CredentialsCache::default());
+        let watch = egress_proxies_operator::operator::runnables::credentials_watch(
+            &credentials,
+            ground.client.clone(),
+            Some(&ground.ns),
+        );
+        tokio::spawn(watch.expect("a new cache has its writer"));
         let ctx = Context::new(
             ground.client.clone(),
             registry,
@@ -131,7 +140,8 @@ impl Scenario {
             Some(source),
         )
         .with_random(Arc::new(plan::Fixed(unit)))
-        .with_throttle(Arc::new(Throttle::new(&cfg)));
+        .with_throttle(Arc::new(Throttle::new(&cfg)))
+        .with_credentials(credentials);
         let ctx = Arc::new(finish(ctx));
         Scenario {
             fake,
