@@ -10,14 +10,14 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::Proxy;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
-use support::{eventually, Operator};
+use support::Operator;
 
 const PROXIES: usize = 20;
 const KILLS: usize = 8;
@@ -36,6 +36,55 @@ impl Lcg {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// What the test saw: each Proxy's phase, instance and Provisioned reason,
+/// and each managed Pod's owner, port, phase and deletion.
+async fn state(proxies: &Api<Proxy>, pods: &Api<Pod>) -> String {
+    let mut out = String::from("Proxies:\n");
+    for p in proxies
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let st = p.status.clone().unwrap_or_default();
+        let reason = support::condition(&p, "Provisioned").map(|c| c.reason.clone());
+        out.push_str(&format!(
+            "  {} uid={} phase={:?} id={:?} reason={reason:?} deleting={}\n",
+            p.metadata.name.clone().unwrap_or_default(),
+            p.metadata.uid.clone().unwrap_or_default(),
+            st.phase,
+            st.provider_id,
+            p.metadata.deletion_timestamp.is_some()
+        ));
+    }
+    out.push_str("Pods:\n");
+    let managed = ListParams::default().labels("proxy-operator-managed=true");
+    for p in pods
+        .list(&managed)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let uid = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("proxy-operator-uid").cloned());
+        let port = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].ports.as_ref())
+            .map(|ps| ps[0].container_port);
+        out.push_str(&format!(
+            "  {} owner={uid:?} port={port:?} phase={:?} deleting={}\n",
+            p.metadata.name.clone().unwrap_or_default(),
+            p.status.as_ref().and_then(|s| s.phase.clone()),
+            p.metadata.deletion_timestamp.is_some()
+        ));
+    }
+    out
 }
 
 fn proxy(i: usize) -> Proxy {
@@ -132,47 +181,58 @@ async fn sigkill_at_random_moments_leaves_one_pod_per_live_proxy() {
 
     // A last restart converges.
     let _op = start();
-    let converged = eventually(
-        "one Running Pod per live Proxy and none for deleted ones",
-        Duration::from_secs(240),
-        || async {
-            let current = proxies.list(&ListParams::default()).await.ok()?;
-            if current.items.len() != live.len() {
+    let check = || async {
+        let current = proxies.list(&ListParams::default()).await.ok()?;
+        if current.items.len() != live.len() {
+            return None;
+        }
+        let all_pods = pods
+            .list(&ListParams::default().labels("proxy-operator-managed=true"))
+            .await
+            .ok()?;
+        let mut by_uid: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
+        for p in &all_pods.items {
+            let uid = p
+                .metadata
+                .labels
+                .as_ref()?
+                .get("proxy-operator-uid")?
+                .clone();
+            by_uid.entry(uid).or_default().push(p);
+        }
+        for px in &current.items {
+            let want_port = *live.get(&px.metadata.name.clone()?)?;
+            let uid = px.metadata.uid.clone()?;
+            let mine = by_uid.remove(&uid)?;
+            if mine.len() != 1 {
                 return None;
             }
-            let all_pods = pods
-                .list(&ListParams::default().labels("proxy-operator-managed=true"))
-                .await
-                .ok()?;
-            let mut by_uid: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
-            for p in &all_pods.items {
-                let uid = p
-                    .metadata
-                    .labels
-                    .as_ref()?
-                    .get("proxy-operator-uid")?
-                    .clone();
-                by_uid.entry(uid).or_default().push(p);
+            let pod = mine[0];
+            let port = pod.spec.as_ref()?.containers[0].ports.as_ref()?[0].container_port;
+            let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
+            if port != want_port || !running || pod.metadata.deletion_timestamp.is_some() {
+                return None;
             }
-            for px in &current.items {
-                let want_port = *live.get(&px.metadata.name.clone()?)?;
-                let uid = px.metadata.uid.clone()?;
-                let mine = by_uid.remove(&uid)?;
-                if mine.len() != 1 {
-                    return None;
-                }
-                let pod = mine[0];
-                let port = pod.spec.as_ref()?.containers[0].ports.as_ref()?[0].container_port;
-                let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
-                if port != want_port || !running || pod.metadata.deletion_timestamp.is_some() {
-                    return None;
-                }
-            }
-            // Whatever is left belongs to no live Proxy.
-            by_uid.is_empty().then_some(all_pods.items.len())
-        },
-    )
-    .await;
+        }
+        // Whatever is left belongs to no live Proxy.
+        by_uid.is_empty().then_some(all_pods.items.len())
+    };
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let converged = loop {
+        if let Some(n) = check().await {
+            break n;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "timed out after 240 s waiting for one Running Pod per live Proxy and none for deleted ones\nwanted: {live:?}\n{}\noperator log (newest first):\n{}",
+                state(&proxies, &pods).await,
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(converged, live.len());
     for name in &deleted {
         assert!(

@@ -203,15 +203,22 @@ async fn healthy_proxies_are_listed_and_leased_sick_ones_never() {
         "{v}"
     );
 
-    // The leased proxy carries a request to the local server.
+    // The leased proxy carries a request to the local server, with the
+    // credentials the lease hands out (issue 33).
     let paddr = format!(
         "{}:{}",
         lease["proxy"]["ip"].as_str().unwrap(),
         lease["proxy"]["port"]
     );
+    let pair = format!(
+        "{}:{}",
+        lease["proxy"]["username"].as_str().unwrap(),
+        lease["proxy"]["password"].as_str().unwrap()
+    );
+    let auth = data_encoding::BASE64.encode(pair.as_bytes());
     let mut c = tokio::net::TcpStream::connect(&paddr).await.unwrap();
     c.write_all(
-        format!("GET http://{target}/page HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")
+        format!("GET http://{target}/page HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\nConnection: close\r\n\r\n")
             .as_bytes(),
     )
     .await
