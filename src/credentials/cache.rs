@@ -80,18 +80,9 @@ impl CredentialsCache {
         );
     }
 
-    /// The credentials of the Secret `namespace/name`.
-    pub fn lookup(&self, namespace: &str, name: &str) -> Lookup {
-        let key = (namespace.to_string(), name.to_string());
-        let recent = {
-            let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
-            w.get(&key)
-                .filter(|(_, at)| at.elapsed() < WRITTEN_FOR)
-                .map(|(c, _)| c.clone())
-        };
-        if let Some(creds) = recent {
-            return Lookup::Found(creds);
-        }
+    /// What the watch alone shows of `namespace/name` (this process's own
+    /// recent writes not counted): whether the Secret exists now.
+    pub fn watched(&self, namespace: &str, name: &str) -> Lookup {
         if !self.synced() {
             return Lookup::NotSynced;
         }
@@ -104,6 +95,21 @@ impl CredentialsCache {
                 Ok(c) => Lookup::Found(c),
                 Err(e) => Lookup::Invalid(e),
             },
+        }
+    }
+
+    /// The credentials of the Secret `namespace/name`.
+    pub fn lookup(&self, namespace: &str, name: &str) -> Lookup {
+        let key = (namespace.to_string(), name.to_string());
+        let recent = {
+            let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            w.get(&key)
+                .filter(|(_, at)| at.elapsed() < WRITTEN_FOR)
+                .map(|(c, _)| c.clone())
+        };
+        match recent {
+            Some(creds) => Lookup::Found(creds),
+            None => self.watched(namespace, name),
         }
     }
 

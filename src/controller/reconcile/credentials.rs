@@ -110,11 +110,11 @@ pub async fn restore(ctx: &Context, proxy: &Proxy, secret: Option<&str>) -> Resu
     let Some(name) = secret else {
         return Ok(());
     };
-    if ctx
-        .credentials
-        .lookup(&proxy.namespace().unwrap_or_default(), name)
-        != Lookup::Missing
-    {
+    // The watch alone: a Secret this process wrote a moment ago and a
+    // user deleted since is gone (a create the watch has not shown yet
+    // answers 409, and the next pass looks again).
+    let namespace = proxy.namespace().unwrap_or_default();
+    if ctx.credentials.watched(&namespace, name) != Lookup::Missing {
         return Ok(());
     }
     tracing::warn!(secret = %name, "The instance's credentials Secret was deleted: generating new ones");
