@@ -130,7 +130,7 @@ impl Scenario {
         let watch = egress_proxies_operator::operator::runnables::credentials_watch(
             &credentials,
             ground.client.clone(),
-            Some(&ground.ns),
+            None,
         );
         tokio::spawn(watch.expect("a new cache has its writer"));
         let ctx = Context::new(
