@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
 
 use super::{Credentials, CredentialsError};
 use crate::api::constants::CREDENTIALS_SECRET_LABEL;
@@ -135,15 +134,5 @@ impl CredentialsCache {
         tokio::time::timeout(limit, self.store.wait_until_ready())
             .await
             .is_ok_and(|r| r.is_ok())
-    }
-
-    /// Puts `secret` into the cache as if the watch had seen it (unit
-    /// tests of the code that reads it, and the first list in them).
-    pub fn insert_for_tests(&self, secret: Secret) {
-        let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(w) = guard.as_mut() {
-            w.apply_watcher_event(&watcher::Event::Apply(secret));
-            w.apply_watcher_event(&watcher::Event::InitDone);
-        }
     }
 }

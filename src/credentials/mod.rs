@@ -3,7 +3,7 @@
 //! for Squid's `basic_ncsa_auth`), handed to crawlers with their leases and
 //! sent by the operator's own probes.
 //!
-//! The password is never logged: [`Password`]'s `Debug` prints nothing of
+//! The password is never logged: [`Sensitive`]'s `Debug` prints nothing of
 //! it, and only [`Credentials::expose`] gives it out, to the code that
 //! writes it where it belongs (a Secret, a `Proxy-Authorization` header,
 //! a lease answer).
@@ -241,14 +241,11 @@ pub struct Owner<'a> {
     pub installation_id: &'a str,
 }
 
-/// The Secret `name` holding `creds` for `owner`'s instance of that name:
+/// The Secret `name` holding `creds` (and `htpasswd`, their
+/// [`Credentials::htpasswd`] line) for `owner`'s instance of that name:
 /// owned by the Proxy (so it goes with it), labelled so the operator's
 /// watch sees it.
-pub fn secret(
-    name: &str,
-    owner: &Owner<'_>,
-    creds: &Credentials,
-) -> Result<Secret, CredentialsError> {
+pub fn secret(name: &str, owner: &Owner<'_>, creds: &Credentials, htpasswd: &str) -> Secret {
     let labels = BTreeMap::from([
         (CREDENTIALS_SECRET_LABEL.to_string(), "true".to_string()),
         (MANAGED_MARK.to_string(), MANAGED_MARK_VALUE.to_string()),
@@ -266,9 +263,9 @@ pub fn secret(
     let string_data = BTreeMap::from([
         (USERNAME_KEY.to_string(), creds.username.clone()),
         (PASSWORD_KEY.to_string(), creds.expose().to_string()),
-        (HTPASSWD_KEY.to_string(), creds.htpasswd()?),
+        (HTPASSWD_KEY.to_string(), htpasswd.to_string()),
     ]);
-    Ok(Secret {
+    Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(owner.namespace.to_string()),
@@ -286,7 +283,7 @@ pub fn secret(
         string_data: Some(string_data),
         type_: Some("Opaque".into()),
         ..Default::default()
-    })
+    }
 }
 
 #[cfg(test)]

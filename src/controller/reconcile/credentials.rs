@@ -59,33 +59,34 @@ pub async fn ensure(
     }))
 }
 
+/// New credentials for the instance `name` and their htpasswd line, made
+/// off the async threads (the line is a hash).
+async fn generate(name: &str) -> Result<(Credentials, String), Error> {
+    let owned = name.to_string();
+    tokio::task::spawn_blocking(move || {
+        let creds = Credentials::generate(&owned)?;
+        let line = creds.htpasswd()?;
+        Ok::<_, credentials::CredentialsError>((creds, line))
+    })
+    .await
+    .map_err(|e| Error::Credentials(format!("generating credentials: {e}")))?
+    .map_err(|e| Error::Credentials(e.to_string()))
+}
+
 /// Generates credentials into a new Secret `name` owned by `proxy`.
 async fn store(ctx: &Context, proxy: &Proxy, name: &str) -> Result<Credentials, Error> {
     let (uid, namespace) = (
         proxy.uid().unwrap_or_default(),
         proxy.namespace().unwrap_or_default(),
     );
-    let (owned_name, proxy_name, installation) = (
-        name.to_string(),
-        proxy.name_any(),
-        ctx.installation_id.clone(),
-    );
-    let (ns, id) = (namespace.clone(), uid.clone());
-    // The htpasswd line is a hash: off the async threads.
-    let made = tokio::task::spawn_blocking(move || {
-        let creds = Credentials::generate(&owned_name)?;
-        let owner = Owner {
-            namespace: &ns,
-            proxy_name: &proxy_name,
-            uid: &id,
-            installation_id: &installation,
-        };
-        credentials::secret(&owned_name, &owner, &creds).map(|s| (creds, s))
-    })
-    .await
-    .map_err(|e| Error::Credentials(format!("generating credentials: {e}")))?;
-    let (creds, secret) = made.map_err(|e| Error::Credentials(e.to_string()))?;
-
+    let (creds, line) = generate(name).await?;
+    let owner = Owner {
+        namespace: &namespace,
+        proxy_name: &proxy.name_any(),
+        uid: &uid,
+        installation_id: &ctx.installation_id,
+    };
+    let secret = credentials::secret(name, &owner, &creds, &line);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
@@ -138,34 +139,31 @@ pub async fn replaced(ctx: &Context, proxy: &Proxy, secret: Option<&str>) {
 async fn rotate(ctx: &Context, proxy: &Proxy, secret: Option<&str>) {
     let Some(name) = secret else { return };
     let namespace = proxy.namespace().unwrap_or_default();
-    let rotated = async {
-        let owned = name.to_string();
-        let (creds, line) = tokio::task::spawn_blocking(move || {
-            let creds = Credentials::generate(&owned)?;
-            let line = creds.htpasswd()?;
-            Ok::<_, credentials::CredentialsError>((creds, line))
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-        let patch = serde_json::json!({"stringData": {
-            credentials::USERNAME_KEY: creds.username,
-            credentials::PASSWORD_KEY: creds.expose(),
-            credentials::HTPASSWD_KEY: line,
-        }});
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| plain_message(&e))?;
-        ctx.credentials.wrote(&namespace, name, &creds);
-        Ok::<_, String>(())
-    };
-    match rotated.await {
-        Ok(()) => info!(secret = %name, "Credentials rotated for the next instance"),
-        // Gone: the next create generates new ones anyway.
-        Err(e) if e.contains("not found") => {}
+    let (creds, line) = match generate(name).await {
+        Ok(made) => made,
         Err(e) => {
-            warn!(secret = %name, error = %e, "Cannot rotate the credentials: the next instance takes the current ones")
+            warn!(secret = %name, error = %plain_message(&e), "Cannot rotate the credentials: the next instance takes the current ones");
+            return;
+        }
+    };
+    let patch = serde_json::json!({"stringData": {
+        credentials::USERNAME_KEY: creds.username,
+        credentials::PASSWORD_KEY: creds.expose(),
+        credentials::HTPASSWD_KEY: line,
+    }});
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            ctx.credentials.wrote(&namespace, name, &creds);
+            info!(secret = %name, "Credentials rotated for the next instance");
+        }
+        // Gone: the next create generates new ones anyway.
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            warn!(secret = %name, error = %plain_message(&e), "Cannot rotate the credentials: the next instance takes the current ones")
         }
     }
 }

@@ -150,8 +150,6 @@ impl Side<'_> {
         Ok(())
     }
 
-    /// A surge step failed: the Proxy says so, and the side steps rest
-    /// until the next pass.
     /// The surge is gone: its credentials Secret goes, and it is forgotten.
     async fn forget_surge(&self, status: &mut ProxyStatus) {
         let secret = status
@@ -162,6 +160,8 @@ impl Side<'_> {
         surge::forget(status)
     }
 
+    /// A surge step failed: the Proxy says so, and the side steps rest
+    /// until the next pass.
     fn failed(
         &self,
         status: &mut ProxyStatus,

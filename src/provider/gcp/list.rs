@@ -40,12 +40,7 @@ impl GcpProvider {
             let res = b.send().await;
             self.wire_response("instances.aggregatedList", t, &res);
             let resp = res.map_err(|e| self.fail(Op::List, "", "instances.aggregatedList", e))?;
-            collect_page(&resp, &mut listing);
-            for list in resp.items.values() {
-                for inst in list.instances.iter().filter(|i| build::is_managed(i)) {
-                    super::firewall::note_instance(&mut ports, inst);
-                }
-            }
+            collect_page(&resp, &mut listing, &mut ports);
             match resp.next_page_token.as_deref() {
                 Some(next) if !next.is_empty() => {
                     if next == token {
@@ -75,9 +70,14 @@ impl GcpProvider {
     }
 }
 
-/// Adds one aggregated-list page to `listing`: managed instances, and the
-/// zones that reported themselves unreachable.
-fn collect_page(resp: &model::InstanceAggregatedList, listing: &mut Listing) {
+/// Adds one aggregated-list page to `listing` (managed instances, and the
+/// zones that reported themselves unreachable) and to `ports` (the ports
+/// its instances serve on, for the firewall sweep).
+fn collect_page(
+    resp: &model::InstanceAggregatedList,
+    listing: &mut Listing,
+    ports: &mut super::firewall::PortsInUse,
+) {
     for u in &resp.unreachables {
         listing.unread_scopes.push(u.clone());
     }
@@ -94,6 +94,7 @@ fn collect_page(resp: &model::InstanceAggregatedList, listing: &mut Listing) {
             if !build::is_managed(inst) {
                 continue;
             }
+            super::firewall::note_instance(ports, inst);
             let Some(name) = inst.name.as_deref() else {
                 continue;
             };
