@@ -215,6 +215,31 @@ async fn at_any(
     .await
 }
 
+/// Every operator Pod's log, old and new (the node agent keeps a deleted
+/// Pod's container logs): what a refused call is explained by.
+fn operator_logs(c: &test_cluster::TestCluster) -> String {
+    let Some(info) = c.info() else {
+        return "(not the launcher's cluster: no Pod logs at hand)".into();
+    };
+    let mut out = String::new();
+    for node in std::fs::read_dir(&info.pods_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let pods = node.path().join("pods");
+        for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            let name = pod.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&format!("{NS}_")) {
+                continue;
+            }
+            let log = std::fs::read_to_string(pod.path().join("manager.log")).unwrap_or_default();
+            out.push_str(&format!("\n==== {name} ====\n{log}"));
+        }
+    }
+    out
+}
+
 fn proxy_of(lease: &serde_json::Value) -> String {
     lease["proxy"]["name"].as_str().unwrap().to_string()
 }
@@ -229,7 +254,7 @@ async fn leases_hold_through_a_rolling_restart(
 ) {
     let grant = |body: serde_json::Value| async move {
         let (s, v) = at_any(client, "POST", "/v1/leases", body).await;
-        assert_eq!(s, 201, "{v}");
+        assert_eq!(s, 201, "{v}{}", operator_logs(c));
         v
     };
     // Two leases under one sticky key on X, one on Y reported blocked for
@@ -277,8 +302,10 @@ async fn leases_hold_through_a_rolling_restart(
                 }
                 Some((503, v)) => {
                     assert_eq!(
-                        v["error"]["code"], "leader_unavailable",
-                        "never a recovery window: {v}"
+                        v["error"]["code"],
+                        "leader_unavailable",
+                        "never a recovery window: {v}{}",
+                        operator_logs(c)
                     );
                     unavailable += 1;
                 }

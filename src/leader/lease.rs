@@ -142,33 +142,40 @@ fn written(
 /// follower takes over at its next attempt instead of after a full lease
 /// duration; `annotations` are written in the same update (a hand-over).
 /// Call it only once leader-only work has stopped.
+///
+/// A conflict is read again: the campaign's last renew, cut off when it
+/// stopped, may still land after this read and make the write stale; only
+/// another holder on the Lease means it is not ours to release.
 pub async fn release(
     client: Client,
     (namespace, name): (&str, &str),
     me: &str,
     annotations: BTreeMap<String, String>,
 ) -> Result<bool, kube::Error> {
+    const ATTEMPTS: usize = 4;
     let api: Api<Lease> = Api::namespaced(client, namespace);
-    let Some(mut lease) = api.get_opt(name).await? else {
-        return Ok(false);
-    };
-    if record_of(&lease).holder.as_deref() != Some(me) {
-        return Ok(false);
+    for _ in 0..ATTEMPTS {
+        let Some(mut lease) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        if record_of(&lease).holder.as_deref() != Some(me) {
+            return Ok(false);
+        }
+        let now = k8s_openapi::jiff::Timestamp::now();
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend(annotations.clone());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(now));
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
     }
-    let now = k8s_openapi::jiff::Timestamp::now();
-    lease
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .extend(annotations);
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    spec.holder_identity = None;
-    spec.lease_duration_seconds = Some(1);
-    spec.renew_time = Some(MicroTime(now));
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        // Someone else wrote it in between: it is not ours to release.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
+    Ok(false)
 }

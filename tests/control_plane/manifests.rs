@@ -172,7 +172,8 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert_eq!(c["image"], "example.com/egress-proxies-operator:v0.0.1");
     assert_eq!(pod["serviceAccountName"], SA);
     object(docs, "ServiceAccount", SA);
-    assert_eq!(pod["terminationGracePeriodSeconds"], 10);
+    // Above the 17 s a stopping leader may take to hand its leases over.
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
 }
 
 /// The manager's pod template as a Pod, in no namespace.
