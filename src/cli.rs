@@ -100,12 +100,29 @@ pub struct Flags {
     #[arg(long, env = "INSTALLATION_ID", value_name = "ID")]
     pub installation_id: Option<String>,
 
-    /// Health probes in flight at once. A probe waiting on the network
-    /// holds only its slot (no thread); slots are shared fairly across
-    /// namespaces, so one namespace of unresponsive endpoints cannot delay
-    /// the others' verdicts. Each slot may use one socket.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    /// The most health probes in flight at once (a memory bound: a probe
+    /// in flight holds a socket and its buffers, some tens of KiB during a
+    /// TLS handshake). Below it the pool follows the fleet: twice its
+    /// probes a second times their mean latency, at least 32. A probe
+    /// waiting on the network holds only its slot (no thread); slots are
+    /// shared fairly across namespaces, so one namespace of unresponsive
+    /// endpoints cannot delay the others' verdicts.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..))]
     pub health_workers: u16,
+
+    /// With an https probe URL, every Nth probe of a healthy proxy is the
+    /// full fetch (CONNECT, TLS, the request); the others check that the
+    /// proxy accepts the CONNECT, which Squid answers only once it has
+    /// reached the target. A failed probe makes the next one full. 1:
+    /// every probe is full.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub probe_full_every: u32,
+
+    /// How long a proxy's host name (an External endpoint) is taken as
+    /// resolved; a failed lookup is kept 5 s at most. 0: every probe
+    /// resolves it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub probe_dns_ttl: Duration,
 
     /// URL fetched through each proxy when its spec.healthCheck names none.
     #[arg(

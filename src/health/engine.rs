@@ -10,14 +10,15 @@ use std::sync::{Arc, RwLock};
 use chrono::{DateTime, Utc};
 use kube::runtime::reflector::Store;
 use rustls::ClientConfig;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
 
 use super::metrics::HealthMetrics;
 use super::notify::Notifier;
-use super::probe::{self, ProbeError, ProbeResult};
+use super::probe::{self, Depth, ProbeError, ProbeResult, Resolver};
 use super::probes::{key_of, Defaults, Folded, ProbeSpec, Probes};
+use super::sizing::{pool_size, Latency};
 use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
 
@@ -25,8 +26,10 @@ use crate::api::Proxy;
 /// runs with.
 pub struct Engine {
     defaults: Defaults,
+    /// The most probes in flight (`--health-workers`).
     workers: usize,
     tls: Arc<ClientConfig>,
+    dns: Arc<Resolver>,
     trace_probes: bool,
     metrics: HealthMetrics,
     /// Per `namespace/name`: the UID, the proxy host probed, the report.
@@ -53,14 +56,17 @@ impl HealthSource for Engine {
 
 struct Done {
     key: String,
-    spec: ProbeSpec,
+    spec: Arc<ProbeSpec>,
+    depth: Depth,
     started_ms: u64,
     at: DateTime<Utc>,
     result: ProbeResult,
 }
 
 impl Engine {
-    /// An engine; `workers` is the probe pool size (at least 1).
+    /// An engine; `workers` is the most probes in flight (at least 1):
+    /// the pool is sized below it from the fleet's probe rate and the
+    /// probes' latency ([`pool_size`]).
     pub fn new(
         defaults: Defaults,
         workers: usize,
@@ -72,10 +78,17 @@ impl Engine {
             defaults,
             workers: workers.max(1),
             tls,
+            dns: Arc::new(Resolver::default()),
             trace_probes,
             metrics,
             snapshot: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// Host names are resolved through `dns` (a cache).
+    pub fn with_resolver(mut self, dns: Resolver) -> Self {
+        self.dns = Arc::new(dns);
+        self
     }
 
     fn publish(&self, key: &str, uid: &str, report: Option<(&str, HealthReport)>) {
@@ -95,30 +108,42 @@ impl Engine {
     ) {
         let epoch = Instant::now();
         let now_ms = || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let pool = Arc::new(Semaphore::new(self.workers));
-        let (done_tx, mut done_rx) = mpsc::channel::<Done>(self.workers * 2);
-        let mut probes = Probes::new(self.defaults.clone()).with_slots(self.workers);
+        // At most `slots` in flight, each sending one result: unbounded
+        // is bounded.
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let mut latency = Latency::default();
+        let mut slots = pool_size(0.0, latency.mean_ms(), self.workers);
+        let mut in_flight = 0usize;
+        let mut probes = Probes::new(self.defaults.clone()).with_slots(slots);
         tokio::pin!(shutdown);
-        info!(workers = self.workers, "Health engine started");
+        info!(max_in_flight = self.workers, "Health engine started");
         loop {
             let now = now_ms();
             if probes.sync_due(now) {
                 self.sync(&mut probes, &cache, now);
                 notifier.flush();
+                let size = pool_size(probes.rate(), latency.mean_ms(), self.workers);
+                if size != slots {
+                    debug!(
+                        slots = size,
+                        probes_per_second = probes.rate(),
+                        latency_ms = latency.mean_ms(),
+                        "Resized the probe pool"
+                    );
+                    slots = size;
+                    probes.set_slots(slots);
+                }
             }
-            for (key, spec) in probes.due(now, pool.available_permits()) {
-                let Ok(permit) = pool.clone().try_acquire_owned() else {
-                    // Cannot happen (at most the free permits are due);
-                    // reschedule rather than lose the proxy.
-                    probes.requeue(&key, now);
-                    continue;
-                };
-                self.spawn_probe(key, spec, now, permit, done_tx.clone());
+            for (key, spec, depth) in probes.due(now, slots.saturating_sub(in_flight)) {
+                in_flight += 1;
+                self.spawn_probe(key, (spec, depth), now, done_tx.clone());
             }
-            let wait = probes.wait(now, pool.available_permits());
+            let wait = probes.wait(now, slots.saturating_sub(in_flight));
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(done) = done_rx.recv() => {
+                    in_flight = in_flight.saturating_sub(1);
+                    latency.observe(done.result.latency);
                     self.fold(&mut probes, done, now_ms(), &mut notifier);
                 }
                 _ = tokio::time::sleep(wait) => {}
@@ -127,31 +152,30 @@ impl Engine {
         info!("Health engine stopped");
     }
 
-    /// Runs one probe on a worker (`permit`) and sends its result back.
+    /// Runs one probe and sends its result back.
     fn spawn_probe(
         &self,
         key: String,
-        spec: ProbeSpec,
+        (spec, depth): (Arc<ProbeSpec>, Depth),
         now: u64,
-        permit: OwnedSemaphorePermit,
-        tx: mpsc::Sender<Done>,
+        tx: mpsc::UnboundedSender<Done>,
     ) {
-        let (tls, trace) = (self.tls.clone(), self.trace_probes);
+        let (tls, dns, trace) = (self.tls.clone(), self.dns.clone(), self.trace_probes);
         tokio::spawn(async move {
+            let run = probe::probe_with(&spec.target, &spec.wire, depth, &tls, &dns);
             let result = if trace {
                 let span = tracing::info_span!(
                     parent: None,
                     "health.probe",
                     otel.kind = "client",
                     proxy = %key,
+                    probe.full = depth == Depth::Full,
                     probe.ok = tracing::field::Empty,
                     probe.latency_ms = tracing::field::Empty,
                     otel.status_code = tracing::field::Empty,
                     otel.status_message = tracing::field::Empty,
                 );
-                let r = probe::probe(&spec.target, &tls)
-                    .instrument(span.clone())
-                    .await;
+                let r = run.instrument(span.clone()).await;
                 span.record("probe.ok", r.ok);
                 span.record("probe.latency_ms", r.latency.as_millis() as u64);
                 if let Some(e) = &r.error {
@@ -160,18 +184,16 @@ impl Engine {
                 }
                 r
             } else {
-                probe::probe(&spec.target, &tls).await
+                run.await
             };
-            drop(permit);
-            let _ = tx
-                .send(Done {
-                    key,
-                    spec,
-                    started_ms: now,
-                    at: Utc::now(),
-                    result,
-                })
-                .await;
+            let _ = tx.send(Done {
+                key,
+                spec,
+                depth,
+                started_ms: now,
+                at: Utc::now(),
+                result,
+            });
         });
     }
 
@@ -192,7 +214,14 @@ impl Engine {
     /// Folds a finished probe and publishes what `probes` says to.
     fn fold(&self, probes: &mut Probes, done: Done, now: u64, notifier: &mut Notifier) {
         let r = &done.result;
-        let folded = probes.complete(&done.key, &done.spec, done.started_ms, now, done.at, r);
+        let folded = probes.complete(
+            &done.key,
+            (&done.spec, done.depth),
+            done.started_ms,
+            now,
+            done.at,
+            r,
+        );
         match folded {
             Folded::Gone => return,
             Folded::Stale => {
@@ -406,7 +435,8 @@ mod tests {
         let (mut n, mut rx) = Notifier::channel(4);
         let done = Done {
             key: "ns/a".into(),
-            spec: old,
+            spec: Arc::new(old),
+            depth: Depth::Full,
             started_ms: 0,
             at: Utc::now(),
             result: ProbeResult {

@@ -25,6 +25,11 @@ impl Fairness {
         }
     }
 
+    /// `capacity` slots (at least 1) from now on; probes in flight stay.
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
     /// Whether a probe of `namespace` may start now, with `namespaces`
     /// namespaces having proxies to probe: yes while a slot is free and
     /// the namespace is under its share (the pool divided evenly), or more

@@ -8,10 +8,14 @@
 //!   Proxy set, what is due at `now`, results folded into verdicts.
 //! - [`threshold`]: pure verdict folding and the status-affecting rule.
 //! - [`schedule`]: pure min-heap schedule of next-due times.
+//! - [`sizing`]: how many probes are in flight, from the fleet's rate and
+//!   the probes' latency.
+//! - [`dns`]: proxy host names resolved once per TTL.
 //! - [`notify`]: the reconcile trigger channel to the Proxy controller.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
 pub mod check;
+pub mod dns;
 pub mod engine;
 pub mod error;
 pub mod fairness;
@@ -21,6 +25,7 @@ pub mod notify;
 pub mod probe;
 pub mod probes;
 pub mod schedule;
+pub mod sizing;
 pub mod threshold;
 
 pub use engine::Engine;

@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use url::Url;
 
+pub use super::dns::Resolver;
 pub use super::error::ProbeError;
 use crate::credentials::Credentials;
 use crate::tenancy::ProbeDenylist;
@@ -86,11 +87,139 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
     Ok(Arc::new(cfg))
 }
 
-/// Runs one probe; never panics, never exceeds `target.timeout` by more
-/// than scheduling noise.
+/// How much of the check a probe does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// The whole fetch: for an https URL, CONNECT, TLS and the request
+    /// inside the tunnel.
+    Full,
+    /// For an https URL, only that the proxy accepts the CONNECT (Squid
+    /// answers it once it reached the target); an http URL is always
+    /// fetched whole.
+    Connect,
+}
+
+impl Depth {
+    /// How deep the next probe of a Proxy goes: full unless its URL is
+    /// https (`tunnel`), its last probe passed and a full one passed
+    /// `since` probes ago, fewer than `every` - 1 probes since (so every
+    /// `every`th probe is full). A failure makes the next probe full, so a
+    /// proxy going bad is judged on full probes at the thresholds' pace.
+    pub fn next(tunnel: bool, since: Option<u32>, every: u32) -> Depth {
+        match since {
+            Some(n) if tunnel && n.saturating_add(1) < every => Depth::Connect,
+            _ => Depth::Full,
+        }
+    }
+}
+
+/// What a probe sends, built once per target: the request bytes (with
+/// the credentials in them) and the TLS name. Its `Debug` shows neither.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Wire {
+    /// An http URL: the forward request.
+    Forward(Box<[u8]>),
+    /// An https URL: the CONNECT, the target's TLS name, the request
+    /// inside the tunnel.
+    Tunnel {
+        /// The CONNECT request.
+        connect: Box<[u8]>,
+        /// The name the target's certificate must hold.
+        name: ServerName<'static>,
+        /// The GET sent through the tunnel.
+        request: Box<[u8]>,
+    },
+    /// The URL cannot be probed: every probe fails with this.
+    Invalid(ProbeError),
+}
+
+impl std::fmt::Debug for Wire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wire::Forward(_) => f.write_str("Wire::Forward(..)"),
+            Wire::Tunnel { .. } => f.write_str("Wire::Tunnel(..)"),
+            Wire::Invalid(e) => write!(f, "Wire::Invalid({e})"),
+        }
+    }
+}
+
+impl Wire {
+    /// The bytes `target` sends, or why its URL cannot be probed.
+    pub fn of(target: &ProbeTarget) -> Wire {
+        Self::build(target).unwrap_or_else(Wire::Invalid)
+    }
+
+    fn build(target: &ProbeTarget) -> Result<Wire, ProbeError> {
+        let host = host_header(&target.url)?;
+        // Only ever to the proxy: it consumes the header (a CONNECT's never
+        // reaches the target; Squid drops it from a forward request).
+        let auth = match &target.credentials {
+            Some(c) => format!("Proxy-Authorization: {}\r\n", c.proxy_authorization()),
+            None => String::new(),
+        };
+        match target.url.scheme() {
+            "http" => {
+                // Forward request: the absolute URI goes to the proxy.
+                let mut abs = target.url.clone();
+                abs.set_fragment(None);
+                let req = format!(
+                    "GET {abs} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{auth}Accept: */*\r\nConnection: close\r\n\r\n"
+                );
+                Ok(Wire::Forward(req.into_bytes().into()))
+            }
+            "https" => {
+                let (h, port) = host_port(&target.url)?;
+                let authority = if h.contains(':') {
+                    format!("[{h}]:{port}")
+                } else {
+                    format!("{h}:{port}")
+                };
+                let connect = format!(
+                    "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n"
+                );
+                let name = ServerName::try_from(h.trim_matches(['[', ']']).to_string())
+                    .map_err(|e| ProbeError::Tls(format!("invalid TLS server name {h:?}: {e}")))?;
+                let request = format!(
+                    "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+                    path_and_query(&target.url)
+                );
+                Ok(Wire::Tunnel {
+                    connect: connect.into_bytes().into(),
+                    name,
+                    request: request.into_bytes().into(),
+                })
+            }
+            other => Err(ProbeError::Url(format!(
+                "unsupported probe URL scheme {other:?}"
+            ))),
+        }
+    }
+
+    /// Whether a [`Depth::Connect`] probe checks less than a full one
+    /// (an https URL).
+    pub fn is_tunnel(&self) -> bool {
+        matches!(self, Wire::Tunnel { .. })
+    }
+}
+
+/// Runs one full probe, resolving a host name each time; never panics,
+/// never exceeds `target.timeout` by more than scheduling noise.
 pub async fn probe(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> ProbeResult {
+    let wire = Wire::of(target);
+    probe_with(target, &wire, Depth::Full, tls, &Resolver::default()).await
+}
+
+/// Runs one probe of `target` sending `wire` (built from it), as deep as
+/// `depth` says, resolving a host name through `dns`.
+pub async fn probe_with(
+    target: &ProbeTarget,
+    wire: &Wire,
+    depth: Depth,
+    tls: &Arc<ClientConfig>,
+    dns: &Resolver,
+) -> ProbeResult {
     let start = Instant::now();
-    let res = tokio::time::timeout(target.timeout, run(target, tls)).await;
+    let res = tokio::time::timeout(target.timeout, run(target, wire, depth, tls, dns)).await;
     let latency = start.elapsed();
     let error = match res {
         Ok(Ok(())) => None,
@@ -129,16 +258,16 @@ fn host_header(url: &Url) -> Result<String, ProbeError> {
     })
 }
 
-/// The proxy's addresses, resolved once and checked against the target's
-/// denylist before anything is dialled: the connection goes to exactly the
-/// addresses checked (a name cannot resolve to another one in between),
-/// and a denied one fails the probe without a packet sent, so its message
-/// says nothing of what listens there.
-async fn resolve(target: &ProbeTarget) -> Result<Vec<std::net::SocketAddr>, ProbeError> {
-    let addrs: Vec<_> = tokio::net::lookup_host((target.proxy_host.as_str(), target.proxy_port))
-        .await
-        .map_err(|e| ProbeError::connect(&e))?
-        .collect();
+/// The proxy's addresses, checked against the target's denylist before
+/// anything is dialled: the connection goes to exactly the addresses
+/// checked (a name cannot resolve to another one in between), and a
+/// denied one fails the probe without a packet sent, so its message says
+/// nothing of what listens there.
+async fn resolve(
+    target: &ProbeTarget,
+    dns: &Resolver,
+) -> Result<Vec<std::net::SocketAddr>, ProbeError> {
+    let addrs = dns.resolve(&target.proxy_host, target.proxy_port).await?;
     if let Some(deny) = &target.deny {
         if addrs.iter().any(|a| deny.denies(a.ip())) {
             return Err(ProbeError::Denied(target.proxy_host.clone()));
@@ -147,108 +276,127 @@ async fn resolve(target: &ProbeTarget) -> Result<Vec<std::net::SocketAddr>, Prob
     Ok(addrs)
 }
 
-async fn run(target: &ProbeTarget, tls: &Arc<ClientConfig>) -> Result<(), ProbeError> {
-    let addrs = resolve(target).await?;
+async fn run(
+    target: &ProbeTarget,
+    wire: &Wire,
+    depth: Depth,
+    tls: &Arc<ClientConfig>,
+    dns: &Resolver,
+) -> Result<(), ProbeError> {
+    if let Wire::Invalid(e) = wire {
+        return Err(e.clone());
+    }
+    let addrs = resolve(target, dns).await?;
     let mut conn = TcpStream::connect(&addrs[..])
         .await
         .map_err(|e| ProbeError::connect(&e))?;
     let _ = conn.set_nodelay(true);
-    let host = host_header(&target.url)?;
-    // Only ever to the proxy: it consumes the header (a CONNECT's never
-    // reaches the target; Squid drops it from a forward request).
-    let auth = match &target.credentials {
-        Some(c) => format!("Proxy-Authorization: {}\r\n", c.proxy_authorization()),
-        None => String::new(),
-    };
-    match target.url.scheme() {
-        "http" => {
-            // Forward request: the absolute URI goes to the proxy.
-            let mut abs = target.url.clone();
-            abs.set_fragment(None);
-            let req = format!(
-                "GET {abs} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{auth}Accept: */*\r\nConnection: close\r\n\r\n"
-            );
-            exchange(&mut conn, &req, target.expected_status, "target").await
-        }
-        "https" => {
-            let (h, port) = host_port(&target.url)?;
-            let authority = if h.contains(':') {
-                format!("[{h}]:{port}")
-            } else {
-                format!("{h}:{port}")
-            };
-            let connect = format!(
-                "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n"
-            );
-            conn.write_all(connect.as_bytes())
+    let mut buf = Vec::with_capacity(READ_CHUNK);
+    match wire {
+        Wire::Forward(req) => exchange(&mut conn, req, &mut buf, target.expected_status).await,
+        Wire::Tunnel {
+            connect,
+            name,
+            request,
+        } => {
+            conn.write_all(connect)
                 .await
                 .map_err(|e| ProbeError::io("sending CONNECT", &e))?;
-            let status = read_status(&mut conn, "proxy").await?;
+            let status = read_status(&mut conn, &mut buf, Head::Whole, "proxy").await?;
             if !(200..300).contains(&status) {
                 return Err(ProbeError::ProxyRefused(status));
             }
-            let name = ServerName::try_from(h.trim_matches(['[', ']']).to_string())
-                .map_err(|e| ProbeError::Tls(format!("invalid TLS server name {h:?}: {e}")))?;
+            if depth == Depth::Connect {
+                return Ok(());
+            }
             let mut stream = tokio_rustls::TlsConnector::from(tls.clone())
-                .connect(name, conn)
+                .connect(name.clone(), conn)
                 .await
                 .map_err(|e| ProbeError::Tls(format!("TLS through the tunnel: {e}")))?;
-            let req = format!(
-                "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
-                path_and_query(&target.url)
-            );
-            exchange(&mut stream, &req, target.expected_status, "target").await
+            exchange(&mut stream, request, &mut buf, target.expected_status).await
         }
-        other => Err(ProbeError::Url(format!(
-            "unsupported probe URL scheme {other:?}"
-        ))),
+        Wire::Invalid(e) => Err(e.clone()),
     }
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
-    req: &str,
+    req: &[u8],
+    buf: &mut Vec<u8>,
     expected: u16,
-    who: &'static str,
 ) -> Result<(), ProbeError> {
-    s.write_all(req.as_bytes())
+    s.write_all(req)
         .await
         .map_err(|e| ProbeError::io("sending the request", &e))?;
-    let status = read_status(s, who).await?;
+    let status = read_status(s, buf, Head::StatusLine, "target").await?;
     if status == expected {
         Ok(())
     } else {
         Err(ProbeError::Status {
-            who,
+            who: "target",
             status,
             expected,
         })
     }
 }
 
-/// Reads a response head (up to the blank line, byte by byte so nothing
-/// past it is consumed: a CONNECT tunnel follows) and returns its status.
+/// Bytes asked of one `read()`: a whole head in one call as a rule.
+const READ_CHUNK: usize = 1024;
+
+/// How much of a response head [`read_status`] reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// Up to the blank line: a CONNECT's answer. When it accepts, the
+    /// tunnel follows, and the target speaks only after the client's TLS
+    /// hello, so a byte past the head is a protocol error.
+    Whole,
+    /// Up to the end of the status line: the connection is closed after.
+    StatusLine,
+}
+
+/// Reads a response head in chunks and returns its status.
 async fn read_status<S: AsyncRead + Unpin>(
     s: &mut S,
+    buf: &mut Vec<u8>,
+    head: Head,
     who: &'static str,
 ) -> Result<u16, ProbeError> {
-    let mut head = Vec::with_capacity(256);
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if head.len() >= MAX_HEAD {
+    buf.clear();
+    let end = loop {
+        let from = buf.len().saturating_sub(3);
+        if buf.len() >= MAX_HEAD {
             return Err(ProbeError::Protocol(format!(
                 "{who} response head exceeds {MAX_HEAD} bytes"
             )));
         }
-        match s.read(&mut byte).await {
-            Ok(0) if head.is_empty() => return Err(ProbeError::Closed(who)),
-            Ok(0) => break,
-            Ok(_) => head.push(byte[0]),
+        buf.reserve(READ_CHUNK);
+        match s.read_buf(buf).await {
+            Ok(0) if buf.is_empty() => return Err(ProbeError::Closed(who)),
+            Ok(0) => break None,
+            Ok(_) => {}
             Err(e) => return Err(ProbeError::io(&format!("reading the {who} response"), &e)),
         }
+        let found = match head {
+            Head::Whole => find(&buf[from..], b"\r\n\r\n").map(|i| from + i + 4),
+            Head::StatusLine => find(buf, b"\n").map(|i| i + 1),
+        };
+        if let Some(end) = found {
+            break Some(end);
+        }
+    };
+    let status = parse_status(buf)
+        .ok_or_else(|| ProbeError::Protocol(format!("{who} sent no valid HTTP status line")))?;
+    // A refusal may come with a body; an accepted tunnel must be clean.
+    if head == Head::Whole && (200..300).contains(&status) && end.is_some_and(|e| e < buf.len()) {
+        return Err(ProbeError::Protocol(format!(
+            "{who} sent data past its answer to the CONNECT before the tunnel was used"
+        )));
     }
-    parse_status(&head)
-        .ok_or_else(|| ProbeError::Protocol(format!("{who} sent no valid HTTP status line")))
+    Ok(status)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The status of `HTTP/1.x NNN ...`.

@@ -15,7 +15,7 @@ use url::Url;
 
 use super::fairness::Fairness;
 use super::latency_writes::LatencyWrites;
-use super::probe::{ProbeResult, ProbeTarget};
+use super::probe::{Depth, ProbeResult, ProbeTarget, Wire};
 use super::schedule::Schedule;
 use super::threshold::{self, Change, Thresholds};
 use crate::api::health::HealthReport;
@@ -37,6 +37,10 @@ pub struct Defaults {
     pub deny: Arc<ProbeDenylist>,
     /// The credentials Secrets the probes authenticate with.
     pub credentials: Arc<CredentialsCache>,
+    /// `--probe-full-every`: of a healthy proxy with an https probe URL,
+    /// every this many probes is the full fetch, the others check only
+    /// that the CONNECT is accepted (1: every probe is full).
+    pub full_every: u32,
 }
 
 /// Default seconds between probes.
@@ -55,6 +59,8 @@ pub struct ProbeSpec {
     pub provider: String,
     /// Where and what.
     pub target: ProbeTarget,
+    /// What the probes send, built from `target` once.
+    pub wire: Arc<Wire>,
     /// Time between probes.
     pub interval: Duration,
     /// Flip thresholds.
@@ -118,18 +124,20 @@ pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
         .expected_status
         .and_then(|s| u16::try_from(s).ok())
         .unwrap_or(d.expected_status);
+    let target = ProbeTarget {
+        proxy_host: host,
+        proxy_port: port,
+        deny,
+        url,
+        expected_status,
+        timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),
+        credentials,
+    };
     Some(ProbeSpec {
         uid: p.uid().unwrap_or_default(),
         provider: p.spec.provider.clone().unwrap_or_default(),
-        target: ProbeTarget {
-            proxy_host: host,
-            proxy_port: port,
-            deny,
-            url,
-            expected_status,
-            timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),
-            credentials,
-        },
+        wire: Arc::new(Wire::of(&target)),
+        target,
         interval: Duration::from_secs(positive(hc.interval_seconds, DEFAULT_INTERVAL.as_secs())),
         thresholds: Thresholds {
             success: positive(hc.success_threshold, 2).min(1000) as u32,
@@ -195,13 +203,19 @@ pub enum Folded {
 pub struct Probes {
     defaults: Defaults,
     sched: Schedule<String>,
-    targets: HashMap<String, ProbeSpec>,
+    targets: HashMap<String, Arc<ProbeSpec>>,
+    /// Probes since the last full one that passed, and its latency, per
+    /// Proxy whose probes may be light ([`Depth::next`]); absent: the next probe
+    /// is full.
+    light: HashMap<String, (u32, u64)>,
     states: HashMap<String, threshold::State>,
     last_sync: Option<u64>,
     /// Shares of the probe slots per namespace.
     fair: Fairness,
     /// Namespaces with proxies to probe.
     namespaces: usize,
+    /// Probes a second the targets ask for.
+    rate: f64,
     /// The budget of latency-only status writes.
     latency_writes: LatencyWrites,
 }
@@ -216,10 +230,12 @@ impl Probes {
             defaults,
             sched: Schedule::default(),
             targets: HashMap::new(),
+            light: HashMap::new(),
             states: HashMap::new(),
             last_sync: None,
             fair: Fairness::new(usize::MAX),
             namespaces: 0,
+            rate: 0.0,
             latency_writes: LatencyWrites::default(),
         }
     }
@@ -231,6 +247,16 @@ impl Probes {
             fair: Fairness::new(slots),
             ..self
         }
+    }
+
+    /// Shares `slots` probe slots from now on.
+    pub fn set_slots(&mut self, slots: usize) {
+        self.fair.set_capacity(slots);
+    }
+
+    /// Probes a second the targets ask for (as of the last sync).
+    pub fn rate(&self) -> f64 {
+        self.rate
     }
 
     /// Whether [`Probes::sync`] is due (at once, then every [`SYNC_EVERY`]).
@@ -259,14 +285,15 @@ impl Probes {
             let interval = spec.interval.as_millis() as u64;
             match self.targets.get(&key) {
                 Some(old) if old.uid == spec.uid && old.target == spec.target => {
-                    if old != &spec {
+                    if **old != spec {
                         self.sched.upsert(&key, interval, now, 0);
-                        self.targets.insert(key, spec);
+                        self.targets.insert(key, Arc::new(spec));
                     }
                 }
                 old => {
                     if old.is_some() {
                         self.states.remove(&key);
+                        self.light.remove(&key);
                         self.sched.remove(&key);
                         dropped.push(Dropped {
                             key: key.clone(),
@@ -275,7 +302,7 @@ impl Probes {
                     }
                     self.sched
                         .upsert(&key, interval, now, spread(&key, interval));
-                    self.targets.insert(key, spec);
+                    self.targets.insert(key, Arc::new(spec));
                 }
             }
         }
@@ -288,9 +315,15 @@ impl Probes {
         for key in gone {
             self.targets.remove(&key);
             self.states.remove(&key);
+            self.light.remove(&key);
             self.sched.remove(&key);
             dropped.push(Dropped { key, gone: true });
         }
+        self.rate = self
+            .targets
+            .values()
+            .map(|t| 1.0 / t.interval.as_secs_f64().max(0.001))
+            .sum();
         self.namespaces = self
             .targets
             .keys()
@@ -301,8 +334,8 @@ impl Probes {
     }
 
     /// Up to `limit` probes due at `now`, each marked in flight until
-    /// [`Probes::complete`] (or [`Probes::requeue`]).
-    pub fn due(&mut self, now: u64, limit: usize) -> Vec<(String, ProbeSpec)> {
+    /// [`Probes::complete`] (or [`Probes::requeue`]), and how deep each is.
+    pub fn due(&mut self, now: u64, limit: usize) -> Vec<(String, Arc<ProbeSpec>, Depth)> {
         let (fair, namespaces) = (&mut self.fair, self.namespaces);
         self.sched
             .pop_due_where(now, limit, |key| {
@@ -316,7 +349,9 @@ impl Probes {
             .into_iter()
             .filter_map(|key| {
                 let spec = self.targets.get(&key)?.clone();
-                Some((key, spec))
+                let since = self.light.get(&key).map(|l| l.0);
+                let d = Depth::next(spec.wire.is_tunnel(), since, self.defaults.full_every);
+                Some((key, spec, d))
             })
             .collect()
     }
@@ -348,7 +383,7 @@ impl Probes {
     pub fn complete(
         &mut self,
         key: &str,
-        spec: &ProbeSpec,
+        (spec, depth): (&ProbeSpec, Depth),
         started: u64,
         now: u64,
         at: DateTime<Utc>,
@@ -362,7 +397,23 @@ impl Probes {
         if current.uid != spec.uid || current.target != spec.target {
             return Folded::Stale;
         }
-        let latency_ms = u64::try_from(result.latency.as_millis()).unwrap_or(u64::MAX);
+        let mut latency_ms = u64::try_from(result.latency.as_millis()).unwrap_or(u64::MAX);
+        match (result.ok, depth) {
+            (true, Depth::Full) => {
+                self.light.insert(key.to_string(), (0, latency_ms));
+            }
+            (true, Depth::Connect) => {
+                // A CONNECT alone is quicker than the fetch: the latency
+                // reported stays the last full fetch's.
+                if let Some((n, full)) = self.light.get_mut(key) {
+                    *n += 1;
+                    latency_ms = *full;
+                }
+            }
+            (false, _) => {
+                self.light.remove(key);
+            }
+        }
         let state = self.states.entry(key.to_string()).or_default();
         let (mut next, mut change) =
             threshold::fold(*state, result.ok, latency_ms, current.thresholds);

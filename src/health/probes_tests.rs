@@ -9,6 +9,7 @@ pub(crate) fn defaults() -> Defaults {
         external: std::sync::Arc::new(crate::tenancy::ExternalNamespaces::Any),
         deny: std::sync::Arc::new(crate::tenancy::ProbeDenylist::default_list()),
         credentials: std::sync::Arc::default(),
+        full_every: 1,
     }
 }
 
@@ -211,8 +212,8 @@ fn tuned(name: &str, uid: &str, interval: u64, success: u32, failure: u32) -> Pr
     )
 }
 
-fn keys(due: &[(String, ProbeSpec)]) -> Vec<&str> {
-    let mut k: Vec<&str> = due.iter().map(|(k, _)| k.as_str()).collect();
+fn keys(due: &[(String, Arc<ProbeSpec>, Depth)]) -> Vec<&str> {
+    let mut k: Vec<&str> = due.iter().map(|(k, _, _)| k.as_str()).collect();
     k.sort();
     k
 }
@@ -292,13 +293,13 @@ fn schedule_by_now() {
     assert_eq!(p.wait(2000, 0), SYNC_EVERY);
     let spec = first[0].1.clone();
     // Started at 2000, done at 2100: due one interval after the start.
-    p.complete("ns/a", &spec, 2000, 2100, Utc::now(), &ok(5));
+    p.complete("ns/a", (&spec, Depth::Full), 2000, 2100, Utc::now(), &ok(5));
     assert_eq!(p.wait(3500, 4), Duration::from_millis(500));
     assert_eq!(p.wait(3500, 0), SYNC_EVERY);
     assert!(p.due(3999, 10).is_empty());
     assert_eq!(keys(&p.due(4000, 10)), ["ns/a"]);
     // A probe slower than its interval is due again at once.
-    p.complete("ns/a", &spec, 4000, 9000, Utc::now(), &ok(5));
+    p.complete("ns/a", (&spec, Depth::Full), 4000, 9000, Utc::now(), &ok(5));
     assert_eq!(p.wait(9000, 1), Duration::ZERO);
     assert_eq!(keys(&p.due(9000, 1)), ["ns/a"]);
     // One that could not start is rescheduled as if it had run.
@@ -306,7 +307,14 @@ fn schedule_by_now() {
     assert!(p.due(10_999, 1).is_empty());
     assert_eq!(keys(&p.due(11_000, 1)), ["ns/a"]);
     // A limit of zero pops nothing.
-    p.complete("ns/a", &spec, 11_000, 11_000, Utc::now(), &ok(5));
+    p.complete(
+        "ns/a",
+        (&spec, Depth::Full),
+        11_000,
+        11_000,
+        Utc::now(),
+        &ok(5),
+    );
     assert!(p.due(20_000, 0).is_empty());
 }
 
@@ -371,7 +379,7 @@ fn results_fold_into_verdicts() {
         let spec = p.due(1000, 1).pop().unwrap().1;
         let at = Utc::now();
         for (i, (result, want)) in seq.into_iter().enumerate() {
-            let got = p.complete("ns/a", &spec, 0, 0, at, &result);
+            let got = p.complete("ns/a", (&spec, Depth::Full), 0, 0, at, &result);
             let want = match want {
                 None => Folded::Quiet,
                 Some((healthy, change, message)) => Folded::Publish(Verdict {
@@ -399,10 +407,12 @@ fn latency_only_writes_are_spaced() {
     p.sync([&tuned("a", "u1", 1, 1, 1)], 0);
     let spec = p.due(1000, 1).pop().unwrap().1;
     let at = Utc::now();
-    let mut at_time = |now: u64, r: ProbeResult| match p.complete("ns/a", &spec, now, now, at, &r) {
-        Folded::Publish(v) => Some((v.change, v.report.latency_ms)),
-        _ => None,
-    };
+    let mut at_time =
+        |now: u64, r: ProbeResult| match p.complete("ns/a", (&spec, Depth::Full), now, now, at, &r)
+        {
+            Folded::Publish(v) => Some((v.change, v.report.latency_ms)),
+            _ => None,
+        };
     assert_eq!(at_time(0, ok(10)), Some((Change::First, 10)));
     assert_eq!(
         at_time(1_000, ok(500)),
@@ -428,17 +438,23 @@ fn stale_and_pruned_results_are_not_folded() {
     let moved = probe_spec(&external("a", "u2", 2), &defaults()).unwrap();
     p.sync([&external("a", "u2", 1)], 0);
     let at = Utc::now();
-    assert_eq!(p.complete("ns/a", &old, 0, 0, at, &ok(1)), Folded::Stale);
+    assert_eq!(
+        p.complete("ns/a", (&old, Depth::Full), 0, 0, at, &ok(1)),
+        Folded::Stale
+    );
     let mut other_target = moved.clone();
     other_target.uid = "u2".into();
     assert_eq!(
-        p.complete("ns/a", &other_target, 0, 0, at, &ok(1)),
+        p.complete("ns/a", (&other_target, Depth::Full), 0, 0, at, &ok(1)),
         Folded::Stale
     );
     assert_eq!(p.state("ns/a"), None);
     p.sync([], 1000);
     assert!(p.is_empty());
-    assert_eq!(p.complete("ns/a", &old, 0, 0, at, &ok(1)), Folded::Gone);
+    assert_eq!(
+        p.complete("ns/a", (&old, Depth::Full), 0, 0, at, &ok(1)),
+        Folded::Gone
+    );
     assert!(p.due(u64::MAX / 2, 10).is_empty());
 }
 
@@ -478,5 +494,82 @@ fn only_a_new_verdict_is_news() {
             },
         };
         assert_eq!(v.is_news(), c.want, "{}", c.name);
+    }
+}
+
+#[test]
+fn depth_table() {
+    use Depth::{Connect, Full};
+    // tunnel (https), probes since the last passing full one, every.
+    let cases = [
+        (true, None, 10, Full),
+        (true, Some(0), 10, Connect),
+        (true, Some(8), 10, Connect),
+        (true, Some(9), 10, Full),
+        (true, Some(0), 1, Full),
+        (true, Some(0), 2, Connect),
+        (true, Some(1), 2, Full),
+        (false, Some(0), 10, Full),
+        (true, Some(u32::MAX), 10, Full),
+    ];
+    for (tunnel, since, every, want) in cases {
+        assert_eq!(
+            Depth::next(tunnel, since, every),
+            want,
+            "{tunnel} {since:?} {every}"
+        );
+    }
+}
+
+/// An https URL with a full fetch every 3rd probe: full, light, light,
+/// full...; a failed probe, light or full, makes the next one full.
+#[test]
+fn light_probes_between_full_ones_until_a_failure() {
+    let d = Defaults {
+        full_every: 3,
+        ..defaults()
+    };
+    // The operator's default URL (https here, then http).
+    let a = proxy(
+        json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+        "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 1}}}),
+    );
+    let mut p = Probes::new(d.clone());
+    p.sync([&a], 0);
+    let mut now = 0;
+    let mut run = |p: &mut Probes, result: ProbeResult| {
+        now += 1000;
+        let (key, spec, depth) = p.due(now, 1).pop().expect("due");
+        p.complete(&key, (&spec, depth), now, now, Utc::now(), &result);
+        depth
+    };
+    use Depth::{Connect, Full};
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(run(&mut p, ok(5)));
+    }
+    assert_eq!(got, [Full, Connect, Connect, Full, Connect, Connect]);
+    let fail = ProbeResult {
+        ok: false,
+        latency: Duration::from_millis(5),
+        error: Some(ProbeError::ProxyRefused(502)),
+    };
+    assert_eq!(run(&mut p, fail.clone()), Full);
+    assert_eq!(
+        run(&mut p, fail),
+        Full,
+        "a failure makes the next probe full"
+    );
+    assert_eq!(run(&mut p, ok(5)), Full);
+    assert_eq!(run(&mut p, ok(5)), Connect);
+    // An http URL is always fetched whole.
+    let mut p = Probes::new(Defaults {
+        url: Url::parse("http://example.com/").unwrap(),
+        ..d
+    });
+    p.sync([&a], 0);
+    for _ in 0..4 {
+        assert_eq!(run(&mut p, ok(5)), Full);
     }
 }

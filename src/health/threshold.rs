@@ -41,6 +41,9 @@ pub struct State {
     /// When (engine clock, ms) a result of this proxy last reached the
     /// status; set by the engine, not by [`fold`].
     pub written_ms: Option<u64>,
+    /// The last result's latency already differed materially from the
+    /// reported one: a second such result in a row is a change.
+    pub moved: bool,
 }
 
 /// Why a result affects status.
@@ -61,7 +64,9 @@ pub fn material_latency(old: u64, new: u64) -> bool {
 }
 
 /// Folds one result into the state. Returns the new state and, when the
-/// result must reach the Proxy's status, why.
+/// result must reach the Proxy's status, why. A latency change counts when
+/// two results in a row show it: one probe stalled by a busy machine or a
+/// lost packet does not rewrite the status.
 pub fn fold(state: State, ok: bool, latency_ms: u64, t: Thresholds) -> (State, Option<Change>) {
     let mut s = state;
     if ok {
@@ -84,14 +89,22 @@ pub fn fold(state: State, ok: bool, latency_ms: u64, t: Thresholds) -> (State, O
             s.healthy = Some(false);
             Some(Change::Flip)
         }
-        Some(true) if ok => s
-            .reported_latency_ms
-            .filter(|old| material_latency(*old, latency_ms))
-            .map(|_| Change::Latency),
+        Some(true) if ok => {
+            let material = s
+                .reported_latency_ms
+                .is_some_and(|old| material_latency(old, latency_ms));
+            let again = material && s.moved;
+            s.moved = material;
+            again.then_some(Change::Latency)
+        }
         _ => None,
     };
+    if !ok {
+        s.moved = false;
+    }
     if change.is_some() {
         s.reported_latency_ms = Some(latency_ms);
+        s.moved = false;
     }
     (s, change)
 }
@@ -176,14 +189,31 @@ mod tests {
                 want: vec![(n, Some(First)), (n, None), (n, None)],
             },
             Case {
-                name: "material latency change while healthy",
-                steps: &[(true, 100), (true, 190), (true, 260), (true, 300)],
-                want: vec![(y, Some(First)), (y, None), (y, Some(Latency)), (y, None)],
+                name: "material latency change while healthy, twice in a row",
+                steps: &[
+                    (true, 100),
+                    (true, 190),
+                    (true, 260),
+                    (true, 300),
+                    (true, 310),
+                ],
+                want: vec![
+                    (y, Some(First)),
+                    (y, None),
+                    (y, None),
+                    (y, Some(Latency)),
+                    (y, None),
+                ],
             },
             Case {
                 name: "latency drop is material too",
-                steps: &[(true, 1000), (true, 400)],
-                want: vec![(y, Some(First)), (y, Some(Latency))],
+                steps: &[(true, 1000), (true, 400), (true, 420)],
+                want: vec![(y, Some(First)), (y, None), (y, Some(Latency))],
+            },
+            Case {
+                name: "one stalled probe between normal ones writes nothing",
+                steps: &[(true, 5), (true, 400), (true, 5), (true, 300), (true, 6)],
+                want: vec![(y, Some(First)), (y, None), (y, None), (y, None), (y, None)],
             },
         ];
         for c in cases {

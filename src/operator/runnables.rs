@@ -237,13 +237,16 @@ pub fn spawn_health_engine(
     Arc<health::Engine>,
     tokio::sync::mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
 ) {
-    let engine = Arc::new(health::Engine::new(
-        settings.defaults.clone(),
-        settings.workers,
-        settings.tls.clone(),
-        settings.trace_probes,
-        metrics.health.clone(),
-    ));
+    let engine = Arc::new(
+        health::Engine::new(
+            settings.defaults.clone(),
+            settings.workers,
+            settings.tls.clone(),
+            settings.trace_probes,
+            metrics.health.clone(),
+        )
+        .with_resolver(health::dns::Resolver::caching(settings.dns_ttl)),
+    );
     let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();
     tasks.spawn(async move { runner.run(cache, notifier, stop).await });

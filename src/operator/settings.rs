@@ -76,8 +76,10 @@ pub struct Settings {
 pub struct HealthSettings {
     /// Probe URL and expected status for Proxies that name none.
     pub defaults: health::Defaults,
-    /// `--health-workers`.
+    /// `--health-workers`: the most probes in flight.
     pub workers: usize,
+    /// `--probe-dns-ttl`.
+    pub dns_ttl: Duration,
     /// The probes' TLS roots (webpki plus `--probe-ca-file`).
     pub tls: Arc<rustls::ClientConfig>,
     /// `--trace-health-probes`.
@@ -231,8 +233,10 @@ impl Settings {
                     external: Arc::new(external),
                     deny: Arc::new(deny),
                     credentials: Arc::default(),
+                    full_every: flags.probe_full_every,
                 },
                 workers: usize::from(flags.health_workers),
+                dns_ttl: flags.probe_dns_ttl,
                 tls,
                 trace_probes: flags.trace_health_probes,
             },

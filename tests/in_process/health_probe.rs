@@ -267,3 +267,72 @@ async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
     assert!(r.ok, "{r:?}");
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
+
+/// The light probe of an https URL (`Depth::Connect`) asks the real Squid
+/// only for the CONNECT: it passes where the full fetch fails on the
+/// target's certificate, fails where Squid cannot reach the target, and a
+/// proxy whose host is a name is reached through the caching resolver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_probe_checks_the_connect_and_a_full_one_the_fetch() {
+    use egress_proxies_operator::health::probe::{probe_with, Depth, Resolver, Wire};
+    squid::require();
+    let squid = start_squid("light", "http_access allow me").await;
+    let (https, _ca) = support::tls_target_on(Ipv4Addr::LOCALHOST.into()).await;
+    // The webpki roots only: the test CA is not trusted.
+    let tls = tls_config(None).unwrap();
+    let dns = Resolver::caching(Duration::from_secs(30));
+    let mut t = target(squid.port, &format!("https://{https}/generate_204"), 204);
+    t.proxy_host = "localhost".into();
+    let wire = Wire::of(&t);
+    let light = probe_with(&t, &wire, Depth::Connect, &tls, &dns).await;
+    assert!(light.ok, "the CONNECT is accepted: {light:?}");
+    let full = probe_with(&t, &wire, Depth::Full, &tls, &dns).await;
+    assert_eq!(
+        full.error.as_ref().map(|e| e.reason()),
+        Some("tls"),
+        "{full:?}"
+    );
+    println!(
+        "light probe {:?}, full probe {:?}",
+        light.latency, full.latency
+    );
+    // Nothing listens at the target: Squid refuses the CONNECT.
+    let gone = target(
+        squid.port,
+        &format!("https://127.0.0.1:{}/", support::free_port()),
+        204,
+    );
+    let r = probe_with(&gone, &Wire::of(&gone), Depth::Connect, &tls, &dns).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.reason()),
+        Some("proxy_refused"),
+        "{r:?}"
+    );
+    drop(squid);
+}
+
+/// A "proxy" that answers the CONNECT and at once sends bytes of its own:
+/// the tunnel is not clean, the probe says so (no real proxy does this on
+/// demand).
+#[tokio::test]
+async fn bytes_past_the_connect_answer_fail_the_probe() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = c.read(&mut buf).await;
+            let _ = c
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\nSURPRISE")
+                .await;
+        }
+    });
+    let tls = tls_config(None).unwrap();
+    let r = probe(&target(port, "https://example.com/", 204), &tls).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.reason()),
+        Some("protocol"),
+        "{r:?}"
+    );
+}

@@ -46,6 +46,7 @@ async fn exposition(n: usize, per_proxy: bool, squid: u16, target: SocketAddr) -
         external: Arc::new(ExternalNamespaces::Any),
         deny: Arc::new(ProbeDenylist::default_list()),
         credentials: Arc::default(),
+        full_every: 1,
     };
     let engine = Arc::new(Engine::new(
         defaults,
