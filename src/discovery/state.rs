@@ -203,7 +203,7 @@ impl ApiState {
             }
         }
         let _clear = Clear(&self.rebuilding);
-        let generation = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
+        let fresh = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
         let mut items: Vec<(ProxyKey, ProxyItem)> = self
             .source
             .proxies()
@@ -212,17 +212,36 @@ impl ApiState {
             .map(|i| (i.key(), i))
             .collect();
         items.sort_by(|a, b| a.0.cmp(&b.0));
-        // Keys are unique (namespace/name), so the sorted keys are the
-        // store's form of the set. Told before the listing is published:
-        // a request holding an older listing is then checked against it.
-        self.leases
-            .set_eligible(generation, items.iter().map(|(k, _)| k.clone()).collect());
+        // The same proxies as the listing it replaces (a rebuild under
+        // this request's flag, so no other rebuild ran since): the store
+        // already holds that set under its generation, which the new
+        // listing keeps, and nothing is merged under the store's lock.
+        let same = current.as_ref().map(|(_, l)| l).filter(|l| {
+            l.len() == items.len()
+                && l.iter().zip(&items).all(|(a, b)| a.0 == b.0)
+                // Not when the store's table was replaced since (a
+                // follower's copy): it must be told the set again.
+                && self.leases.eligible_generation() == Some(l.generation())
+        });
+        let generation = match same {
+            Some(l) => l.generation(),
+            None => {
+                // Keys are unique (namespace/name), so the sorted keys are
+                // the store's form of the set. Told before the listing is
+                // published: a request holding an older listing is then
+                // checked against it.
+                self.leases
+                    .set_eligible(fresh, items.iter().map(|(k, _)| k.clone()).collect());
+                fresh
+            }
+        };
         let items = Arc::new(ListingData::new(generation, items));
         let mut held = self.listing.lock().unwrap_or_else(|p| p.into_inner());
-        // Two first builds may race: the newer listing stays.
+        // Two first builds may race: the newer listing stays (a rebuild of
+        // the same set keeps the generation it replaces).
         if held
             .as_ref()
-            .is_none_or(|(_, l)| l.generation() < generation)
+            .is_none_or(|(_, l)| l.generation() <= generation)
         {
             *held = Some((Instant::now(), items.clone()));
         }

@@ -1679,3 +1679,54 @@ async fn replaces_are_limited_per_client_and_409_when_no_other_proxy_is_free() {
     api.leases.sweep();
     api.stop().await;
 }
+
+/// A listing rebuilt with the same proxies keeps its generation and tells
+/// the lease store nothing (no merge under its lock); once the store's
+/// table is replaced (a follower's copy of the leader's), the next rebuild
+/// tells it the set again, and a grant finds the proxies.
+#[tokio::test]
+async fn a_rebuild_of_the_same_set_leaves_the_store_alone_unless_its_table_was_replaced() {
+    let source: Vec<Arc<Proxy>> = vec![
+        proxy("a", "z1", "True", json!({})),
+        proxy("b", "z2", "True", json!({})),
+    ];
+    let config = LeaseConfig {
+        max_leases_per_proxy: 1,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(300),
+    };
+    let leases = Arc::new(LeaseStore::new(config).with_key(shared_key()));
+    let mut registry = Registrar::new();
+    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+    let state = ApiState::new(Arc::new(source), leases.clone(), None, &discovery);
+    let first = state.listing();
+    assert_eq!(leases.eligible_generation(), Some(first.generation()));
+    tokio::time::sleep(LISTING_MAX_AGE + Duration::from_millis(50)).await;
+    let again = state.listing();
+    assert!(!Arc::ptr_eq(&first, &again), "rebuilt");
+    assert_eq!(
+        again.generation(),
+        first.generation(),
+        "the same set keeps its generation"
+    );
+    // The leader's table replaces this store's: its eligible set is gone.
+    let leader = LeaseStore::new(config).with_key(shared_key());
+    assert!(leases
+        .replace(&leader.export(), leases.term(), "leader")
+        .unwrap());
+    assert_eq!(leases.eligible_generation(), None);
+    tokio::time::sleep(LISTING_MAX_AGE + Duration::from_millis(50)).await;
+    let after = state.listing();
+    assert_ne!(after.generation(), first.generation());
+    assert_eq!(leases.eligible_generation(), Some(after.generation()));
+    let req = crate::lease::AcquireRequest {
+        client: Arc::from("c"),
+        ..Default::default()
+    };
+    let members = after.members(&super::model::Filter::default());
+    assert!(
+        leases.acquire_among(&members, &req).is_ok(),
+        "a grant finds the proxies"
+    );
+}

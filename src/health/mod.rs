@@ -6,6 +6,7 @@
 //! - [`error`]: [`ProbeError`], why a probe failed, with a bounded reason.
 //! - [`probes`]: [`Probes`], the pure state machine: targets from the
 //!   Proxy set, what is due at `now`, results folded into verdicts.
+//! - [`spec`]: what is probed for a Proxy, from its spec and the defaults.
 //! - [`threshold`]: pure verdict folding and the status-affecting rule.
 //! - [`schedule`]: pure min-heap schedule of next-due times.
 //! - [`sizing`]: how many probes are in flight, from the fleet's rate and
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod probes;
 pub mod schedule;
 pub mod sizing;
+pub mod spec;
 pub mod threshold;
 
 pub use engine::Engine;

@@ -15,136 +15,15 @@ use url::Url;
 
 use super::fairness::Fairness;
 use super::latency_writes::LatencyWrites;
-use super::probe::{Depth, ProbeResult, ProbeTarget, Wire};
+use super::probe::{Depth, ProbeResult};
 use super::schedule::Schedule;
-use super::threshold::{self, Change, Thresholds};
+use super::threshold::{self, Change};
 use crate::api::health::HealthReport;
-use crate::api::{Proxy, ProxyMode, ProxyPhase};
-use crate::credentials::CredentialsCache;
-use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
+use crate::api::Proxy;
 
-/// Operator-wide probe defaults (flags).
-#[derive(Debug, Clone)]
-pub struct Defaults {
-    /// `--default-probe-url`.
-    pub url: Url,
-    /// `--default-probe-expected-status`.
-    pub expected_status: u16,
-    /// `--external-proxy-namespaces`: External Proxies elsewhere are never
-    /// probed.
-    pub external: Arc<ExternalNamespaces>,
-    /// `--probe-deny-cidrs`: what an External endpoint must not resolve to.
-    pub deny: Arc<ProbeDenylist>,
-    /// The credentials Secrets the probes authenticate with.
-    pub credentials: Arc<CredentialsCache>,
-    /// `--probe-full-every`: of a healthy proxy with an https probe URL,
-    /// every this many probes is the full fetch, the others check only
-    /// that the CONNECT is accepted (1: every probe is full).
-    pub full_every: u32,
-}
-
-/// Default seconds between probes.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// Default probe timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the schedule is brought in step with the Proxy cache.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
-/// What the engine probes for one Proxy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeSpec {
-    /// The Proxy's UID when the spec was taken.
-    pub uid: String,
-    /// `spec.provider`, empty for an External Proxy: a label of the
-    /// fleet-wide probe series.
-    pub provider: String,
-    /// Where and what.
-    pub target: ProbeTarget,
-    /// What the probes send, built from `target` once.
-    pub wire: Arc<Wire>,
-    /// Time between probes.
-    pub interval: Duration,
-    /// Flip thresholds.
-    pub thresholds: Thresholds,
-}
-
-fn positive(v: Option<i32>, default: u64) -> u64 {
-    v.and_then(|v| u64::try_from(v).ok())
-        .filter(|v| *v > 0)
-        .unwrap_or(default)
-}
-
-/// What to probe for a Proxy, or `None` when it has nothing to probe:
-/// being deleted, a Managed Proxy without a running instance (phase Running
-/// or Ready with an IP), an External Proxy in a namespace not allowed to
-/// have one, or an invalid endpoint or URL. An External target carries the
-/// destination denylist, checked when its address is resolved.
-pub fn probe_spec(p: &Proxy, d: &Defaults) -> Option<ProbeSpec> {
-    if p.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let namespace = p.namespace().unwrap_or_default();
-    let (host, port, deny) = match p.spec.mode {
-        ProxyMode::External => {
-            if !d.external.allows(&namespace) {
-                return None;
-            }
-            let ep = p.spec.endpoint.as_ref()?;
-            (ep.host.clone(), ep.port, Some(d.deny.clone()))
-        }
-        ProxyMode::Managed => {
-            let st = p.status.as_ref()?;
-            if !matches!(st.phase, Some(ProxyPhase::Running | ProxyPhase::Ready)) {
-                return None;
-            }
-            (
-                st.ip.clone().filter(|ip| !ip.is_empty())?,
-                // Its instance's own port (a changed spec.port rolls).
-                st.port.or(p.spec.port)?,
-                None,
-            )
-        }
-    };
-    let port = u16::try_from(port).ok().filter(|p| *p > 0)?;
-    // A proxy that takes credentials is probed only with them: without,
-    // it would answer 407 and be taken for broken (until the Secret is
-    // cached, or while it is missing, it is not probed at all).
-    let credentials = match crate::credentials::secret_of(p) {
-        Some(name) => Some(d.credentials.get(&namespace, name)?),
-        None => None,
-    };
-    let hc = p.spec.health_check.clone().unwrap_or_default();
-    let url = match &hc.url {
-        Some(u) => Url::parse(u).ok()?,
-        None => d.url.clone(),
-    };
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return None;
-    }
-    let expected_status = hc
-        .expected_status
-        .and_then(|s| u16::try_from(s).ok())
-        .unwrap_or(d.expected_status);
-    let target = ProbeTarget {
-        proxy_host: host,
-        proxy_port: port,
-        deny,
-        url,
-        expected_status,
-        timeout: Duration::from_secs(positive(hc.timeout_seconds, DEFAULT_TIMEOUT.as_secs())),
-        credentials,
-    };
-    Some(ProbeSpec {
-        uid: p.uid().unwrap_or_default(),
-        provider: p.spec.provider.clone().unwrap_or_default(),
-        wire: Arc::new(Wire::of(&target)),
-        target,
-        interval: Duration::from_secs(positive(hc.interval_seconds, DEFAULT_INTERVAL.as_secs())),
-        thresholds: Thresholds {
-            success: positive(hc.success_threshold, 2).min(1000) as u32,
-            failure: positive(hc.failure_threshold, 3).min(1000) as u32,
-        },
-    })
-}
+pub use super::spec::{
+    probe_spec, Defaults, ProbeSpec, DEFAULT_INTERVAL, DEFAULT_TIMEOUT, SYNC_EVERY,
+};
 
 /// The key of a Proxy in the engine: `namespace/name`.
 pub fn key_of(namespace: &str, name: &str) -> String {
@@ -204,6 +83,9 @@ pub struct Probes {
     defaults: Defaults,
     sched: Schedule<String>,
     targets: HashMap<String, Arc<ProbeSpec>>,
+    /// The resourceVersion each target was taken from: an unchanged Proxy
+    /// with unchanged credentials is not converted again at a sync.
+    versions: HashMap<String, String>,
     /// Probes since the last full one that passed, and its latency, per
     /// Proxy whose probes may be light ([`Depth::next`]); absent: the next probe
     /// is full.
@@ -230,6 +112,7 @@ impl Probes {
             defaults,
             sched: Schedule::default(),
             targets: HashMap::new(),
+            versions: HashMap::new(),
             light: HashMap::new(),
             states: HashMap::new(),
             last_sync: None,
@@ -277,10 +160,19 @@ impl Probes {
         let mut dropped = Vec::new();
         let mut seen = HashSet::new();
         for p in proxies {
+            let namespace = p.namespace().unwrap_or_default();
+            let key = key_of(&namespace, &p.name_any());
+            if self.unchanged(&key, &namespace, p) {
+                seen.insert(key);
+                continue;
+            }
             let Some(spec) = probe_spec(p, &self.defaults) else {
                 continue;
             };
-            let key = key_of(&p.namespace().unwrap_or_default(), &p.name_any());
+            match &p.metadata.resource_version {
+                Some(v) => self.versions.insert(key.clone(), v.clone()),
+                None => self.versions.remove(&key),
+            };
             seen.insert(key.clone());
             let interval = spec.interval.as_millis() as u64;
             match self.targets.get(&key) {
@@ -314,6 +206,7 @@ impl Probes {
             .collect();
         for key in gone {
             self.targets.remove(&key);
+            self.versions.remove(&key);
             self.states.remove(&key);
             self.light.remove(&key);
             self.sched.remove(&key);
@@ -331,6 +224,21 @@ impl Probes {
             .collect::<HashSet<_>>()
             .len();
         dropped
+    }
+
+    /// Whether `p` is as its target was taken: the same resourceVersion
+    /// and the same credentials at hand (the operator's defaults do not
+    /// change while it runs).
+    fn unchanged(&self, key: &str, namespace: &str, p: &Proxy) -> bool {
+        let (Some(old), Some(v)) = (self.targets.get(key), &p.metadata.resource_version) else {
+            return false;
+        };
+        if self.versions.get(key) != Some(v) {
+            return false;
+        }
+        let credentials = crate::credentials::secret_of(p)
+            .and_then(|name| self.defaults.credentials.get(namespace, name));
+        credentials == old.target.credentials
     }
 
     /// Up to `limit` probes due at `now`, each marked in flight until

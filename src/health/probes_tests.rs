@@ -1,4 +1,5 @@
 use super::super::probe::ProbeError;
+use super::super::threshold::Thresholds;
 use super::*;
 use serde_json::json;
 
@@ -572,4 +573,40 @@ fn light_probes_between_full_ones_until_a_failure() {
     for _ in 0..4 {
         assert_eq!(run(&mut p, ok(5)), Full);
     }
+}
+
+/// A Proxy whose resourceVersion did not move is not converted again at a
+/// sync (the cache hands every Proxy over every second); one whose
+/// version moved is.
+#[test]
+fn an_unchanged_resource_version_skips_the_conversion() {
+    let at = |rv: &str, port: u16| {
+        let mut p = external("a", "u1", port);
+        p.metadata.resource_version = Some(rv.into());
+        p
+    };
+    let mut p = Probes::new(defaults());
+    assert!(p.sync([&at("1", 1)], 0).is_empty());
+    let port = |p: &mut Probes| p.due(u64::MAX / 2, 1).pop().unwrap().1.target.proxy_port;
+    // The same version with another port: taken for unchanged (an API
+    // server never does this; it shows the conversion was skipped).
+    assert!(p.sync([&at("1", 2)], 1000).is_empty());
+    assert_eq!(port(&mut p), 1);
+    // A new version: the new endpoint starts over.
+    let mut p = Probes::new(defaults());
+    p.sync([&at("1", 1)], 0);
+    let dropped = p.sync([&at("2", 2)], 1000);
+    assert_eq!(
+        dropped,
+        [Dropped {
+            key: "ns/a".into(),
+            gone: false
+        }]
+    );
+    assert_eq!(port(&mut p), 2);
+    // Gone, then back under the same version: converted again.
+    p.sync([], 2000);
+    assert!(p.is_empty());
+    p.sync([&at("2", 2)], 3000);
+    assert_eq!(p.len(), 1);
 }

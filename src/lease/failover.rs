@@ -113,19 +113,34 @@ impl LeaseStore {
         }
     }
 
-    /// (slot, id) of a new lease.
+    /// The random part of a new lease, drawn before the store's lock is
+    /// taken (a system call that no other request needs to wait for).
+    pub(super) fn fresh(&self) -> Fresh {
+        match &self.key {
+            Some(_) => Fresh::Nonce(signed::random_bytes()),
+            None => Fresh::Id((self.ids)()),
+        }
+    }
+
+    /// (slot, id) of a new lease, from its `fresh` random part.
     pub(super) fn mint(
         &self,
         proxy: &ProxyKey,
         client: &str,
         expires_at: DateTime<Utc>,
+        fresh: Fresh,
     ) -> (String, String) {
-        match &self.key {
-            Some(key) => {
+        match (&self.key, fresh) {
+            (Some(key), Fresh::Nonce(nonce)) => {
+                let c = claims(proxy, client, expires_at, nonce);
+                (c.slot(), signed::encode(key, &c))
+            }
+            (Some(key), Fresh::Id(_)) => {
                 let c = claims(proxy, client, expires_at, signed::random_bytes());
                 (c.slot(), signed::encode(key, &c))
             }
-            None => {
+            (None, Fresh::Id(id)) => (id.clone(), id),
+            (None, Fresh::Nonce(_)) => {
                 let id = (self.ids)();
                 (id.clone(), id)
             }
@@ -181,3 +196,10 @@ impl LeaseStore {
 #[cfg(test)]
 #[path = "failover_tests.rs"]
 mod tests;
+
+/// The random part of a lease about to be granted: a nonce for a signed
+/// id, or the whole id when ids are not signed.
+pub(super) enum Fresh {
+    Nonce([u8; NONCE_LEN]),
+    Id(String),
+}

@@ -222,9 +222,9 @@ impl State {
     /// Makes `sorted` (sorted, without repeats) the eligible set, of
     /// `generation`: O(n) over both sets, O(log n) per proxy that joins or
     /// leaves. An older generation than the one held is ignored.
-    pub(super) fn set_eligible(&mut self, generation: u64, sorted: Vec<ProxyKey>) {
+    pub(super) fn set_eligible(&mut self, generation: u64, sorted: Vec<ProxyKey>) -> Vec<ProxyKey> {
         if self.index.generation.is_some_and(|g| g > generation) {
-            return;
+            return sorted;
         }
         let old = std::mem::take(&mut self.index.eligible);
         let (mut i, mut j) = (0, 0);
@@ -251,6 +251,12 @@ impl State {
         }
         self.index.eligible = sorted;
         self.index.generation = Some(generation);
+        old
+    }
+
+    /// The generation of the eligible set held.
+    pub(super) fn eligible_generation(&self) -> Option<u64> {
+        self.index.generation
     }
 
     /// The next generation of the store's own (a caller that passes the

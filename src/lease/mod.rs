@@ -274,15 +274,16 @@ impl LeaseStore {
         eligible: &[K],
         req: &AcquireRequest,
     ) -> Result<Lease, AcquireError> {
+        let fresh = self.fresh();
         let now = self.clock.now();
         let mut st = self.lock();
         let generation = st.next_generation();
-        st.set_eligible(generation, sorted_keys(eligible));
+        let _ = st.set_eligible(generation, sorted_keys(eligible));
         let all = Whole {
             generation,
             len: eligible.len(),
         };
-        self.grant(&mut st, &all, req, now)
+        self.grant(&mut st, (&all, fresh), req, now)
     }
 
     /// Grants a lease on one of `c` (see [`LeaseStore::acquire`] for the
@@ -293,22 +294,31 @@ impl LeaseStore {
         c: &dyn Candidates,
         req: &AcquireRequest,
     ) -> Result<Lease, AcquireError> {
+        let fresh = self.fresh();
         let now = self.clock.now();
         let mut st = self.lock();
-        self.grant(&mut st, c, req, now)
+        self.grant(&mut st, (c, fresh), req, now)
+    }
+
+    /// The generation of the eligible set the store holds (`None`: none
+    /// yet, or its table was replaced since).
+    pub fn eligible_generation(&self) -> Option<u64> {
+        self.lock().eligible_generation()
     }
 
     /// Tells the store the eligible set (healthy proxies) of listing
     /// `generation`; candidates of that listing then need no membership
     /// test. Sorted, without repeats; an older generation is ignored.
     pub fn set_eligible(&self, generation: u64, sorted: Vec<ProxyKey>) {
-        self.lock().set_eligible(generation, sorted);
+        let old = self.lock().set_eligible(generation, sorted);
+        // Freed after the lock is let go: 10,000 keys are 20,000 strings.
+        drop(old);
     }
 
     fn grant(
         &self,
         st: &mut State,
-        c: &dyn Candidates,
+        (c, fresh): (&dyn Candidates, failover::Fresh),
         req: &AcquireRequest,
         now: DateTime<Utc>,
     ) -> Result<Lease, AcquireError> {
@@ -341,7 +351,7 @@ impl LeaseStore {
                 .sticky
                 .remember(s, &chosen, later(expires_at, STICKY_IDLE));
         }
-        let (slot, id) = self.mint(&chosen, client, expires_at);
+        let (slot, id) = self.mint(&chosen, client, expires_at, fresh);
         let lease = Lease {
             id,
             proxy: chosen,

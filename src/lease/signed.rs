@@ -213,11 +213,13 @@ fn parse(mut p: &[u8]) -> Option<Claims> {
     })
 }
 
-/// Random bytes from the TLS provider's secure source.
+/// Random bytes from the system's secure source.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use ring::rand::SecureRandom;
     let mut buf = [0u8; N];
-    let rng = rustls::crypto::ring::default_provider().secure_random;
-    if rng.fill(&mut buf).is_err() {
+    // ring's system source is a unit struct; building the TLS provider to
+    // reach the same source allocated its suite lists on every call.
+    if ring::rand::SystemRandom::new().fill(&mut buf).is_err() {
         // Never observed on Linux; a time-and-counter fill keeps the API up
         // (the tag, not the nonce, is what makes an id unforgeable).
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
