@@ -72,7 +72,9 @@ async fn tokens_secret_edits_take_effect_without_a_restart() {
     cmd.args(["--discovery-bind-address", &api.to_string()])
         .args(["--metrics-bind-address", &metrics.to_string()])
         .args(["--discovery-tokens-secret", SECRET])
-        .env("LOG_LEVEL", "info");
+        // The request lines are DEBUG; this is the directive the
+        // configuration reference gives for them.
+        .env("LOG_LEVEL", "info,egress_proxies_operator::discovery=debug");
     let log = dir.path().join("operator.log");
     let _op = Operator::spawn(cmd, &log);
     eventually("the discovery API listening", WAIT, || async {

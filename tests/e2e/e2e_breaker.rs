@@ -164,7 +164,15 @@ async fn the_breaker_opens_when_most_proxies_fail_at_once_holds_replacing_and_cl
         failed_at.elapsed()
     );
     assert_eq!(open.1, "CircuitOpen", "{open:?}");
-    support::breaker::assert_names_share(&open.2, 4, 5);
+    println!("{}", open.2);
+    // The share is judged from the operator's view of the fleet; when it
+    // is off, its log says which Proxies it saw change and when.
+    let judged = std::panic::catch_unwind(|| support::breaker::assert_names_share(&open.2, 4, 5));
+    if let Err(e) = judged {
+        let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        println!("operator log:\n{log}");
+        std::panic::resume_unwind(e);
+    }
     assert!(open.2.contains("open since"), "{}", open.2);
     let warned = until_event(&ground.client, "CircuitOpen").await;
     assert!(warned[0].contains(PROVIDER), "{warned:?}");
