@@ -94,7 +94,7 @@ bench-idle: test-cluster ## Where the operator's idle memory goes: the release b
 # with PROVIDER=kubernetes).
 N ?=
 PROVIDER ?=
-bench-scale: test-cluster ## The operator at fleet scale on the real test ground: N External Proxies on one Squid (default N=1000; PROVIDER=kubernetes: N kubernetes-provider Proxies, a Squid Pod each, default 50, plus provider calls/s and one Proxy's apply to Ready), apply to Ready, RSS, CPU against a bare probe loop, API-server requests, /metrics size, leases at BENCH_LEASES live leases vs bare axum (BENCH_HOLD=30 s steady window); writes the table into docs/performance.md.
+bench-scale: test-cluster ## The operator at fleet scale, measured apart from its load: N External Proxies (default N=1000) on a probe-target process of their own; phases of BENCH_PHASE s (30) repeated BENCH_REPEAT times (3): the operator probing, the bare probe loop in its own process, the operator inside the Pod's 500m/128Mi cgroup, lease loads with BENCH_LEASES live leases (closed loop vs the same process's bare route, open loop at BENCH_RATE pairs/s) with probes running and held; PROVIDER=kubernetes: kubernetes-provider Proxies (default 50). Writes the table into docs/performance.md.
 	BENCH_N=$(N) PROVIDER=$(PROVIDER) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).

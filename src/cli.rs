@@ -280,6 +280,12 @@ pub struct Flags {
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Serves `make bench-scale`'s routes on the discovery API (a
+    /// lease-shaped route with no store, a switch holding the probes).
+    /// Hidden: a benchmark's aid, never an installation's setting.
+    #[arg(long, hide = true)]
+    pub bench_routes: bool,
 }
 
 /// Parses `0`, or a humantime duration such as `10s`, `1m30s`, `2h`.

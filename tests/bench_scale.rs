@@ -1,30 +1,34 @@
 //! `make bench-scale N=10000`: the operator binary at fleet scale on the
-//! real test ground (control plane, no node agent). One real Squid on
-//! 127.0.0.1 serves N External Proxies; each Proxy's health check fetches
-//! its own path of one local target, so the target sees when each proxy
-//! was last probed. The run:
+//! real test ground (control plane, no node agent), measured apart from
+//! what it probes and what loads it:
 //!
-//! 1. a bare tokio loop (no operator) probes the N proxies once a second
-//!    with the operator's own probe function, on one thread whose CPU time
-//!    is read: the floor;
-//! 2. starts the operator, reads its idle RSS, applies the N Proxies and
-//!    times each until Ready (a watch);
-//! 3. holds BENCH_HOLD seconds (default 30) touching nothing, and reads the
-//!    operator's RSS, CPU, probes, the age of each proxy's newest probe,
-//!    and its requests to the API server (the audit log) by verb;
-//! 4. scrapes `/metrics` (size, time);
-//! 5. fills BENCH_LEASES live leases (default min(100000, 10 x N)) and
-//!    runs the lease load next to a bare axum handler.
+//! - the probe targets are one process of their own (`scale_bench::
+//!   responder`: a minimal proxy answering as the proxy and the target,
+//!   pinned to the last CPU when the machine has two or more), which also
+//!   measures each Proxy's newest probe's age where the probes land;
+//! - the operator runs with `--bench-routes`: `/bench/leases` is the same
+//!   process's lease-shaped route with no store (the lease baseline), and
+//!   `PUT /bench/probes` holds its probes;
+//! - each phase lasts BENCH_PHASE seconds (default 30) and repeats
+//!   BENCH_REPEAT times (default 3): operator probing (its CPU, perf
+//!   counters, probes, ages, RSS), the bare probe loop in a process of its
+//!   own doing the same probes while the operator is stopped (SIGSTOP), the
+//!   operator inside a cgroup with the shipped Pod's limits (500m CPU,
+//!   128Mi), then with BENCH_LEASES live leases (default min(100000, 10 x
+//!   N)), lease load with probes running and held: closed loop on 64
+//!   connections against the real and the bare route, and open loop at
+//!   BENCH_RATE pairs a second (default 2000) with each pair's latency from
+//!   when it was due.
 //!
-//! With BENCH_PERF=FILE, `perf record` profiles the operator during its
-//! lease load into FILE.
-//!
-//! It prints one table, and with BENCH_WRITE_DOCS=1 (the make target)
-//! writes it into docs/performance.md. Nothing here is asserted about
-//! speed; it fails only if the run itself breaks. Ignored by `cargo test`.
+//! Each figure is the median of its repeats (with their range) and names
+//! what limited it, from who used the CPU in that phase. It prints one
+//! table, and with BENCH_WRITE_DOCS=1 (the make target) writes it into
+//! docs/performance.md. Nothing here is asserted about speed; it fails
+//! only if the run itself breaks. Ignored by `cargo test`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is its failure report
 
 mod lease_load;
+mod scale_bench;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -33,14 +37,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::Proxy;
-use egress_proxies_operator::health::probe::{probe, tls_config, ProbeTarget};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::PostParams;
 use kube::runtime::{watcher, WatchStreamExt};
+use scale_bench::table::Table;
+use scale_bench::{bare, cgroup, perf, responder::Responder, CpuShare, CpuWindow};
 use serde_json::json;
-use support::{eventually, phase, squid, Operator};
+use support::{eventually, phase, Operator};
 
 const TOKEN: &str = "bench-scale-token";
+
+/// The shipped Pod's limits (config/manager, the Helm chart).
+const POD_CPU: f64 = 0.5;
+const POD_MEMORY: u64 = 128 * 1024 * 1024;
 
 /// What the Proxies are: External endpoints on the shared Squid (the
 /// default), or, with `PROVIDER=kubernetes`, kubernetes-provider Proxies
@@ -79,12 +88,14 @@ impl Mode {
         }
     }
 
-    fn spec(self, name: &str, squid_port: u16, target: SocketAddr) -> serde_json::Value {
+    /// Proxy `name`'s spec: External on the responder, or a Squid Pod
+    /// probing the responder as its target.
+    fn spec(self, name: &str, target: SocketAddr) -> serde_json::Value {
         let health = json!({"url": format!("http://{target}/p/{name}"), "expectedStatus": 200});
         match self {
             Mode::External => json!({
                 "mode": "External",
-                "endpoint": {"host": "127.0.0.1", "port": squid_port},
+                "endpoint": {"host": target.ip().to_string(), "port": target.port()},
                 "healthCheck": health,
             }),
             Mode::Kubernetes => {
@@ -99,66 +110,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
-}
-
-/// When each path of the target was last fetched.
-type Hits = Arc<Mutex<HashMap<String, Instant>>>;
-
-/// The probe target: answers 200 to every request and records the time
-/// of the newest request per path.
-async fn recording_target(ip: std::net::IpAddr) -> (SocketAddr, Hits) {
-    use tokio::io::AsyncWriteExt;
-    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let hits: Hits = Arc::default();
-    let h = hits.clone();
-    tokio::spawn(async move {
-        loop {
-            // Out of descriptors under a burst (EMFILE) is passing: the
-            // target must outlive it, or every later probe fails.
-            let mut c = match l.accept().await {
-                Ok((c, _)) => c,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            };
-            let h = h.clone();
-            tokio::spawn(async move {
-                let head = support::read_head(&mut c).await;
-                if let Some(path) = head.split_whitespace().nth(1) {
-                    h.lock().unwrap().insert(path.to_string(), Instant::now());
-                }
-                let _ = c
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                    )
-                    .await;
-            });
-        }
-    });
-    (addr, hits)
-}
-
-/// CPU seconds (user + system) from a `/proc/.../stat` line.
-fn cpu_secs(stat_path: &str) -> f64 {
-    let stat = std::fs::read_to_string(stat_path).unwrap();
-    // Fields after the command name (which may hold spaces) start at ")".
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / clock_ticks()
-}
-
-fn clock_ticks() -> f64 {
-    let out = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(100.0)
 }
 
 fn status_mib(pid: u32, field: &str) -> f64 {
@@ -178,68 +129,465 @@ fn pct<T: Copy + Default + Ord>(sorted: &[T], p: f64) -> T {
         .unwrap_or_default()
 }
 
-fn probe_target(squid: u16, target: SocketAddr, name: &str) -> ProbeTarget {
-    ProbeTarget {
-        proxy_host: "127.0.0.1".into(),
-        proxy_port: squid,
-        deny: None,
-        url: format!("http://{target}/p/{name}").parse().unwrap(),
-        expected_status: 200,
-        timeout: Duration::from_secs(5),
-        credentials: None,
+/// The roles this binary plays when the benchmark starts it again.
+#[test]
+#[ignore = "a role of make bench-scale, started by it"]
+fn bench_role() {
+    let var = |k: &str| std::env::var(k).unwrap();
+    match std::env::var("BENCH_ROLE").as_deref() {
+        Ok("responder") => scale_bench::responder::run(
+            var("BENCH_RESPONDER_IP").parse().unwrap(),
+            var("BENCH_RESPONDER_N").parse().unwrap(),
+        ),
+        Ok("bare") => bare::run(
+            var("BENCH_PROXY_ADDR").parse().unwrap(),
+            var("BENCH_N").parse().unwrap(),
+            var("BENCH_SECS").parse().unwrap(),
+        ),
+        _ => {}
     }
 }
 
-/// The floor: the same probes from a bare loop on a thread of its own
-/// (a current-thread runtime), each target once a second, spread over the
-/// second. Returns (probes done, of them failed, CPU seconds of the thread).
-fn bare_probe_loop(targets: Vec<ProbeTarget>, secs: u64) -> (u64, u64, f64) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let tls = tls_config(None).unwrap();
-            let cpu0 = cpu_secs("/proc/thread-self/stat");
-            let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let targets = Arc::new(targets);
-            const SLOTS: usize = 100;
-            let per_slot = targets.len().div_ceil(SLOTS);
-            let start = tokio::time::Instant::now();
-            let mut tasks = tokio::task::JoinSet::new();
-            for round in 0..secs {
-                for slot in 0..SLOTS {
-                    let at = start
-                        + Duration::from_secs(round)
-                        + Duration::from_millis(slot as u64 * 1000 / SLOTS as u64);
-                    tokio::time::sleep_until(at).await;
-                    for i in slot * per_slot..((slot + 1) * per_slot).min(targets.len()) {
-                        let (t, tls) = (targets.clone(), tls.clone());
-                        let (done, failed) = (done.clone(), failed.clone());
-                        tasks.spawn(async move {
-                            let r = probe(&t[i], &tls).await;
-                            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if !r.ok {
-                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                        });
-                    }
-                    while tasks.try_join_next().is_some() {}
+/// The median of some repeats, and their range.
+fn spread(mut v: Vec<f64>, show: impl Fn(f64) -> String) -> String {
+    v.sort_by(f64::total_cmp);
+    match v.as_slice() {
+        [] => "not measured".into(),
+        [one] => show(*one),
+        _ => format!(
+            "{} ({}–{})",
+            show(v[v.len() / 2]),
+            show(v[0]),
+            show(v[v.len() - 1])
+        ),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One phase of the operator probing.
+struct ProbePhase {
+    probes_per_sec: f64,
+    ages: scale_bench::responder::Ages,
+    cpu: CpuShare,
+    perf: perf::Counters,
+    rss: f64,
+    anon: f64,
+    requests: BTreeMap<String, u64>,
+    provider_calls: f64,
+    secs: f64,
+    cgroup: Option<cgroup::Stats>,
+}
+
+impl ProbePhase {
+    fn cpu_per_probe(&self) -> f64 {
+        self.cpu.measured * self.secs / (self.probes_per_sec * self.secs).max(1.0)
+    }
+}
+
+/// The operator probing for `secs`, measured.
+async fn probe_phase(
+    ctx: &Ctx<'_>,
+    responder: &mut Responder,
+    secs: u64,
+    limited: Option<&cgroup::Groups>,
+) -> ProbePhase {
+    let pid = ctx.pid;
+    let (m0, _) = scrape(ctx.metrics).await;
+    let scraped = Instant::now();
+    let throttle0 = limited.map(|l| l.stats());
+    let from = chrono::Utc::now();
+    let window = CpuWindow::start(Some(pid), responder.pid());
+    let counting = perf::Counters::during(pid, Duration::from_secs(secs));
+    responder.open();
+    let (mut rss, mut anon) = (Vec::new(), Vec::new());
+    for _ in 0..secs {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss.push(status_mib(pid, "VmRSS:"));
+        anon.push(status_mib(pid, "RssAnon:"));
+    }
+    let ages = responder.close();
+    let cpu = window.end();
+    let to = chrono::Utc::now();
+    let perf = counting.wait();
+    let (m1, _) = scrape(ctx.metrics).await;
+    // Between the two scrapes, a little longer than the window.
+    let between = scraped.elapsed().as_secs_f64();
+    let probes = sum_of(&m1, "proxy_operator_healthcheck_duration_seconds_count")
+        - sum_of(&m0, "proxy_operator_healthcheck_duration_seconds_count");
+    let cgroup = limited.map(|l| {
+        let (a, b) = (throttle0.unwrap_or_default(), l.stats());
+        cgroup::Stats {
+            periods: b.periods - a.periods,
+            throttled_periods: b.throttled_periods - a.throttled_periods,
+            throttled_secs: b.throttled_secs - a.throttled_secs,
+            ..b
+        }
+    });
+    ProbePhase {
+        probes_per_sec: probes / between,
+        ages,
+        cpu,
+        perf,
+        rss: median(rss),
+        anon: median(anon),
+        requests: api_requests(ctx.ground, from, to),
+        provider_calls: (sum_of(&m1, "proxy_operator_provider_requests_total")
+            - sum_of(&m0, "proxy_operator_provider_requests_total"))
+            / between,
+        secs: secs as f64,
+        cgroup,
+    }
+}
+
+/// One bare phase: the operator stopped, the bare loop probing.
+struct BarePhase {
+    run: bare::Bare,
+    ages: scale_bench::responder::Ages,
+    cpu: CpuShare,
+    secs: f64,
+}
+
+/// One round of lease loads, each with who used the CPU during it.
+struct LeasePhase {
+    real: (lease_load::Figures, CpuShare),
+    bare: (lease_load::Figures, CpuShare),
+    open: (lease_load::Figures, CpuShare),
+}
+
+/// What every phase needs.
+struct Ctx<'a> {
+    ground: &'a support::Ground,
+    pid: u32,
+    metrics: SocketAddr,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+}
+
+/// `perf record` of `pid` for `secs` into `file`.
+fn record(pid: u32, file: &str, secs: u64) -> std::process::Child {
+    std::process::Command::new("perf")
+        .args(["record", "-F", "499", "-g", "-o", file])
+        .args(["-p", &pid.to_string(), "--", "sleep", &secs.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("BENCH_PERF needs perf (apt-get install linux-perf): {e}"))
+}
+
+async fn switch_probes(api: SocketAddr, paused: bool) {
+    let body = serde_json::to_vec(&json!({ "paused": paused })).unwrap();
+    let (status, answer) = support::api_call(api, "PUT", "/bench/probes", Some(TOKEN), body).await;
+    assert_eq!(status, 204, "PUT /bench/probes: {answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with make bench-scale N=..."]
+async fn bench_scale() {
+    let mode = Mode::from_env();
+    let n = env_or("BENCH_N", mode.default_n()).clamp(1, 100_000) as usize;
+    let secs = env_or("BENCH_PHASE", 30).clamp(3, 600);
+    let repeats = env_or("BENCH_REPEAT", 3).clamp(1, 10) as usize;
+    let live_leases = env_or("BENCH_LEASES", (10 * n).min(100_000) as u64) as usize;
+    let rate = env_or("BENCH_RATE", 2000).clamp(1, 100_000) as f64;
+    // Room for the filled leases and every connection of the load at once,
+    // so the load measures grants, not refusals of a full small fleet.
+    let per_proxy = (live_leases + lease_load::OPEN_CONNECTIONS).div_ceil(n) + 1;
+    let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
+    let responder_cpu = (cores >= 2).then(|| cores - 1);
+    let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+
+    // Squid Pods reach the host on the cluster's bridge, never loopback.
+    let (ground, target_ip, providers) = match mode {
+        Mode::External => (
+            support::ground_without_pods("scale").await,
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            "providers: []\n".to_string(),
+        ),
+        Mode::Kubernetes => {
+            support::require_squid_pods();
+            let ground = support::ground("scale").await;
+            let ip = ground.host_ip();
+            (
+                ground,
+                ip,
+                support::kubernetes_reaching("kubernetes", "", ip),
+            )
+        }
+    };
+    let mut responder = Responder::spawn(target_ip, n, responder_cpu);
+    let target = responder.addr;
+
+    // The operator, idle, then the fleet applied.
+    let api = support::loopback();
+    let metrics = support::loopback();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ground.discovery_operator(dir.path(), &providers, api, TOKEN);
+    cmd.args(["--metrics-bind-address", &metrics.to_string()])
+        .args(["--max-leases-per-proxy", &per_proxy.to_string()])
+        .args(["--max-lease-ttl", "2h", "--bench-routes"]);
+    // Started inside cgroups of its own (no limits until asked), so all
+    // it allocates is charged there as in a Pod.
+    let groups = cgroup::Groups::create();
+    if let Ok(g) = &groups {
+        cmd = g.wrap(&cmd);
+    }
+    let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let pid = op.pid();
+    eventually(
+        "the operator serves /metrics",
+        Duration::from_secs(60),
+        || async { tokio::net::TcpStream::connect(metrics).await.ok().map(drop) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_rss = status_mib(pid, "VmRSS:");
+    let idle_anon = status_mib(pid, "RssAnon:");
+
+    let proxies = ground.proxies();
+    let ready: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch = {
+        let (proxies, ready) = (proxies.clone(), ready.clone());
+        tokio::spawn(async move {
+            let mut events = watcher(proxies, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Ok(Some(p)) = events.try_next().await {
+                let p: Proxy = p;
+                if phase(&p) == Some("Ready") {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    ready
+                        .lock()
+                        .unwrap()
+                        .entry(name)
+                        .or_insert_with(Instant::now);
                 }
             }
-            while tasks.join_next().await.is_some() {}
-            let cpu = cpu_secs("/proc/thread-self/stat") - cpu0;
-            (
-                done.load(std::sync::atomic::Ordering::Relaxed),
-                failed.load(std::sync::atomic::Ordering::Relaxed),
-                cpu,
-            )
         })
-    })
-    .join()
-    .unwrap()
+    };
+    let applied_at = Instant::now();
+    let created: HashMap<String, Instant> = futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let proxies = proxies.clone();
+            async move {
+                let spec = mode.spec(&name, target);
+                proxies
+                    .create(&PostParams::default(), &support::proxy(&name, spec))
+                    .await
+                    .unwrap();
+                (name, Instant::now())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let applied_in = applied_at.elapsed();
+    // Bounded: a fleet that cannot all turn Ready (the machine cannot
+    // carry its probes) is a figure of the table, not a hung benchmark.
+    let deadline = Instant::now()
+        + match mode {
+            Mode::External => Duration::from_secs(60 + n as u64 / 40),
+            Mode::Kubernetes => Duration::from_secs(120 + n as u64),
+        };
+    while ready.lock().unwrap().len() < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all_ready = applied_at.elapsed();
+    let ready_count = ready.lock().unwrap().len();
+    eprintln!(
+        "{ready_count} of {n} Proxies Ready {:.1} s after the first create",
+        all_ready.as_secs_f64()
+    );
+    watch.abort();
+    let mut per_proxy_ready: Vec<Duration> = {
+        let ready = ready.lock().unwrap();
+        names
+            .iter()
+            .filter_map(|name| Some(ready.get(name)?.saturating_duration_since(created[name])))
+            .collect()
+    };
+    per_proxy_ready.sort();
+    let peak_after_apply = status_mib(pid, "VmHWM:");
+    let ctx = Ctx {
+        ground: &ground,
+        pid,
+        metrics,
+    };
+
+    // Probing: the operator, then the bare loop with the operator stopped.
+    // The bare loop probes through the responder as the External Proxies
+    // do; Squid Pods ask for credentials it does not have.
+    let mut ops = Vec::new();
+    let mut bares = Vec::new();
+    for round in 0..repeats {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        ops.push(probe_phase(&ctx, &mut responder, secs, None).await);
+        eprintln!("probe phase {} of {repeats} done", round + 1);
+        if mode == Mode::External {
+            signal(pid, "-STOP");
+            let window = CpuWindow::start(None, responder.pid());
+            responder.open();
+            let run = tokio::task::spawn_blocking(move || bare::phase(target, n, secs, None))
+                .await
+                .unwrap();
+            let ages = responder.close();
+            let mut cpu = window.end();
+            signal(pid, "-CONT");
+            cpu.measured = run.cpu / secs as f64;
+            bares.push(BarePhase {
+                run,
+                ages,
+                cpu,
+                secs: secs as f64,
+            });
+        }
+    }
+
+    // Inside the Pod's limits.
+    let mut limited_phases = Vec::new();
+    let limits = groups
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|g| g.limit(POD_CPU, POD_MEMORY).map(|()| g));
+    let limit_refused = match limits {
+        Ok(g) => {
+            for _ in 0..repeats {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if !alive(pid) {
+                    break;
+                }
+                limited_phases.push(probe_phase(&ctx, &mut responder, secs, Some(g)).await);
+            }
+            g.unlimit();
+            None
+        }
+        Err(e) => Some(e),
+    };
+    let survived = alive(pid);
+
+    // /metrics.
+    let (text, scrape_took) = if survived {
+        scrape(metrics).await
+    } else {
+        (String::new(), Duration::ZERO)
+    };
+
+    // One more kubernetes Proxy at a time, the fleet Ready: apply to Ready.
+    let mut solo = Vec::new();
+    if mode == Mode::Kubernetes && survived {
+        for i in 0..3 {
+            let name = format!("solo{i}");
+            let t = Instant::now();
+            proxies
+                .create(
+                    &PostParams::default(),
+                    &support::proxy(&name, mode.spec(&name, target)),
+                )
+                .await
+                .unwrap();
+            eventually("the lone Proxy Ready", Duration::from_secs(60), || async {
+                let p = proxies.get(&name).await.ok()?;
+                (phase(&p) == Some("Ready")).then_some(())
+            })
+            .await;
+            solo.push(t.elapsed());
+        }
+    }
+
+    // Leases: the real and the bare route of the same process, closed
+    // loop, then the real one open loop; probes running, then held.
+    let mut filled = 0;
+    let (mut before_fill, mut after_fill) = (0.0, 0.0);
+    let mut leases: Vec<(bool, LeasePhase)> = Vec::new();
+    if survived {
+        before_fill = status_mib(pid, "RssAnon:");
+        filled = lease_load::fill(api, TOKEN, live_leases).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        after_fill = status_mib(pid, "RssAnon:");
+        let run = Duration::from_secs(secs);
+        for paused in [false, true] {
+            switch_probes(api, paused).await;
+            for round in 0..repeats {
+                // BENCH_PERF=FILE: a CPU profile (perf record, call
+                // graphs) of the operator during the first real load.
+                let profile = std::env::var("BENCH_PERF")
+                    .ok()
+                    .filter(|_| round == 0 && !paused)
+                    .map(|file| record(pid, &file, secs));
+                let window = CpuWindow::start(Some(pid), responder.pid());
+                let real = lease_load::load_at(api, TOKEN, run, "/v1").await;
+                let real = (real, window.end());
+                if let Some(mut p) = profile {
+                    let _ = p.wait();
+                }
+                let window = CpuWindow::start(Some(pid), responder.pid());
+                let bare = lease_load::load_at(api, TOKEN, run, "/bench").await;
+                let bare = (bare, window.end());
+                let window = CpuWindow::start(Some(pid), responder.pid());
+                let open = lease_load::open_loop(api, TOKEN, rate, run, "/v1").await;
+                let open = (open, window.end());
+                leases.push((paused, LeasePhase { real, bare, open }));
+            }
+        }
+        switch_probes(api, false).await;
+    }
+    let peak = if survived {
+        status_mib(pid, "VmHWM:")
+    } else {
+        0.0
+    };
+    drop(op);
+    drop(groups);
+    drop(responder);
+
+    let table = Table {
+        mode,
+        n,
+        cores,
+        secs,
+        repeats,
+        responder_cpu,
+        applied_in,
+        all_ready,
+        ready_count,
+        per_proxy_ready,
+        idle_rss,
+        idle_anon,
+        peak_after_apply,
+        ops,
+        bares,
+        limited_phases,
+        limit_refused,
+        survived,
+        metrics_size: text.len(),
+        scrape_took,
+        solo,
+        filled,
+        lease_bytes: (after_fill - before_fill) * 1024.0 * 1024.0,
+        leases,
+        rate,
+        peak,
+    }
+    .render();
+    println!("{table}");
+    if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
+        write_docs(mode.marker(), &table);
+    }
 }
 
 /// Sum of every sample of `family` (any labels) in a Prometheus text.
@@ -295,380 +643,6 @@ fn api_requests(
         *by.entry(format!("{verb} {resource}")).or_default() += 1;
     }
     by
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: run with make bench-scale N=..."]
-async fn bench_scale() {
-    squid::require();
-    let mode = Mode::from_env();
-    let n = env_or("BENCH_N", mode.default_n()).clamp(1, 100_000) as usize;
-    let hold = env_or("BENCH_HOLD", 30).clamp(5, 600);
-    let live_leases = env_or("BENCH_LEASES", (10 * n).min(100_000) as u64) as usize;
-    let lease_secs = env_or("BENCH_SECS", 5).clamp(1, 60);
-    // Room for the filled leases and every connection of the load at once,
-    // so the load measures grants, not refusals of a full small fleet.
-    let per_proxy = (live_leases + lease_load::CONNECTIONS).div_ceil(n) + 1;
-    let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
-    let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
-
-    // Squid Pods reach the host on the cluster's bridge, never loopback.
-    let (ground, target_ip, providers) = match mode {
-        Mode::External => (
-            support::ground_without_pods("scale").await,
-            std::net::IpAddr::from([127, 0, 0, 1]),
-            "providers: []\n".to_string(),
-        ),
-        Mode::Kubernetes => {
-            support::require_squid_pods();
-            let ground = support::ground("scale").await;
-            let ip = ground.host_ip();
-            (
-                ground,
-                ip,
-                support::kubernetes_reaching("kubernetes", "", ip),
-            )
-        }
-    };
-    let (target, hits) = recording_target(target_ip).await;
-    let (squid_port, _squid) = squid::on_loopback("benchscale").await;
-
-    // 1. The floor.
-    let targets = names
-        .iter()
-        .map(|name| probe_target(squid_port, target, name))
-        .collect();
-    let (bare_probes, bare_failed, bare_cpu) = bare_probe_loop(targets, hold.min(20));
-    let bare_cpu_per_probe = bare_cpu / bare_probes.max(1) as f64;
-    eprintln!("bare probe loop: {bare_probes} probes, {bare_failed} failed, {bare_cpu:.1} CPU s");
-
-    // 2. The operator, idle, then the fleet applied.
-    let api = support::loopback();
-    let metrics = support::loopback();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.discovery_operator(dir.path(), &providers, api, TOKEN);
-    cmd.args(["--metrics-bind-address", &metrics.to_string()])
-        .args(["--max-leases-per-proxy", &per_proxy.to_string()])
-        .args(["--max-lease-ttl", "2h"]);
-    let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
-    let pid = op.pid();
-    eventually(
-        "the operator serves /metrics",
-        Duration::from_secs(60),
-        || async { tokio::net::TcpStream::connect(metrics).await.ok().map(drop) },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let idle_rss = status_mib(pid, "VmRSS:");
-    let idle_anon = status_mib(pid, "RssAnon:");
-
-    let proxies = ground.proxies();
-    let ready: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let watch = {
-        let (proxies, ready) = (proxies.clone(), ready.clone());
-        tokio::spawn(async move {
-            let mut events = watcher(proxies, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(p)) = events.try_next().await {
-                let p: Proxy = p;
-                if phase(&p) == Some("Ready") {
-                    let name = p.metadata.name.clone().unwrap_or_default();
-                    ready
-                        .lock()
-                        .unwrap()
-                        .entry(name)
-                        .or_insert_with(Instant::now);
-                }
-            }
-        })
-    };
-    let applied_at = Instant::now();
-    let created: HashMap<String, Instant> = futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let proxies = proxies.clone();
-            async move {
-                let spec = mode.spec(&name, squid_port, target);
-                proxies
-                    .create(&PostParams::default(), &support::proxy(&name, spec))
-                    .await
-                    .unwrap();
-                (name, Instant::now())
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    let applied_in = applied_at.elapsed();
-    // Bounded: a fleet that cannot all turn Ready (the machine cannot
-    // carry its probes) is a figure of the table, not a hung benchmark.
-    let deadline = Instant::now()
-        + match mode {
-            Mode::External => Duration::from_secs(60 + n as u64 / 40),
-            Mode::Kubernetes => Duration::from_secs(120 + n as u64),
-        };
-    while ready.lock().unwrap().len() < n && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let all_ready = applied_at.elapsed();
-    let ready_count = ready.lock().unwrap().len();
-    eprintln!(
-        "{ready_count} of {n} Proxies Ready {:.1} s after the first create",
-        all_ready.as_secs_f64()
-    );
-    watch.abort();
-    let mut per_proxy_ready: Vec<Duration> = {
-        let ready = ready.lock().unwrap();
-        names
-            .iter()
-            .filter_map(|name| Some(ready.get(name)?.saturating_duration_since(created[name])))
-            .collect()
-    };
-    per_proxy_ready.sort();
-    let peak_after_apply = status_mib(pid, "VmHWM:");
-
-    // 3. Steady state: nothing sent by the benchmark to the API server.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (m0, _) = scrape(metrics).await;
-    let (from, cpu0, t0) = (
-        chrono::Utc::now(),
-        cpu_secs(&format!("/proc/{pid}/stat")),
-        Instant::now(),
-    );
-    let mut rss = Vec::new();
-    let mut anon = Vec::new();
-    let mut ages = Vec::new();
-    for _ in 0..hold {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        rss.push(status_mib(pid, "VmRSS:"));
-        anon.push(status_mib(pid, "RssAnon:"));
-        let now = Instant::now();
-        let hits = hits.lock().unwrap();
-        ages.extend(names.iter().map(|name| {
-            hits.get(&format!("/p/{name}"))
-                .map_or(Duration::from_secs(3600), |t| {
-                    now.saturating_duration_since(*t)
-                })
-        }));
-    }
-    let (to, cpu1, window) = (
-        chrono::Utc::now(),
-        cpu_secs(&format!("/proc/{pid}/stat")),
-        t0.elapsed(),
-    );
-    let (m1, _) = scrape(metrics).await;
-    let probes = sum_of(&m1, "proxy_operator_healthcheck_duration_seconds_count")
-        - sum_of(&m0, "proxy_operator_healthcheck_duration_seconds_count");
-    let provider_calls = sum_of(&m1, "proxy_operator_provider_requests_total")
-        - sum_of(&m0, "proxy_operator_provider_requests_total");
-    let op_cpu = (cpu1 - cpu0) / window.as_secs_f64();
-    let op_cpu_per_probe = (cpu1 - cpu0) / probes.max(1.0);
-    ages.sort();
-    rss.sort_by(f64::total_cmp);
-    let steady_rss = rss[rss.len() / 2];
-    anon.sort_by(f64::total_cmp);
-    let steady_anon = anon[anon.len() / 2];
-    let requests = api_requests(&ground, from, to);
-    let total_requests: u64 = requests.values().sum();
-
-    // 4. /metrics.
-    let (text, scrape_took) = scrape(metrics).await;
-
-    // One more kubernetes Proxy at a time, the fleet Ready: apply to Ready.
-    let mut solo = Vec::new();
-    if mode == Mode::Kubernetes {
-        for i in 0..3 {
-            let name = format!("solo{i}");
-            let t = Instant::now();
-            proxies
-                .create(
-                    &PostParams::default(),
-                    &support::proxy(&name, mode.spec(&name, squid_port, target)),
-                )
-                .await
-                .unwrap();
-            eventually("the lone Proxy Ready", Duration::from_secs(60), || async {
-                let p = proxies.get(&name).await.ok()?;
-                (phase(&p) == Some("Ready")).then_some(())
-            })
-            .await;
-            solo.push(t.elapsed());
-        }
-    }
-
-    // 5. Leases.
-    let filled = lease_load::fill(api, TOKEN, live_leases).await;
-    let (stop_bare, rx) = tokio::sync::oneshot::channel::<()>();
-    let bare = lease_load::bare_server(rx).await;
-    let run = Duration::from_secs(lease_secs);
-    let b = lease_load::load(bare, TOKEN, run).await;
-    // BENCH_PERF=FILE: a CPU profile of the operator during its lease
-    // load (perf record, call graphs), for finding where a request goes.
-    let profile = std::env::var("BENCH_PERF").ok().map(|file| {
-        std::process::Command::new("perf")
-            .args(["record", "-F", "499", "-g", "-o", &file])
-            .args([
-                "-p",
-                &pid.to_string(),
-                "--",
-                "sleep",
-                &lease_secs.to_string(),
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("BENCH_PERF needs perf (apt-get install linux-perf): {e}"))
-    });
-    let a = lease_load::load(api, TOKEN, run).await;
-    if let Some(mut p) = profile {
-        let _ = p.wait();
-    }
-    let _ = stop_bare.send(());
-    let peak = status_mib(pid, "VmHWM:");
-    drop(op);
-
-    let mib = |v: f64| format!("{v:.1} MiB");
-    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
-    let mut rows: Vec<(String, String)> = vec![
-        (
-            match mode {
-                Mode::External => "Proxies (External, one shared Squid)".into(),
-                Mode::Kubernetes => "Proxies (kubernetes provider, a Squid Pod each)".into(),
-            },
-            n.to_string(),
-        ),
-        ("cores".into(), cores.to_string()),
-        (
-            "create calls done".into(),
-            format!("{:.1} s", applied_in.as_secs_f64()),
-        ),
-        (
-            "apply to all Ready".into(),
-            if ready_count == n {
-                format!("{:.1} s", all_ready.as_secs_f64())
-            } else {
-                format!(
-                    "not reached: {ready_count} of {n} Ready after {:.0} s",
-                    all_ready.as_secs_f64()
-                )
-            },
-        ),
-        (
-            "create to Ready per Proxy, p50 / p99".into(),
-            format!(
-                "{} / {}",
-                ms(pct(&per_proxy_ready, 0.5)),
-                ms(pct(&per_proxy_ready, 0.99))
-            ),
-        ),
-        ("RSS idle (no Proxy)".into(), mib(idle_rss)),
-        (
-            "of it anonymous (heap, stacks), idle / steady".into(),
-            format!("{} / {}", mib(idle_anon), mib(steady_anon)),
-        ),
-        (
-            "RSS steady / peak".into(),
-            format!("{} / {}", mib(steady_rss), mib(peak)),
-        ),
-        ("RSS peak after apply".into(), mib(peak_after_apply)),
-        (
-            "bytes per Proxy (steady - idle)".into(),
-            format!(
-                "{:.0} B",
-                (steady_rss - idle_rss) * 1024.0 * 1024.0 / n as f64
-            ),
-        ),
-        ("CPU steady".into(), format!("{op_cpu:.2} cores")),
-        (
-            "probes per second".into(),
-            format!("{:.0}", probes / window.as_secs_f64()),
-        ),
-        (
-            "newest probe's age per Proxy, p50 / p99".into(),
-            format!("{} / {}", ms(pct(&ages, 0.5)), ms(pct(&ages, 0.99))),
-        ),
-        (
-            "bare probe loop: probes/s, failed, CPU per probe".into(),
-            format!(
-                "{:.0}, {bare_failed}, {:.0} µs",
-                bare_probes as f64 / hold.min(20) as f64,
-                bare_cpu_per_probe * 1e6
-            ),
-        ),
-        (
-            "operator CPU per probe (ratio to bare)".into(),
-            format!(
-                "{:.0} µs ({:.1}x)",
-                op_cpu_per_probe * 1e6,
-                op_cpu_per_probe / bare_cpu_per_probe.max(1e-9)
-            ),
-        ),
-        (
-            "API server requests/s (steady)".into(),
-            format!("{:.2}", total_requests as f64 / window.as_secs_f64()),
-        ),
-    ];
-    for (verb, count) in &requests {
-        rows.push((
-            format!("  {verb}"),
-            format!("{:.2}/s", *count as f64 / window.as_secs_f64()),
-        ));
-    }
-    rows.extend([
-        (
-            "provider calls/s (steady)".into(),
-            format!("{:.2}", provider_calls / window.as_secs_f64()),
-        ),
-        (
-            "/metrics size, scrape time".into(),
-            format!("{:.0} KiB, {}", text.len() as f64 / 1024.0, ms(scrape_took)),
-        ),
-        (
-            "live leases held during the lease load".into(),
-            filled.to_string(),
-        ),
-        (
-            "lease acquire+release/s, p99 (bare axum)".into(),
-            format!("{:.0}, {:.2} ms", b.rate(), b.p99.as_secs_f64() * 1e3),
-        ),
-        (
-            "lease acquire+release/s, p99 (operator)".into(),
-            format!(
-                "{:.0}, {:.2} ms ({:.0}% of bare; {} errors)",
-                a.rate(),
-                a.p99.as_secs_f64() * 1e3,
-                100.0 * a.rate() / b.rate().max(1e-9),
-                a.errors
-            ),
-        ),
-    ]);
-    if !solo.is_empty() {
-        solo.sort();
-        rows.push((
-            "one more kubernetes Proxy, apply to Ready (3 in turn: min / max)".into(),
-            format!("{} / {}", ms(solo[0]), ms(solo[solo.len() - 1])),
-        ));
-    }
-    let build = if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    };
-    let provider = match mode {
-        Mode::External => "",
-        Mode::Kubernetes => " PROVIDER=kubernetes",
-    };
-    let mut table = format!(
-        "`make bench-scale N={n}{provider}` ({build} build, {cores} cores, hold {hold} s, {} UTC)\n\n| figure | value |\n|---|---|\n",
-        chrono::Utc::now().format("%Y-%m-%d %H:%M")
-    );
-    for (k, v) in &rows {
-        table.push_str(&format!("| {k} | {v} |\n"));
-    }
-    println!("{table}");
-    if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
-        write_docs(mode.marker(), &table);
-    }
 }
 
 /// Replaces the table between the `<!-- marker:start/end -->` lines of

@@ -27,7 +27,7 @@ pub const MAX_KEY_LEN: usize = 256;
 /// Reads a JSON body: empty means `{}` when `empty_ok`; over the cap 413;
 /// broken JSON 400; well-formed but wrong shape (unknown field, wrong
 /// type) 422.
-fn parse_body<T: DeserializeOwned>(
+pub(super) fn parse_body<T: DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     empty_ok: bool,
 ) -> ApiResult<T> {

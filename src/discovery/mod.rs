@@ -6,8 +6,10 @@
 //! document), `serving` (router and server), `model` (wire types and the
 //! listing/filter rules), `listing` (the eligible proxies a request
 //! chooses from, with the matches of recent filters), `error` (the JSON error answer), `forward`
-//! (lease calls on a follower go to the leader).
+//! (lease calls on a follower go to the leader), `bench` (the
+//! benchmark's routes, hidden behind `--bench-routes`).
 
+mod bench;
 mod error;
 pub mod feed;
 mod forward;

@@ -26,6 +26,10 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// answered `408 request_timeout`.
 pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
     let doc = openapi_json(state.leases.config().max_ttl);
+    let bench = match state.bench {
+        Some(_) => super::bench::routes(),
+        None => Router::new(),
+    };
     let router = Router::new()
         .route("/healthz", get(healthz))
         .route(
@@ -50,6 +54,7 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
                 .route("/v1/leases/{id}/replace", post(super::replace::replace))
                 .route_layer(middleware::from_fn_with_state(state.clone(), forward)),
         )
+        .merge(bench)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // `layer` wraps every route and the fallback after routing, so

@@ -84,6 +84,8 @@ pub struct ApiState {
     pub(super) replacer: Option<Arc<dyn super::replace::Replacer>>,
     /// Each client's recent replaces.
     pub(super) replace_limits: Arc<Mutex<super::replace::ReplaceLimits>>,
+    /// The benchmark's probe switch; set: the bench routes are served.
+    pub(super) bench: Option<crate::health::Pause>,
 }
 
 impl ApiState {
@@ -131,7 +133,15 @@ impl ApiState {
             replicas: Arc::new(super::replicas::Replicas::new(l2, "local")),
             replacer: None,
             replace_limits: Arc::default(),
+            bench: None,
         }
+    }
+
+    /// Serves `make bench-scale`'s routes (`bench.rs`), switching `pause`;
+    /// none: they do not exist.
+    pub fn with_bench_routes(mut self, pause: Option<crate::health::Pause>) -> Self {
+        self.bench = pause;
+        self
     }
 
     /// Replaces the proxies crawlers ask to through `replacer`.

@@ -79,16 +79,17 @@ impl Api {
         server: crate::server::Limits,
         forwarder: Forwarder,
     ) -> Api {
-        Api::start_replacing(tokens, max, (limits, server), forwarder, None).await
+        Api::start_replacing(tokens, max, (limits, server), forwarder, (None, None)).await
     }
 
-    /// [`Api::start_full`] with `replacer` behind `POST .../replace`.
+    /// [`Api::start_full`] with `replacer` behind `POST .../replace`, and
+    /// the bench routes switching `bench`.
     async fn start_replacing(
         tokens: &[(&str, &str)],
         max: u32,
         (limits, server): (ClientLimits, crate::server::Limits),
         forwarder: Forwarder,
-        replacer: Option<Arc<dyn Replacer>>,
+        (replacer, bench): (Option<Arc<dyn Replacer>>, Option<crate::health::Pause>),
     ) -> Api {
         let source: Vec<Arc<Proxy>> = vec![
             proxy("a", "z1", "True", json!({"geo": "home"})),
@@ -120,7 +121,8 @@ impl Api {
         let mut state =
             ApiState::with_clients(Arc::new(source), leases.clone(), &tokens, &discovery)
                 .with_forwarder(forwarder)
-                .with_replicas(replicas.clone());
+                .with_replicas(replicas.clone())
+                .with_bench_routes(bench);
         if let Some(r) = replacer {
             state = state.with_replacer(r);
         }
@@ -1548,7 +1550,8 @@ impl Replacer for Recorded {
 async fn replacing(replacer: Arc<Recorded>) -> Api {
     let tokens = [("crawler-a", "t0k"), ("crawler-b", "other")];
     let limits = (ClientLimits::default(), crate::server::DISCOVERY_LIMITS);
-    Api::start_replacing(&tokens, 1, limits, Forwarder::alone(), Some(replacer)).await
+    let with = (Some(replacer as Arc<dyn Replacer>), None);
+    Api::start_replacing(&tokens, 1, limits, Forwarder::alone(), with).await
 }
 
 #[tokio::test]
@@ -1729,4 +1732,48 @@ async fn a_rebuild_of_the_same_set_leaves_the_store_alone_unless_its_table_was_r
         leases.acquire_among(&members, &req).is_ok(),
         "a grant finds the proxies"
     );
+}
+
+#[tokio::test]
+async fn the_bench_routes_exist_only_when_asked_for_and_switch_the_probes() {
+    let off = Api::start(Some("t0k"), 2).await;
+    let (st, v) = off.json("POST", "/bench/leases", json!({})).await;
+    assert_eq!(st, 404, "{v}");
+    off.stop().await;
+
+    let pause = crate::health::Pause::default();
+    let limits = (ClientLimits::default(), crate::server::DISCOVERY_LIMITS);
+    let tokens = [("default", "t0k")];
+    let with = (None, Some(pause.clone()));
+    let api = Api::start_replacing(&tokens, 2, limits, Forwarder::alone(), with).await;
+    // Behind the same auth and parsing as a real acquire.
+    let (st, _) = api.call("POST", "/bench/leases", None, None).await;
+    assert_eq!(st, 401);
+    let (st, v) = api.json("POST", "/bench/leases", json!({"ttl": 5})).await;
+    assert_eq!(st, 422, "{v}");
+    let (st, v) = api
+        .json("POST", "/bench/leases", json!({"ttlSeconds": 60}))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["ttlSeconds"], 60);
+    let id = v["id"].as_str().unwrap();
+    let (st, _) = api
+        .call("DELETE", &format!("/bench/leases/{id}"), Some("t0k"), None)
+        .await;
+    assert_eq!(st, 204);
+    // No lease was taken.
+    assert_eq!(api.leases.active(), 0);
+    let (st, v) = api
+        .json("PUT", "/bench/probes", json!({"paused": true}))
+        .await;
+    assert_eq!(st, 204, "{v}");
+    assert!(pause.is_paused());
+    let (st, _) = api
+        .json("PUT", "/bench/probes", json!({"paused": false}))
+        .await;
+    assert_eq!(st, 204);
+    assert!(!pause.is_paused());
+    let (st, v) = api.json("PUT", "/bench/probes", json!({"hold": 1})).await;
+    assert_eq!(st, 422, "{v}");
+    api.stop().await;
 }

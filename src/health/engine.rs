@@ -32,6 +32,8 @@ pub struct Engine {
     dns: Arc<Resolver>,
     trace_probes: bool,
     metrics: HealthMetrics,
+    /// Held probes (the benchmark's switch); none: never held.
+    pause: Option<super::Pause>,
     /// Per `namespace/name`: the UID, the proxy host probed, the report.
     snapshot: RwLock<HashMap<String, (String, String, HealthReport)>>,
 }
@@ -53,6 +55,9 @@ impl HealthSource for Engine {
         (u == uid).then(|| host.clone())
     }
 }
+
+/// How often a held engine looks at its switch again.
+const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 struct Done {
     key: String,
@@ -81,8 +86,19 @@ impl Engine {
             dns: Arc::new(Resolver::default()),
             trace_probes,
             metrics,
+            pause: None,
             snapshot: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// Probes are dispatched only while `pause` is off (`--bench-routes`).
+    pub fn with_pause(mut self, pause: Option<super::Pause>) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    fn paused(&self) -> bool {
+        self.pause.as_ref().is_some_and(super::Pause::is_paused)
     }
 
     /// Host names are resolved through `dns` (a cache).
@@ -134,11 +150,20 @@ impl Engine {
                     probes.set_slots(slots);
                 }
             }
-            for (key, spec, depth) in probes.due(now, slots.saturating_sub(in_flight)) {
-                in_flight += 1;
-                self.spawn_probe(key, (spec, depth), now, done_tx.clone());
+            let paused = self.paused();
+            if !paused {
+                for (key, spec, depth) in probes.due(now, slots.saturating_sub(in_flight)) {
+                    in_flight += 1;
+                    self.spawn_probe(key, (spec, depth), now, done_tx.clone());
+                }
             }
-            let wait = probes.wait(now, slots.saturating_sub(in_flight));
+            // Held, overdue probes would make the wait zero: look again
+            // at the switch a little later instead.
+            let wait = if paused {
+                PAUSED_POLL
+            } else {
+                probes.wait(now, slots.saturating_sub(in_flight))
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(done) = done_rx.recv() => {
@@ -280,6 +305,40 @@ mod tests {
         port
     }
 
+    /// An engine of two slots over the default settings.
+    fn engine(health: HealthMetrics) -> Engine {
+        Engine::new(
+            defaults(),
+            2,
+            super::super::probe::tls_config(None).unwrap(),
+            false,
+            health,
+        )
+    }
+
+    /// `engine` running over a cache holding the External Proxy `a` (UID
+    /// `u1`) on `port`: the cache's writer, the reconcile triggers, the
+    /// stop and the task.
+    fn run_over_a(
+        engine: &Arc<Engine>,
+        port: u16,
+    ) -> (
+        kube::runtime::reflector::store::Writer<Proxy>,
+        mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use kube::runtime::watcher::Event;
+        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
+        writer.apply_watcher_event(&Event::Apply(external("a", "u1", port)));
+        let (notifier, rx) = Notifier::channel(4);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
+            let _ = stop_rx.await;
+        }));
+        (writer, rx, stop_tx, task)
+    }
+
     #[tokio::test]
     async fn the_loop_probes_notifies_restarts_on_uid_change_and_prunes() {
         use kube::runtime::watcher::Event;
@@ -287,20 +346,8 @@ mod tests {
         let mut registry = crate::metrics::Registrar::new();
         let health = HealthMetrics::register(&mut registry, true);
         let metrics = registry.finish();
-        let engine = Arc::new(Engine::new(
-            defaults(),
-            2,
-            super::super::probe::tls_config(None).unwrap(),
-            false,
-            health,
-        ));
-        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
-        writer.apply_watcher_event(&Event::Apply(external("a", "u1", port)));
-        let (notifier, mut rx) = Notifier::channel(4);
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
-            let _ = stop_rx.await;
-        }));
+        let engine = Arc::new(engine(health));
+        let (mut writer, mut rx, stop_tx, task) = run_over_a(&engine, port);
         let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .unwrap()
@@ -349,6 +396,34 @@ mod tests {
             }
         }
         assert!(gone, "pruned");
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// The benchmark's switch: a held engine probes nothing; once let go,
+    /// the overdue probes run.
+    #[tokio::test]
+    async fn a_held_engine_probes_nothing_until_let_go() {
+        let port = answering_proxy().await;
+        let mut registry = crate::metrics::Registrar::new();
+        let health = HealthMetrics::register(&mut registry, true);
+        let pause = crate::health::Pause::default();
+        pause.set(true);
+        let engine = Arc::new(engine(health).with_pause(Some(pause.clone())));
+        let (_writer, mut rx, stop_tx, task) = run_over_a(&engine, port);
+        let held = tokio::time::timeout(Duration::from_millis(2500), rx.recv()).await;
+        assert!(held.is_err(), "a verdict while held: {held:?}");
+        assert_eq!(engine.verdict("ns", "a", "u1"), None);
+        pause.set(false);
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.name, "a");
+        assert_eq!(engine.verdict("ns", "a", "u1"), Some(true));
         let _ = stop_tx.send(());
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

@@ -13,6 +13,7 @@
 //!   the probes' latency.
 //! - [`dns`]: proxy host names resolved once per TTL.
 //! - [`notify`]: the reconcile trigger channel to the Proxy controller.
+//! - [`pause`]: the benchmark's switch that holds the probes.
 //! - [`engine`]: the runnable tying them to the Proxy cache and the pool.
 
 pub mod check;
@@ -23,6 +24,7 @@ pub mod fairness;
 pub mod latency_writes;
 pub mod metrics;
 pub mod notify;
+pub mod pause;
 pub mod probe;
 pub mod probes;
 pub mod schedule;
@@ -33,4 +35,5 @@ pub mod threshold;
 pub use engine::Engine;
 pub use error::ProbeError;
 pub use notify::{trigger_stream, Notifier, NOTIFY_CAPACITY};
+pub use pause::Pause;
 pub use probes::{Defaults, Probes};

@@ -128,7 +128,8 @@ pub fn spawn_discovery(
             .with_credentials(settings.health.defaults.credentials.clone())
             .with_forwarder(forwarder)
             .with_replicas(replicas.clone())
-            .with_replacer(replacer);
+            .with_replacer(replacer)
+            .with_bench_routes(settings.health.pause.clone());
     let stop = futures::FutureExt::shared(Box::pin(stop));
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
@@ -245,7 +246,8 @@ pub fn spawn_health_engine(
             settings.trace_probes,
             metrics.health.clone(),
         )
-        .with_resolver(health::dns::Resolver::caching(settings.dns_ttl)),
+        .with_resolver(health::dns::Resolver::caching(settings.dns_ttl))
+        .with_pause(settings.pause.clone()),
     );
     let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();

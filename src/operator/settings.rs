@@ -84,6 +84,8 @@ pub struct HealthSettings {
     pub tls: Arc<rustls::ClientConfig>,
     /// `--trace-health-probes`.
     pub trace_probes: bool,
+    /// The switch holding the probes (`--bench-routes` only).
+    pub pause: Option<health::Pause>,
 }
 
 /// Orphan GC's settings (the installation id comes later, from the cluster).
@@ -239,6 +241,7 @@ impl Settings {
                 dns_ttl: flags.probe_dns_ttl,
                 tls,
                 trace_probes: flags.trace_health_probes,
+                pause: flags.bench_routes.then(health::Pause::default),
             },
             leases: LeaseConfig {
                 max_leases_per_proxy: flags.max_leases_per_proxy,

@@ -41,54 +41,82 @@ async fn keep_alive(
     (send, tokio::spawn(conn))
 }
 
+/// How one acquire + release went.
+enum Pair {
+    Done,
+    /// Answered, but not a grant and its release.
+    Refused,
+    /// The connection broke.
+    Broken,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// One acquire and its release on `send`, under `prefix` (`/v1`, or the
+/// operator's bench route `/bench`).
+async fn pair(send: &mut Sender, token: &str, prefix: &str) -> Pair {
+    let req = hyper::Request::post(format!("{prefix}/leases"))
+        .header("host", "bench")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{\"ttlSeconds\":60}")))
+        .unwrap();
+    let Ok(resp) = send.send_request(req).await else {
+        return Pair::Broken;
+    };
+    let ok = resp.status() == 201;
+    let Ok(body) = resp.into_body().collect().await else {
+        return Pair::Broken;
+    };
+    let id = serde_json::from_slice::<Value>(&body.to_bytes())
+        .ok()
+        .and_then(|v| v["id"].as_str().map(String::from));
+    let (true, Some(id)) = (ok, id) else {
+        return Pair::Refused;
+    };
+    let req = hyper::Request::delete(format!("{prefix}/leases/{id}"))
+        .header("host", "bench")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let Ok(resp) = send.send_request(req).await else {
+        return Pair::Broken;
+    };
+    let ok = resp.status() == 204;
+    let _ = resp.into_body().collect().await;
+    if ok {
+        Pair::Done
+    } else {
+        Pair::Refused
+    }
+}
+
 /// Acquire + release pairs on `CONNECTIONS` connections for `run_for`,
 /// with the bearer `token`.
 pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
+    load_at(addr, token, run_for, "/v1").await
+}
+
+/// As [`load`], on the routes under `prefix`.
+pub async fn load_at(addr: SocketAddr, token: &str, run_for: Duration, prefix: &str) -> Figures {
     let deadline = Instant::now() + run_for;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
-        let token = token.to_string();
+        let (token, prefix) = (token.to_string(), prefix.to_string());
         tasks.push(tokio::spawn(async move {
             let (mut send, driver) = keep_alive(addr).await;
             let mut lat = Vec::new();
             let mut errors = 0;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let req = hyper::Request::post("/v1/leases")
-                    .header("host", "bench")
-                    .header("authorization", format!("Bearer {token}"))
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from_static(b"{\"ttlSeconds\":60}")))
-                    .unwrap();
-                let Ok(resp) = send.send_request(req).await else {
-                    errors += 1;
-                    break;
-                };
-                let ok = resp.status() == 201;
-                let body = resp.into_body().collect().await.unwrap().to_bytes();
-                let id = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v["id"].as_str().map(String::from));
-                let (true, Some(id)) = (ok, id) else {
-                    errors += 1;
-                    continue;
-                };
-                let req = hyper::Request::delete(format!("/v1/leases/{id}"))
-                    .header("host", "bench")
-                    .header("authorization", format!("Bearer {token}"))
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                let Ok(resp) = send.send_request(req).await else {
-                    errors += 1;
-                    break;
-                };
-                let ok = resp.status() == 204;
-                let _ = resp.into_body().collect().await;
-                if ok {
-                    lat.push(t.elapsed());
-                } else {
-                    errors += 1;
+                match pair(&mut send, &token, &prefix).await {
+                    Pair::Done => lat.push(t.elapsed()),
+                    Pair::Refused => errors += 1,
+                    Pair::Broken => {
+                        errors += 1;
+                        break;
+                    }
                 }
             }
             drop(send);
@@ -103,7 +131,10 @@ pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
         all.extend(l);
         errors += e;
     }
-    let secs = start.elapsed().as_secs_f64();
+    figures(all, errors, start.elapsed().as_secs_f64())
+}
+
+fn figures(mut all: Vec<Duration>, errors: usize, secs: f64) -> Figures {
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
@@ -117,6 +148,77 @@ pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
         p50: pct(0.50),
         p99: pct(0.99),
     }
+}
+
+/// Connections an open-loop load may use at once.
+pub const OPEN_CONNECTIONS: usize = 128;
+
+/// Open-loop load: a pair started every `1 / rate` seconds for `run_for`,
+/// whether or not earlier ones have finished, on up to
+/// `OPEN_CONNECTIONS` keep-alive connections. Each pair's latency counts
+/// from the moment it was due, so a server falling behind shows in the
+/// percentiles instead of slowing the load (no coordinated omission).
+/// Pairs not done 10 s after the last was due count as errors.
+pub async fn open_loop(
+    addr: SocketAddr,
+    token: &str,
+    rate: f64,
+    run_for: Duration,
+    prefix: &str,
+) -> Figures {
+    let mut senders = Vec::new();
+    let mut drivers = Vec::new();
+    for _ in 0..OPEN_CONNECTIONS {
+        let (send, driver) = keep_alive(addr).await;
+        senders.push(send);
+        drivers.push(driver);
+    }
+    let pool = std::sync::Arc::new(std::sync::Mutex::new(senders));
+    let free = std::sync::Arc::new(tokio::sync::Semaphore::new(OPEN_CONNECTIONS));
+    let total = (rate * run_for.as_secs_f64()) as u64;
+    let (mut all, mut errors) = (Vec::new(), 0);
+    let count = |r: Result<(Pair, Duration), tokio::task::JoinError>,
+                 all: &mut Vec<Duration>,
+                 errors: &mut usize| match r {
+        Ok((Pair::Done, took)) => all.push(took),
+        _ => *errors += 1,
+    };
+    let start = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        let (pool, free) = (pool.clone(), free.clone());
+        let (token, prefix) = (token.to_string(), prefix.to_string());
+        tasks.spawn(async move {
+            let _permit = free.acquire_owned().await.unwrap();
+            let mut send = pool.lock().unwrap().pop();
+            let outcome = match send.as_mut() {
+                Some(s) => pair(s, &token, &prefix).await,
+                None => Pair::Broken,
+            };
+            let took = due.elapsed();
+            if let (Pair::Done | Pair::Refused, Some(s)) = (&outcome, send) {
+                pool.lock().unwrap().push(s);
+            }
+            (outcome, took)
+        });
+        while let Some(r) = tasks.try_join_next() {
+            count(r, &mut all, &mut errors);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let late = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Ok(Some(r)) = tokio::time::timeout_at(late, tasks.join_next()).await {
+        count(r, &mut all, &mut errors);
+    }
+    errors += tasks.len();
+    tasks.abort_all();
+    pool.lock().unwrap().clear();
+    for d in drivers {
+        d.abort();
+    }
+    figures(all, errors, secs)
 }
 
 /// Fills `count` live leases (one-hour TTL) through the API at `addr` on

@@ -131,6 +131,16 @@ async fn sigterm_with_a_pod_running_leaves_nothing_behind() {
         .parse::<u32>()
         .unwrap();
     assert!(!cgroups_of(agent_pid).is_empty(), "the Pod has a cgroup");
+    // By its interface index as well as its name: another test's cluster
+    // starting meanwhile may take the freed name, never the index.
+    let ours = links()
+        .lines()
+        .find_map(|l| {
+            let (index, rest) = l.split_once(": ")?;
+            rest.starts_with(&format!("{bridge}:"))
+                .then(|| format!("{index}: {bridge}:"))
+        })
+        .expect("the bridge is listed");
 
     cluster.stop();
     let sleepers = || processes_mentioning("sleep 600 & sleep 600");
@@ -141,7 +151,7 @@ async fn sigterm_with_a_pod_running_leaves_nothing_behind() {
         assert!(!alive(*pid), "{pid} is still running");
     }
     assert!(
-        !links().contains(&format!(": {bridge}:")),
+        !links().lines().any(|l| l.starts_with(&ours)),
         "the bridge is left: {}",
         links()
     );
