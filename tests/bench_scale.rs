@@ -512,13 +512,14 @@ async fn bench_scale() {
     // Leases: the real and the bare route of the same process, closed
     // loop, then the real one open loop; probes running, then held.
     let mut filled = 0;
-    let (mut before_fill, mut after_fill) = (0.0, 0.0);
+    let (mut before_fill, mut after_fill, mut rss_filled) = (0.0, 0.0, 0.0);
     let mut leases: Vec<(bool, LeasePhase)> = Vec::new();
     if survived {
         before_fill = status_mib(pid, "RssAnon:");
         filled = lease_load::fill(api, TOKEN, live_leases).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         after_fill = status_mib(pid, "RssAnon:");
+        rss_filled = status_mib(pid, "VmRSS:");
         let run = Duration::from_secs(secs);
         for paused in [false, true] {
             switch_probes(api, paused).await;
@@ -579,6 +580,7 @@ async fn bench_scale() {
         solo,
         filled,
         lease_bytes: (after_fill - before_fill) * 1024.0 * 1024.0,
+        rss_filled,
         leases,
         rate,
         peak,

@@ -31,6 +31,8 @@ pub struct Table {
     pub filled: usize,
     /// Anonymous memory the filled leases added.
     pub lease_bytes: f64,
+    /// RSS with the leases filled, before the lease loads.
+    pub rss_filled: f64,
     /// (probes held, the load).
     pub leases: Vec<(bool, LeasePhase)>,
     pub rate: f64,
@@ -377,6 +379,11 @@ impl Table {
             ),
             "",
         );
+        rows.add(
+            "RSS with the leases filled, before the lease loads",
+            mib(self.rss_filled),
+            "",
+        );
         for held in [false, true] {
             let phases: Vec<&LeasePhase> = self
                 .leases
@@ -426,6 +433,18 @@ impl Table {
                 ),
                 limit(bare),
             );
+            let per_core = |l: &Load| l.0.rate() / l.1.measured.max(1e-9);
+            rows.add(
+                format!(
+                    "leases, {what}: pairs/s per core the operator used (operator / bare route)"
+                ),
+                format!(
+                    "{} / {}",
+                    spread(of(real, &per_core), n0),
+                    spread(of(bare, &per_core), n0)
+                ),
+                "the figure where the CPU is not shared",
+            );
             rows.add(
                 format!("leases, {what}: operator / bare route (goal ≥ 50%)"),
                 spread(
@@ -439,18 +458,19 @@ impl Table {
             );
             rows.add(
                 format!(
-                    "leases, {what}: open loop at {:.0} pairs/s: achieved, p50 / p99 (goal ≤ 5 ms), errors",
+                    "leases, {what}: open loop at {:.0} pairs/s: achieved, p50 / p99 (goal ≤ 5 ms), errors, connections reopened",
                     self.rate
                 ),
                 format!(
-                    "{}, {} / {}, {}",
+                    "{}, {} / {}, {}, {}",
                     spread(of(open, &rate), n0),
                     spread(of(open, &|l| l.0.p50.as_secs_f64() * 1e3), ms_f),
                     spread(of(open, &p99), ms_f),
                     phases
                         .iter()
                         .map(|p| p.real.0.errors + p.bare.0.errors + p.open.0.errors)
-                        .sum::<usize>()
+                        .sum::<usize>(),
+                    phases.iter().map(|p| p.open.0.reconnects).sum::<usize>()
                 ),
                 limit(open),
             );
