@@ -98,7 +98,7 @@ bench-idle: test-cluster ## Where the operator's idle memory goes: the release b
 N ?=
 PROVIDER ?=
 bench-scale: test-cluster ## The operator at fleet scale, measured apart from its load: N External Proxies (default N=1000) on a probe-target process of their own; phases of BENCH_PHASE s (30) repeated BENCH_REPEAT times (3): the operator probing, the bare probe loop in its own process, the operator inside the Pod's 500m/128Mi cgroup, lease loads with BENCH_LEASES live leases (closed loop vs the same process's bare route, open loop at BENCH_RATE pairs/s) with probes running and held; PROVIDER=kubernetes: kubernetes-provider Proxies (default 50). Writes the table into docs/performance.md.
-	BENCH_N=$(N) PROVIDER=$(PROVIDER) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --nocapture
+	BENCH_N=$(N) PROVIDER=$(PROVIDER) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --exact bench_scale --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
 	CARGO="$(CARGO)" tests/fuzz-api.sh

@@ -144,7 +144,10 @@ fn bench_role() {
             var("BENCH_N").parse().unwrap(),
             var("BENCH_SECS").parse().unwrap(),
         ),
-        _ => {}
+        Ok(other) => panic!("BENCH_ROLE={other}: the roles are responder and bare"),
+        Err(_) => panic!(
+            "bench_role is a process bench_scale starts with BENCH_ROLE set; run `make bench-scale`"
+        ),
     }
 }
 
@@ -184,7 +187,7 @@ struct ProbePhase {
 
 impl ProbePhase {
     fn cpu_per_probe(&self) -> f64 {
-        self.cpu.measured * self.secs / (self.probes_per_sec * self.secs).max(1.0)
+        self.cpu.measured / self.probes_per_sec.max(1e-9)
     }
 }
 

@@ -34,16 +34,7 @@ pub struct Stats {
 /// The path of this process's group under `controller`.
 fn own_group(controller: &str) -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|line| {
-        let mut parts = line.splitn(3, ':');
-        let _id = parts.next()?;
-        let controllers = parts.next()?;
-        let path = parts.next()?;
-        controllers
-            .split(',')
-            .any(|c| c == controller)
-            .then(|| path.to_string())
-    })
+    test_cluster::node::cgroup::group_of(&text, controller)
 }
 
 fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {

@@ -64,13 +64,14 @@ async fn serve(mut c: tokio::net::TcpStream, seen: Arc<Seen>) {
 }
 
 fn sample(seen: &Seen) {
-    let mut w = seen.window.lock().unwrap();
-    let Some(ages) = w.as_mut() else { return };
-    let now = seen.epoch.elapsed().as_millis() as u64 + 1;
-    ages.extend(seen.last.iter().map(|l| match l.load(Ordering::Relaxed) {
-        0 => u32::MAX,
-        t => now.saturating_sub(t).min(u64::from(u32::MAX - 1)) as u32,
-    }));
+    // Between windows there is nothing to sample.
+    if let Some(ages) = seen.window.lock().unwrap().as_mut() {
+        let now = seen.epoch.elapsed().as_millis() as u64 + 1;
+        ages.extend(seen.last.iter().map(|l| match l.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            t => now.saturating_sub(t).min(u64::from(u32::MAX - 1)) as u32,
+        }));
+    }
 }
 
 fn pct(sorted: &[u32], p: f64) -> u32 {

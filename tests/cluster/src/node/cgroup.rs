@@ -9,19 +9,23 @@ use anyhow::Context;
 
 const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
 
-/// The memory cgroup path of this process (from `/proc/self/cgroup`'s
-/// `memory` line, e.g. `/process_api/abc`).
-fn own_memory_cgroup(proc_self_cgroup: &str) -> Option<String> {
-    proc_self_cgroup.lines().find_map(|line| {
+/// The path of the group under `controller` in a `/proc/<pid>/cgroup`
+/// text (cgroup v1), e.g. `/process_api/abc` for `memory`.
+pub fn group_of(proc_cgroup: &str, controller: &str) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let _id = parts.next()?;
         let controllers = parts.next()?;
         let path = parts.next()?;
         controllers
             .split(',')
-            .any(|c| c == "memory")
+            .any(|c| c == controller)
             .then(|| path.to_string())
     })
+}
+
+fn own_memory_cgroup(proc_self_cgroup: &str) -> Option<String> {
+    group_of(proc_self_cgroup, "memory")
 }
 
 /// The agent's directory of memory groups.
