@@ -11,6 +11,7 @@
 //! controller's own first list would) and then follows the watch.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
@@ -80,9 +81,17 @@ pub struct ProxyStore {
     /// last waiter's waker, and the controller waits on it, so any other
     /// waiter could sleep forever.
     synced: Arc<watch::Sender<bool>>,
+    /// Counts the watch's events: the store is as it was while this is.
+    changes: Arc<AtomicU64>,
 }
 
 impl ProxyStore {
+    /// Changes seen so far: a reader that built something from the store
+    /// need not build it again while this stays the same.
+    pub fn version(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// The cached Proxies (stripped).
     pub fn reader(&self) -> Store<Proxy> {
         self.reader.clone()
@@ -138,6 +147,8 @@ pub fn proxy_store(
     let (touches, _) = broadcast::channel(TOUCH_CAPACITY);
     let synced = Arc::new(watch::Sender::new(false));
     let (tx, listed) = (touches.clone(), synced.clone());
+    let changes = Arc::new(AtomicU64::new(0));
+    let counted = changes.clone();
     let fill = watcher(api, watcher::Config::default())
         .modify(strip)
         .default_backoff()
@@ -146,6 +157,8 @@ pub fn proxy_store(
             match ev {
                 // No follower (a replica that does not lead) is no error.
                 Ok(ev) => {
+                    // Counted after the reflector applied it.
+                    counted.fetch_add(1, Ordering::AcqRel);
                     if let Some(t) = touch_of(&ev) {
                         if t == Touch::All {
                             listed.send_replace(true);
@@ -163,6 +176,7 @@ pub fn proxy_store(
         reader,
         touches,
         synced,
+        changes,
     };
     (store, fill)
 }
@@ -288,6 +302,7 @@ mod tests {
             reader,
             touches: touches.clone(),
             synced: Arc::new(watch::Sender::new(true)),
+            changes: Arc::default(),
         };
         let mut triggers = Box::pin(store.triggers());
         let first = triggers.next().await.map(|p| p.metadata.name.clone());
@@ -317,6 +332,7 @@ mod tests {
             reader,
             touches: touches.clone(),
             synced: Arc::new(watch::Sender::new(false)),
+            changes: Arc::default(),
         };
         let mut triggers = Box::pin(store.triggers());
         let early = futures::FutureExt::now_or_never(triggers.next());

@@ -5,7 +5,8 @@
 //! enters the operator's memory.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
@@ -21,6 +22,8 @@ pub struct CredentialsCache {
     writer: Mutex<Option<reflector::store::Writer<Secret>>>,
     /// What this process wrote lately, which the watch may not show yet.
     written: Mutex<HashMap<(String, String), (Credentials, Instant)>>,
+    /// Counts writes and the watch's events ([`CredentialsCache::version`]).
+    changes: Arc<AtomicU64>,
 }
 
 /// How long a write of this process outranks the watch's copy: far longer
@@ -34,6 +37,7 @@ impl Default for CredentialsCache {
             store,
             writer: Mutex::new(Some(writer)),
             written: Mutex::default(),
+            changes: Arc::default(),
         }
     }
 }
@@ -68,6 +72,18 @@ impl CredentialsCache {
         self.writer.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    /// Changes so far (this process's writes and the watch's events):
+    /// lookups answer as they did while it stays the same, except that a
+    /// write of this process stops outranking the watch after a minute.
+    pub fn version(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The counter the watch bumps after each event it applied.
+    pub fn change_counter(&self) -> Arc<AtomicU64> {
+        self.changes.clone()
+    }
+
     /// Records that this process just wrote `creds` into `namespace/name`:
     /// lookups return them until the watch shows the same, or for a minute.
     pub fn wrote(&self, namespace: &str, name: &str, creds: &Credentials) {
@@ -77,6 +93,8 @@ impl CredentialsCache {
             (namespace.to_string(), name.to_string()),
             (creds.clone(), Instant::now()),
         );
+        drop(w);
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// What the watch alone shows of `namespace/name` (this process's own

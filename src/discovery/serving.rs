@@ -70,17 +70,19 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
         .with_state(state)
 }
 
-/// Sweeps expired leases and forgets deleted Proxies every second.
+/// Sweeps expired leases every second, and forgets deleted Proxies when
+/// the Proxies changed.
 pub async fn sweep(state: ApiState, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(SWEEP_EVERY);
+    let mut seen = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => {
                 let n = state.leases.sweep();
                 state.metrics.lease_event("expired", n as u64);
-                state.leases.retain_proxies(&state.present());
+                state.forget_deleted(&mut seen);
             }
         }
     }

@@ -21,11 +21,39 @@ use crate::tenancy::ExternalNamespaces;
 /// the cache (the cache itself lags the API server by about as much).
 pub const LISTING_MAX_AGE: Duration = Duration::from_millis(250);
 
+/// How long a listing is reused while neither the Proxies nor the
+/// credentials changed (what can change without them, a write of this
+/// process ceasing to outrank the watch, is caught at this age).
+pub const LISTING_UNCHANGED_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// The versions of what a listing is built from: the Proxy source's and
+/// the credentials'.
+type Stamp = (u64, u64);
+
+/// The listing held: when it was built, from what, and itself.
+type Held = Option<(Instant, Option<Stamp>, Listing)>;
+
 /// Where the API reads Proxies from (the shared cache in the operator, a
 /// fixed list in tests).
 pub trait ProxySource: Send + Sync {
     /// Every Proxy currently known.
     fn proxies(&self) -> Vec<Arc<Proxy>>;
+
+    /// Changes seen so far, when the source counts them: while it stays
+    /// the same, [`ProxySource::proxies`] answers the same.
+    fn version(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl ProxySource for crate::proxy_store::ProxyStore {
+    fn proxies(&self) -> Vec<Arc<Proxy>> {
+        self.reader().state()
+    }
+
+    fn version(&self) -> Option<u64> {
+        Some(crate::proxy_store::ProxyStore::version(self))
+    }
 }
 
 impl ProxySource for Store<Proxy> {
@@ -62,7 +90,7 @@ pub struct ApiState {
     /// The named tokens in force (replaced when the tokens Secret changes).
     pub(super) tokens: Arc<TokenSet>,
     pub(super) metrics: DiscoveryMetrics,
-    listing: Arc<Mutex<Option<(Instant, Listing)>>>,
+    listing: Arc<Mutex<Held>>,
     rebuilding: Arc<AtomicBool>,
     /// The generation of the last listing built.
     generations: Arc<AtomicU64>,
@@ -189,18 +217,32 @@ impl ApiState {
         self.tokens.required()
     }
 
+    /// The versions of what the listing is built from, when the source
+    /// counts its changes.
+    fn stamp(&self) -> Option<Stamp> {
+        Some((self.source.version()?, self.credentials.version()))
+    }
+
     /// Every eligible proxy, sorted; rebuilt at most every
     /// [`LISTING_MAX_AGE`] so a busy API does not convert every Proxy on
-    /// every request.
+    /// every request, and not at all while the Proxies and credentials
+    /// are as when it was built (up to [`LISTING_UNCHANGED_MAX_AGE`]): a
+    /// steady fleet costs its requests no walk over every Proxy.
     pub(super) fn listing(&self) -> Listing {
+        // Read before the source is: a change during a rebuild shows as
+        // a new stamp next time.
+        let stamp = self.stamp();
         let current = self
             .listing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if let Some((at, items)) = &current {
+        if let Some((at, built, items)) = &current {
+            let unchanged = stamp.is_some() && *built == stamp;
+            let fresh = at.elapsed() < LISTING_MAX_AGE
+                || (unchanged && at.elapsed() < LISTING_UNCHANGED_MAX_AGE);
             // Fresh, or stale while another request rebuilds it: use it.
-            if at.elapsed() < LISTING_MAX_AGE || self.rebuilding.swap(true, Ordering::AcqRel) {
+            if fresh || self.rebuilding.swap(true, Ordering::AcqRel) {
                 return items.clone();
             }
         }
@@ -226,7 +268,7 @@ impl ApiState {
         // this request's flag, so no other rebuild ran since): the store
         // already holds that set under its generation, which the new
         // listing keeps, and nothing is merged under the store's lock.
-        let same = current.as_ref().map(|(_, l)| l).filter(|l| {
+        let same = current.as_ref().map(|(_, _, l)| l).filter(|l| {
             l.len() == items.len()
                 && l.iter().zip(&items).all(|(a, b)| a.0 == b.0)
                 // Not when the store's table was replaced since (a
@@ -251,9 +293,9 @@ impl ApiState {
         // the same set keeps the generation it replaces).
         if held
             .as_ref()
-            .is_none_or(|(_, l)| l.generation() <= generation)
+            .is_none_or(|(_, _, l)| l.generation() <= generation)
         {
-            *held = Some((Instant::now(), items.clone()));
+            *held = Some((Instant::now(), stamp, items.clone()));
         }
         items
     }
@@ -270,6 +312,20 @@ impl ApiState {
     /// The listing entry of a lease's proxy, while it is eligible.
     pub(super) fn item_for(&self, lease: &Lease) -> Option<ProxyItem> {
         self.listing().get(&lease.proxy).cloned()
+    }
+
+    /// Makes the lease store forget the sticky keys and cooldowns of
+    /// deleted Proxies, when the source changed since `seen` (updated) or
+    /// does not count its changes: no walk over every Proxy, under the
+    /// store's lock, while the fleet stands still.
+    pub(crate) fn forget_deleted(&self, seen: &mut Option<u64>) {
+        let version = self.source.version();
+        if version.is_some() && version == *seen {
+            return;
+        }
+        // Read before the walk: a change during it is seen next time.
+        *seen = version;
+        self.leases.retain_proxies(&self.present());
     }
 
     /// Every Proxy the source knows, as lease-store keys (the sweep

@@ -1777,3 +1777,78 @@ async fn the_bench_routes_exist_only_when_asked_for_and_switch_the_probes() {
     assert_eq!(st, 422, "{v}");
     api.stop().await;
 }
+
+/// A Proxy source that counts its changes and how often it was read.
+struct Counted {
+    proxies: std::sync::Mutex<Vec<Arc<Proxy>>>,
+    version: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl ProxySource for Counted {
+    fn proxies(&self) -> Vec<Arc<Proxy>> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.proxies.lock().unwrap().clone()
+    }
+    fn version(&self) -> Option<u64> {
+        Some(self.version.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+#[tokio::test]
+async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
+    let source = Arc::new(Counted {
+        proxies: std::sync::Mutex::new(vec![proxy("a", "z1", "True", json!({}))]),
+        version: 1.into(),
+        reads: 0.into(),
+    });
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 4,
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+        cooldown: Duration::from_secs(60),
+    }));
+    let api = ApiState::new(
+        source.clone(),
+        leases,
+        None,
+        &crate::operator::Metrics::new().discovery,
+    );
+    let reads = || source.reads.load(std::sync::atomic::Ordering::SeqCst);
+    let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
+
+    assert_eq!(names(&api.listing()), ["a"]);
+    assert_eq!(reads(), 1, "the first request lists the Proxies");
+    tokio::time::sleep(LISTING_MAX_AGE * 2).await;
+    assert_eq!(names(&api.listing()), ["a"]);
+    assert_eq!(
+        reads(),
+        1,
+        "nothing changed: past the listing's age, no Proxy is read again"
+    );
+    let mut seen = None;
+    api.forget_deleted(&mut seen);
+    api.forget_deleted(&mut seen);
+    assert_eq!(
+        reads(),
+        2,
+        "the sweep walks the Proxies once, not again while they stand still"
+    );
+
+    source
+        .proxies
+        .lock()
+        .unwrap()
+        .push(proxy("b", "z1", "True", json!({})));
+    source
+        .version
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        names(&api.listing()),
+        ["a", "b"],
+        "a change is listed once the listing is past its age"
+    );
+    assert_eq!(reads(), 3);
+    api.forget_deleted(&mut seen);
+    assert_eq!(reads(), 4, "and the sweep looks again");
+}

@@ -5,9 +5,8 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
-
-use super::signed::{self, Claims, LeaseKey, NONCE_LEN};
+use super::signed::{self, LeaseKey};
+use super::state::{ms, Nonce, Record};
 use super::{Lease, LeaseStore, ProxyKey};
 
 /// What a store made of a presented id before a GET, renew or report.
@@ -67,84 +66,16 @@ pub fn readmit_decision(p: Presented) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// The id of `lease` (slot `slot`) signing its current expiry.
-pub(super) fn resign(key: &LeaseKey, slot: &str, lease: &Lease) -> String {
-    let nonce = data_encoding::BASE32_NOPAD
-        .decode(slot.to_ascii_uppercase().as_bytes())
-        .ok()
-        .and_then(|b| <[u8; NONCE_LEN]>::try_from(b).ok())
-        // Slots of a signing store are always encoded nonces.
-        .unwrap_or_default();
-    signed::encode(
-        key,
-        &claims(&lease.proxy, &lease.client, lease.expires_at, nonce),
-    )
-}
-
-fn claims(
-    proxy: &ProxyKey,
-    client: &str,
-    expires_at: DateTime<Utc>,
-    nonce: [u8; NONCE_LEN],
-) -> Claims {
-    Claims {
-        proxy: proxy.clone(),
-        client: client.to_string(),
-        expires_ms: expires_at.timestamp_millis(),
-        nonce,
-    }
-}
-
 impl LeaseStore {
     /// The same (empty) store signing its ids with `key`.
     pub fn with_key(self, key: LeaseKey) -> Self {
-        LeaseStore {
-            key: Some(key),
-            ..self
-        }
+        LeaseStore { key, ..self }
     }
 
-    /// The slot of a presented id: its nonce when the tag checks out, the
-    /// id itself when ids are not signed; `None`: no lease of ours.
-    pub(super) fn slot(&self, id: &str) -> Option<String> {
-        match &self.key {
-            Some(key) => signed::open(key, id).ok().map(|c| c.slot()),
-            None => Some(id.to_string()),
-        }
-    }
-
-    /// The random part of a new lease, drawn before the store's lock is
-    /// taken (a system call that no other request needs to wait for).
-    pub(super) fn fresh(&self) -> Fresh {
-        match &self.key {
-            Some(_) => Fresh::Nonce(signed::random_bytes()),
-            None => Fresh::Id((self.ids)()),
-        }
-    }
-
-    /// (slot, id) of a new lease, from its `fresh` random part.
-    pub(super) fn mint(
-        &self,
-        proxy: &ProxyKey,
-        client: &str,
-        expires_at: DateTime<Utc>,
-        fresh: Fresh,
-    ) -> (String, String) {
-        match (&self.key, fresh) {
-            (Some(key), Fresh::Nonce(nonce)) => {
-                let c = claims(proxy, client, expires_at, nonce);
-                (c.slot(), signed::encode(key, &c))
-            }
-            (Some(key), Fresh::Id(_)) => {
-                let c = claims(proxy, client, expires_at, signed::random_bytes());
-                (c.slot(), signed::encode(key, &c))
-            }
-            (None, Fresh::Id(id)) => (id.clone(), id),
-            (None, Fresh::Nonce(_)) => {
-                let id = (self.ids)();
-                (id.clone(), id)
-            }
-        }
+    /// The nonce of a presented id when its tag checks out; `None`: no
+    /// lease of ours.
+    pub(super) fn slot(&self, id: &str) -> Option<Nonce> {
+        signed::open(&self.key, id).ok().map(|c| c.nonce)
     }
 
     /// Makes sure the lease of `id` is held when it can be: a live id
@@ -152,54 +83,51 @@ impl LeaseStore {
     /// leader granted it) is taken in as if granted here, when `eligible`
     /// says its proxy is still offered and the proxy has room.
     pub fn admit(&self, id: &str, eligible: impl Fn(&ProxyKey) -> bool) -> Admission {
-        let Some(key) = &self.key else {
-            return Admission::Unknown;
-        };
         let now = self.clock.now();
-        let Ok(c) = signed::verify(key, id, now) else {
+        let Ok(c) = signed::verify(&self.key, id, now) else {
             return Admission::Unknown;
         };
-        let slot = c.slot();
+        let nonce = c.nonce;
         let mut st = self.lock();
         st.expire_leases(now);
-        if st.leases.contains_key(&slot) {
+        if st.leases.contains_key(&nonce) {
             return Admission::Known;
         }
-        if st.was_released(&slot) {
+        if st.was_released(&nonce) {
             return Admission::Unknown;
         }
-        let client: Arc<str> = Arc::from(c.client.as_str());
         let presented = Presented {
             eligible: eligible(&c.proxy),
             active: st.proxies.get(&c.proxy).map_or(0, |p| p.active()),
             max: self.config.max_leases_per_proxy,
-            held: st.clients.get(&client).map_or(0, |e| e.len()),
+            held: st.clients.held(&c.client),
             client_max: self.limits.max_leases,
         };
         if let Err(why) = readmit_decision(presented) {
             return Admission::Refused(why);
         }
-        let lease = Lease {
-            id: id.to_string(),
-            proxy: c.proxy.clone(),
-            granted_at: now,
-            expires_at: c.expires_at(),
+        let client: Arc<str> = Arc::from(c.client.as_str());
+        let record = Record {
+            proxy: st.proxy(&c.proxy),
+            granted_ms: ms(now),
+            expires_ms: c.expires_ms,
             site: None,
-            client: client.clone(),
+            client: st.clients.intern(&client),
         };
-        st.hold(slot, lease.clone());
+        st.hold(nonce, record);
+        drop(st);
         self.changed();
-        Admission::Readmitted(lease)
+        Admission::Readmitted(Lease {
+            id: id.to_string(),
+            expires_at: c.expires_at(),
+            proxy: c.proxy,
+            granted_at: now,
+            site: None,
+            client,
+        })
     }
 }
 
 #[cfg(test)]
 #[path = "failover_tests.rs"]
 mod tests;
-
-/// The random part of a lease about to be granted: a nonce for a signed
-/// id, or the whole id when ids are not signed.
-pub(super) enum Fresh {
-    Nonce([u8; NONCE_LEN]),
-    Id(String),
-}

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use chrono::TimeZone;
+use chrono::{TimeZone, Utc};
 
 use super::super::signed::KEY_LEN;
 use super::super::{AcquireRequest, FakeClock, LeaseConfig};
@@ -26,12 +26,7 @@ fn leader(max: u32, key_byte: u8, clock: &FakeClock) -> LeaseStore {
         max_ttl: Duration::from_secs(600),
         cooldown: Duration::from_secs(60),
     };
-    LeaseStore::with(
-        cfg,
-        Arc::new(clock.clone()),
-        Box::new(super::super::random_id),
-    )
-    .with_key(key(key_byte))
+    LeaseStore::with(cfg, Arc::new(clock.clone())).with_key(key(key_byte))
 }
 
 fn clock() -> FakeClock {

@@ -1,9 +1,7 @@
-//! Lease ids.
+//! Random names.
 
-/// Lease ids: 128 random bits, base32 (lowercase, unpadded).
-pub type IdSource = Box<dyn Fn() -> String + Send + Sync>;
-
-/// Random lease ids from the system's secure random source.
+/// 128 random bits from the system's secure source, base32 (lowercase,
+/// unpadded) after `l-`: request keys and names that must not repeat.
 pub fn random_id() -> String {
     let buf = super::signed::random_bytes::<16>();
     format!(

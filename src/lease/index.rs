@@ -7,6 +7,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -95,25 +96,36 @@ pub(super) fn sorted_keys<K: std::borrow::Borrow<ProxyKey>>(keys: &[K]) -> Vec<P
     v
 }
 
-/// Lease ends as an ordered multiset: how many, and the earliest, in
-/// O(log n).
+/// Lease ends as an ordered multiset, by the second (rounded up: what
+/// they answer, a retry time or the end of a drain, is never early): how
+/// many, and the earliest and latest, in O(log n). Leases ending in the
+/// same second share an entry, so a client holding 100,000 leases costs
+/// an entry per second of their ends, not per lease.
 #[derive(Debug, Default)]
 pub(super) struct Ends {
-    at: BTreeMap<DateTime<Utc>, u32>,
+    at: BTreeMap<i64, u32>,
     len: u32,
 }
 
+/// The second `ms` falls in, rounded up.
+pub(super) fn ceil_second(ms: i64) -> i64 {
+    -(-ms).div_euclid(1000)
+}
+
 impl Ends {
-    pub(super) fn add(&mut self, end: DateTime<Utc>) {
-        *self.at.entry(end).or_default() += 1;
+    /// Counts an end, in milliseconds since the epoch.
+    pub(super) fn add(&mut self, end_ms: i64) {
+        *self.at.entry(ceil_second(end_ms)).or_default() += 1;
         self.len = self.len.saturating_add(1);
     }
 
-    pub(super) fn remove(&mut self, end: DateTime<Utc>) {
-        if let Some(n) = self.at.get_mut(&end) {
+    /// Uncounts an end counted by [`Ends::add`].
+    pub(super) fn remove(&mut self, end_ms: i64) {
+        let s = ceil_second(end_ms);
+        if let Some(n) = self.at.get_mut(&s) {
             *n -= 1;
             if *n == 0 {
-                self.at.remove(&end);
+                self.at.remove(&s);
             }
             self.len = self.len.saturating_sub(1);
         }
@@ -126,13 +138,17 @@ impl Ends {
 
     /// The earliest.
     pub(super) fn first(&self) -> Option<DateTime<Utc>> {
-        self.at.keys().next().copied()
+        self.at.keys().next().map(|s| at_second(*s))
     }
 
     /// The latest.
     pub(super) fn last(&self) -> Option<DateTime<Utc>> {
-        self.at.keys().next_back().copied()
+        self.at.keys().next_back().map(|s| at_second(*s))
     }
+}
+
+fn at_second(s: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(s, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// What the store knows of one proxy.
@@ -169,9 +185,9 @@ impl ProxyState {
 #[derive(Debug, Default)]
 pub(super) struct Index {
     /// Eligible proxies with room, best first.
-    pub(super) free: BTreeSet<(Rank, ProxyKey)>,
+    pub(super) free: BTreeSet<(Rank, Arc<ProxyKey>)>,
     /// Eligible proxies holding leases, by their earliest lease end.
-    pub(super) soonest: BTreeSet<(DateTime<Utc>, ProxyKey)>,
+    pub(super) soonest: BTreeSet<(DateTime<Utc>, Arc<ProxyKey>)>,
     /// The eligible set last told, sorted.
     eligible: Vec<ProxyKey>,
     /// Its generation.
@@ -191,11 +207,10 @@ impl State {
     /// (O(log n)). Creates the state when missing.
     pub(super) fn update_proxy(&mut self, key: &ProxyKey, f: impl FnOnce(&mut ProxyState)) {
         let max = self.max;
-        if !self.proxies.contains_key(key) {
-            self.proxies.insert(key.clone(), ProxyState::default());
-        }
-        let Some(p) = self.proxies.get_mut(key) else {
-            return; // inserted just above
+        // The index holds the state's own pointer: no key is copied.
+        let key = self.proxy(key);
+        let Some(p) = self.proxies.get_mut(&*key) else {
+            return; // made by `proxy` just above
         };
         let before = p.entries(max);
         f(p);
@@ -279,15 +294,19 @@ impl State {
     /// that is a candidate and not cooling down. O(log n) plus the entries
     /// skipped (non-candidates, cooling), or O(candidates) when they are
     /// few; never a walk over every proxy or lease.
-    pub(super) fn choose(&self, c: &dyn Candidates, a: &Ask<'_>) -> Result<ProxyKey, AcquireError> {
+    pub(super) fn choose(
+        &self,
+        c: &dyn Candidates,
+        a: &Ask<'_>,
+    ) -> Result<Arc<ProxyKey>, AcquireError> {
         let whole = self.whole(c);
         let member = |k: &ProxyKey| whole || c.contains(k);
         if let Some(k) = a.sticky {
             let room = self
                 .proxies
-                .get(k)
-                .is_some_and(|p| p.eligible && p.active() < self.max);
-            if room && member(k) && !self.cooling(k, a) {
+                .get_key_value(k)
+                .filter(|(_, p)| p.eligible && p.active() < self.max);
+            if let Some((k, _)) = room.filter(|(k, _)| member(k) && !self.cooling(k, a)) {
                 return Ok(k.clone());
             }
         }
@@ -314,14 +333,14 @@ impl State {
     }
 
     /// [`State::choose`] for few candidates: each one ranked.
-    fn choose_among(&self, c: &dyn Candidates, a: &Ask<'_>) -> Result<ProxyKey, AcquireError> {
+    fn choose_among(&self, c: &dyn Candidates, a: &Ask<'_>) -> Result<Arc<ProxyKey>, AcquireError> {
         let (mut at_capacity, mut cooling) = (0, 0);
-        let mut best: Option<(Rank, &ProxyKey)> = None;
+        let mut best: Option<(Rank, &Arc<ProxyKey>)> = None;
         for k in c.keys() {
-            let Some(p) = self
+            let Some((k, p)) = self
                 .proxies
-                .get(k)
-                .filter(|p| p.eligible && p.active() < self.max)
+                .get_key_value(k)
+                .filter(|(_, p)| p.eligible && p.active() < self.max)
             else {
                 at_capacity += 1;
                 continue;

@@ -4,7 +4,6 @@
 //! walk over all candidates the store made before the index.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use chrono::TimeZone;
 
 use super::*;
 use crate::lease::{
-    AcquireRequest, ClientLimits, Clock, FakeClock, IdSource, LeaseConfig, LeaseStore, Outcome,
+    AcquireRequest, ClientLimits, Clock, FakeClock, LeaseConfig, LeaseStore, Outcome,
 };
 
 /// xorshift64*: a fixed sequence per seed, no dependency.
@@ -41,30 +40,39 @@ const UNIVERSE: usize = 24;
 
 fn store(max: u32, limits: ClientLimits) -> (LeaseStore, FakeClock) {
     let clock = FakeClock::at(Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).unwrap());
-    let n = Arc::new(AtomicU64::new(0));
-    let ids: IdSource = Box::new(move || format!("l{}", n.fetch_add(1, AtomicOrdering::SeqCst)));
     let cfg = LeaseConfig {
         max_leases_per_proxy: max,
         default_ttl: Duration::from_secs(60),
         max_ttl: Duration::from_secs(3600),
         cooldown: Duration::from_secs(20),
     };
-    let s = LeaseStore::with(cfg, Arc::new(clock.clone()), ids).with_client_limits(limits);
+    let s = LeaseStore::with(cfg, Arc::new(clock.clone())).with_client_limits(limits);
     (s, clock)
+}
+
+/// A lease's end as the indexes keep it: the second it falls in, rounded
+/// up.
+fn indexed_end(ms: i64) -> DateTime<Utc> {
+    let s = ms / 1000 + i64::from(ms % 1000 > 0);
+    DateTime::from_timestamp(s, 0).unwrap()
 }
 
 /// The indexes as the leases and proxy states say they must be.
 fn check_index(st: &State, step: usize) {
     let mut by_proxy: BTreeMap<&ProxyKey, Vec<DateTime<Utc>>> = BTreeMap::new();
-    let mut by_client: BTreeMap<&str, Vec<DateTime<Utc>>> = BTreeMap::new();
+    let mut by_client: BTreeMap<Arc<str>, Vec<DateTime<Utc>>> = BTreeMap::new();
     for l in st.leases.values() {
-        by_proxy.entry(&l.proxy).or_default().push(l.expires_at);
-        by_client.entry(&l.client).or_default().push(l.expires_at);
+        let end = indexed_end(l.expires_ms);
+        by_proxy.entry(&*l.proxy).or_default().push(end);
+        by_client
+            .entry(st.clients.name(l.client))
+            .or_default()
+            .push(end);
     }
     let mut free = BTreeSet::new();
     let mut soonest = BTreeSet::new();
     for (k, p) in &st.proxies {
-        let ends = by_proxy.get(k).cloned().unwrap_or_default();
+        let ends = by_proxy.get(&**k).cloned().unwrap_or_default();
         assert_eq!(
             p.active() as usize,
             ends.len(),
@@ -94,16 +102,17 @@ fn check_index(st: &State, step: usize) {
         .proxies
         .iter()
         .filter(|(_, p)| p.eligible)
-        .map(|(k, _)| k)
+        .map(|(k, _)| &**k)
         .collect();
     assert_eq!(
         eligible,
         st.index.eligible.iter().collect(),
         "step {step}: eligible flags"
     );
-    assert_eq!(st.clients.len(), by_client.len(), "step {step}: clients");
+    let holding: BTreeMap<&str, &Ends> = st.clients.holding().collect();
+    assert_eq!(holding.len(), by_client.len(), "step {step}: clients");
     for (c, ends) in &by_client {
-        let e = &st.clients[*c];
+        let e = holding[c.as_ref()];
         assert_eq!(e.len() as usize, ends.len(), "step {step}: client {c}");
         assert_eq!(
             e.first(),
@@ -151,9 +160,9 @@ fn brute_end(st: &State, candidates: &[ProxyKey]) -> Option<DateTime<Utc>> {
     let set: HashSet<&ProxyKey> = candidates.iter().collect();
     st.leases
         .values()
-        .filter(|l| set.contains(&l.proxy))
-        .filter(|l| st.proxies.get(&l.proxy).is_some_and(|p| p.eligible))
-        .map(|l| l.expires_at)
+        .filter(|l| set.contains(&*l.proxy))
+        .filter(|l| st.proxies.get(&*l.proxy).is_some_and(|p| p.eligible))
+        .map(|l| indexed_end(l.expires_ms))
         .min()
 }
 
@@ -243,7 +252,7 @@ fn run(seed: u64, steps: usize, max: u32, limits: ClientLimits) {
                         client: &req.client,
                         now: clock.now(),
                     };
-                    let own = st.clients.get(&req.client).map_or(0, |e| e.len());
+                    let own = st.clients.held(&req.client);
                     let limited = limits.max_leases > 0 && own >= limits.max_leases;
                     (!picked.is_empty() && !limited).then(|| brute_choice(&st, &picked, &ask))
                 };
@@ -350,7 +359,7 @@ fn a_proxy_leaving_the_eligible_set_leaves_the_indexes_and_keeps_its_leases() {
     s.set_eligible(2, vec![key(2)]);
     {
         let st = s.lock();
-        assert!(st.index.free.iter().all(|(_, k)| *k == key(2)));
+        assert!(st.index.free.iter().all(|(_, k)| **k == key(2)));
         assert!(st.index.soonest.is_empty());
         assert_eq!(st.proxies[&first.proxy].active(), 1);
     }

@@ -178,7 +178,7 @@ mod snapshot;
 pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};
 
 mod ids;
-pub use ids::{random_id, IdSource};
+pub use ids::random_id;
 mod failover;
 mod recovery;
 pub use failover::{readmit_decision, Admission, Presented, Refusal};
@@ -191,9 +191,9 @@ pub struct LeaseStore {
     config: LeaseConfig,
     limits: ClientLimits,
     clock: Arc<dyn Clock>,
-    ids: IdSource,
-    /// Signs ids so another leader can take them in; `None`: random ids.
-    key: Option<LeaseKey>,
+    /// Signs ids so another leader can take them in (a random key of this
+    /// process's own until [`LeaseStore::with_key`] gives the shared one).
+    key: LeaseKey,
     state: Mutex<State>,
     /// Counts take-overs: a follower's copy of the leader's table is not
     /// applied once this store took over since it asked.
@@ -208,19 +208,18 @@ pub struct LeaseStore {
 }
 
 impl LeaseStore {
-    /// A store with the system clock and random ids.
+    /// A store with the system clock.
     pub fn new(config: LeaseConfig) -> Self {
-        Self::with(config, Arc::new(SystemClock), Box::new(random_id))
+        Self::with(config, Arc::new(SystemClock))
     }
 
-    /// A store with a given clock and id source (tests).
-    pub fn with(config: LeaseConfig, clock: Arc<dyn Clock>, ids: IdSource) -> Self {
+    /// A store with a given clock (tests).
+    pub fn with(config: LeaseConfig, clock: Arc<dyn Clock>) -> Self {
         LeaseStore {
             config,
             limits: ClientLimits::default(),
             clock,
-            ids,
-            key: None,
+            key: LeaseKey::random(),
             state: Mutex::new(State::new(
                 ClientLimits::default(),
                 config.max_leases_per_proxy,
@@ -274,7 +273,7 @@ impl LeaseStore {
         eligible: &[K],
         req: &AcquireRequest,
     ) -> Result<Lease, AcquireError> {
-        let fresh = self.fresh();
+        let nonce = signed::random_bytes();
         let now = self.clock.now();
         let mut st = self.lock();
         let generation = st.next_generation();
@@ -283,7 +282,9 @@ impl LeaseStore {
             generation,
             len: eligible.len(),
         };
-        self.grant(&mut st, (&all, fresh), req, now)
+        let held = self.grant(&mut st, (&all, nonce), req, now);
+        drop(st);
+        held.map(|h| self.answer(h))
     }
 
     /// Grants a lease on one of `c` (see [`LeaseStore::acquire`] for the
@@ -294,10 +295,12 @@ impl LeaseStore {
         c: &dyn Candidates,
         req: &AcquireRequest,
     ) -> Result<Lease, AcquireError> {
-        let fresh = self.fresh();
+        let nonce = signed::random_bytes();
         let now = self.clock.now();
         let mut st = self.lock();
-        self.grant(&mut st, (c, fresh), req, now)
+        let held = self.grant(&mut st, (c, nonce), req, now);
+        drop(st);
+        held.map(|h| self.answer(h))
     }
 
     /// The generation of the eligible set the store holds (`None`: none
@@ -318,10 +321,10 @@ impl LeaseStore {
     fn grant(
         &self,
         st: &mut State,
-        (c, fresh): (&dyn Candidates, failover::Fresh),
+        (c, nonce): (&dyn Candidates, state::Nonce),
         req: &AcquireRequest,
         now: DateTime<Utc>,
-    ) -> Result<Lease, AcquireError> {
+    ) -> Result<state::Held, AcquireError> {
         st.expire_leases(now);
         let expires_at = st.recovery.grant(now, req.ttl)?;
         if c.is_empty() {
@@ -329,7 +332,7 @@ impl LeaseStore {
         }
         let client = &req.client;
         let max_own = self.limits.max_leases;
-        if max_own > 0 && st.clients.get(client).map_or(0, |e| e.len()) >= max_own {
+        if max_own > 0 && st.clients.held(client) >= max_own {
             return Err(AcquireError::ClientLimit { max: max_own });
         }
         let site = req.site.as_deref().map(digest);
@@ -351,18 +354,22 @@ impl LeaseStore {
                 .sticky
                 .remember(s, &chosen, later(expires_at, STICKY_IDLE));
         }
-        let (slot, id) = self.mint(&chosen, client, expires_at, fresh);
-        let lease = Lease {
-            id,
+        let record = state::Record {
             proxy: chosen,
-            granted_at: now,
-            expires_at,
-            site: req.site.clone(),
-            client: client.clone(),
+            granted_ms: state::ms(now),
+            expires_ms: state::ms(expires_at),
+            site: req.site.as_deref().map(Box::from),
+            client: st.clients.intern(client),
         };
-        st.hold(slot, lease.clone());
+        st.hold(nonce, record);
         self.changed();
-        Ok(lease)
+        st.held(&nonce).ok_or(AcquireError::NoProxy)
+    }
+
+    /// The lease as answered: its id signs what it is now.
+    fn answer(&self, h: state::Held) -> Lease {
+        let id = signed::encode_parts(&self.key, h.expires_ms, &h.nonce, &h.proxy, &h.client);
+        h.into_lease(id)
     }
 
     /// Extends a live lease to now + `ttl`; `None` when unknown or expired.
@@ -372,15 +379,13 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let old_end = st.leases.get(&slot)?.expires_at;
+        let old_end = state::at(st.leases.get(&slot)?.expires_ms);
         let end = st.recovery.renewal(now, ttl, old_end);
-        let lease = st.move_end(&slot, end)?;
-        if let Some(key) = &self.key {
-            lease.id = failover::resign(key, &slot, lease);
-        }
-        let lease = lease.clone();
+        st.move_end(&slot, end)?;
+        let held = st.held(&slot)?;
+        drop(st);
         self.changed();
-        Some(lease)
+        Some(self.answer(held))
     }
 
     /// A live lease.
@@ -389,7 +394,9 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        st.leases.get(&slot).cloned()
+        let held = st.held(&slot)?;
+        drop(st);
+        Some(self.answer(held))
     }
 
     /// Ends a lease; releasing an unknown or already released lease is not
@@ -418,19 +425,22 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let lease = st.leases.get(&slot)?.clone();
+        let held = st.held(&slot)?;
         if outcome != Outcome::Ok {
             let until = later(now, self.config.cooldown);
             match site {
                 // Bounded: past the caps the site cooldown is not kept.
                 Some(s) => {
-                    let _ = st.cooldowns.put_site(&lease.proxy, s, until);
+                    let _ = st.cooldowns.put_site(&held.proxy, s, until);
                 }
-                None => st.cooldowns.put_global(&lease.proxy, &lease.client, until),
+                None => st.cooldowns.put_global(&held.proxy, &held.client, until),
             }
+        }
+        drop(st);
+        if outcome != Outcome::Ok {
             self.changed();
         }
-        Some(lease)
+        Some(self.answer(held))
     }
 
     /// The background sweep: removes expired leases, cooldowns and sticky
@@ -452,11 +462,9 @@ impl LeaseStore {
     /// Live leases (expired ones not yet swept are not counted).
     pub fn active(&self) -> usize {
         let now = self.clock.now();
-        self.lock()
-            .leases
-            .values()
-            .filter(|l| l.expires_at > now)
-            .count()
+        let mut st = self.lock();
+        st.expire_leases(now);
+        st.leases.len()
     }
 
     /// Live leases per proxy, for the listing.
@@ -472,7 +480,7 @@ impl LeaseStore {
         st.cooldowns.retain_proxies(present);
         // An eligible proxy stays: its state is in the index.
         st.proxies
-            .retain(|k, p| present.contains(k) || p.active() > 0 || p.eligible);
+            .retain(|k, p| present.contains(&**k) || p.active() > 0 || p.eligible);
     }
 }
 

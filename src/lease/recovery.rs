@@ -238,7 +238,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let latest = st.ends.last().map(|(end, _)| *end);
+        let latest = st.latest_end();
         let r = &st.recovery;
         let longest = r
             .recent(now)
@@ -260,7 +260,7 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let latest = st.ends.last().map(|(end, _)| *end);
+        let latest = st.latest_end();
         let until = window_end(now, previous, self.config.max_ttl);
         let longest = st
             .recovery

@@ -198,11 +198,7 @@ fn store(clock: &FakeClock) -> LeaseStore {
         max_ttl: secs(600),
         cooldown: secs(60),
     };
-    LeaseStore::with(
-        cfg,
-        Arc::new(clock.clone()),
-        Box::new(super::super::random_id),
-    )
+    LeaseStore::with(cfg, Arc::new(clock.clone()))
 }
 
 fn req(ttl: u64) -> AcquireRequest {

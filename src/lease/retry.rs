@@ -69,9 +69,7 @@ impl LeaseStore {
         match e {
             AcquireError::NoProxy => RETRY_DEFAULT,
             AcquireError::NoCapacity { .. } => wait_until(now, st.soonest_end(c)),
-            AcquireError::ClientLimit { .. } => {
-                wait_until(now, st.clients.get(client).and_then(|e| e.first()))
-            }
+            AcquireError::ClientLimit { .. } => wait_until(now, st.clients.first_end(client)),
             AcquireError::Recovering { wait } => *wait,
         }
     }

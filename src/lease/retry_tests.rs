@@ -87,7 +87,7 @@ fn a_refusal_says_when_its_lease_ends() {
         max_ttl: Duration::from_secs(3600),
         cooldown: Duration::from_secs(60),
     };
-    let store = LeaseStore::with(config, Arc::new(clock.clone()), Box::new(|| "l".into()));
+    let store = LeaseStore::with(config, Arc::new(clock.clone()));
     let a = [ProxyKey {
         namespace: "ns".into(),
         name: "a".into(),

@@ -90,6 +90,14 @@ pub fn slot_of(nonce: &[u8; NONCE_LEN]) -> String {
         .to_ascii_lowercase()
 }
 
+/// The nonce a slot names ([`slot_of`] reversed).
+pub fn nonce_of(slot: &str) -> Option<[u8; NONCE_LEN]> {
+    data_encoding::BASE32_NOPAD
+        .decode(slot.to_ascii_uppercase().as_bytes())
+        .ok()
+        .and_then(|b| <[u8; NONCE_LEN]>::try_from(b).ok())
+}
+
 /// Why a presented id is not taken. The API answers every one of them the
 /// same way (404 unknown_lease), so a caller learns nothing from trying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -110,14 +118,30 @@ pub enum IdError {
 
 /// The id of `claims` under `key`.
 pub fn encode(key: &LeaseKey, claims: &Claims) -> String {
-    let mut payload = Vec::with_capacity(64);
-    payload.extend_from_slice(&claims.expires_ms.to_be_bytes());
-    payload.extend_from_slice(&claims.nonce);
-    for s in [
-        claims.proxy.namespace.as_str(),
-        claims.proxy.name.as_str(),
-        claims.client.as_str(),
-    ] {
+    encode_parts(
+        key,
+        claims.expires_ms,
+        &claims.nonce,
+        &claims.proxy,
+        &claims.client,
+    )
+}
+
+/// The id of the lease `nonce` on `proxy` held by `client` until
+/// `expires_ms`, under `key` (what [`encode`] writes, from its parts).
+pub fn encode_parts(
+    key: &LeaseKey,
+    expires_ms: i64,
+    nonce: &[u8; NONCE_LEN],
+    proxy: &ProxyKey,
+    client: &str,
+) -> String {
+    let mut payload = Vec::with_capacity(
+        8 + NONCE_LEN + 6 + proxy.namespace.len() + proxy.name.len() + client.len() + TAG_LEN,
+    );
+    payload.extend_from_slice(&expires_ms.to_be_bytes());
+    payload.extend_from_slice(nonce);
+    for s in [proxy.namespace.as_str(), proxy.name.as_str(), client] {
         // Kubernetes names and token names are far below 64 KiB; a longer
         // string is cut, and the id then fails to verify (never a grant).
         let b = &s.as_bytes()[..s.len().min(usize::from(u16::MAX))];

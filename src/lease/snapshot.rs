@@ -21,7 +21,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::bounds::{later, KeyDigest};
-use super::{failover, Lease, LeaseStore, ProxyKey};
+use super::signed::{nonce_of, slot_of};
+use super::state::{self, Nonce};
+use super::{LeaseStore, ProxyKey};
 
 /// The format's version; an importer refuses any other.
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -153,25 +155,26 @@ impl LeaseStore {
             v: SNAPSHOT_VERSION,
             ..Default::default()
         };
-        for (slot, l) in &st.leases {
-            let Some(left) = ms_left(now, l.expires_at) else {
+        let now_ms = state::ms(now);
+        for (nonce, l) in &st.leases {
+            let Some(left) = ms_left(now, state::at(l.expires_ms)) else {
                 continue;
             };
-            let age = u64::try_from((now - l.granted_at).num_milliseconds()).unwrap_or(0);
+            let age = u64::try_from(now_ms.saturating_sub(l.granted_ms)).unwrap_or(0);
             let p = t.of(&l.proxy);
             let entry = (
-                slot.clone(),
+                slot_of(nonce),
                 p,
-                l.client.to_string(),
+                st.clients.name(l.client).to_string(),
                 left,
                 age,
-                l.site.clone(),
+                l.site.as_deref().map(String::from),
             );
             s.leases.push(entry);
         }
         s.released = st
             .released()
-            .filter_map(|(end, slot)| Some((slot.to_string(), ms_left(now, end)?)))
+            .filter_map(|(end, nonce)| Some((slot_of(nonce), ms_left(now, end)?)))
             .collect();
         for (d, p, until) in st.sticky.live(now) {
             if let Some(left) = ms_left(now, until) {
@@ -238,40 +241,38 @@ impl LeaseStore {
         s: &Snapshot,
         now: DateTime<Utc>,
     ) {
-        let mut clients: BTreeMap<&str, Arc<str>> = BTreeMap::new();
-        for (slot, proxy, client, left, age, site) in &plan.leases {
+        let mut clients: BTreeMap<&str, u32> = BTreeMap::new();
+        for (nonce, proxy, client, left, age, site) in &plan.leases {
             let end = after(now, *left);
-            if st.leases.contains_key(slot.as_str()) {
-                let held = st.leases.get(slot.as_str()).map(|l| l.expires_at);
-                if held.is_some_and(|h| h < end) {
-                    st.move_end(slot, end);
+            if let Some(held) = st.leases.get(nonce).map(|l| l.expires_ms) {
+                if held < state::ms(end) {
+                    st.move_end(nonce, end);
                 }
                 continue;
             }
-            if st.was_released(slot) {
+            if st.was_released(nonce) {
                 continue;
             }
-            let client = clients
-                .entry(client.as_str())
-                .or_insert_with(|| Arc::from(client.as_str()))
-                .clone();
-            let age = chrono::Duration::milliseconds(i64::try_from(*age).unwrap_or(0));
-            let mut lease = Lease {
-                id: (*slot).clone(),
-                proxy: proxy.clone(),
-                granted_at: now - age,
-                expires_at: end,
-                site: (*site).clone(),
+            let client = match clients.get(client.as_str()) {
+                Some(id) => *id,
+                None => {
+                    let id = st.clients.intern(&Arc::from(client.as_str()));
+                    *clients.entry(client.as_str()).or_insert(id)
+                }
+            };
+            let age = i64::try_from(*age).unwrap_or(0);
+            let record = state::Record {
+                proxy: st.proxy(proxy),
+                granted_ms: state::ms(now).saturating_sub(age),
+                expires_ms: state::ms(end),
+                site: site.as_deref().map(Box::from),
                 client,
             };
-            if let Some(key) = &self.key {
-                lease.id = failover::resign(key, slot, &lease);
-            }
-            st.hold((*slot).clone(), lease);
+            st.hold(*nonce, record);
         }
-        for (slot, left) in &s.released {
-            st.end(slot);
-            st.remember_release(slot, after(now, *left));
+        for (nonce, left) in &plan.released {
+            st.end(nonce);
+            st.remember_release(*nonce, after(now, *left));
         }
         for (d, p, left) in &plan.sticky {
             // Bounded as a grant is: a key past the caps loses stickiness.
@@ -297,14 +298,8 @@ impl LeaseStore {
 /// snapshot changes nothing.
 #[allow(clippy::type_complexity)] // the snapshot's own tuples, resolved
 struct Plan<'a> {
-    leases: Vec<(
-        &'a String,
-        ProxyKey,
-        &'a String,
-        u64,
-        u64,
-        &'a Option<String>,
-    )>,
+    leases: Vec<(Nonce, ProxyKey, &'a String, u64, u64, &'a Option<String>)>,
+    released: Vec<(Nonce, u64)>,
     sticky: Vec<(KeyDigest, ProxyKey, u64)>,
     sites: Vec<(ProxyKey, KeyDigest, u64)>,
     global: Vec<(ProxyKey, Arc<str>, u64)>,
@@ -326,6 +321,7 @@ impl<'a> Plan<'a> {
         };
         let mut plan = Plan {
             leases: Vec::with_capacity(s.leases.len()),
+            released: Vec::with_capacity(s.released.len()),
             sticky: Vec::with_capacity(s.sticky.len()),
             sites: Vec::with_capacity(s.sites.len()),
             global: Vec::with_capacity(s.global.len()),
@@ -336,9 +332,15 @@ impl<'a> Plan<'a> {
         for (p, d, left) in &s.sites {
             plan.sites.push((proxy(*p)?, decode_digest(d)?, *left));
         }
+        let nonce = |slot: &str| {
+            nonce_of(slot).ok_or(SnapshotError::Inconsistent("a lease slot is malformed"))
+        };
         for (slot, p, client, left, age, site) in &s.leases {
             plan.leases
-                .push((slot, proxy(*p)?, client, *left, *age, site));
+                .push((nonce(slot)?, proxy(*p)?, client, *left, *age, site));
+        }
+        for (slot, left) in &s.released {
+            plan.released.push((nonce(slot)?, *left));
         }
         for (p, client, left) in &s.global {
             plan.global

@@ -4,7 +4,8 @@ use chrono::TimeZone;
 
 use super::super::signed::KEY_LEN;
 use super::super::{
-    AcquireError, AcquireRequest, Admission, Clock, FakeClock, LeaseConfig, LeaseKey, Outcome,
+    AcquireError, AcquireRequest, Admission, Clock, FakeClock, Lease, LeaseConfig, LeaseKey,
+    Outcome,
 };
 use super::*;
 
@@ -22,12 +23,8 @@ fn store(clock: &FakeClock) -> LeaseStore {
         max_ttl: Duration::from_secs(600),
         cooldown: Duration::from_secs(120),
     };
-    LeaseStore::with(
-        cfg,
-        Arc::new(clock.clone()),
-        Box::new(super::super::random_id),
-    )
-    .with_key(LeaseKey::from_bytes(&[7; KEY_LEN]).unwrap())
+    LeaseStore::with(cfg, Arc::new(clock.clone()))
+        .with_key(LeaseKey::from_bytes(&[7; KEY_LEN]).unwrap())
 }
 
 fn req(client: &str, sticky: Option<&str>, site: Option<&str>) -> AcquireRequest {

@@ -1,26 +1,173 @@
 //! The store's maps under its one mutex, and the two ways a lease ends
 //! (expiry, release) that keep them consistent.
+//!
+//! A lease is a fixed-size [`Record`] keyed by its 16-byte nonce: the proxy
+//! shared by pointer, the client by a small number, times as milliseconds;
+//! its signed id is derived again when it is answered, never stored
+//! (docs/architecture.md, "The lease table").
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::bounds::{Caps, Cooldowns, StickyMap};
-use super::index::{Ends, Index, ProxyState};
+use super::index::{ceil_second, Ends, Index, ProxyState};
+use super::signed::NONCE_LEN;
 use super::{
     ClientLimits, Lease, ProxyKey, MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY,
     MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
 };
 
+/// What names a lease in the store: the nonce its ids carry.
+pub(super) type Nonce = [u8; NONCE_LEN];
+
+/// Milliseconds since the epoch of `t`.
+pub(super) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// The time of `ms` milliseconds since the epoch.
+pub(super) fn at(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// A live lease as the store keeps it (48 bytes).
+#[derive(Debug, Clone)]
+pub(super) struct Record {
+    /// The proxy, shared with its state and every other lease on it.
+    pub(super) proxy: Arc<ProxyKey>,
+    pub(super) granted_ms: i64,
+    pub(super) expires_ms: i64,
+    pub(super) site: Option<Box<str>>,
+    /// In [`Clients`].
+    pub(super) client: u32,
+}
+
+/// A lease read out under the lock, answered after it (signing its id
+/// needs no lock).
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) nonce: Nonce,
+    pub(super) proxy: Arc<ProxyKey>,
+    pub(super) client: Arc<str>,
+    pub(super) granted_ms: i64,
+    pub(super) expires_ms: i64,
+    pub(super) site: Option<Box<str>>,
+}
+
+impl Held {
+    /// The lease as answered, with `id`.
+    pub(super) fn into_lease(self, id: String) -> Lease {
+        Lease {
+            id,
+            proxy: (*self.proxy).clone(),
+            granted_at: at(self.granted_ms),
+            expires_at: at(self.expires_ms),
+            site: self.site.map(String::from),
+            client: self.client,
+        }
+    }
+}
+
+/// Clients (token names) by number, and their live leases' ends. A
+/// number is never reused: clients are the few token names and the
+/// names in ids this store's key signed.
+#[derive(Debug, Default)]
+pub(super) struct Clients {
+    ids: HashMap<Arc<str>, u32>,
+    names: Vec<(Arc<str>, Ends)>,
+}
+
+impl Clients {
+    /// The number of `name`, given one when new.
+    pub(super) fn intern(&mut self, name: &Arc<str>) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        self.ids.insert(name.clone(), id);
+        self.names.push((name.clone(), Ends::default()));
+        id
+    }
+
+    fn get(&self, name: &str) -> Option<&Ends> {
+        let id = self.ids.get(name)?;
+        self.names.get(usize::try_from(*id).ok()?).map(|(_, e)| e)
+    }
+
+    /// The name of client `id`.
+    pub(super) fn name(&self, id: u32) -> Arc<str> {
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| self.names.get(i))
+            .map_or_else(|| Arc::from(""), |(n, _)| n.clone())
+    }
+
+    pub(super) fn ends_mut(&mut self, id: u32) -> Option<&mut Ends> {
+        let i = usize::try_from(id).ok()?;
+        self.names.get_mut(i).map(|(_, e)| e)
+    }
+
+    /// Live leases `name` holds.
+    pub(super) fn held(&self, name: &str) -> u32 {
+        self.get(name).map_or(0, Ends::len)
+    }
+
+    /// The earliest end of a lease `name` holds.
+    pub(super) fn first_end(&self, name: &str) -> Option<DateTime<Utc>> {
+        self.get(name).and_then(Ends::first)
+    }
+
+    /// Clients holding leases, with their ends.
+    #[cfg(test)]
+    pub(super) fn holding(&self) -> impl Iterator<Item = (&str, &Ends)> {
+        self.names
+            .iter()
+            .filter(|(_, e)| e.len() > 0)
+            .map(|(n, e)| (n.as_ref(), e))
+    }
+}
+
+/// Nonces released here, remembered until the end their last id signed:
+/// a released id is not taken in again by [`super::LeaseStore::admit`]
+/// while it could be presented. Ends are kept by the second, rounded up.
+#[derive(Debug, Default)]
+pub(super) struct Released {
+    nonces: HashSet<Nonce>,
+    by_end: BTreeMap<i64, Vec<Nonce>>,
+}
+
+impl Released {
+    fn remember(&mut self, nonce: Nonce, end_ms: i64) {
+        if self.nonces.insert(nonce) {
+            self.by_end
+                .entry(ceil_second(end_ms))
+                .or_default()
+                .push(nonce);
+        }
+    }
+
+    fn forget_until(&mut self, now_ms: i64) {
+        while let Some(entry) = self.by_end.first_entry() {
+            if entry.key().saturating_mul(1000) > now_ms {
+                break;
+            }
+            for n in entry.remove() {
+                self.nonces.remove(&n);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct State {
-    /// Live leases by slot: the nonce of a signed id, else the id itself.
-    pub(super) leases: HashMap<String, Lease>,
-    /// Every lease (slot) by its end, so expiring is O(expired), not O(leases).
-    pub(super) ends: BTreeSet<(DateTime<Utc>, String)>,
+    /// Live leases by nonce.
+    pub(super) leases: HashMap<Nonce, Record>,
+    /// Every lease by its end, so expiring is O(expired), not O(leases).
+    pub(super) ends: BTreeSet<(i64, Nonce)>,
     /// Per proxy; change through [`State::update_proxy`] (keeps `index`).
-    pub(super) proxies: HashMap<ProxyKey, ProxyState>,
+    pub(super) proxies: HashMap<Arc<ProxyKey>, ProxyState>,
     /// The eligible proxies with room in fairness order, and those with
     /// leases by their earliest end (`index.rs`).
     pub(super) index: Index,
@@ -28,13 +175,9 @@ pub(super) struct State {
     pub(super) max: u32,
     pub(super) cooldowns: Cooldowns,
     pub(super) sticky: StickyMap,
-    /// Live leases' ends per client.
-    pub(super) clients: HashMap<Arc<str>, Ends>,
+    pub(super) clients: Clients,
     pub(super) grants: u64,
-    /// Slots released here, by their signed end: a released id is not
-    /// taken in again by [`super::LeaseStore::admit`] while it could be.
-    released: BTreeSet<(DateTime<Utc>, String)>,
-    released_slots: HashSet<String>,
+    released: Released,
     /// Horizons and the recovery window (`recovery.rs`).
     pub(super) recovery: super::recovery::Recovery,
 }
@@ -44,7 +187,7 @@ impl State {
         State {
             index: Index::default(),
             max,
-            clients: HashMap::new(),
+            clients: Clients::default(),
             leases: HashMap::new(),
             ends: BTreeSet::new(),
             proxies: HashMap::new(),
@@ -60,8 +203,7 @@ impl State {
                 per_proxy: MAX_STICKY_KEYS_PER_PROXY,
             }),
             grants: 0,
-            released: BTreeSet::new(),
-            released_slots: HashSet::new(),
+            released: Released::default(),
             recovery: Default::default(),
         }
     }
@@ -70,96 +212,113 @@ impl State {
     /// how many ended. Cooldowns and sticky keys are left to
     /// [`LeaseStore::sweep`]: requests only compare their ends with now.
     pub(super) fn expire_leases(&mut self, now: DateTime<Utc>) -> usize {
-        while self.released.first().is_some_and(|(end, _)| *end <= now) {
-            self.forget_oldest_release();
-        }
+        let now = ms(now);
+        self.released.forget_until(now);
         let mut n = 0;
         while self.ends.first().is_some_and(|(end, _)| *end <= now) {
-            if let Some((_, id)) = self.ends.pop_first() {
-                n += usize::from(self.end(&id).is_some());
+            if let Some((_, nonce)) = self.ends.pop_first() {
+                n += usize::from(self.end(&nonce).is_some());
             }
         }
         n
     }
 
     /// Ends a lease by release: its ids are dead here until they expire.
-    pub(super) fn release(&mut self, slot: &str) -> Option<Lease> {
-        let lease = self.end(slot)?;
-        self.remember_release(slot, lease.expires_at);
-        Some(lease)
+    pub(super) fn release(&mut self, nonce: &Nonce) -> Option<Record> {
+        let rec = self.end(nonce)?;
+        self.released.remember(*nonce, rec.expires_ms);
+        Some(rec)
     }
 
-    /// Remembers that `slot` was released, until `end`: as long as any of
+    /// Remembers that `nonce` was released, until `end`: as long as any of
     /// its ids could be presented, however many are released meanwhile
-    /// (each costs about 100 bytes for at most `--max-lease-ttl`).
-    pub(super) fn remember_release(&mut self, slot: &str, end: DateTime<Utc>) {
-        if self.released_slots.insert(slot.to_string()) {
-            self.released.insert((end, slot.to_string()));
-        }
+    /// (each costs about 40 bytes for at most `--max-lease-ttl`).
+    pub(super) fn remember_release(&mut self, nonce: Nonce, end: DateTime<Utc>) {
+        self.released.remember(nonce, ms(end));
     }
 
-    /// Released slots by their end.
-    pub(super) fn released(&self) -> impl Iterator<Item = (DateTime<Utc>, &str)> {
+    /// Released nonces by their end (rounded up to the second).
+    pub(super) fn released(&self) -> impl Iterator<Item = (DateTime<Utc>, &Nonce)> {
         self.released
+            .by_end
             .iter()
-            .map(|(end, slot)| (*end, slot.as_str()))
+            .flat_map(|(s, v)| v.iter().map(move |n| (at(s.saturating_mul(1000)), n)))
     }
 
-    /// Whether `slot` was released here and could still be presented.
-    pub(super) fn was_released(&self, slot: &str) -> bool {
-        self.released_slots.contains(slot)
+    /// Whether `nonce` was released here and could still be presented.
+    pub(super) fn was_released(&self, nonce: &Nonce) -> bool {
+        self.released.nonces.contains(nonce)
     }
 
-    fn forget_oldest_release(&mut self) {
-        if let Some((_, slot)) = self.released.pop_first() {
-            self.released_slots.remove(&slot);
+    /// The shared pointer of `key`, its state made when missing.
+    pub(super) fn proxy(&mut self, key: &ProxyKey) -> Arc<ProxyKey> {
+        if let Some((k, _)) = self.proxies.get_key_value(key) {
+            return k.clone();
         }
+        let k = Arc::new(key.clone());
+        self.proxies.insert(k.clone(), ProxyState::default());
+        k
     }
 
-    /// Holds a new lease under `slot`: counted on its proxy and client.
-    pub(super) fn hold(&mut self, slot: String, lease: Lease) {
-        let end = lease.expires_at;
-        self.update_proxy(&lease.proxy, |p| p.ends.add(end));
-        self.clients
-            .entry(lease.client.clone())
-            .or_default()
-            .add(end);
-        self.ends.insert((end, slot.clone()));
-        self.leases.insert(slot, lease);
+    /// Holds a new lease under `nonce`: counted on its proxy and client.
+    pub(super) fn hold(&mut self, nonce: Nonce, rec: Record) {
+        let end = rec.expires_ms;
+        self.update_proxy(&rec.proxy, |p| p.ends.add(end));
+        if let Some(e) = self.clients.ends_mut(rec.client) {
+            e.add(end);
+        }
+        self.ends.insert((end, nonce));
+        self.leases.insert(nonce, rec);
     }
 
-    /// Moves the end of the lease in `slot` to `end`.
-    pub(super) fn move_end(&mut self, slot: &str, end: DateTime<Utc>) -> Option<&mut Lease> {
-        let lease = self.leases.get(slot)?;
-        let (old, proxy, client) = (lease.expires_at, lease.proxy.clone(), lease.client.clone());
+    /// Moves the end of the lease of `nonce` to `end`.
+    pub(super) fn move_end(&mut self, nonce: &Nonce, end: DateTime<Utc>) -> Option<&Record> {
+        let end = ms(end);
+        let rec = self.leases.get(nonce)?;
+        let (old, proxy, client) = (rec.expires_ms, rec.proxy.clone(), rec.client);
         self.update_proxy(&proxy, |p| {
             p.ends.remove(old);
             p.ends.add(end);
         });
-        if let Some(c) = self.clients.get_mut(&client) {
+        if let Some(c) = self.clients.ends_mut(client) {
             c.remove(old);
             c.add(end);
         }
-        self.ends.remove(&(old, slot.to_string()));
-        self.ends.insert((end, slot.to_string()));
-        let lease = self.leases.get_mut(slot)?;
-        lease.expires_at = end;
-        Some(lease)
+        self.ends.remove(&(old, *nonce));
+        self.ends.insert((end, *nonce));
+        let rec = self.leases.get_mut(nonce)?;
+        rec.expires_ms = end;
+        Some(rec)
     }
 
-    pub(super) fn end(&mut self, slot: &str) -> Option<Lease> {
-        let lease = self.leases.remove(slot)?;
-        let end = lease.expires_at;
-        self.ends.remove(&(end, slot.to_string()));
-        if self.proxies.contains_key(&lease.proxy) {
-            self.update_proxy(&lease.proxy, |p| p.ends.remove(end));
+    pub(super) fn end(&mut self, nonce: &Nonce) -> Option<Record> {
+        let rec = self.leases.remove(nonce)?;
+        let end = rec.expires_ms;
+        self.ends.remove(&(end, *nonce));
+        if self.proxies.contains_key(&*rec.proxy) {
+            self.update_proxy(&rec.proxy, |p| p.ends.remove(end));
         }
-        if let Some(c) = self.clients.get_mut(&lease.client) {
+        if let Some(c) = self.clients.ends_mut(rec.client) {
             c.remove(end);
-            if c.len() == 0 {
-                self.clients.remove(&lease.client);
-            }
         }
-        Some(lease)
+        Some(rec)
+    }
+
+    /// The lease of `nonce`, read out to be answered.
+    pub(super) fn held(&self, nonce: &Nonce) -> Option<Held> {
+        let rec = self.leases.get(nonce)?;
+        Some(Held {
+            nonce: *nonce,
+            proxy: rec.proxy.clone(),
+            client: self.clients.name(rec.client),
+            granted_ms: rec.granted_ms,
+            expires_ms: rec.expires_ms,
+            site: rec.site.clone(),
+        })
+    }
+
+    /// The latest end of a live lease.
+    pub(super) fn latest_end(&self) -> Option<DateTime<Utc>> {
+        self.ends.last().map(|(end, _)| at(*end))
     }
 }

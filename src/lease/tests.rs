@@ -1,5 +1,4 @@
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,12 +28,7 @@ fn cfg(max: u32) -> LeaseConfig {
 
 fn store(max: u32) -> (LeaseStore, FakeClock) {
     let clock = FakeClock::at(Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).unwrap());
-    let n = Arc::new(AtomicU64::new(0));
-    let ids: IdSource = Box::new(move || format!("l{}", n.fetch_add(1, Ordering::SeqCst)));
-    (
-        LeaseStore::with(cfg(max), Arc::new(clock.clone()), ids),
-        clock,
-    )
+    (LeaseStore::with(cfg(max), Arc::new(clock.clone())), clock)
 }
 
 fn req() -> AcquireRequest {

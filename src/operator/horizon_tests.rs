@@ -1,7 +1,7 @@
 use chrono::TimeZone;
 
 use super::*;
-use crate::lease::{random_id, AcquireError, AcquireRequest, FakeClock, LeaseConfig, ProxyKey};
+use crate::lease::{AcquireError, AcquireRequest, FakeClock, LeaseConfig, ProxyKey};
 
 fn store(clock: &FakeClock) -> Arc<LeaseStore> {
     let cfg = LeaseConfig {
@@ -10,11 +10,7 @@ fn store(clock: &FakeClock) -> Arc<LeaseStore> {
         max_ttl: Duration::from_secs(600),
         cooldown: Duration::from_secs(60),
     };
-    Arc::new(LeaseStore::with(
-        cfg,
-        Arc::new(clock.clone()),
-        Box::new(random_id),
-    ))
+    Arc::new(LeaseStore::with(cfg, Arc::new(clock.clone())))
 }
 
 fn acquire(s: &LeaseStore) -> Result<(), AcquireError> {

@@ -185,7 +185,7 @@ impl Operator {
                 &mut tasks,
                 addr,
                 s,
-                (&self.client, proxy_cache.clone(), key.clone()),
+                (&self.client, proxies.clone(), key.clone()),
                 (&self.metrics, self.replacer.clone()),
                 seen,
                 stop.clone().cancelled_owned(),

@@ -94,7 +94,7 @@ pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
-    (client, cache, key): (&kube::Client, Store<Proxy>, LeaseKey),
+    (client, cache, key): (&kube::Client, crate::proxy_store::ProxyStore, LeaseKey),
     (metrics, replacer): (&Metrics, Arc<dyn discovery::Replacer>),
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -213,15 +213,22 @@ pub fn credentials_watch(
         None => kube::Api::all(client),
     };
     let wc = watcher::Config::default().labels(&crate::credentials::CredentialsCache::selector());
+    let changes = cache.change_counter();
     Some(
         watcher(api, wc)
             .modify(|s: &mut Secret| crate::proxy_store::strip_meta(&mut s.metadata))
             .default_backoff()
             .reflect(writer)
-            .for_each(|res| async move {
-                if let Err(e) = res {
-                    tracing::warn!(error = %crate::provider::error::plain_message(&e), "Watching credentials Secrets");
+            .for_each(move |res| {
+                match res {
+                    Ok(_) => {
+                        changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::provider::error::plain_message(&e), "Watching credentials Secrets");
+                    }
                 }
+                std::future::ready(())
             }),
     )
 }
