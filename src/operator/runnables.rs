@@ -11,7 +11,7 @@ use std::time::Duration;
 use kube::runtime::reflector::Store;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::metrics::Metrics;
 use super::settings::{HealthSettings, ProviderChecks, Settings};
@@ -258,7 +258,24 @@ pub fn spawn_health_engine(
     );
     let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();
-    tasks.spawn(async move { runner.run(cache, notifier, stop).await });
+    // The probes run on a runtime of their own, on one thread: a burst of
+    // due probes then waits for that thread, and the API's requests, on
+    // the main runtime, are not queued behind it (the kernel shares the
+    // CPU between the threads). Its channels and the stop signal work
+    // across runtimes.
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("health-probes")
+        .build()
+    {
+        Ok(rt) => {
+            tasks.spawn_blocking(move || rt.block_on(runner.run(cache, notifier, stop)));
+        }
+        Err(e) => {
+            warn!(error = %e, "Cannot start the probes' own runtime; probing on the main one");
+            tasks.spawn(async move { runner.run(cache, notifier, stop).await });
+        }
+    }
     (engine, events)
 }
 
