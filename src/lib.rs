@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod metrics_auth;
 pub mod operator;
 pub mod paged;
+pub mod pool;
 pub mod provider;
 pub mod providerhealth;
 pub mod proxy_store;

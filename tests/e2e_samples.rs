@@ -88,10 +88,11 @@ fn deployment_args(
 }
 
 /// The samples this test covers (the kvm one is in e2e_samples_kvm.rs).
-const SAMPLES: [&str; 3] = [
+const SAMPLES: [&str; 4] = [
     "config/samples/proxy_kubernetes.yaml",
     "config/samples/proxy_gcp.yaml",
     "config/samples/proxy_external.yaml",
+    "config/samples/proxypool_gcp.yaml",
 ];
 
 /// `kubectl VERB EXTRA -f SAMPLE...` (paths absolute: kubectl runs
@@ -200,21 +201,20 @@ fn no_sample_opens_a_proxy_to_everyone() {
         );
         if text.contains("kind: Proxy") && text.contains("cloudInit") {
             let doc: Value = serde_norway::from_str(&text).unwrap();
-            assert_eq!(
-                doc["spec"]["cloudInit"]["builtin"],
-                "squid",
-                "{}",
-                path.display()
-            );
+            let spec = match doc["kind"].as_str() {
+                Some("ProxyPool") => doc["spec"]["template"]["spec"].clone(),
+                _ => doc["spec"].clone(),
+            };
+            assert_eq!(spec["cloudInit"]["builtin"], "squid", "{}", path.display());
             assert!(
-                doc["spec"].get("auth").is_none(),
+                spec.get("auth").is_none(),
                 "{}: credentials stay on",
                 path.display()
             );
             vm_samples += 1;
         }
     }
-    assert_eq!(vm_samples, 2, "the gcp and kvm samples");
+    assert_eq!(vm_samples, 3, "the gcp, kvm and gcp pool samples");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,6 +267,7 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", NS)
             .env("POD_NAME", "manager-0")
+            .env("LOG_LEVEL", "info")
             // The Deployment's discovery API refuses to serve without its token.
             .env("DISCOVERY_TOKEN", "samples-token")
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -331,6 +332,53 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .provider_id
         .unwrap()
         .starts_with("zones/europe-west1-b/instances/"));
+    // The pool sample makes its 3 Proxies under the shipped RBAC (create
+    // proxies, patch proxypools/status); scaled to 1 through the scale
+    // subresource, it scales 2 down and deletes them (patch, delete).
+    let pooled = |n: usize| {
+        let proxies = proxies.clone();
+        async move {
+            let lp = ListParams::default().labels("crawl.example.com/pool=pool-gcp-sample");
+            let list = proxies.list(&lp).await.ok()?.items;
+            (list.len() == n).then_some(list)
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let members = loop {
+        if let Some(list) = pooled(3).await {
+            break list;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool sample's 3 Proxies not made in 60 s; requests the shipped RBAC refused: {:#?}\noperator log:\n{}",
+            audited(&c.audit_events(), &user).1,
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    for p in &members {
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("ProxyPool", "pool-gcp-sample")
+        );
+        assert_eq!(p.spec.provider.as_deref(), Some("gcp-eu"));
+    }
+    ground.kubectl(&["scale", "proxypool/pool-gcp-sample", "--replicas=1"]);
+    eventually(
+        "the pool sample scaled to 1",
+        Duration::from_secs(90),
+        || pooled(1),
+    )
+    .await;
+    let replicas = ground.kubectl(&[
+        "get",
+        "proxypool/pool-gcp-sample",
+        "-o",
+        "jsonpath={.status.replicas}",
+    ]);
+    assert!(["1", "2", "3"].contains(&replicas.trim()), "{replicas}");
+
     // Cloud-init from a labelled Secret works under the shipped RBAC
     // (secrets: list, watch): the operator reads it from its watch, so no
     // `get` is refused (checked with the other requests below).

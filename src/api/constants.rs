@@ -59,6 +59,17 @@ pub fn is_true_annotation(value: Option<&str>) -> bool {
     value == Some("true")
 }
 
+/// Label naming the pool a Proxy belongs to (its `status.selector`).
+pub const POOL_LABEL: &str = "crawl.example.com/pool";
+
+/// Annotation a pool writes on a Proxy it scales down: from then on the
+/// Proxy gets no new lease and no renewal; it is deleted once its leases
+/// end or its drain timeout passes. Its value is when (RFC 3339).
+pub const SCALE_DOWN_ANNOTATION: &str = "crawl.example.com/scale-down";
+
+/// Annotation with the hash of the pool template a Proxy was made from.
+pub const POOL_TEMPLATE_ANNOTATION: &str = "crawl.example.com/pool-template-hash";
+
 #[cfg(test)]
 mod tests {
     use super::*;

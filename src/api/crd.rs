@@ -18,6 +18,13 @@ pub fn proxy_crd() -> CustomResourceDefinition {
     crd
 }
 
+/// The ProxyPool CRD.
+pub fn proxy_pool_crd() -> CustomResourceDefinition {
+    let mut crd = super::ProxyPool::crd();
+    server_owned_metadata(&mut crd);
+    crd
+}
+
 /// kube-apiserver owns the schema of the top-level `metadata`: a CRD whose
 /// schema says anything about it beyond `type: object` (a description, a
 /// title, nullable, properties other than name/generateName) is refused
@@ -116,6 +123,7 @@ pub fn provider_health_crd() -> CustomResourceDefinition {
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("proxies.crawl.example.com.yaml", proxy_crd()),
+        ("proxypools.crawl.example.com.yaml", proxy_pool_crd()),
         (
             "providerhealths.crawl.example.com.yaml",
             provider_health_crd(),

@@ -1,4 +1,4 @@
-//! The two custom resources (`Proxy`, `ProviderHealth`), their conditions
+//! The custom resources (`Proxy`, `ProxyPool`, `ProviderHealth`), their conditions
 //! and the names the operator shares with users and backends.
 
 pub mod auth;
@@ -7,6 +7,7 @@ pub mod constants;
 pub mod crd;
 pub mod health;
 pub mod instances;
+pub mod pool;
 pub mod provider_health;
 pub mod proxy;
 pub mod recycle;
@@ -14,6 +15,7 @@ pub mod recycle;
 pub use auth::{AuthMode, Builtin, ProxyAuth, SecretName};
 pub use condition::{Condition, ConditionStatus};
 pub use instances::{RetiringStatus, SurgeStatus};
+pub use pool::{ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, TemplateMetadata};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,

@@ -265,10 +265,13 @@ pub fn item_of(
         return None;
     }
     let st = p.status.as_ref()?;
-    // Draining, or about to (a replace was asked): no new leases.
+    // Draining, or about to (a replace was asked, its pool scaled it
+    // down): no new leases, no renewals.
     if st.phase != Some(ProxyPhase::Ready)
         || st.draining_since.is_some()
         || crate::fleet::replace_pending(p).is_some()
+        || p.annotations()
+            .contains_key(crate::api::constants::SCALE_DOWN_ANNOTATION)
     {
         return None;
     }

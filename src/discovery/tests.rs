@@ -1808,12 +1808,9 @@ async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
         max_ttl: Duration::from_secs(600),
         cooldown: Duration::from_secs(60),
     }));
-    let api = ApiState::new(
-        source.clone(),
-        leases,
-        None,
-        &crate::operator::Metrics::new().discovery,
-    );
+    let mut registry = Registrar::new();
+    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+    let api = ApiState::new(source.clone(), leases, None, &discovery);
     let reads = || source.reads.load(std::sync::atomic::Ordering::SeqCst);
     let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
 

@@ -161,6 +161,20 @@ impl Operator {
         self.metrics
             .throttle
             .set_limiters(move || limiters.gauges(chrono::Utc::now()));
+        let pools = Arc::new(crate::pool::PoolContext {
+            client: self.client.clone(),
+            proxies: proxies.reader(),
+            fleet: fleet.clone(),
+            leases: self.lease_store.get().cloned(),
+        });
+        let (pool_proxies, pool_ns, pool_stop) = (
+            proxies.clone(),
+            s.proxy_namespace.clone(),
+            stop.clone().cancelled_owned(),
+        );
+        tasks.spawn(async move {
+            crate::pool::run(pools, &pool_proxies, pool_ns.as_deref(), pool_stop).await;
+        });
         let health_source: Arc<dyn HealthSource> = engine;
         let ctx = Arc::new(
             Context::new(

@@ -129,6 +129,7 @@ async fn every_sample_applies_client_and_server_side_and_lists_with_its_columns(
         "proxy-gcp-sample",
         "proxy-kvm-sample",
         "proxy-external-sample",
+        "pool-gcp-sample",
     ] {
         assert!(
             client_side.contains(name),

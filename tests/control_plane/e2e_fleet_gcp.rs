@@ -369,12 +369,7 @@ async fn roll_ten(prefix: &str, names: &str, roll: Roll) {
     const TOKEN: &str = "fleet-gcp-token";
     squid::require();
     let ground = support::ground_without_pods(prefix).await;
-    let standin = StandIn::start_for(Duration::from_secs(600)).await;
-    standin.with(|st| {
-        st.running_after_gets = 1;
-        st.delete_gets = 0;
-        st.fixed_ip = Some("127.0.0.1".into());
-    });
+    let standin = StandIn::serving_on_loopback(Duration::from_secs(600)).await;
     let target = support::http_target().await;
     let (port, _squid) = squid::on_loopback(names).await;
     let api = support::loopback();

@@ -32,12 +32,7 @@ const TOKEN: &str = "replace-gcp-token";
 async fn a_crawler_and_kubectl_get_a_fresh_instance_on_request() {
     squid::require();
     let ground = support::ground_without_pods("replace-gcp").await;
-    let standin = StandIn::start_for(Duration::from_secs(400)).await;
-    standin.with(|st| {
-        st.running_after_gets = 1;
-        st.delete_gets = 0;
-        st.fixed_ip = Some("127.0.0.1".into());
-    });
+    let standin = StandIn::serving_on_loopback(Duration::from_secs(400)).await;
     let target = support::http_target().await;
     let (port, _squid) = squid::on_loopback("replgcp").await;
     let api = support::loopback();

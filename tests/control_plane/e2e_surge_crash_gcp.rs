@@ -30,12 +30,7 @@ use crate::support::{self, eventually, phase, Operator};
 async fn a_crash_after_a_surge_insert_adopts_the_same_replacement() {
     squid::require();
     let ground = support::ground_without_pods("surge-crash").await;
-    let standin = StandIn::start_for(Duration::from_secs(300)).await;
-    standin.with(|st| {
-        st.running_after_gets = 1;
-        st.delete_gets = 0;
-        st.fixed_ip = Some("127.0.0.1".into());
-    });
+    let standin = StandIn::serving_on_loopback(Duration::from_secs(300)).await;
     let target = support::http_target().await;
     let (port, _squid) = squid::on_loopback("scrash").await;
     let dir = tempfile::tempdir().unwrap();

@@ -409,12 +409,23 @@ fn the_manager_gets_least_privilege_rbac() {
         .unwrap();
     assert_eq!(list(&ns_rule.resource_names), ["kube-system"]);
     assert_eq!(ns_rule.verbs, ["get"]);
+    // Proxies: the cache, the finalizer and annotations; a pool's Proxies
+    // are created and deleted.
     assert_eq!(
         grants(&cluster, "crawl.example.com", "proxies"),
-        ["list", "patch", "watch"]
+        ["create", "delete", "list", "patch", "watch"]
     );
     assert_eq!(
         grants(&cluster, "crawl.example.com", "proxies/status"),
+        ["patch"]
+    );
+    // Pools: watched, their status written; never changed otherwise.
+    assert_eq!(
+        grants(&cluster, "crawl.example.com", "proxypools"),
+        ["list", "watch"]
+    );
+    assert_eq!(
+        grants(&cluster, "crawl.example.com", "proxypools/status"),
         ["patch"]
     );
     assert_eq!(
@@ -530,6 +541,27 @@ fn user_roles_never_write_status() {
             ["get"],
             "{role}"
         );
+        if kind == "proxies" {
+            // The Proxy roles cover pools alike; who may change a pool may
+            // scale it.
+            assert_eq!(
+                grants(&rules, "crawl.example.com", "proxypools"),
+                verbs,
+                "{role}"
+            );
+            assert_eq!(
+                grants(&rules, "crawl.example.com", "proxypools/status"),
+                ["get"],
+                "{role}"
+            );
+            let scale = grants(&rules, "crawl.example.com", "proxypools/scale");
+            let want: &[&str] = match role {
+                "proxy-admin-role" => &["*"],
+                "proxy-editor-role" => &["get", "patch", "update"],
+                _ => &[],
+            };
+            assert_eq!(scale, want, "{role}");
+        }
         // The built-in view/edit/admin roles take these in: read access
         // into all three, write access into edit and admin only.
         let aggregated: Vec<&str> = ["view", "edit", "admin"]
@@ -615,7 +647,15 @@ fn every_sample_renders_and_names_a_sample_provider() {
         .iter()
         .map(|d| d["kind"].as_str().unwrap())
         .collect();
-    assert!(kinds.iter().all(|k| *k == "Proxy"), "{kinds:?}");
+    assert!(
+        kinds.iter().all(|k| *k == "Proxy" || *k == "ProxyPool"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "ProxyPool").count(),
+        1,
+        "one pool sample"
+    );
     let providers_text =
         std::fs::read_to_string(support::repo().join("config/samples/providers-config.yaml"))
             .unwrap();
@@ -627,10 +667,14 @@ fn every_sample_renders_and_names_a_sample_provider() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     for s in &samples {
-        if s["spec"]["mode"] == "External" {
+        let spec = match s["kind"].as_str() {
+            Some("ProxyPool") => &s["spec"]["template"]["spec"],
+            _ => &s["spec"],
+        };
+        if spec["mode"] == "External" {
             continue;
         }
-        let p = s["spec"]["provider"].as_str().unwrap();
+        let p = spec["provider"].as_str().unwrap();
         assert!(
             names.contains(&p),
             "{} names provider {p}, not in providers-config.yaml ({names:?})",
@@ -641,7 +685,7 @@ fn every_sample_renders_and_names_a_sample_provider() {
     let mut files: Vec<String> = std::fs::read_dir(support::repo().join("config/samples"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|f| f.starts_with("proxy_"))
+        .filter(|f| f.starts_with("proxy_") || f.starts_with("proxypool_"))
         .collect();
     files.sort();
     assert_eq!(files.len(), samples.len(), "{files:?}");

@@ -166,6 +166,19 @@ impl StandIn {
         Self::start_for(Duration::from_secs(120)).await
     }
 
+    /// A stand-in (stopping after `lifetime`) whose instances run after
+    /// one get, go at once when deleted, and all have 127.0.0.1 as their
+    /// address: a Squid the test starts there serves every one of them.
+    pub async fn serving_on_loopback(lifetime: Duration) -> StandIn {
+        let standin = Self::start_for(lifetime).await;
+        standin.with(|st| {
+            st.running_after_gets = 1;
+            st.delete_gets = 0;
+            st.fixed_ip = Some("127.0.0.1".into());
+        });
+        standin
+    }
+
     /// A stand-in that stops by itself after `lifetime`.
     pub async fn start_for(lifetime: Duration) -> StandIn {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

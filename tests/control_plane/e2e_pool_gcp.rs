@@ -1,0 +1,307 @@
+//! System test of ProxyPool (issue 35) on a gcp provider: the real
+//! operator binary on the real test cluster, the real Google client
+//! against the Compute stand-in, every instance's address a real Squid on
+//! loopback, the real garbage collector, `kubectl scale` and `kubectl wait`
+//! as a user types them.
+#![cfg(feature = "gcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use egress_proxies_operator::api::{Proxy, ProxyPool};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+
+use crate::e2e_create_limits::providers;
+use crate::gcp_standin::{StandIn, ZONE};
+use crate::support::{self, api_call, eventually, squid, Operator};
+
+const TOKEN: &str = "pool-gcp-token";
+const LEASE_TTL_S: i64 = 20;
+
+async fn members(proxies: &Api<Proxy>) -> Vec<Proxy> {
+    let lp = ListParams::default().labels("crawl.example.com/pool=crawl");
+    proxies.list(&lp).await.unwrap().items
+}
+
+/// A pool of 5 on the gcp stand-in becomes Ready (`kubectl wait`);
+/// `kubectl scale --replicas=8` makes exactly 3 more Proxies and
+/// instances; `--replicas=3` removes 5, the unleased first, and deletes a
+/// leased one only once its lease has ended; deleting the pool leaves no
+/// Proxy and no instance (the garbage collector follows the owner
+/// references).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_scales_with_kubectl_without_cutting_a_lease_and_goes_with_its_proxies() {
+    squid::require();
+    let ground = support::ground_without_pods("pool").await;
+    let standin = StandIn::serving_on_loopback(Duration::from_secs(600)).await;
+    let target = support::http_target().await;
+    let (port, _squid) = squid::on_loopback("pool").await;
+    let api = support::loopback();
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = format!("{LEASE_TTL_S}s");
+    let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, ""), api, TOKEN);
+    cmd.args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl]);
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let log = || {
+        let text = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!("operator log (newest first):\n{}", tail.join("\n"))
+    };
+
+    let pools: Api<ProxyPool> = ground.api();
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "crawl"},
+        "spec": {"replicas": 5, "template": {
+            "metadata": {"labels": {"team": "crawl"}},
+            "spec": {
+                "provider": "gcp-eu",
+                "port": port,
+                "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
+                "healthCheck": {"url": format!("http://{target}/"), "expectedStatus": 200, "failureThreshold": 20},
+                "recycle": {"drainTimeout": "120s"},
+            }}}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let proxies = ground.proxies();
+    let started = Instant::now();
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/crawl",
+        "--timeout=180s",
+    ]);
+    println!("pool of 5 Ready after {:?}", started.elapsed());
+    let five = members(&proxies).await;
+    assert_eq!(five.len(), 5, "{}", log());
+    assert_eq!(standin.calls_of("insert"), 5, "one instance each");
+    for p in &five {
+        let owner = &p.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("ProxyPool", "crawl")
+        );
+        assert_eq!(p.labels().get("team").map(String::as_str), Some("crawl"));
+    }
+    let table = ground.kubectl(&["get", "ppool"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "DESIRED", "READY", "LEASED", "PROVIDER", "AGE"],
+        "{table}"
+    );
+
+    // Scale up: exactly 3 more.
+    ground.kubectl(&["scale", "proxypool/crawl", "--replicas=8"]);
+    ground.kubectl(&[
+        "wait",
+        "--for=jsonpath={.status.readyReplicas}=8",
+        "proxypool/crawl",
+        "--timeout=180s",
+    ]);
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/crawl",
+        "--timeout=60s",
+    ]);
+    let eight = members(&proxies).await;
+    assert_eq!(eight.len(), 8, "{}", log());
+    let five_names: BTreeSet<String> = five.iter().map(|p| p.name_any()).collect();
+    assert_eq!(
+        eight
+            .iter()
+            .filter(|p| !five_names.contains(&p.name_any()))
+            .count(),
+        3,
+        "the first five kept, three added"
+    );
+    assert_eq!(standin.calls_of("insert"), 8, "exactly 3 more instances");
+
+    // Six leases (one per proxy, the fairest choice spreads them), so
+    // scaling to 3 must take 3 leased Proxies besides the 2 unleased.
+    let mut leased: BTreeMap<String, (String, DateTime<Utc>)> = BTreeMap::new();
+    for _ in 0..6 {
+        let body = json!({"ttlSeconds": LEASE_TTL_S}).to_string();
+        let (code, lease): (u16, Value) =
+            api_call(api, "POST", "/v1/leases", Some(TOKEN), body.into()).await;
+        assert_eq!(code, 201, "{lease}");
+        let name = lease["proxy"]["name"].as_str().unwrap().to_string();
+        let ends: DateTime<Utc> = lease["expiresAt"].as_str().unwrap().parse().unwrap();
+        leased.insert(name, (lease["id"].as_str().unwrap().to_string(), ends));
+    }
+    assert_eq!(leased.len(), 6, "six proxies leased: {leased:?}");
+    eventually(
+        "the pool counts 6 leased",
+        Duration::from_secs(30),
+        || async {
+            let p = pools.get("crawl").await.ok()?;
+            (p.status?.leased_replicas == 6).then_some(())
+        },
+    )
+    .await;
+
+    ground.kubectl(&["scale", "proxypool/crawl", "--replicas=3"]);
+    let scaled_at = Utc::now();
+    // Sampled every 200 ms: when each Proxy was first seen being deleted
+    // (or gone).
+    let mut went: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = Utc::now();
+        let list = members(&proxies).await;
+        for p in &eight {
+            let name = p.name_any();
+            let gone = list
+                .iter()
+                .find(|q| q.name_any() == name)
+                .is_none_or(|q| q.metadata.deletion_timestamp.is_some());
+            if gone {
+                went.entry(name).or_insert(now);
+            }
+        }
+        if went.len() == 5 && list.len() == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not scaled to 3: {went:?}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "scaled 8 -> 3: {:?} after the scale",
+        Utc::now() - scaled_at
+    );
+    let removed_leased: Vec<&String> = went.keys().filter(|n| leased.contains_key(*n)).collect();
+    assert_eq!(
+        removed_leased.len(),
+        3,
+        "the 2 unleased went, then 3 leased: {went:?}"
+    );
+    for name in removed_leased {
+        let (_, ends) = leased[name];
+        assert!(
+            went[name] >= ends,
+            "{name} was deleted at {} while its lease ran to {ends}",
+            went[name]
+        );
+    }
+    for name in went.keys().filter(|n| !leased.contains_key(*n)) {
+        assert!(
+            went[name] - scaled_at < chrono::Duration::seconds(LEASE_TTL_S),
+            "{name} held no lease: it goes without waiting for the others"
+        );
+    }
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/crawl",
+        "--timeout=60s",
+    ]);
+    let kept = members(&proxies).await;
+    assert!(
+        kept.iter().all(|p| leased.contains_key(&p.name_any())),
+        "the 3 kept are leased ones"
+    );
+
+    // Deleting the pool: the garbage collector deletes its Proxies, their
+    // finalizers delete the instances.
+    pools.delete("crawl", &Default::default()).await.unwrap();
+    eventually(
+        "no Proxy and no instance left",
+        Duration::from_secs(120),
+        || async {
+            let left = proxies.list(&ListParams::default()).await.ok()?.items.len();
+            (left == 0 && standin.instance_count() == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        standin.calls_of("insert"),
+        8,
+        "no instance made while going"
+    );
+}
+
+/// The real API server refuses each bad pool, naming the field.
+#[tokio::test]
+async fn a_bad_pool_is_refused_naming_its_field() {
+    let ground = support::ground_without_pods("pool-bad").await;
+    let pools: Api<ProxyPool> = ground.api();
+    let template = json!({"spec": {"provider": "gcp-eu", "port": 3128}});
+    let cases = [
+        (
+            "negative replicas",
+            json!({"replicas": -1, "template": template}),
+            "spec.replicas",
+        ),
+        (
+            "past the cap",
+            json!({"replicas": 1001, "template": template}),
+            "spec.replicas",
+        ),
+        (
+            "an External template",
+            json!({"replicas": 1, "template": {"spec": {"mode": "External", "port": 3128, "endpoint": {"host": "a", "port": 1}}}}),
+            "spec.template.spec.mode",
+        ),
+        (
+            "no provider",
+            json!({"replicas": 1, "template": {"spec": {"port": 3128}}}),
+            "spec.template.spec.provider",
+        ),
+        (
+            "no port",
+            json!({"replicas": 1, "template": {"spec": {"provider": "gcp-eu"}}}),
+            "spec.template.spec.port",
+        ),
+    ];
+    for (name, spec, field) in cases {
+        let pool: ProxyPool = serde_json::from_value(json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "bad"}, "spec": spec,
+        }))
+        .unwrap();
+        match pools.create(&PostParams::default(), &pool).await {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{name}: {e:?}");
+                assert!(e.message.contains(field), "{name}: {}", e.message);
+            }
+            other => panic!("{name}: a bad pool must be refused: {other:?}"),
+        }
+    }
+    // The provider of a pool cannot change.
+    let good: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "good"}, "spec": {"replicas": 0, "template": template},
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &good).await.unwrap();
+    let moved = json!({"spec": {"template": {"spec": {"provider": "kvm"}}}});
+    match pools
+        .patch(
+            "good",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(moved),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(
+                e.message.contains("spec.template.spec.provider"),
+                "{}",
+                e.message
+            );
+            assert!(e.message.contains("immutable"), "{}", e.message);
+        }
+        other => panic!("a pool's provider must not change: {other:?}"),
+    }
+}
