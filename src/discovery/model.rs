@@ -50,6 +50,10 @@ pub struct ProxyItem {
     /// Placement region, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The ProxyPool it belongs to (its `crawl.example.com/pool` label),
+    /// when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// `spec.attributes`.
     pub attributes: BTreeMap<String, String>,
     /// The Proxy object's labels.
@@ -96,6 +100,9 @@ pub struct Filters {
     /// The Proxy's namespace (exact).
     #[serde(default)]
     pub namespace: Option<String>,
+    /// The ProxyPool the proxy belongs to (exact).
+    #[serde(default)]
+    pub pool: Option<String>,
     /// A label selector on the Proxy object, as `kubectl -l` takes it
     /// (`tier=gold,team in (a,b),!canary`).
     #[serde(default)]
@@ -119,6 +126,8 @@ pub struct ListQuery {
     region: Option<String>,
     /// The Proxy's namespace (exact).
     namespace: Option<String>,
+    /// The ProxyPool the proxy belongs to (exact).
+    pool: Option<String>,
     /// A label selector on the Proxy object, as `kubectl -l` takes it.
     #[param(
         rename = "labelSelector",
@@ -321,6 +330,7 @@ pub fn item_of(
         provider: p.spec.provider.clone().filter(|s| !s.is_empty()),
         zone: non_empty(placement.zone),
         region: non_empty(placement.region),
+        pool: p.labels().get(crate::api::constants::POOL_LABEL).cloned(),
         attributes: p.spec.attributes.clone(),
         labels: p.labels().clone(),
         latency_millis: st.latency_millis,
@@ -366,6 +376,7 @@ impl Filter {
             && eq(&f.zone, item.zone.as_ref())
             && eq(&f.region, item.region.as_ref())
             && eq(&f.namespace, Some(&item.namespace))
+            && eq(&f.pool, item.pool.as_ref())
             && f.attributes
                 .iter()
                 .all(|(k, v)| item.attributes.get(k) == Some(v))
@@ -398,6 +409,7 @@ pub fn parse_query(q: Option<&str>) -> Result<Filters, String> {
             "zone" => once(&mut f.zone)?,
             "region" => once(&mut f.region)?,
             "namespace" => once(&mut f.namespace)?,
+            "pool" => once(&mut f.pool)?,
             "labelSelector" => once(&mut f.label_selector)?,
             "attr" => {
                 let Some(i) = v.find([':', '=']) else {

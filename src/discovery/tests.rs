@@ -93,7 +93,7 @@ impl Api {
     ) -> Api {
         let source: Vec<Arc<Proxy>> = vec![
             proxy("a", "z1", "True", json!({"geo": "home"})),
-            proxy("b", "z2", "True", json!({"geo": "away"})),
+            in_pool(proxy("b", "z2", "True", json!({"geo": "away"})), "eu"),
             proxy("sick", "z1", "False", json!({"geo": "home"})),
         ];
         let leases = Arc::new(
@@ -922,6 +922,48 @@ async fn each_token_is_a_client_with_its_own_lease_cap() {
     assert_ne!(v["proxy"]["name"].as_str(), Some(name.as_str()), "{v}");
     let (s, v) = api.call("GET", "/v1/proxies", Some("wrong"), None).await;
     assert_eq!((s, code(&v)), (401, "unauthorized"));
+    api.stop().await;
+}
+
+/// `p`, a Proxy of the pool `pool`.
+fn in_pool(p: Arc<Proxy>, pool: &str) -> Arc<Proxy> {
+    let mut p = (*p).clone();
+    p.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(crate::api::constants::POOL_LABEL.into(), pool.into());
+    Arc::new(p)
+}
+
+/// The pool filter, on list and acquire; answers name the pool.
+#[tokio::test]
+async fn the_pool_filter_keeps_a_pools_proxies() {
+    let api = Api::start(Some("t0k"), 1).await;
+    let (s, v) = api
+        .call("GET", "/v1/proxies?pool=eu", Some("t0k"), None)
+        .await;
+    assert_eq!((s, names(&v)), (200, vec!["b".to_string()]), "{v}");
+    assert_eq!(v["items"][0]["pool"], "eu", "{v}");
+    let (s, v) = api
+        .call("GET", "/v1/proxies?pool=", Some("t0k"), None)
+        .await;
+    assert_eq!(
+        (s, names(&v).len()),
+        (200, 2),
+        "an empty pool is no filter: {v}"
+    );
+    let (s, v) = api
+        .json("POST", "/v1/leases", json!({"filters": {"pool": "us"}}))
+        .await;
+    assert_eq!((s, code(&v)), (409, "no_proxy"), "{v}");
+    let (s, v) = api
+        .json("POST", "/v1/leases", json!({"filters": {"pool": "eu"}}))
+        .await;
+    assert_eq!((s, v["proxy"]["name"].as_str()), (201, Some("b")), "{v}");
+    assert_eq!(v["proxy"]["pool"], "eu", "the answer names the pool: {v}");
+    let (s, v) = api.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!((s, v["proxy"]["name"].as_str()), (201, Some("a")), "{v}");
+    assert!(v["proxy"].get("pool").is_none(), "no pool, no field: {v}");
     api.stop().await;
 }
 

@@ -39,7 +39,7 @@ async fn a_pool_scales_with_kubectl_without_cutting_a_lease_and_goes_with_its_pr
     let ground = support::ground_without_pods("pool").await;
     let standin = StandIn::serving_on_loopback(Duration::from_secs(600)).await;
     let target = support::http_target().await;
-    let (port, _squid) = squid::on_loopback("pool").await;
+    let (port, _squid) = squid::on_loopback("poolscale").await;
     let api = support::loopback();
     let dir = tempfile::tempdir().unwrap();
     let ttl = format!("{LEASE_TTL_S}s");
@@ -304,4 +304,127 @@ async fn a_bad_pool_is_refused_naming_its_field() {
         }
         other => panic!("a pool's provider must not change: {other:?}"),
     }
+}
+
+/// A template change under `maxUnavailable: 1`: sampled every 200 ms,
+/// never more than one Proxy of the pool is out of service (not Ready, or
+/// draining); each Proxy gets
+/// the new spec and exactly one new instance with the new user-data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_rolls_one_proxy_at_a_time() {
+    const N: usize = 3;
+    squid::require();
+    let ground = support::ground_without_pods("pool-roll").await;
+    let standin = StandIn::serving_on_loopback(Duration::from_secs(600)).await;
+    let target = support::http_target().await;
+    let (port, _squid) = squid::on_loopback("poolroll").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cmd = ground.operator(dir.path(), &providers(&standin, "    maxUnavailable: 1\n"));
+    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+    let spec = |version: &str| {
+        json!({
+            "provider": "gcp-eu",
+            "port": port,
+            "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
+            "cloudInit": {"inline": format!("#cloud-config\n# template {version}\n")},
+            "healthCheck": {"url": format!("http://{target}/"), "expectedStatus": 200, "failureThreshold": 20},
+        })
+    };
+    let pools: Api<ProxyPool> = ground.api();
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "crawl"},
+        "spec": {"replicas": N, "template": {"spec": spec("v1")}}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/crawl",
+        "--timeout=180s",
+    ]);
+    let proxies = ground.proxies();
+    let instances: BTreeMap<String, String> = members(&proxies)
+        .await
+        .iter()
+        .map(|p| {
+            (
+                p.name_any(),
+                egress_proxies_operator::provider::naming::name_from_uid(&p.uid().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(instances.len(), N);
+
+    pools
+        .patch(
+            "crawl",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"template": {"spec": spec("v2")}}})),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut samples = 0;
+    let mut most_down = 0;
+    loop {
+        let list = members(&proxies).await;
+        // Out of service: not Ready, or draining before its replacement
+        // (a draining Proxy takes no new lease).
+        let down = list
+            .iter()
+            .filter(|p| {
+                support::phase(p) != Some("Ready")
+                    || p.status
+                        .as_ref()
+                        .is_some_and(|s| s.draining_since.is_some())
+            })
+            .count();
+        most_down = most_down.max(down);
+        assert!(down <= 1, "{down} of the pool out of service at once");
+        samples += 1;
+        let rolled = instances.values().all(|i| {
+            standin.calls("insert", i).len() == 2
+                && standin
+                    .user_data(i)
+                    .is_some_and(|d| d.contains("template v2"))
+        });
+        if rolled && down == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "not rolled in 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "rolled {N} Proxies in {:?}: {samples} samples, at most {most_down} out of service",
+        started.elapsed()
+    );
+    assert_eq!(most_down, 1, "each Proxy was replaced (one at a time)");
+    for p in members(&proxies).await {
+        let inline = p.spec.cloud_init.as_ref().and_then(|c| c.inline.clone());
+        assert!(
+            inline.unwrap_or_default().contains("template v2"),
+            "{}",
+            p.name_any()
+        );
+    }
+    for i in instances.values() {
+        assert_eq!(
+            standin.calls("delete", i).len(),
+            1,
+            "{i}: the old one deleted once"
+        );
+    }
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/crawl",
+        "--timeout=60s",
+    ]);
+    let status = pools.get("crawl").await.unwrap().status.unwrap();
+    assert_eq!((status.ready_replicas, status.updated_replicas), (3, 3));
 }
