@@ -22,3 +22,11 @@ pub use proxy::{
     ProxyStatus, SecretKeyRef,
 };
 pub use recycle::RecycleSpec;
+
+/// When an object was created, as the rest of the operator counts time.
+pub fn created_at(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let t = meta.creation_timestamp.as_ref()?;
+    chrono::DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().unsigned_abs())
+}

@@ -132,17 +132,12 @@ fn ready(p: &Proxy) -> bool {
 /// it out of the listing).
 pub fn scaled_down_at(p: &Proxy) -> Option<DateTime<Utc>> {
     let v = p.annotations().get(SCALE_DOWN_ANNOTATION)?;
-    let created = created_at(p);
+    let created = crate::api::created_at(p.meta());
     DateTime::parse_from_rfc3339(v)
         .ok()
         .map(|t| t.with_timezone(&Utc))
         .or(created)
         .or(Some(DateTime::<Utc>::MIN_UTC))
-}
-
-fn created_at(p: &Proxy) -> Option<DateTime<Utc>> {
-    let t = p.meta().creation_timestamp.as_ref()?;
-    DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().unsigned_abs())
 }
 
 async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
@@ -167,7 +162,9 @@ async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action
     let plan = plan::plan(&name, pool.spec.replicas, &members, &taken);
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
     for step in &plan.steps {
-        let current = owned.iter().find(|p| Some(p.name_any()) == step_name(step));
+        let current = owned
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == step_name(step));
         act(
             &api,
             (pool.as_ref(), hash.as_str()),
@@ -205,7 +202,7 @@ fn member(p: &Proxy, hash: &str, ctx: &PoolContext, now: DateTime<Utc>) -> Membe
         name: key.name,
         ready: ready(p),
         leased,
-        created: created_at(p).unwrap_or(now),
+        created: crate::api::created_at(p.meta()).unwrap_or(now),
         deleting: p.meta().deletion_timestamp.is_some(),
         removing,
         up_to_date: p
@@ -252,10 +249,11 @@ fn owner(pool: &ProxyPool) -> OwnerReference {
     }
 }
 
-fn step_name(step: &Step) -> Option<String> {
+/// The existing Proxy a step acts on (a create has none).
+fn step_name(step: &Step) -> Option<&str> {
     match step {
         Step::Create(_) => None,
-        Step::ScaleDown(n) | Step::Keep(n) | Step::Delete(n) | Step::Update(n) => Some(n.clone()),
+        Step::ScaleDown(n) | Step::Keep(n) | Step::Delete(n) | Step::Update(n) => Some(n),
     }
 }
 

@@ -285,12 +285,7 @@ pub fn meta_instance(meta: &ObjectMeta) -> Instance {
         state: InstanceState::Provisioning,
         uid: mark(UID_MARK),
         installation_id: mark(INSTALLATION_MARK),
-        created_at: meta.creation_timestamp.as_ref().and_then(|t| {
-            chrono::DateTime::from_timestamp(
-                t.0.as_second(),
-                t.0.subsec_nanosecond().unsigned_abs(),
-            )
-        }),
+        created_at: crate::api::created_at(meta),
     }
 }
 
