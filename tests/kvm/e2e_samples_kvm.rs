@@ -71,18 +71,21 @@ fn check_sample() {
     );
 }
 
-/// What to print when the wait fails.
+/// What to print when the wait fails: the short facts first (CI keeps
+/// only part of a long failure), then the logs' tails.
 fn diagnostics(op_log: &Path, net: &GuestNet, domain: &str, bridge: &str) -> String {
-    let log = std::fs::read_to_string(op_log).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(40).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    let tail = |text: &str, n: usize| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    };
     format!(
-        "operator log (tail):\n{}\n\ndnsmasq log:\n{}\n\ndomstate: {:?}\narp: {:?}\nneighbours on {bridge}: {}\n",
-        tail.join("\n"),
-        net.log_text(),
+        "domstate: {:?}\narp: {:?}\nneighbours on {bridge}: {}\nIPv4 neighbours on the host: {} (libvirt 9.0 reads about 45)\n\noperator log (tail):\n{}\n\ndnsmasq log (tail):\n{}\n",
         virsh(&["domstate", domain]),
         virsh(&["domifaddr", domain, "--source", "arp"]),
         run("ip", &["neigh", "show", "dev", bridge]).1.lines().count(),
+        run("ip", &["-4", "neigh", "show"]).1.lines().count(),
+        tail(&std::fs::read_to_string(op_log).unwrap_or_default(), 40),
+        tail(&net.log_text(), 30),
     )
 }
 

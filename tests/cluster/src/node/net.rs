@@ -165,6 +165,15 @@ impl PodNetwork {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.give_back(o[3]);
         }
+        // The host's neighbour entry for the address outlives the Pod (the
+        // kernel collects none while the table holds under 128). libvirt 9.0
+        // reads one netlink batch of the host's whole table, about 45 IPv4
+        // entries, for a domain's ARP addresses: entries of Pods long gone
+        // would hide the kvm tests' guests (tests/kvm/e2e_samples_kvm.rs).
+        let to = addr.to_string();
+        if let Err(e) = ip(&["neigh", "flush", "to", &to, "dev", &self.bridge]) {
+            tracing::debug!(addr = %to, "flushing the Pod's neighbour entry: {e:#}");
+        }
     }
 
     /// The host end's name of the veth for a Pod address (≤ 15 chars).
