@@ -332,9 +332,11 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         .provider_id
         .unwrap()
         .starts_with("zones/europe-west1-b/instances/"));
-    // The pool sample makes its 3 Proxies under the shipped RBAC (create
-    // proxies, patch proxypools/status); scaled to 1 through the scale
-    // subresource, it scales 2 down and deletes them (patch, delete).
+    // The pool sample leaves `replicas` out (1): its autoscaler brings it
+    // to minReplicas 2 (patch proxypools) and the pool makes 2 Proxies
+    // (create proxies, patch proxypools/status). `kubectl scale` to 4 is
+    // within its bounds and stays; a maxReplicas of 3 brings it back to 3:
+    // one Proxy scaled down and deleted (patch, delete).
     let pooled = |n: usize| {
         let proxies = proxies.clone();
         async move {
@@ -345,12 +347,12 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let members = loop {
-        if let Some(list) = pooled(3).await {
+        if let Some(list) = pooled(2).await {
             break list;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the pool sample's 3 Proxies not made in 60 s; requests the shipped RBAC refused: {:#?}\noperator log:\n{}",
+            "the pool sample's 2 Proxies not made in 60 s; requests the shipped RBAC refused: {:#?}\noperator log:\n{}",
             audited(&c.audit_events(), &user).1,
             std::fs::read_to_string(&log).unwrap_or_default()
         );
@@ -364,20 +366,31 @@ async fn samples_reach_ready_and_running_under_the_shipped_rbac() {
         );
         assert_eq!(p.spec.provider.as_deref(), Some("gcp-eu"));
     }
-    ground.kubectl(&["scale", "proxypool/pool-gcp-sample", "--replicas=1"]);
-    eventually(
-        "the pool sample scaled to 1",
-        Duration::from_secs(90),
-        || pooled(1),
-    )
-    .await;
-    let replicas = ground.kubectl(&[
+    let scaled = ground.kubectl(&[
         "get",
         "proxypool/pool-gcp-sample",
         "-o",
-        "jsonpath={.status.replicas}",
+        "jsonpath={.status.lastScale.reason} {.status.lastScale.from}->{.status.lastScale.to}",
     ]);
-    assert!(["1", "2", "3"].contains(&replicas.trim()), "{replicas}");
+    assert_eq!(scaled.trim(), "Bounds 1->2", "the autoscaler's own write");
+    ground.kubectl(&["scale", "proxypool/pool-gcp-sample", "--replicas=4"]);
+    eventually("the pool sample at 4", Duration::from_secs(60), || {
+        pooled(4)
+    })
+    .await;
+    ground.kubectl(&[
+        "patch",
+        "proxypool/pool-gcp-sample",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"autoscale":{"maxReplicas":3}}}"#,
+    ]);
+    eventually(
+        "the pool sample brought back to its maxReplicas",
+        Duration::from_secs(90),
+        || pooled(3),
+    )
+    .await;
 
     // Cloud-init from a labelled Secret works under the shipped RBAC
     // (secrets: list, watch): the operator reads it from its watch, so no

@@ -20,12 +20,17 @@ Plain `requests`, no other dependency:
     python3 crawler.py --api http://operator:8090 --token "$TOKEN" \\
         --url https://example.com/ --pages 10
 
+`--pool NAME` leases only from that ProxyPool (an autoscaled pool at zero
+answers 503 `pool_scaling_up` and comes back for it); `--threads N` runs N
+such crawlers side by side, each with its own lease.
+
 See docs/api.md for the API.
 """
 
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
@@ -41,9 +46,17 @@ class Api:
         self.timeout = timeout
 
     def call(self, method, path, body=None):
-        return self.session.request(
-            method, self.base + path, json=body, timeout=self.timeout
-        )
+        try:
+            return self.session.request(
+                method, self.base + path, json=body, timeout=self.timeout
+            )
+        except requests.ConnectionError:
+            # A kept-alive connection the API closed while we slept (it
+            # closes idle ones after 10 s, as long as some Retry-After
+            # waits): once more, on a new connection.
+            return self.session.request(
+                method, self.base + path, json=body, timeout=self.timeout
+            )
 
 
 def log(*words):
@@ -117,25 +130,11 @@ def fetch(lease, url, timeout):
     return requests.get(url, proxies={"http": proxy, "https": proxy}, timeout=timeout)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--api", required=True, help="discovery API base URL")
-    p.add_argument("--token", default="", help="discovery token (DISCOVERY_TOKEN)")
-    p.add_argument("--url", required=True, help="the page to fetch")
-    p.add_argument("--pages", type=int, default=5, help="fetches to make")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between fetches")
-    p.add_argument("--ttl", type=int, default=60, help="lease length in seconds")
-    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
-                   help="only proxies with this spec.attributes entry")
-    p.add_argument("--deadline", type=float, default=300, help="give up after this many seconds")
-    a = p.parse_args(argv)
-    filters = {}
-    if a.attr:
-        filters["attributes"] = dict(kv.split("=", 1) for kv in a.attr)
+def crawl(a, filters, deadline, site):
+    """One crawler: a lease, its pages, the release. Whether every page
+    came back."""
+    # A session per crawler: requests' sessions are not shared by threads.
     api = Api(a.api, a.token)
-    deadline = time.monotonic() + a.deadline
-    site = requests.utils.urlparse(a.url).hostname
-
     lease = acquire(api, a.ttl, filters, deadline)
     renewed_at = time.monotonic()
     fetched = 0
@@ -157,7 +156,37 @@ def main(argv=None):
     finally:
         release(api, lease)
     log(f"done: {fetched} of {a.pages} pages fetched")
-    return 0 if fetched == a.pages else 1
+    return fetched == a.pages
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--api", required=True, help="discovery API base URL")
+    p.add_argument("--token", default="", help="discovery token (DISCOVERY_TOKEN)")
+    p.add_argument("--url", required=True, help="the page to fetch")
+    p.add_argument("--pages", type=int, default=5, help="fetches to make")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between fetches")
+    p.add_argument("--ttl", type=int, default=60, help="lease length in seconds")
+    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                   help="only proxies with this spec.attributes entry")
+    p.add_argument("--pool", default="", help="only proxies of this ProxyPool")
+    p.add_argument("--threads", type=int, default=1,
+                   help="crawlers side by side, each with its own lease")
+    p.add_argument("--deadline", type=float, default=300, help="give up after this many seconds")
+    a = p.parse_args(argv)
+    filters = {}
+    if a.attr:
+        filters["attributes"] = dict(kv.split("=", 1) for kv in a.attr)
+    if a.pool:
+        filters["pool"] = a.pool
+    deadline = time.monotonic() + a.deadline
+    site = requests.utils.urlparse(a.url).hostname
+    if a.threads <= 1:
+        return 0 if crawl(a, filters, deadline, site) else 1
+    with ThreadPoolExecutor(max_workers=a.threads) as ex:
+        done = list(ex.map(lambda _: crawl(a, filters, deadline, site), range(a.threads)))
+    log(f"threads: {sum(done)} of {a.threads} fetched every page")
+    return 0 if all(done) else 1
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ pub mod recycle;
 pub use auth::{AuthMode, Builtin, ProxyAuth, SecretName};
 pub use condition::{Condition, ConditionStatus};
 pub use instances::{RetiringStatus, SurgeStatus};
-pub use pool::{ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, TemplateMetadata};
+pub use pool::{
+    Autoscale, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, ScaleRecord,
+    TemplateMetadata,
+};
 pub use provider_health::{ProviderHealth, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Endpoint, HealthCheckSpec, Placement, Proxy, ProxyMode, ProxyPhase, ProxySpec,

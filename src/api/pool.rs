@@ -56,13 +56,62 @@ pub const MAX_REPLICAS: i32 = 1000;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyPoolSpec {
-    /// How many Proxies the pool keeps (0 to 1000). `kubectl scale`
-    /// writes it through the scale subresource.
+    /// How many Proxies the pool keeps (0 to 1000; default 1). `kubectl
+    /// scale` writes it through the scale subresource; with `autoscale`
+    /// the operator writes it (leave it out of applied manifests then).
+    #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
 
     /// What each Proxy of the pool is made from.
     pub template: ProxyTemplate,
+
+    /// Sizing on lease demand: with it, the operator writes `replicas`
+    /// itself (as a HorizontalPodAutoscaler writes a Deployment's), so a
+    /// `kubectl scale` lasts until its next decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<Autoscale>,
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// How a pool follows its crawlers' demand (docs/pools.md#autoscaling).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[x_kube(
+    validation = Rule::new("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas")
+        .message("spec.autoscale.minReplicas must not exceed spec.autoscale.maxReplicas")
+        .reason(Reason::FieldValueInvalid)
+        .field_path(".minReplicas")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Autoscale {
+    /// The fewest Proxies while the pool is in use (0 to 1000). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_replicas: Option<i32>,
+    /// The most Proxies demand may grow the pool to (1 to 1000).
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// The share of Ready Proxies holding a lease the pool aims at, in
+    /// percent (1 to 100). Default 80: above it the pool grows, below it
+    /// (for the whole stabilization window) it shrinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub target_utilization: Option<i32>,
+    /// How long demand must stay low before the pool shrinks, e.g. `5m`
+    /// (the default); at most `24h`. The pool shrinks to the largest size
+    /// demand asked for within it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub scale_down_stabilization: Option<String>,
+    /// Scale to zero after this long without a lease or an acquire naming
+    /// the pool, e.g. `30m`; off when unset. An acquire naming a pool at
+    /// zero is answered `503` with a Retry-After and brings it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub scale_to_zero_after: Option<String>,
 }
 
 /// A Proxy of the pool, as a Deployment's Pod template: its labels,
@@ -130,8 +179,29 @@ pub struct ProxyPoolStatus {
     /// subresource (an HPA or KEDA reads it).
     #[serde(default)]
     pub selector: String,
-    /// `Ready` (every Proxy the pool should keep is Ready and up to date)
-    /// and `Progressing` (scaling or rolling).
+    /// The autoscaler's latest change of `replicas`, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale: Option<ScaleRecord>,
+    /// `Ready` (every Proxy the pool should keep is Ready and up to date),
+    /// `Progressing` (scaling or rolling) and `ScalingLimited` (a provider
+    /// cap, quota or the circuit breaker holds Proxies of the pool back).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One change of a pool's size by its autoscaler.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleRecord {
+    /// When.
+    pub time: chrono::DateTime<chrono::Utc>,
+    /// `replicas` before.
+    pub from: i32,
+    /// `replicas` after.
+    pub to: i32,
+    /// CamelCase: `Demand`, `Refusals`, `LowDemand`, `Idle`, `Wake` or
+    /// `Bounds`.
+    pub reason: String,
+    /// Plain words: the figures behind the decision.
+    pub message: String,
 }

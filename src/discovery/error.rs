@@ -35,6 +35,12 @@ impl ApiError {
         self.retry_after = Some(wait);
         self
     }
+
+    /// The same answer, asking to wait at most `cap`.
+    pub fn retry_within(mut self, cap: Duration) -> Self {
+        self.retry_after = Some(self.retry_after.map_or(cap, |w| w.min(cap)));
+        self
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -195,8 +195,8 @@ pub(super) async fn list_proxies(
             headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: until a lease on a matching proxy ends (no_capacity) or one of the client's own (client_limit); 5 when nothing bounds the wait; 1 to 60"))),
         (status = 413, body = ErrorBody),
         (status = 422, description = "Unknown field or wrong type", body = ErrorBody),
-        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election), or the replicas in sync did not confirm the grant in time; recovering: a new leader's recovery window after a failover, when leases the previous leader granted may still be presented. Nothing was granted", body = ErrorBody,
-            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period (leader_unavailable), or until the recovery window ends (recovering)")))))]
+        (status = 503, description = "leader_unavailable: this replica does not lead and cannot reach the one that does (or none leads during an election), or the replicas in sync did not confirm the grant in time; recovering: a new leader's recovery window after a failover, when leases the previous leader granted may still be presented; pool_scaling_up: the autoscaled pool named in the filters is at zero or coming back from it, and grows for this acquire. Nothing was granted", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until asking again is worth it: one leader-election retry period (leader_unavailable), until the recovery window ends (recovering), or about the time the pool's first proxy takes to come up (pool_scaling_up)")))))]
 pub(super) async fn acquire(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
@@ -228,13 +228,20 @@ pub(super) async fn acquire(
     }
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
+            super::pools::asked(&s, &filter, None);
             if let Some(k) = request_key {
                 let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
                 r.put(client_name, k, lease.id.clone(), std::time::Instant::now());
             }
             granted(&s, &listing, lease, forwarded).await
         }
-        Err(e) => Err(refused(&s, &members, &client_name, e)),
+        Err(e) => Err(super::pools::refused(
+            &s,
+            &filter,
+            &members,
+            &client_name,
+            e,
+        )),
     }
 }
 

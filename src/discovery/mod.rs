@@ -20,6 +20,7 @@ pub mod metrics;
 mod middleware;
 pub mod model;
 mod openapi;
+mod pools;
 mod replace;
 mod replay;
 pub mod replicas;

@@ -16,6 +16,7 @@ pub use bounds::{
 };
 
 mod clock;
+pub mod demand;
 mod index;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use index::Candidates;
@@ -191,6 +192,8 @@ pub struct LeaseStore {
     changes: tokio::sync::Notify,
     /// The leader feed of the warm copy held (`snapshot.rs`).
     copied: Mutex<Option<String>>,
+    /// What crawlers asked of the autoscaled pools (`demand.rs`).
+    demand: demand::PoolDemand,
 }
 
 impl LeaseStore {
@@ -214,7 +217,14 @@ impl LeaseStore {
             version: AtomicU64::new(0),
             changes: tokio::sync::Notify::new(),
             copied: Mutex::new(None),
+            demand: demand::PoolDemand::default(),
         }
+    }
+
+    /// What crawlers asked of the autoscaled ProxyPools: the lease API
+    /// counts, the pool controller reads.
+    pub fn demand(&self) -> &demand::PoolDemand {
+        &self.demand
     }
 
     /// The same (empty) store with per-client limits.

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub circuit: CircuitGauge,
     /// Providers config reloads.
     pub reload: super::reload::ReloadMetrics,
+    /// ProxyPool sizes and autoscaling decisions.
+    pub pool: crate::pool::metrics::PoolMetrics,
 }
 
 impl Default for Metrics {
@@ -76,6 +78,7 @@ impl Metrics {
         let leader = LeaderMetrics::register(&mut registry);
         let circuit = CircuitGauge::register(&mut registry);
         let reload = super::reload::ReloadMetrics::register(&mut registry);
+        let pool = crate::pool::metrics::PoolMetrics::register(&mut registry);
         // Last: build info and the process series, read at every scrape.
         crate::metrics::process::register(&mut registry);
         Metrics {
@@ -91,6 +94,7 @@ impl Metrics {
             phases,
             circuit,
             reload,
+            pool,
         }
     }
 

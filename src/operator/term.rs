@@ -166,6 +166,10 @@ impl Operator {
             proxies: proxies.reader(),
             fleet: fleet.clone(),
             leases: self.lease_store.get().cloned(),
+            providers: entries.iter().map(|p| (p.name.clone(), p.limits)).collect(),
+            events: Some(self.events.clone()),
+            metrics: Some(self.metrics.pool.clone()),
+            scaling: Default::default(),
         });
         let (pool_proxies, pool_ns, pool_stop) = (
             proxies.clone(),

@@ -3,10 +3,13 @@
 //! [`plan`]; this module reads the Proxies and the lease table and
 //! writes what the plan says (docs/pools.md).
 
+pub mod autoscale;
+pub mod metrics;
 pub mod plan;
+mod scaling;
 mod status;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,11 +26,15 @@ use tracing::{debug, info, warn};
 
 use crate::api::constants::{POOL_LABEL, POOL_TEMPLATE_ANNOTATION, SCALE_DOWN_ANNOTATION};
 use crate::api::{Proxy, ProxyPool};
+use crate::config::CreateLimits;
+use crate::events::{Events, Note, Severity};
 use crate::fleet::{DrainStep, Fleet};
 use crate::lease::{LeaseStore, ProxyKey};
 use crate::provider::error::plain_message;
 use crate::proxy_store::ProxyStore;
+use metrics::{PoolGauges, PoolMetrics};
 use plan::{Member, Step};
+use status::Notes;
 
 /// A pool that is not where it should be is looked at again this soon.
 const CONVERGING: Duration = Duration::from_secs(2);
@@ -35,6 +42,16 @@ const CONVERGING: Duration = Duration::from_secs(2);
 /// without an event (its leased count), and a Proxy's deletion finishing
 /// triggers nothing. A pass reads the store and writes only a change.
 const SETTLED: Duration = Duration::from_secs(10);
+/// An autoscaled pool is looked at this often: demand moves without an
+/// event, and a crawler waiting on a pool at zero should not wait long.
+const AUTOSCALED: Duration = Duration::from_secs(3);
+/// Provisioned reasons of a Proxy held back by its provider's cap, a quota
+/// or the circuit breaker: the pool cannot grow past them.
+const HELD_BACK: [&str; 3] = [
+    crate::api::proxy::conditions::REASON_INSTANCE_LIMIT,
+    crate::api::proxy::conditions::REASON_QUOTA_EXCEEDED,
+    crate::api::proxy::conditions::REASON_CIRCUIT_OPEN,
+];
 
 /// What a pool's reconcile reads and writes with.
 pub struct PoolContext {
@@ -44,8 +61,18 @@ pub struct PoolContext {
     pub proxies: Store<Proxy>,
     /// Drains of scaled-down Proxies end as the fleet's drains do.
     pub fleet: Arc<Fleet>,
-    /// The lease table: which Proxies hold leases.
+    /// The lease table: which Proxies hold leases, and what crawlers
+    /// asked of each pool.
     pub leases: Option<Arc<LeaseStore>>,
+    /// The configured providers and their create limits (a step of the
+    /// autoscaler adds at most one create burst).
+    pub providers: HashMap<String, CreateLimits>,
+    /// Where "Scaled" and "ScalingLimited" Events go.
+    pub events: Option<Events>,
+    /// The pool series.
+    pub metrics: Option<PoolMetrics>,
+    /// The autoscaler's memory of each pool.
+    pub scaling: scaling::Scaling,
 }
 
 /// Why a pass failed; it is retried.
@@ -141,14 +168,17 @@ pub fn scaled_down_at(p: &Proxy) -> Option<DateTime<Utc>> {
 }
 
 async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
-    if pool.meta().deletion_timestamp.is_some() {
-        // The garbage collector deletes the Proxies it owns.
-        return Ok(Action::await_change());
-    }
     let (Some(ns), Some(uid)) = (pool.namespace(), pool.uid()) else {
         return Ok(Action::await_change());
     };
     let name = pool.name_any();
+    if pool.meta().deletion_timestamp.is_some() {
+        if let Some(l) = &ctx.leases {
+            l.demand().forget(&ns, &name);
+        }
+        // The garbage collector deletes the Proxies it owns.
+        return Ok(Action::await_change());
+    }
     let now = Utc::now();
     let hash = template_hash(&pool);
     let (owned, others): (Vec<Arc<Proxy>>, Vec<Arc<Proxy>>) = ctx
@@ -159,7 +189,45 @@ async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action
         .partition(|p| owned_by(p, &uid));
     let taken: BTreeSet<String> = others.iter().map(|p| p.name_any()).collect();
     let members: Vec<Member> = owned.iter().map(|p| member(p, &hash, &ctx, now)).collect();
-    let plan = plan::plan(&name, pool.spec.replicas, &members, &taken);
+    let at_size = plan::plan(&name, pool.spec.replicas, &members, &taken);
+    let provider = pool
+        .spec
+        .template
+        .spec
+        .provider
+        .as_deref()
+        .unwrap_or_default();
+    let known = ctx.providers.contains_key(provider);
+    let scaled = if known {
+        scaling::run(&ctx, &pool, &at_size.counts, now).await?
+    } else {
+        scaling::Outcome {
+            replicas: pool.spec.replicas,
+            ..Default::default()
+        }
+    };
+    let mut plan = if scaled.replicas == pool.spec.replicas {
+        at_size
+    } else {
+        plan::plan(&name, scaled.replicas, &members, &taken)
+    };
+    let mut notes = Notes {
+        desired: scaled.replicas,
+        scaled: scaled.scaled,
+        ..Notes::default()
+    };
+    if !known {
+        // Proxies made now would only fail: none is, until the provider
+        // is configured (a reload restarts this controller).
+        let why = format!(
+            "spec.template.spec.provider {provider:?} is not configured in the operator's providers config"
+        );
+        plan.steps.retain(|s| !matches!(s, Step::Create(_)));
+        notes.limited = Some(("UnknownProvider", why.clone()));
+        notes.invalid = Some(("InvalidSpec", why));
+    } else if let Some(why) = scaled.invalid {
+        notes.invalid = Some(("InvalidSpec", why));
+    }
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
     for step in &plan.steps {
         let current = owned
@@ -174,9 +242,43 @@ async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action
         )
         .await?;
     }
-    status::write(&ctx.client, &pool, &plan, now).await?;
-    let settled = plan.steps.is_empty() && plan.counts.settled(pool.spec.replicas);
+    let status = status::status_of(&pool, &plan, &notes, now);
+    if let (Some(text), Some(events)) = (status::newly_limited(&pool, &status), &ctx.events) {
+        let note = Note {
+            severity: Severity::Warning,
+            reason: status::SCALING_LIMITED,
+            action: "Scale",
+            text,
+        };
+        events.record(&pool.object_ref(&()), note).await;
+    }
+    status::write(&ctx.client, &pool, &status).await?;
+    if let Some(m) = &ctx.metrics {
+        let min = pool.spec.autoscale.as_ref().map(|a| {
+            let floor = a.min_replicas.unwrap_or(1);
+            if notes.desired == 0 {
+                0
+            } else {
+                floor
+            }
+        });
+        let c = &plan.counts;
+        m.saw(
+            &ns,
+            &name,
+            PoolGauges {
+                desired: notes.desired,
+                ready: c.ready,
+                leased: c.leased,
+                min,
+            },
+        );
+    }
+    let settled = plan.steps.is_empty() && plan.counts.settled(notes.desired);
     let mut after = if settled { SETTLED } else { CONVERGING };
+    if pool.spec.autoscale.is_some() {
+        after = after.min(AUTOSCALED);
+    }
     if let Some(wake) = plan.wake {
         let until = (wake - now).to_std().unwrap_or(Duration::ZERO);
         after = after.min(until.max(Duration::from_millis(500)));
@@ -198,9 +300,11 @@ fn member(p: &Proxy, hash: &str, ctx: &PoolContext, now: DateTime<Utc>) -> Membe
             s => s,
         }
     });
+    let is_ready = ready(p);
     Member {
+        held: (!is_ready).then(|| held_back(p)).flatten(),
         name: key.name,
-        ready: ready(p),
+        ready: is_ready,
         leased,
         created: crate::api::created_at(p.meta()).unwrap_or(now),
         deleting: p.meta().deletion_timestamp.is_some(),
@@ -211,6 +315,16 @@ fn member(p: &Proxy, hash: &str, ctx: &PoolContext, now: DateTime<Utc>) -> Membe
             .map(String::as_str)
             == Some(hash),
     }
+}
+
+/// Why `p` waits, when its provider's cap, a quota or the circuit
+/// breaker holds it back: its Provisioned reason and message.
+fn held_back(p: &Proxy) -> Option<(String, String)> {
+    let conds = &p.status.as_ref()?.conditions;
+    let c = crate::api::condition::find(conds, crate::api::proxy::conditions::PROVISIONED)?;
+    HELD_BACK
+        .contains(&c.reason.as_str())
+        .then(|| (c.reason.clone(), c.message.clone()))
 }
 
 /// The Proxy `name` of `pool` as its template says.

@@ -26,6 +26,9 @@ pub struct Member {
     pub removing: Option<DrainStep>,
     /// Made from the pool's current template.
     pub up_to_date: bool,
+    /// Not Ready because a provider cap, quota or the circuit breaker
+    /// holds it back: its Provisioned reason and message.
+    pub held: Option<(String, String)>,
 }
 
 /// A step of the plan.
@@ -54,6 +57,9 @@ pub struct Plan {
     pub counts: Counts,
     /// A drain ends then: look again.
     pub wake: Option<DateTime<Utc>>,
+    /// Kept Proxies held back by a provider cap, quota or the circuit
+    /// breaker: how many, and the first one's reason and message.
+    pub held: Option<(i32, String, String)>,
 }
 
 /// The status's counts.
@@ -176,10 +182,19 @@ pub fn plan(pool: &str, desired: i32, members: &[Member], taken: &BTreeSet<Strin
         updated: count(kept.iter().filter(|m| m.up_to_date).count()),
         kept: count(kept.len()),
     };
+    let mut held_back = kept.iter().filter_map(|m| m.held.as_ref());
+    let held = held_back.next().map(|(reason, message)| {
+        (
+            1 + count(held_back.count()),
+            reason.clone(),
+            message.clone(),
+        )
+    });
     Plan {
         steps,
         counts,
         wake,
+        held,
     }
 }
 

@@ -17,6 +17,7 @@ fn m(name: &str, age: i64) -> Member {
         deleting: false,
         removing: None,
         up_to_date: true,
+        held: None,
     }
 }
 
@@ -215,4 +216,28 @@ fn a_template_change_is_written_as_a_merge_patch_that_removes_what_went() {
     for (name, cur, want, patch) in cases {
         assert_eq!(merge_diff(&cur, &want), patch, "{name}");
     }
+}
+
+#[test]
+fn kept_proxies_held_back_by_a_cap_are_counted_with_the_first_ones_words() {
+    let held = |mut x: Member, why: &str| {
+        x.ready = false;
+        x.held = Some((why.into(), format!("{} waits", x.name)));
+        x
+    };
+    let mut draining = held(m("p-3", 1), "CircuitOpen");
+    draining.removing = Some(DrainStep::Wait { until: at(0) });
+    let members = [
+        m("p-0", 30),
+        held(m("p-1", 20), "InstanceLimit"),
+        held(m("p-2", 10), "InstanceLimit"),
+        draining,
+    ];
+    let p = plan("p", 3, &members, &BTreeSet::new());
+    assert_eq!(
+        p.held,
+        Some((2, "InstanceLimit".to_string(), "p-1 waits".to_string())),
+        "the scaled-down one does not count"
+    );
+    assert_eq!(plan("p", 1, &[m("p-0", 1)], &BTreeSet::new()).held, None);
 }

@@ -230,7 +230,8 @@ async fn a_pool_scales_with_kubectl_without_cutting_a_lease_and_goes_with_its_pr
     );
 }
 
-/// The real API server refuses each bad pool, naming the field.
+/// The real API server refuses each bad pool, naming the field (the
+/// autoscale bounds included).
 #[tokio::test]
 async fn a_bad_pool_is_refused_naming_its_field() {
     let ground = support::ground_without_pods("pool-bad").await;
@@ -261,6 +262,31 @@ async fn a_bad_pool_is_refused_naming_its_field() {
             "no port",
             json!({"replicas": 1, "template": {"spec": {"provider": "gcp-eu"}}}),
             "spec.template.spec.port",
+        ),
+        (
+            "minReplicas above maxReplicas",
+            json!({"template": template, "autoscale": {"minReplicas": 5, "maxReplicas": 2}}),
+            "spec.autoscale.minReplicas",
+        ),
+        (
+            "maxReplicas 0",
+            json!({"template": template, "autoscale": {"maxReplicas": 0}}),
+            "spec.autoscale.maxReplicas",
+        ),
+        (
+            "maxReplicas past the cap",
+            json!({"template": template, "autoscale": {"maxReplicas": 1001}}),
+            "spec.autoscale.maxReplicas",
+        ),
+        (
+            "targetUtilization over 100",
+            json!({"template": template, "autoscale": {"maxReplicas": 2, "targetUtilization": 101}}),
+            "spec.autoscale.targetUtilization",
+        ),
+        (
+            "a window that is not a duration",
+            json!({"template": template, "autoscale": {"maxReplicas": 2, "scaleToZeroAfter": "soon"}}),
+            "spec.autoscale.scaleToZeroAfter",
         ),
     ];
     for (name, spec, field) in cases {

@@ -21,6 +21,7 @@ mod e2e_gcp_listing;
 mod e2e_gcp_unavailable;
 mod e2e_leader;
 mod e2e_lease_failover;
+mod e2e_pool_autoscale;
 mod e2e_pool_gcp;
 mod e2e_reload;
 mod e2e_replace_gcp;

@@ -45,6 +45,17 @@ fn populated() -> Metrics {
         .set_phases(|| vec![("Ready".into(), "gcp-eu".into(), 1)]);
     m.discovery.set_leases(|| 1);
     m.circuit.set_states(|| vec![("gcp-eu".into(), true)]);
+    m.pool.decided("crawl", "eu", "Refusals");
+    m.pool.saw(
+        "crawl",
+        "eu",
+        egress_proxies_operator::pool::metrics::PoolGauges {
+            desired: 2,
+            ready: 1,
+            leased: 1,
+            min: Some(1),
+        },
+    );
     m.provider_health.set_targets(|| {
         vec![TargetSample {
             provider: "kvm-home".into(),
@@ -130,6 +141,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_config_reload_failures",
             "proxy_operator_config_last_reload_successful",
             "proxy_operator_config_last_reload_success_timestamp_seconds",
+            "proxy_operator_pool_scaling_decisions",
             "proxy_operator_proxies",
             "proxy_operator_create_tokens",
             "proxy_operator_creates_in_flight",
@@ -139,6 +151,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_provider_check_duration_seconds",
             "proxy_operator_provider_check_timestamp_seconds",
             "proxy_operator_provider_circuit_open",
+            "proxy_operator_pool_replicas",
             "proxy_operator_build_info",
             "process_cpu_seconds",
             "process_resident_memory_bytes",

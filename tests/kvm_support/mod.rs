@@ -823,6 +823,29 @@ fn pin_bridge_mac(bridge: &str) {
     assert!(ok, "ip link set address: {out}");
 }
 
+/// Puts `n` (at most 150) permanent IPv4 neighbour entries on `bridge`,
+/// outside `net`'s DHCP range, as a busy host has them: libvirt 9.0's ARP
+/// source reads one netlink batch of the host's table (about 45 entries),
+/// so a guest's entry is then mostly out of its sight. They go with the
+/// bridge.
+pub fn crowd_neighbours(dir: &Path, bridge: &str, net: &GuestNet, n: usize) {
+    let o = net.host_ip.octets();
+    let lines: String = (2..=99u8)
+        .chain(200..=254)
+        .take(n)
+        .map(|h| {
+            format!(
+                "neigh add {}.{}.{}.{h} lladdr 02:00:5e:ee:{:02x}:{h:02x} dev {bridge} nud permanent\n",
+                o[0], o[1], o[2], o[2]
+            )
+        })
+        .collect();
+    let batch = dir.join("neigh4.batch");
+    std::fs::write(&batch, lines).unwrap();
+    let (ok, out) = run("ip", &["-4", "-batch", batch.to_str().unwrap()]);
+    assert!(ok, "ip -batch (IPv4 crowd): {out}");
+}
+
 /// Works around libvirt 9.0 (Debian 12) reading the neighbour table for
 /// `virDomainInterfaceAddresses(ARP)`: it takes one netlink receive of the
 /// dump and fails with "wrong nlmsg len" when that receive also holds the

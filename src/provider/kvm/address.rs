@@ -34,8 +34,9 @@ pub fn own_nic(macs: &[String], hwaddr: Option<&str>) -> bool {
     }
 }
 
-/// The domain's address, or empty when it has none yet.
-pub fn address_of(d: &Domain) -> String {
+/// The domain's address (empty when it has none yet) and its NICs' MACs
+/// (for the host's neighbour table, `neighbours.rs`).
+pub fn address_of(d: &Domain) -> (String, Vec<String>) {
     // Only the domain's own NICs count (a bridge inside the guest must not
     // win); without the XML every interface counts.
     let macs = rpc("virDomainGetXMLDesc", || d.xml_desc(NO_FLAGS))
@@ -69,11 +70,11 @@ pub fn address_of(d: &Domain) -> String {
                 })
                 .collect();
             if let Some(ip) = pick_ipv4(&view) {
-                return ip;
+                return (ip, macs);
             }
         }
     }
-    String::new()
+    (String::new(), macs)
 }
 
 #[cfg(test)]

@@ -43,6 +43,8 @@ pub struct Observed {
     pub mark: Option<Mark>,
     pub state: u32,
     pub ip: String,
+    /// The NICs' MACs of an active domain without an address yet.
+    pub macs: Vec<String>,
 }
 
 /// The instance `id` as observed.
@@ -81,12 +83,18 @@ pub fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
 pub fn observe(d: &Domain, mark: Option<Mark>) -> Result<Observed, virt::error::Error> {
     let info = rpc("virDomainGetInfo", || d.info())?;
     let state = info.state.to_raw();
-    let ip = if is_active(state) {
+    let (ip, macs) = if is_active(state) {
         address_of(d)
     } else {
-        String::new()
+        (String::new(), Vec::new())
     };
-    Ok(Observed { mark, state, ip })
+    let macs = if ip.is_empty() { macs } else { Vec::new() };
+    Ok(Observed {
+        mark,
+        state,
+        ip,
+        macs,
+    })
 }
 
 /// Starts the domain unless it runs.

@@ -7,7 +7,8 @@
 //! calls block and run on the blocking pool, bounded per host.
 //!
 //! This file holds the provider and its trait impls; the libvirt sequences
-//! are in [`domain`] (look up, observe, list, delete), [`address`] and
+//! are in [`domain`] (look up, observe, list, delete), [`address`] (with
+//! the host's own neighbour table in [`neighbours`] as the last source) and
 //! [`build`] (the create sequence), create on one host in `create.rs`,
 //! background creates in [`pending`],
 //! the host check in [`check`] and placement resolution in [`placement`].
@@ -23,6 +24,7 @@ mod download;
 pub mod ids;
 pub mod image;
 pub mod iso;
+pub mod neighbours;
 pub mod pending;
 mod permits;
 pub mod placement;
@@ -184,11 +186,19 @@ impl KvmProvider {
         let obs = op
             .call("reading domain", move |c| domain::read_domain(c, &name))
             .await?;
-        obs.map_err(|why| -> BoxError {
+        let mut obs = obs.map_err(|why| -> BoxError {
             Box::new(Tagged::permanent(format!(
                 "domain metadata does not parse: {why}"
             )))
-        })
+        })?;
+        // libvirt found no address for a running domain: the host's whole
+        // neighbour table may know it (`neighbours.rs`).
+        if obs.ip.is_empty() && !obs.macs.is_empty() {
+            if let Some(ip) = neighbours::lookup(link, &obs.macs).await {
+                obs.ip = ip;
+            }
+        }
+        Ok(obs)
     }
 
     async fn delete_on(&self, link: &HostLink, name: &str) -> Result<(), BoxError> {

@@ -1,0 +1,51 @@
+//! Acquires that name a ProxyPool (`"filters": {"pool": ...}`): each is
+//! counted as the pool's demand (`lease::demand`), and a refused one is
+//! answered as the pool controller asked: `503 pool_scaling_up` while the
+//! pool comes back from zero, a short Retry-After while it grows.
+
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+use super::handlers::refused as plain;
+use super::model::Filter;
+use super::state::ApiState;
+use crate::lease::demand::Answer;
+use crate::lease::{AcquireError, Candidates};
+
+/// Counts an acquire naming a pool as its demand (a refusal for want of
+/// proxies, `refusal`, as unmet demand); how a refusal is answered.
+pub(super) fn asked(s: &ApiState, filter: &Filter, refusal: Option<&AcquireError>) -> Answer {
+    let f = filter.filters();
+    let Some(pool) = f.pool.as_deref() else {
+        return Answer::Plain;
+    };
+    let short = matches!(
+        refusal,
+        Some(AcquireError::NoProxy | AcquireError::NoCapacity { .. })
+    );
+    s.leases.demand().asked(f.namespace.as_deref(), pool, short)
+}
+
+/// The answer to an acquire the store refused, the pool it names having
+/// its say.
+pub(super) fn refused(
+    s: &ApiState,
+    filter: &Filter,
+    members: &dyn Candidates,
+    client: &str,
+    e: AcquireError,
+) -> ApiError {
+    match asked(s, filter, Some(&e)) {
+        Answer::Waking(wait) => {
+            s.metrics.lease_event("refused", 1);
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "pool_scaling_up",
+                "the pool is scaled to zero or coming back from it: it grows for this acquire; ask again after Retry-After",
+            )
+            .retry_after(wait)
+        }
+        Answer::Growing(cap) => plain(s, members, client, e).retry_within(cap),
+        Answer::Plain => plain(s, members, client, e),
+    }
+}
