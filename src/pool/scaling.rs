@@ -35,8 +35,13 @@ pub const GROW_RETRY: Duration = Duration::from_secs(5);
 /// older `lastScale` back).
 #[derive(Debug, Default)]
 pub struct Scaling {
-    pools: Mutex<HashMap<(String, String), (History, Option<ScaleRecord>)>>,
+    pools: Mutex<HashMap<PoolKey, Remembered>>,
 }
+
+/// A pool's namespace and name.
+type PoolKey = (String, String);
+/// The decisions' memory and the latest change made.
+type Remembered = (History, Option<ScaleRecord>);
 
 impl Scaling {
     fn decide(&self, key: (String, String), p: &Policy, s: &Seen) -> Option<Decision> {
