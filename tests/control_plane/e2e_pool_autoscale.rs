@@ -17,9 +17,9 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
 
-use crate::e2e_create_limits::providers;
-use crate::gcp_standin::{StandIn, ZONE};
-use crate::support::{self, crawler, eventually, squid, Operator};
+use crate::e2e_pool_gcp::PoolWorld;
+use crate::gcp_standin::ZONE;
+use crate::support::{self, crawler, eventually, squid};
 
 const TOKEN: &str = "pool-autoscale-token";
 
@@ -68,22 +68,11 @@ fn condition<'a>(s: &'a ProxyPoolStatus, t: &str) -> Option<(&'a str, &'a str, &
 async fn forty_crawlers_grow_a_pool_to_its_max_it_shrinks_after_the_window_sleeps_and_wakes() {
     squid::require();
     crawler::require_python_requests();
-    let ground = support::ground_without_pods("pool-auto").await;
-    let standin = StandIn::serving_on_loopback(Duration::from_secs(900)).await;
-    let target = support::http_target().await;
-    let (port, _squid) = squid::on_loopback("poolauto").await;
-    let api = support::loopback();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, ""), api, TOKEN);
     // Leases of 10 s: at its max, a refused crawler waits until a lease
     // ends, well inside the 20 s window.
-    cmd.args(["--max-lease-ttl", "10s", "--default-lease-ttl", "10s"]);
-    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
-    let log = || {
-        let text = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        format!("operator log (newest first):\n{}", tail.join("\n"))
-    };
+    let w = PoolWorld::start("pool-auto", TOKEN, "10s").await;
+    let (ground, standin, target, port, api) = (&w.ground, &w.standin, w.target, w.port, w.api);
+    let log = || w.log();
     let pools: Api<ProxyPool> = ground.api();
     let autoscale = json!({"minReplicas": 1, "maxReplicas": 6, "scaleDownStabilization": "20s"});
     pools

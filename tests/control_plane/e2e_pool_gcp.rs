@@ -22,6 +22,54 @@ use crate::support::{self, api_call, eventually, squid, Operator};
 const TOKEN: &str = "pool-gcp-token";
 const LEASE_TTL_S: i64 = 20;
 
+/// What a pool test runs against: the test cluster's namespace, the
+/// Compute stand-in, an HTTP target, one Squid on loopback serving every
+/// instance, and the operator with its discovery API, its leases `ttl`
+/// long.
+pub(crate) struct PoolWorld {
+    pub ground: support::Ground,
+    pub standin: StandIn,
+    pub target: std::net::SocketAddr,
+    pub port: u16,
+    pub api: std::net::SocketAddr,
+    pub dir: tempfile::TempDir,
+    _squid: squid::Squid,
+    _op: Operator,
+}
+
+impl PoolWorld {
+    pub(crate) async fn start(name: &str, token: &str, ttl: &str) -> PoolWorld {
+        let ground = support::ground_without_pods(name).await;
+        let standin = StandIn::serving_on_loopback(Duration::from_secs(900)).await;
+        let target = support::http_target().await;
+        let tag: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
+        let (port, squid) = squid::on_loopback(&tag).await;
+        let api = support::loopback();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, ""), api, token);
+        cmd.args(["--max-lease-ttl", ttl, "--default-lease-ttl", ttl]);
+        let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+        PoolWorld {
+            ground,
+            standin,
+            target,
+            port,
+            api,
+            dir,
+            _squid: squid,
+            _op: op,
+        }
+    }
+
+    /// The operator log's last 40 lines, newest first.
+    pub(crate) fn log(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("operator.log")).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        format!("operator log (newest first):\n{}", tail.join("\n"))
+    }
+}
+
 async fn members(proxies: &Api<Proxy>) -> Vec<Proxy> {
     let lp = ListParams::default().labels("crawl.example.com/pool=crawl");
     proxies.list(&lp).await.unwrap().items
@@ -36,21 +84,9 @@ async fn members(proxies: &Api<Proxy>) -> Vec<Proxy> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_scales_with_kubectl_without_cutting_a_lease_and_goes_with_its_proxies() {
     squid::require();
-    let ground = support::ground_without_pods("pool").await;
-    let standin = StandIn::serving_on_loopback(Duration::from_secs(600)).await;
-    let target = support::http_target().await;
-    let (port, _squid) = squid::on_loopback("poolscale").await;
-    let api = support::loopback();
-    let dir = tempfile::tempdir().unwrap();
-    let ttl = format!("{LEASE_TTL_S}s");
-    let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, ""), api, TOKEN);
-    cmd.args(["--max-lease-ttl", &ttl, "--default-lease-ttl", &ttl]);
-    let _op = Operator::spawn(cmd, &dir.path().join("operator.log"));
-    let log = || {
-        let text = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        format!("operator log (newest first):\n{}", tail.join("\n"))
-    };
+    let w = PoolWorld::start("pool", TOKEN, &format!("{LEASE_TTL_S}s")).await;
+    let (ground, standin, target, port, api) = (&w.ground, &w.standin, w.target, w.port, w.api);
+    let log = || w.log();
 
     let pools: Api<ProxyPool> = ground.api();
     let pool: ProxyPool = serde_json::from_value(json!({
