@@ -120,25 +120,26 @@ async fn forty_crawlers_grow_a_pool_to_its_max_it_shrinks_after_the_window_sleep
         })
     };
     let started = Instant::now();
+    let url = format!("http://{target}/");
+    // The crawler kit on pool `auto` with 10 s leases, then `more`.
+    let kit = |more: &'static [&'static str]| {
+        let mut args = vec!["--url", url.as_str(), "--pool", "auto", "--ttl", "10"];
+        args.extend_from_slice(more);
+        args
+    };
     let mut crawlers = crawler::command(
         api,
         TOKEN,
-        &[
-            "--url",
-            &format!("http://{target}/"),
-            "--pool",
-            "auto",
+        &kit(&[
             "--threads",
             "40",
             "--pages",
             "6",
             "--interval",
             "1",
-            "--ttl",
-            "10",
             "--deadline",
             "300",
-        ],
+        ]),
     );
     crawlers.stdout(Stdio::piped()).stderr(Stdio::piped());
     let out = tokio::task::spawn_blocking(move || crawlers.output().unwrap())
@@ -251,20 +252,7 @@ async fn forty_crawlers_grow_a_pool_to_its_max_it_shrinks_after_the_window_sleep
     let (ok, lines) = crawler::run(
         api,
         TOKEN,
-        &[
-            "--url",
-            &format!("http://{target}/"),
-            "--pool",
-            "auto",
-            "--pages",
-            "2",
-            "--ttl",
-            "10",
-            "--interval",
-            "0.5",
-            "--deadline",
-            "120",
-        ],
+        &kit(&["--pages", "2", "--interval", "0.5", "--deadline", "120"]),
     )
     .await;
     assert!(
