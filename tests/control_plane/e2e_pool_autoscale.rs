@@ -214,22 +214,27 @@ async fn forty_crawlers_grow_a_pool_to_its_max_it_shrinks_after_the_window_sleep
         .patch("auto", &PatchParams::default(), &Patch::Merge(&idle))
         .await
         .unwrap();
-    let asleep = eventually("the pool at 0", Duration::from_secs(90), || async {
-        let p = pools.get("auto").await.ok()?;
-        let s = p.status?;
-        (p.spec.replicas == 0 && s.replicas == 0).then_some(s)
-    })
+    // At zero, and the last Proxy gone (its finalizer deletes its
+    // instance first).
+    let proxies = ground.proxies();
+    let asleep = eventually(
+        "the pool at 0, no Proxy left",
+        Duration::from_secs(90),
+        || async {
+            let p = pools.get("auto").await.ok()?;
+            let s = p.status?;
+            let left = proxies
+                .list(&ListParams::default().labels("crawl.example.com/pool=auto"))
+                .await
+                .ok()?;
+            (p.spec.replicas == 0 && s.replicas == 0 && left.items.is_empty()).then_some(s)
+        },
+    )
     .await;
     assert_eq!(
         asleep.last_scale.as_ref().map(|l| l.reason.as_str()),
         Some("Idle")
     );
-    let proxies = ground.proxies();
-    let left = proxies
-        .list(&ListParams::default().labels("crawl.example.com/pool=auto"))
-        .await
-        .unwrap();
-    assert!(left.items.is_empty(), "no Proxy left at zero");
 
     // The next acquire: 503 with a Retry-After, and the pool comes back.
     let (code, retry, body) = support::api_call_retry_after(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use egress_proxies_operator::api::{Proxy, ProxyPool};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
@@ -39,6 +40,11 @@ pub(crate) struct PoolWorld {
 
 impl PoolWorld {
     pub(crate) async fn start(name: &str, token: &str, ttl: &str) -> PoolWorld {
+        Self::with_limits(name, token, ttl, "").await
+    }
+
+    /// [`PoolWorld::start`] with `limits` in the provider's entry.
+    pub(crate) async fn with_limits(name: &str, token: &str, ttl: &str, limits: &str) -> PoolWorld {
         let ground = support::ground_without_pods(name).await;
         let standin = StandIn::serving_on_loopback(Duration::from_secs(900)).await;
         let target = support::http_target().await;
@@ -46,7 +52,8 @@ impl PoolWorld {
         let (port, squid) = squid::on_loopback(&tag).await;
         let api = support::loopback();
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = ground.discovery_operator(dir.path(), &providers(&standin, ""), api, token);
+        let mut cmd =
+            ground.discovery_operator(dir.path(), &providers(&standin, limits), api, token);
         cmd.args(["--max-lease-ttl", ttl, "--default-lease-ttl", ttl]);
         let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
         PoolWorld {
@@ -264,6 +271,62 @@ async fn a_pool_scales_with_kubectl_without_cutting_a_lease_and_goes_with_its_pr
         8,
         "no instance made while going"
     );
+}
+
+/// A pool of 3 on a provider whose `maxInstances` is 2: two Proxies run,
+/// the third waits, and the pool says so in `ScalingLimited`
+/// (`InstanceLimit`, how many wait and the provider's words) and a
+/// Warning Event; raising the pool's size past the cap changes the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_held_by_its_providers_cap_says_so() {
+    squid::require();
+    let w = PoolWorld::with_limits("pool-cap", TOKEN, "60s", "    maxInstances: 2\n").await;
+    let pools: Api<ProxyPool> = w.ground.api();
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "capped"},
+        "spec": {"replicas": 3, "template": {"spec": {
+            "provider": "gcp-eu",
+            "port": w.port,
+            "placement": {"zone": ZONE, "machineType": "e2-micro", "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"},
+            "healthCheck": {"url": format!("http://{}/", w.target), "expectedStatus": 200, "failureThreshold": 20},
+        }}}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let limited = |n: &'static str| {
+        let pools = pools.clone();
+        async move {
+            let s = pools.get("capped").await.ok()?.status?;
+            let c = s.conditions.iter().find(|c| c.type_ == "ScalingLimited")?;
+            (c.status.as_str() == "True" && c.message.starts_with(n) && s.ready_replicas == 2)
+                .then(|| (c.reason.clone(), c.message.clone()))
+        }
+    };
+    let (reason, message) = eventually(
+        "ScalingLimited: one Proxy waits",
+        Duration::from_secs(120),
+        || limited("1 Proxy of the pool waits"),
+    )
+    .await;
+    assert_eq!(reason, "InstanceLimit", "{message}\n{}", w.log());
+    assert!(message.contains("maxInstances is 2"), "{message}");
+    assert_eq!(w.standin.calls_of("insert"), 2, "the cap holds");
+    let events: Api<Event> = w.ground.api();
+    let note = support::event_note(&events, "capped", "ScalingLimited").await;
+    assert!(
+        note.as_deref()
+            .is_some_and(|n| n.contains("1 Proxy of the pool waits")),
+        "a ScalingLimited Event: {note:?}"
+    );
+    w.ground
+        .kubectl(&["scale", "proxypool/capped", "--replicas=4"]);
+    eventually(
+        "ScalingLimited: two Proxies wait",
+        Duration::from_secs(60),
+        || limited("2 Proxies of the pool wait"),
+    )
+    .await;
 }
 
 /// The real API server refuses each bad pool, naming the field (the

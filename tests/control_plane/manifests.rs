@@ -419,10 +419,11 @@ fn the_manager_gets_least_privilege_rbac() {
         grants(&cluster, "crawl.example.com", "proxies/status"),
         ["patch"]
     );
-    // Pools: watched, their status written; never changed otherwise.
+    // Pools: watched, their status written, an autoscaled pool's
+    // spec.replicas patched; never created or deleted.
     assert_eq!(
         grants(&cluster, "crawl.example.com", "proxypools"),
-        ["list", "watch"]
+        ["list", "patch", "watch"]
     );
     assert_eq!(
         grants(&cluster, "crawl.example.com", "proxypools/status"),
