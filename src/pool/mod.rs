@@ -176,6 +176,7 @@ async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action
         if let Some(l) = &ctx.leases {
             l.demand().forget(&ns, &name);
         }
+        ctx.scaling.forget(&(ns, name));
         // The garbage collector deletes the Proxies it owns.
         return Ok(Action::await_change());
     }

@@ -58,7 +58,8 @@ impl Scaling {
         last.clone()
     }
 
-    fn forget(&self, key: &(String, String)) {
+    /// Forgets `key` (its pool is gone or no longer autoscaled).
+    pub(super) fn forget(&self, key: &(String, String)) {
         let mut m = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         m.remove(key);
     }
@@ -143,7 +144,10 @@ pub async fn run(
     }
     out.scaled = ctx.scaling.made(key, record);
     if let Some(d) = demand {
-        let answer = if out.replicas == 0 || counts.ready == 0 {
+        // Waking: at zero, or back from it with no Ready Proxy yet (a pool
+        // whose Proxies fail is answered as any other, not "waking").
+        let woke = out.scaled.as_ref().is_some_and(|r| r.from == 0);
+        let answer = if out.replicas == 0 || (counts.ready == 0 && woke) {
             Answer::Waking(WAKE_RETRY)
         } else if out.replicas < policy.max {
             Answer::Growing(GROW_RETRY)
