@@ -16,9 +16,13 @@ use crate::discovery::replicas::{in_sync, Replicas};
 use crate::leader::Publisher;
 use crate::lease::{LeaseKey, LeaseStore, Snapshot, HORIZON_ANNOTATION};
 
-/// How long writing the hand-over, and first waiting for the discovery
-/// API to stop, may each take at shutdown.
+/// How long waiting for the discovery API to stop may take at shutdown.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long writing the hand-over may take: a few Secret writes, which an
+/// API server under load has been seen to take over 5 s for (CI; the next
+/// leader then waited out a 300 s recovery window). A stop's bounds still
+/// fit the Pod's 30 s grace period (5 + 5 + 12 + 2 s).
+const HANDOVER_WRITE_TIMEOUT: Duration = Duration::from_secs(12);
 
 /// The horizon again, in milliseconds after the write that carries it: a
 /// successor counts it from when it first saw that write, by its own
@@ -257,7 +261,8 @@ impl Publisher for Horizon {
 
 impl Horizon {
     /// Writes the hand-over once the discovery API stopped serving (so
-    /// nothing changes the table after), bounded by [`HANDOVER_TIMEOUT`].
+    /// nothing changes the table after), bounded by [`HANDOVER_TIMEOUT`]
+    /// and [`HANDOVER_WRITE_TIMEOUT`].
     async fn hand_over(&self, h: &HandOver) -> Option<String> {
         if tokio::time::timeout(HANDOVER_TIMEOUT, h.served.cancelled())
             .await
@@ -265,7 +270,7 @@ impl Horizon {
         {
             warn!("The discovery API is still serving; writing the lease hand-over anyway");
         }
-        match tokio::time::timeout(HANDOVER_TIMEOUT, h.write()).await {
+        match tokio::time::timeout(HANDOVER_WRITE_TIMEOUT, h.write()).await {
             Ok(Ok((value, leases))) => {
                 info!(leases, "Wrote the lease table for the next leader");
                 Some(value)
@@ -275,7 +280,7 @@ impl Horizon {
                 None
             }
             Err(_) => {
-                warn!(limit = ?HANDOVER_TIMEOUT, "Writing the lease hand-over timed out; the next leader waits for the recovery window instead");
+                warn!(limit = ?HANDOVER_WRITE_TIMEOUT, "Writing the lease hand-over timed out; the next leader waits for the recovery window instead");
                 None
             }
         }

@@ -172,7 +172,7 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert_eq!(c["image"], "example.com/egress-proxies-operator:v0.0.1");
     assert_eq!(pod["serviceAccountName"], SA);
     object(docs, "ServiceAccount", SA);
-    // Above the 17 s a stopping leader may take to hand its leases over.
+    // Above the 24 s a stopping leader may take to hand its leases over.
     assert_eq!(pod["terminationGracePeriodSeconds"], 30);
 }
 
