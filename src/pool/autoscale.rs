@@ -24,6 +24,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use crate::api::Autoscale;
 use crate::lease::demand::Asked;
 
+/// `minReplicas` when unset.
+pub const DEFAULT_MIN: i32 = 1;
 /// `targetUtilization` when unset, in percent.
 pub const DEFAULT_TARGET: i32 = 80;
 /// `scaleDownStabilization` when unset.
@@ -67,7 +69,7 @@ impl Policy {
     /// The policy of `spec.autoscale`; the error names the field and the
     /// value (the API server's validation refuses most of these first).
     pub fn of(a: &Autoscale) -> Result<Policy, String> {
-        let min = a.min_replicas.unwrap_or(1);
+        let min = a.min_replicas.unwrap_or(DEFAULT_MIN);
         if !(0..=crate::api::pool::MAX_REPLICAS).contains(&min) {
             return Err(format!(
                 "spec.autoscale.minReplicas {min} is not within 0..=1000"

@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::metrics::{Registrar, Scraped};
+use crate::metrics::Registrar;
 
 const REPLICAS: &str = "proxy_operator_pool_replicas";
 
@@ -73,10 +73,7 @@ impl PoolMetrics {
             "Changes of a ProxyPool's size by its autoscaler, by reason (Demand, Refusals, LowDemand, Idle, Wake, Bounds)",
             m.decisions.clone(),
         );
-        let rows = m.rows.clone();
-        let source = Scraped::default();
-        source.set(move || fresh(&rows, Instant::now()));
-        registry.register_collector(&[REPLICAS], ReplicaGauges(source));
+        registry.register_collector(&[REPLICAS], ReplicaGauges(m.rows.clone()));
         m
     }
 
@@ -110,12 +107,13 @@ fn fresh(rows: &Rows, now: Instant) -> Vec<(String, String, PoolGauges)> {
         .collect()
 }
 
+/// The gauges, read from the rows the controller writes.
 #[derive(Debug)]
-struct ReplicaGauges(Scraped<Vec<(String, String, PoolGauges)>>);
+struct ReplicaGauges(Rows);
 
 impl Collector for ReplicaGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let rows = self.0.read().unwrap_or_default();
+        let rows = fresh(&self.0, Instant::now());
         if rows.is_empty() {
             return Ok(());
         }

@@ -256,7 +256,7 @@ async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<PoolContext>) -> Result<Action
     status::write(&ctx.client, &pool, &status).await?;
     if let Some(m) = &ctx.metrics {
         let min = pool.spec.autoscale.as_ref().map(|a| {
-            let floor = a.min_replicas.unwrap_or(1);
+            let floor = a.min_replicas.unwrap_or(autoscale::DEFAULT_MIN);
             if notes.desired == 0 {
                 0
             } else {
