@@ -21,6 +21,7 @@ pub mod credentials;
 pub mod discovery;
 pub mod events;
 pub mod fleet;
+pub mod gateway;
 pub mod gc;
 pub mod health;
 pub mod http;

@@ -109,6 +109,19 @@ impl ListingData {
     }
 }
 
+impl ListingData {
+    /// The entries matching `f`, in listing order.
+    pub fn entries<'a>(
+        &'a self,
+        f: &Filter,
+    ) -> Box<dyn Iterator<Item = &'a (ProxyKey, ProxyItem)> + 'a> {
+        match self.members(f).subset {
+            None => Box::new(self.items.iter()),
+            Some(s) => Box::new((0..s.len()).filter_map(move |n| self.items.get(s[n] as usize))),
+        }
+    }
+}
+
 /// The proxies of a listing one request may lease.
 pub struct Members<'a> {
     listing: &'a ListingData,

@@ -309,6 +309,26 @@ impl ApiState {
             .collect()
     }
 
+    /// The eligible proxies that match `f`, with their lease-store keys
+    /// (the gateway's upstreams).
+    pub fn matching(&self, f: &Filter) -> Vec<(ProxyKey, ProxyItem)> {
+        let listing = self.listing();
+        listing
+            .entries(f)
+            .map(|(k, i)| (k.clone(), i.clone()))
+            .collect()
+    }
+
+    /// The client a token names, as the API's bearer auth finds it.
+    pub fn client_of_token(&self, token: &str) -> Option<Arc<str>> {
+        self.tokens.client_of(token)
+    }
+
+    /// The lease store the API grants from.
+    pub fn lease_store(&self) -> &Arc<LeaseStore> {
+        &self.leases
+    }
+
     /// The listing entry of a lease's proxy, while it is eligible.
     pub(super) fn item_for(&self, lease: &Lease) -> Option<ProxyItem> {
         self.listing().get(&lease.proxy).cloned()

@@ -468,6 +468,18 @@ impl LeaseStore {
         self.lock().proxies.get(key).map_or(0, |p| p.active())
     }
 
+    /// Whether the gateway may send `client`'s new connections through
+    /// `key`: no exclusive lease holds it (with one lease per proxy, a
+    /// lease is exclusive) and no report cooled it down for `client`.
+    pub fn lets_gateway_use(&self, client: &str, key: &ProxyKey) -> bool {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let held = self.config.max_leases_per_proxy <= 1
+            && st.proxies.get(key).is_some_and(|p| p.active() > 0);
+        !held && !st.cooldowns.blocks(key, None, client, now)
+    }
+
     /// Forgets everything about proxies not in `present` (deleted Proxies):
     /// their sticky mappings and cooldowns. Leases run out on their own.
     pub fn retain_proxies(&self, present: &std::collections::HashSet<ProxyKey>) {

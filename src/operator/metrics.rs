@@ -45,6 +45,8 @@ pub struct Metrics {
     pub reload: super::reload::ReloadMetrics,
     /// ProxyPool sizes and autoscaling decisions.
     pub pool: crate::pool::metrics::PoolMetrics,
+    /// The gateway's connections, upstream choices and errors.
+    pub gateway: crate::gateway::metrics::GatewayMetrics,
 }
 
 impl Default for Metrics {
@@ -79,6 +81,7 @@ impl Metrics {
         let circuit = CircuitGauge::register(&mut registry);
         let reload = super::reload::ReloadMetrics::register(&mut registry);
         let pool = crate::pool::metrics::PoolMetrics::register(&mut registry);
+        let gateway = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
         // Last: build info and the process series, read at every scrape.
         crate::metrics::process::register(&mut registry);
         Metrics {
@@ -95,6 +98,7 @@ impl Metrics {
             circuit,
             reload,
             pool,
+            gateway,
         }
     }
 

@@ -140,6 +140,15 @@ pub fn spawn_discovery(
             watch.await;
         });
     }
+    if let Some(at) = settings.gateway_bind {
+        spawn_gateway(
+            tasks,
+            at,
+            settings.gateway,
+            (state.clone(), metrics.gateway.clone()),
+            stop.clone(),
+        );
+    }
     let served = CancellationToken::new();
     let done = served.clone();
     let limits = settings.discovery_limits;
@@ -150,6 +159,35 @@ pub fn spawn_discovery(
         done.cancel();
     });
     (leases, replicas, served)
+}
+
+/// The gateway inside this process: it shares the discovery API's
+/// listing, lease store and tokens.
+fn spawn_gateway(
+    tasks: &mut JoinSet<()>,
+    addr: SocketAddr,
+    settings: crate::gateway::Settings,
+    (state, metrics): (discovery::ApiState, crate::gateway::metrics::GatewayMetrics),
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let gateway = Arc::new(crate::gateway::Gateway::new(
+        Arc::new(state),
+        settings,
+        metrics,
+    ));
+    tasks.spawn(async move {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                error!(%addr, error = %e, "The gateway could not listen");
+                return;
+            }
+        };
+        info!(%addr, "Gateway listening");
+        if let Err(e) = crate::gateway::serve(listener, gateway, stop).await {
+            error!(%addr, error = %e, "Gateway failed");
+        }
+    });
 }
 
 /// Where lease calls go, from what the election last saw: here, to the

@@ -33,6 +33,10 @@ pub struct Settings {
     pub metrics_tls: Option<Arc<rustls::ServerConfig>>,
     /// `--discovery-bind-address` (`None`: off).
     pub discovery_bind: Option<SocketAddr>,
+    /// `--gateway-bind-address` (`None`: off).
+    pub gateway_bind: Option<SocketAddr>,
+    /// The gateway's bounds (`--gateway-*`).
+    pub gateway: crate::gateway::Settings,
     /// The discovery API's connection limits.
     pub discovery_limits: crate::server::Limits,
     /// Where the other replicas reach this one's discovery API
@@ -148,6 +152,9 @@ impl Settings {
         if let Err(e) = discovery_auth(flags, has_token) {
             problems.push(e);
         }
+        if let Err(e) = gateway_needs(flags, has_token) {
+            problems.push(e);
+        }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
             .map_err(|e| problems.push(format!("--probe-ca-file: {e}")))
             .ok();
@@ -206,6 +213,17 @@ impl Settings {
             metrics_bind: bind(&flags.metrics_bind_address),
             metrics_tls,
             discovery_bind: bind(&flags.discovery_bind_address),
+            gateway_bind: bind(&flags.gateway_bind_address),
+            gateway: crate::gateway::Settings {
+                max_connections: usize::try_from(flags.gateway_max_connections)
+                    .unwrap_or(usize::MAX),
+                max_per_client: flags.gateway_max_connections_per_client,
+                max_per_upstream: flags.gateway_max_connections_per_upstream,
+                session_ttl: flags.gateway_session_ttl,
+                max_session_ttl: flags.gateway_max_session_ttl,
+                idle_timeout: flags.gateway_idle_timeout,
+                ..crate::gateway::Settings::default()
+            },
             discovery_limits: crate::server::Limits {
                 max_connections: usize::try_from(flags.discovery_max_connections)
                     .unwrap_or(usize::MAX),
@@ -323,6 +341,43 @@ fn discovery_auth(flags: &Flags, has_token: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// The gateway signs crawlers in with discovery tokens, so it needs the
+/// API on and tokens in force (an open gateway would be an open proxy).
+fn gateway_needs(flags: &Flags, has_token: bool) -> Result<(), String> {
+    if !matches!(cli::parse_bind(&flags.gateway_bind_address), Ok(Some(_))) {
+        return Ok(());
+    }
+    if matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None)) {
+        return Err(
+            "--gateway-bind-address needs the discovery API on (it shares its \
+            proxies, leases and tokens): set --discovery-bind-address"
+                .to_string(),
+        );
+    }
+    if !has_token {
+        return Err(
+            "--gateway-bind-address needs discovery tokens (crawlers sign in \
+            with their client name and token): set DISCOVERY_TOKEN, \
+            --discovery-tokens-dir or --discovery-tokens-secret"
+                .to_string(),
+        );
+    }
+    let minute = Duration::from_secs(60);
+    let (ttl, max) = (flags.gateway_session_ttl, flags.gateway_max_session_ttl);
+    if ttl < minute || max < minute || ttl > max {
+        return Err(format!(
+            "--gateway-session-ttl ({}) must be at least 1m and at most \
+             --gateway-max-session-ttl ({})",
+            humantime::format_duration(ttl),
+            humantime::format_duration(max)
+        ));
+    }
+    if flags.gateway_idle_timeout < Duration::from_secs(1) {
+        return Err("--gateway-idle-timeout must be at least 1s".to_string());
+    }
+    Ok(())
+}
+
 /// The metrics server's TLS: made (or read from `--metrics-cert-dir`) only
 /// when it will serve HTTPS.
 fn metrics_tls(flags: &Flags) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
@@ -427,6 +482,52 @@ mod tests {
                 args: &["--discovery-bind-address", "0"],
                 token: None,
                 problems: &[],
+            },
+            Case {
+                name: "the gateway with a token",
+                args: &["--gateway-bind-address", "127.0.0.1:3128"],
+                token: Some("t"),
+                problems: &[],
+            },
+            Case {
+                name: "the gateway without tokens would be an open proxy",
+                args: &[
+                    "--gateway-bind-address",
+                    ":3128",
+                    "--allow-unauthenticated-discovery",
+                ],
+                token: None,
+                problems: &["--gateway-bind-address needs discovery tokens"],
+            },
+            Case {
+                name: "the gateway without the discovery API",
+                args: &[
+                    "--gateway-bind-address",
+                    ":3128",
+                    "--discovery-bind-address",
+                    "0",
+                ],
+                token: Some("t"),
+                problems: &["--gateway-bind-address needs the discovery API on"],
+            },
+            Case {
+                name: "a gateway session ttl over its max",
+                args: &[
+                    "--gateway-bind-address",
+                    ":3128",
+                    "--gateway-session-ttl",
+                    "2h",
+                    "--gateway-max-session-ttl",
+                    "1h",
+                ],
+                token: Some("t"),
+                problems: &["--gateway-session-ttl (2h) must be at least 1m and at most --gateway-max-session-ttl (1h)"],
+            },
+            Case {
+                name: "a bad gateway address",
+                args: &["--gateway-bind-address", "nowhere"],
+                token: Some("t"),
+                problems: &["--gateway-bind-address:"],
             },
             Case {
                 name: "a missing metrics cert dir is found at startup, with the server on",

@@ -15,6 +15,7 @@ mod e2e_breaker_gcp;
 mod e2e_create_limits;
 mod e2e_events_gcp;
 mod e2e_fleet_gcp;
+mod e2e_gateway;
 mod e2e_gcp;
 mod e2e_gcp_firewall;
 mod e2e_gcp_listing;

@@ -46,6 +46,19 @@ fn populated() -> Metrics {
     m.discovery.set_leases(|| 1);
     m.circuit.set_states(|| vec![("gcp-eu".into(), true)]);
     m.pool.decided("crawl", "eu", "Refusals");
+    m.gateway
+        .request(egress_proxies_operator::gateway::metrics::RequestLabels {
+            client: "crawler-a".into(),
+            kind: "connect",
+            pool: "eu".into(),
+            result: "ok",
+        });
+    m.gateway.set_up(took);
+    m.gateway.upstream_error("connect");
+    m.gateway.tunnel_opened();
+    m.gateway.tunnel_closed(took, 10, 20);
+    m.gateway.session_moved();
+    m.gateway.set_sessions(1);
     m.pool.saw(
         "crawl",
         "eu",
@@ -142,6 +155,14 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_config_last_reload_successful",
             "proxy_operator_config_last_reload_success_timestamp_seconds",
             "proxy_operator_pool_scaling_decisions",
+            "proxy_operator_gateway_requests",
+            "proxy_operator_gateway_setup_seconds",
+            "proxy_operator_gateway_upstream_errors",
+            "proxy_operator_gateway_tunnels_open",
+            "proxy_operator_gateway_tunnel_duration_seconds",
+            "proxy_operator_gateway_tunnel_bytes",
+            "proxy_operator_gateway_session_moves",
+            "proxy_operator_gateway_sessions",
             "proxy_operator_proxies",
             "proxy_operator_create_tokens",
             "proxy_operator_creates_in_flight",

@@ -1,0 +1,106 @@
+//! Which upstream a new connection goes to (pure). A session goes to the
+//! proxy of highest rendezvous weight for `(session, proxy)`: every
+//! gateway replica computes the same answer from the same eligible set,
+//! with no shared state, and a proxy that leaves moves only the sessions
+//! it held. Without a session, the less loaded of two random choices.
+
+/// A stable 64-bit hash (FNV-1a, then a finalizer): the same on every
+/// replica, build and platform, unlike the standard library's hasher.
+pub fn stable_hash(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator, so ("ab", "c") and ("a", "bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// SplitMix64's finalizer: spreads every input bit over the output.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// An upstream's stable hash, from its namespace and name.
+pub fn upstream_hash(key: &crate::lease::ProxyKey) -> u64 {
+    stable_hash(&[&key.namespace, &key.name])
+}
+
+/// The weight of a proxy (its stable hash) for a session (its hash).
+pub fn weight(session: u64, proxy: u64) -> u64 {
+    mix(session ^ mix(proxy))
+}
+
+/// The session's proxy: of the `candidates` (by stable hash) that `usable`
+/// accepts, the one of highest weight. `usable` is asked in order of
+/// weight, so a usable winner costs one call.
+pub fn rendezvous<T>(
+    session: u64,
+    candidates: &[T],
+    hash: impl Fn(&T) -> u64,
+    mut usable: impl FnMut(&T) -> bool,
+) -> Option<usize> {
+    let mut ranked: Vec<(u64, usize)> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (weight(session, hash(c)), i))
+        .collect();
+    // Most often the first is usable: find it without sorting them all.
+    loop {
+        let (pos, &(_, best)) = ranked
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, (w, i))| (*w, std::cmp::Reverse(*i)))?;
+        if usable(&candidates[best]) {
+            return Some(best);
+        }
+        ranked.swap_remove(pos);
+    }
+}
+
+/// A new rotating connection's proxy: of two candidates drawn at random
+/// (`draw(n)` gives an index below `n`), the one `load` says is less
+/// loaded; candidates `usable` refuses are drawn again, a few times,
+/// then looked for in order so a usable one is never missed.
+pub fn two_choices<T>(
+    candidates: &[T],
+    mut draw: impl FnMut(usize) -> usize,
+    load: impl Fn(&T) -> u32,
+    mut usable: impl FnMut(&T) -> bool,
+) -> Option<usize> {
+    let n = candidates.len();
+    if n == 0 {
+        return None;
+    }
+    let mut pick = |draw: &mut dyn FnMut(usize) -> usize| {
+        (0..8)
+            .map(|_| draw(n) % n)
+            .find(|&i| usable(&candidates[i]))
+    };
+    let first = pick(&mut draw);
+    let second = pick(&mut draw);
+    match (first, second) {
+        (Some(a), Some(b)) => Some(if load(&candidates[b]) < load(&candidates[a]) {
+            b
+        } else {
+            a
+        }),
+        (Some(a), None) | (None, Some(a)) => Some(a),
+        (None, None) => {
+            let start = draw(n) % n;
+            (0..n)
+                .map(|k| (start + k) % n)
+                .find(|&i| usable(&candidates[i]))
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "choose_tests.rs"]
+mod tests;

@@ -1,0 +1,192 @@
+//! Absolute-form requests (`GET http://…`) through an upstream: the
+//! client connection keeps one upstream connection while its requests ask
+//! the same; hop-by-hop headers stay on their hop.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::header::{HeaderName, HeaderValue, PROXY_AUTHORIZATION};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::client::conn::http1 as client_http1;
+use hyper_util::rt::TokioIo;
+use tracing::{debug, info, warn};
+
+use super::route::{ClientSlot, Gateway, Slot};
+use super::serve::{answer, moved, no_upstream, Ask};
+use super::upstream::{self, UpstreamError};
+use super::username::Wanted;
+use super::Upstream;
+
+/// The upstream connection a client connection's plain-http requests
+/// reuse while they ask the same.
+pub(super) struct Kept {
+    client: Arc<str>,
+    wanted: Wanted,
+    up: Upstream,
+    sender: client_http1::SendRequest<Body>,
+    _slots: (Slot, ClientSlot),
+}
+
+pub(super) type KeptCell = Arc<tokio::sync::Mutex<Option<Kept>>>;
+
+/// Headers that belong to one hop and are not relayed.
+const HOP: [&str; 7] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "upgrade",
+];
+
+fn strip_hop_headers(h: &mut http::HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in HOP {
+        h.remove(n);
+    }
+}
+
+/// An absolute-form request (`GET http://…`): relayed on the client
+/// connection's upstream connection while it asks the same, otherwise on
+/// a new one (a second upstream is tried when the first cannot be
+/// reached; a request already sent is never sent again).
+pub(super) async fn forward(
+    gw: Arc<Gateway>,
+    kept: KeptCell,
+    ask: Ask,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let uri = req.uri();
+    if uri.scheme().is_none() || uri.authority().is_none() {
+        return answer(
+            StatusCode::BAD_REQUEST,
+            "this is a proxy: send absolute-form requests (GET http://host/path) or CONNECT",
+        );
+    }
+    let mut kept = kept.lock().await;
+    let reusable = kept.as_ref().is_some_and(|k| {
+        k.client == ask.client
+            && k.wanted == ask.wanted
+            && !k.sender.is_closed()
+            && gw.still_usable(&ask.client, &ask.filter, &k.up.key)
+    });
+    let mut was_moved = false;
+    if !reusable {
+        *kept = None;
+        match open(&gw, &ask).await {
+            Ok((k, m)) => {
+                was_moved = m;
+                *kept = Some(k);
+            }
+            Err(refused) => return refused,
+        }
+    }
+    let Some(k) = kept.as_mut() else {
+        return answer(StatusCode::BAD_GATEWAY, "no upstream connection");
+    };
+    let up_auth = k.up.authorization.clone();
+    let (mut parts, body) = req.into_parts();
+    strip_hop_headers(&mut parts.headers);
+    if let Some(auth) = up_auth.and_then(|a| HeaderValue::from_str(&a).ok()) {
+        parts.headers.insert(PROXY_AUTHORIZATION, auth);
+    }
+    parts.version = http::Version::HTTP_11;
+    let sent = k
+        .sender
+        .send_request(Request::from_parts(parts, Body::new(body)))
+        .await;
+    let key = k.up.key.clone();
+    match sent {
+        Ok(resp) if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+            warn!(upstream = %key, "The upstream proxy refused the gateway's credentials");
+            gw.metrics.upstream_error("credentials");
+            gw.suspect(&key);
+            *kept = None;
+            answer(
+                StatusCode::BAD_GATEWAY,
+                "the upstream proxy refused the gateway's credentials",
+            )
+        }
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_headers(&mut parts.headers);
+            moved(Response::from_parts(parts, Body::new(body)), was_moved)
+        }
+        Err(e) => {
+            info!(upstream = %key, error = %e, "A request through the gateway failed upstream");
+            gw.metrics.upstream_error("protocol");
+            *kept = None;
+            answer(
+                StatusCode::BAD_GATEWAY,
+                &format!("the upstream proxy failed: {e}"),
+            )
+        }
+    }
+}
+
+/// A new upstream connection for `ask`: its first choice, or a second
+/// upstream when that one cannot be reached. Says whether the session
+/// moved.
+async fn open(gw: &Gateway, ask: &Ask) -> Result<(Kept, bool), Response<Body>> {
+    let Some(client_slot) = gw.admit(&ask.client) else {
+        return Err(answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            "this client holds its cap of gateway connections",
+        ));
+    };
+    let started = std::time::Instant::now();
+    let mut failed: Option<UpstreamError> = None;
+    let mut avoid = None;
+    for _ in 0..2 {
+        let chosen = gw
+            .choose(&ask.client, &ask.wanted, &ask.filter, avoid.as_ref())
+            .map_err(|e| no_upstream(e, failed.take()))?;
+        let up: Upstream = chosen.upstream;
+        tracing::Span::current().record("upstream", tracing::field::display(&up.key));
+        let conn = upstream::dial(&up, gw.settings.upstream_timeout).await;
+        let handshake = match conn {
+            Ok(c) => client_http1::handshake(TokioIo::new(c))
+                .await
+                .map_err(|e| UpstreamError::Closed(std::io::Error::other(e))),
+            Err(e) => Err(e),
+        };
+        match handshake {
+            Ok((sender, driver)) => {
+                gw.metrics.set_up(started.elapsed());
+                tokio::spawn(async move {
+                    if let Err(e) = driver.await {
+                        debug!(error = %e, "Gateway upstream connection ended");
+                    }
+                });
+                let kept = Kept {
+                    client: ask.client.clone(),
+                    wanted: ask.wanted.clone(),
+                    _slots: (gw.occupy(&up.key), client_slot),
+                    up,
+                    sender,
+                };
+                return Ok((kept, chosen.moved || failed.is_some()));
+            }
+            Err(e) => {
+                warn!(upstream = %up.key, error = %e, "Gateway upstream unreachable; trying another");
+                gw.metrics.upstream_error(e.class());
+                gw.suspect(&up.key);
+                avoid = Some(up.key);
+                failed = Some(e);
+            }
+        }
+    }
+    let e = failed.map_or_else(|| "no upstream".to_string(), |e| e.to_string());
+    Err(answer(StatusCode::BAD_GATEWAY, &e))
+}

@@ -1,0 +1,71 @@
+//! The gateway (docs/gateway.md): one forward-proxy address for every
+//! crawler. Each connection is relayed through one healthy proxy of the
+//! fleet, chosen by the session and filters the crawler writes in its
+//! proxy username; the crawler authenticates with its discovery token and
+//! never sees the upstreams' credentials. By job: `username` (the
+//! grammar), `choose` (rendezvous hashing and two random choices),
+//! `sessions` (what this replica remembers of each session), `fleet`
+//! (the eligible upstreams, as the lease API sees them), `route` (the
+//! upstream of one connection, with the connection caps), `upstream`
+//! (dialing an upstream and its CONNECT), `tunnel` (bounded copying),
+//! `serve` (the HTTP/1.1 front: sign-in and CONNECT), `forward`
+//! (absolute-form requests), `metrics` (its series).
+
+mod choose;
+mod fleet;
+mod forward;
+pub mod metrics;
+mod route;
+mod serve;
+mod sessions;
+mod tunnel;
+mod upstream;
+pub mod username;
+
+use std::time::Duration;
+
+pub use fleet::{Fleet, Upstream};
+pub use route::Gateway;
+pub use serve::serve;
+
+/// The gateway's bounds and defaults (`--gateway-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Connections open at once; one more is closed when accepted.
+    pub max_connections: usize,
+    /// Connections one client (token) may hold open at once.
+    pub max_per_client: u32,
+    /// Connections the gateway sends through one upstream at once.
+    pub max_per_upstream: u32,
+    /// How long a session is remembered after its last use, unless its
+    /// username says `ttl-<minutes>`.
+    pub session_ttl: Duration,
+    /// The longest `ttl-<minutes>` a username may ask.
+    pub max_session_ttl: Duration,
+    /// Sessions remembered at once.
+    pub max_sessions: usize,
+    /// Time a client has to send a request's header (also the idle time
+    /// allowed between requests of a kept-alive connection).
+    pub header_read_timeout: Duration,
+    /// A tunnel or upstream connection with no byte either way this long
+    /// is closed.
+    pub idle_timeout: Duration,
+    /// Time an upstream has to accept a connection and answer its CONNECT.
+    pub upstream_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_connections: 10_000,
+            max_per_client: 4096,
+            max_per_upstream: 256,
+            session_ttl: Duration::from_secs(30 * 60),
+            max_session_ttl: Duration::from_secs(24 * 3600),
+            max_sessions: 1_000_000,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            upstream_timeout: Duration::from_secs(10),
+        }
+    }
+}

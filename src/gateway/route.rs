@@ -1,0 +1,258 @@
+//! The upstream of one new connection, and the counts that bound the
+//! gateway: connections per client and per upstream, and the upstreams
+//! that just failed a connection (passed over until the health engine's
+//! verdict catches up).
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::choose::{rendezvous, two_choices};
+use super::fleet::{Fleet, Upstream};
+use super::sessions::Sessions;
+use super::username::Wanted;
+use super::Settings;
+use crate::discovery::Filter;
+use crate::lease::ProxyKey;
+
+/// How long an upstream that failed a connection is passed over.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(15);
+
+/// The gateway's shared state.
+pub struct Gateway {
+    pub(super) fleet: Arc<dyn Fleet>,
+    pub(super) settings: Settings,
+    pub(super) metrics: super::metrics::GatewayMetrics,
+    sessions: Mutex<Sessions>,
+    /// Open connections per upstream.
+    load: Arc<Mutex<HashMap<ProxyKey, u32>>>,
+    /// Open connections per client.
+    clients: Arc<Mutex<HashMap<Arc<str>, u32>>>,
+    /// Upstreams that failed a connection, and until when they are
+    /// passed over.
+    suspects: Mutex<HashMap<ProxyKey, Instant>>,
+    /// Random draws for rotation: a per-process random seed, stepped.
+    seed: u64,
+    draws: AtomicU64,
+}
+
+/// Why no upstream was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoUpstream {
+    /// No eligible proxy matches the username's filters.
+    #[error("no healthy proxy matches {0}")]
+    NoneMatch(String),
+    /// Some match, but every one is leased exclusively, cooling down,
+    /// failed just now or at the gateway's per-upstream cap.
+    #[error(
+        "all {0} healthy proxies matching {1} are leased exclusively, cooling down, \
+         failing or at the gateway's connection cap"
+    )]
+    AllBusy(usize, String),
+}
+
+/// One open connection's place in the counts; released when dropped.
+pub struct Slot {
+    counts: Arc<Mutex<HashMap<ProxyKey, u32>>>,
+    key: ProxyKey,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        release(&self.counts, &self.key);
+    }
+}
+
+/// One client connection's place in its client's count.
+pub struct ClientSlot {
+    counts: Arc<Mutex<HashMap<Arc<str>, u32>>>,
+    client: Arc<str>,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        release(&self.counts, &self.client);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Counters only: a panic mid-update loses at most one count.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn release<K: std::hash::Hash + Eq>(counts: &Mutex<HashMap<K, u32>>, key: &K) {
+    let mut c = lock(counts);
+    if let Some(n) = c.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            c.remove(key);
+        }
+    }
+}
+
+/// An upstream chosen for a connection.
+#[derive(Debug)]
+pub struct Chosen {
+    pub upstream: Upstream,
+    /// The session used another upstream before.
+    pub moved: bool,
+}
+
+impl Gateway {
+    /// A gateway over `fleet` within `settings`, counting in `metrics`.
+    pub fn new(
+        fleet: Arc<dyn Fleet>,
+        settings: Settings,
+        metrics: super::metrics::GatewayMetrics,
+    ) -> Self {
+        Gateway {
+            fleet,
+            settings,
+            metrics,
+            sessions: Mutex::new(Sessions::new(settings.max_sessions)),
+            load: Arc::default(),
+            clients: Arc::default(),
+            suspects: Mutex::default(),
+            seed: RandomState::new().hash_one(0u8),
+            draws: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a connection of `client`; none when it holds its cap.
+    pub fn admit(&self, client: &Arc<str>) -> Option<ClientSlot> {
+        let mut c = lock(&self.clients);
+        let n = c.entry(client.clone()).or_default();
+        if *n >= self.settings.max_per_client {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            counts: self.clients.clone(),
+            client: client.clone(),
+        })
+    }
+
+    /// Counts a connection through `key`.
+    pub fn occupy(&self, key: &ProxyKey) -> Slot {
+        *lock(&self.load).entry(key.clone()).or_default() += 1;
+        Slot {
+            counts: self.load.clone(),
+            key: key.clone(),
+        }
+    }
+
+    /// `key` failed a connection: passed over for [`SUSPECT_FOR`].
+    pub fn suspect(&self, key: &ProxyKey) {
+        let now = Instant::now();
+        let mut s = lock(&self.suspects);
+        s.retain(|_, until| *until > now);
+        s.insert(key.clone(), now + SUSPECT_FOR);
+    }
+
+    fn draw(&self, n: usize) -> usize {
+        let step = self.draws.fetch_add(1, Ordering::Relaxed);
+        let r = super::choose::stable_hash(&[&self.seed.to_string(), &step.to_string()]);
+        // n is at least 1 here (two_choices draws only from a non-empty set).
+        (r % n.max(1) as u64) as usize
+    }
+
+    /// The upstream for a new connection of `client` asking `wanted`
+    /// (its filter compiled as `filter`), other than `avoid`.
+    pub fn choose(
+        &self,
+        client: &Arc<str>,
+        wanted: &Wanted,
+        filter: &Filter,
+        avoid: Option<&ProxyKey>,
+    ) -> Result<Chosen, NoUpstream> {
+        let candidates = self.fleet.upstreams(filter);
+        let asked = || describe(wanted);
+        if candidates.is_empty() {
+            return Err(NoUpstream::NoneMatch(asked()));
+        }
+        let now = Instant::now();
+        let suspects: Vec<ProxyKey> = lock(&self.suspects)
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let load = |u: &Upstream| lock(&self.load).get(&u.key).copied().unwrap_or(0);
+        let usable = |u: &Upstream| {
+            Some(&u.key) != avoid
+                && !suspects.contains(&u.key)
+                && load(u) < self.settings.max_per_upstream
+                && self.fleet.shared(client, &u.key)
+        };
+        let busy = || NoUpstream::AllBusy(candidates.len(), asked());
+        let Some(id) = &wanted.session else {
+            let i = two_choices(&candidates, |n| self.draw(n), load, &usable).ok_or_else(busy)?;
+            return Ok(Chosen {
+                upstream: candidates[i].clone(),
+                moved: false,
+            });
+        };
+        let pinned = lock(&self.sessions).pinned(client, id, now).cloned();
+        let kept = pinned.and_then(|p| candidates.iter().position(|c| c.key == p));
+        let i = match kept.filter(|&i| usable(&candidates[i])) {
+            Some(i) => i,
+            None => {
+                let h = super::choose::stable_hash(&[client, id]);
+                rendezvous(h, &candidates, |u| u.hash, &usable).ok_or_else(busy)?
+            }
+        };
+        let ttl = wanted.ttl.unwrap_or(self.settings.session_ttl);
+        let route = lock(&self.sessions).used(client, id, &candidates[i].key, ttl, now);
+        if route.moved {
+            self.metrics.session_moved();
+        }
+        Ok(Chosen {
+            upstream: candidates[i].clone(),
+            moved: route.moved,
+        })
+    }
+
+    /// Whether a connection through `key` may go on serving `client`'s
+    /// requests asking `filter`: still eligible and matching, usable by
+    /// the gateway, and not failing.
+    pub fn still_usable(&self, client: &Arc<str>, filter: &Filter, key: &ProxyKey) -> bool {
+        let now = Instant::now();
+        let failing = lock(&self.suspects)
+            .get(key)
+            .is_some_and(|until| *until > now);
+        !failing
+            && self.fleet.shared(client, key)
+            && self.fleet.upstreams(filter).iter().any(|u| u.key == *key)
+    }
+
+    /// Forgets expired sessions.
+    pub fn sweep(&self) -> usize {
+        let mut sessions = lock(&self.sessions);
+        let gone = sessions.sweep(Instant::now());
+        self.metrics.set_sessions(sessions.len());
+        gone
+    }
+}
+
+/// The filters a username asked, as its reasons name them.
+fn describe(w: &Wanted) -> String {
+    let f = &w.filters;
+    let parts: Vec<String> = [
+        ("pool", &f.pool),
+        ("provider", &f.provider),
+        ("zone", &f.zone),
+        ("region", &f.region),
+        ("ns", &f.namespace),
+        ("label", &f.label_selector),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k} {v:?}")))
+    .collect();
+    if parts.is_empty() {
+        "this username".to_string()
+    } else {
+        parts.join(", ")
+    }
+}

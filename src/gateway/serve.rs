@@ -1,0 +1,315 @@
+//! The gateway's HTTP/1.1 front: authenticate the crawler, choose its
+//! upstream, then relay a `CONNECT` tunnel or an absolute-form request
+//! through it. Every refusal is a short plain-text reason with its status.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::header::{HeaderName, HeaderValue, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::{debug, info_span, warn, Instrument};
+
+use super::metrics::RequestLabels;
+use super::route::Gateway;
+use super::upstream::{self, UpstreamError};
+use super::username::{self, Wanted};
+use crate::discovery::Filter;
+
+/// Set on an answer whose session moved to another upstream.
+pub const SESSION_MOVED: &str = "x-gateway-session-moved";
+
+/// The realm of the gateway's `407`s.
+const REALM: &str = "Basic realm=\"egress-proxies-operator gateway\"";
+
+/// How often expired sessions are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+/// Serves the gateway on `listener` until `stop` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    stop: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(gateway.settings.max_connections));
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut stop => return Ok(()),
+            _ = sweep.tick() => {
+                gateway.sweep();
+                continue;
+            }
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors, say: wait instead of spinning.
+                    debug!(error = %e, "Gateway accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "Gateway at its connection cap; closing a new connection");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let gw = gateway.clone();
+        tokio::spawn(async move {
+            connection(gw, stream).await;
+            drop(permit);
+        });
+    }
+}
+
+use super::forward::forward;
+pub(super) use super::forward::KeptCell;
+
+async fn connection(gw: Arc<Gateway>, stream: TcpStream) {
+    let kept: KeptCell = Arc::default();
+    let timeout = gw.settings.header_read_timeout;
+    let service = service_fn(move |req| {
+        let (gw, kept) = (gw.clone(), kept.clone());
+        async move { Ok::<_, Infallible>(handle(gw, kept, req).await) }
+    });
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    if let Err(e) = served.await {
+        debug!(error = %e, "Gateway connection ended");
+    }
+}
+
+/// A refusal: `status` with `reason` as its body.
+pub(super) fn answer(status: StatusCode, reason: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(format!("{reason}\n")));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        r.headers_mut()
+            .insert(PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
+    }
+    r
+}
+
+/// The client, what its username asks and its compiled filter; or why
+/// not (the body of a `407`).
+fn authenticate<B>(gw: &Gateway, req: &Request<B>) -> Result<(Arc<str>, Wanted, Filter), String> {
+    let Some(header) = req.headers().get(PROXY_AUTHORIZATION) else {
+        return Err(
+            "proxy credentials required: the username is your client name (with \
+             optional -<key>-<value> parameters), the password your discovery token"
+                .to_string(),
+        );
+    };
+    let basic = header
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+        .and_then(|(_, b64)| data_encoding::BASE64.decode(b64.trim().as_bytes()).ok())
+        .and_then(|raw| String::from_utf8(raw).ok());
+    let Some((user, token)) = basic.as_deref().and_then(|b| b.split_once(':')) else {
+        return Err("the proxy credentials must be Basic username:password".to_string());
+    };
+    let Some(client) = gw.fleet.client_of(token) else {
+        return Err("the password is not a discovery token in force".to_string());
+    };
+    let wanted = username::parse(user, &client, gw.settings.max_session_ttl)
+        .map_err(|why| format!("bad username: {why}"))?;
+    let filter =
+        Filter::new(wanted.filters.clone()).map_err(|why| format!("bad username: {why}"))?;
+    Ok((client, wanted, filter))
+}
+
+async fn handle(gw: Arc<Gateway>, kept: KeptCell, req: Request<Incoming>) -> Response<Body> {
+    let kind = if req.method() == Method::CONNECT {
+        "connect"
+    } else {
+        "http"
+    };
+    let (client, wanted, filter) = match authenticate(&gw, &req) {
+        Ok(a) => a,
+        Err(why) => {
+            gw.metrics.request(RequestLabels {
+                client: "none".to_string(),
+                kind,
+                pool: String::new(),
+                result: "unauthenticated",
+            });
+            return answer(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &why);
+        }
+    };
+    let span = info_span!(
+        "gateway.request",
+        client = %client,
+        method = %req.method(),
+        session = wanted.session.as_deref().unwrap_or(""),
+        upstream = tracing::field::Empty,
+    );
+    let pool = wanted.filters.pool.clone();
+    let ask = Ask {
+        client: client.clone(),
+        wanted,
+        filter,
+    };
+    let answer = if kind == "connect" {
+        connect(gw.clone(), ask, req).instrument(span).await
+    } else {
+        forward(gw.clone(), kept, ask, req).instrument(span).await
+    };
+    let result = result_of(answer.status());
+    gw.metrics.request(RequestLabels {
+        client: client.to_string(),
+        kind,
+        pool: pool.filter(|_| result == "ok").unwrap_or_default(),
+        result,
+    });
+    answer
+}
+
+/// The metrics' result of an answer (the gateway's own refusals have
+/// these statuses; any other is the target's, relayed).
+fn result_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::TOO_MANY_REQUESTS => "client_limit",
+        StatusCode::SERVICE_UNAVAILABLE => "no_upstream",
+        StatusCode::BAD_GATEWAY => "upstream_failed",
+        _ => "ok",
+    }
+}
+
+/// What one authenticated request asks.
+pub(super) struct Ask {
+    pub(super) client: Arc<str>,
+    pub(super) wanted: Wanted,
+    pub(super) filter: Filter,
+}
+
+/// The answer when no upstream is left to try: `503` with a Retry-After
+/// when none was usable, `502` naming the last upstream failure.
+pub(super) fn no_upstream(
+    err: super::route::NoUpstream,
+    failed: Option<UpstreamError>,
+) -> Response<Body> {
+    match failed {
+        Some(e) => answer(StatusCode::BAD_GATEWAY, &e.to_string()),
+        None => {
+            let mut r = answer(StatusCode::SERVICE_UNAVAILABLE, &err.to_string());
+            r.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("5"));
+            r
+        }
+    }
+}
+
+pub(super) fn moved(mut r: Response<Body>, moved: bool) -> Response<Body> {
+    if moved {
+        r.headers_mut().insert(
+            HeaderName::from_static(SESSION_MOVED),
+            HeaderValue::from_static("true"),
+        );
+    }
+    r
+}
+
+/// A `CONNECT`: a tunnel through the first upstream that grants one (a
+/// second is tried when the first fails), then the relay.
+async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response<Body> {
+    let Some(authority) = req.uri().authority().map(|a| a.to_string()) else {
+        return answer(StatusCode::BAD_REQUEST, "CONNECT needs host:port");
+    };
+    let Some(client_slot) = gw.admit(&ask.client) else {
+        return answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            "this client holds its cap of gateway connections",
+        );
+    };
+    let started = std::time::Instant::now();
+    let mut failed: Option<UpstreamError> = None;
+    let mut avoid = None;
+    for _ in 0..2 {
+        let chosen = match gw.choose(&ask.client, &ask.wanted, &ask.filter, avoid.as_ref()) {
+            Ok(c) => c,
+            Err(e) => return no_upstream(e, failed),
+        };
+        let up = chosen.upstream;
+        tracing::Span::current().record("upstream", tracing::field::display(&up.key));
+        match upstream::tunnel(&up, &authority, gw.settings.upstream_timeout).await {
+            Ok((conn, early)) => {
+                gw.metrics.set_up(started.elapsed());
+                let slot = gw.occupy(&up.key);
+                let key = up.key.clone();
+                let gw = gw.clone();
+                tokio::spawn(async move {
+                    let _held = (slot, client_slot);
+                    relay_upgraded(&gw, req, conn, early, &key).await;
+                });
+                return moved(
+                    Response::new(Body::empty()),
+                    chosen.moved || failed.is_some(),
+                );
+            }
+            Err(e) => {
+                warn!(upstream = %up.key, error = %e, "Gateway upstream failed a CONNECT; trying another");
+                gw.metrics.upstream_error(e.class());
+                gw.suspect(&up.key);
+                avoid = Some(up.key);
+                failed = Some(e);
+            }
+        }
+    }
+    let e = failed.map_or_else(|| "no upstream".to_string(), |e| e.to_string());
+    answer(StatusCode::BAD_GATEWAY, &e)
+}
+
+/// Waits for the client's side of the tunnel (after the `200` is sent),
+/// then relays.
+async fn relay_upgraded(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    conn: TcpStream,
+    early: bytes::Bytes,
+    key: &crate::lease::ProxyKey,
+) {
+    let upgraded = match hyper::upgrade::on(req).await {
+        Ok(u) => u,
+        Err(e) => {
+            debug!(error = %e, "The client left before its tunnel opened");
+            return;
+        }
+    };
+    // The front serves plain TCP streams only, so this is what it holds.
+    let Ok(parts) = upgraded.downcast::<TokioIo<TcpStream>>() else {
+        warn!("A gateway tunnel was not over TCP; closed");
+        return;
+    };
+    let client = parts.io.into_inner();
+    let (idle, opened) = (gw.settings.idle_timeout, std::time::Instant::now());
+    gw.metrics.tunnel_opened();
+    let (moved, err) = super::tunnel::relay(client, conn, (parts.read_buf, early), idle).await;
+    gw.metrics
+        .tunnel_closed(opened.elapsed(), moved.up, moved.down);
+    match err {
+        None => debug!(upstream = %key, up = moved.up, down = moved.down, "Gateway tunnel closed"),
+        Some(e) => {
+            debug!(upstream = %key, up = moved.up, down = moved.down, error = %e, "Gateway tunnel ended")
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! The gateway (docs/gateway.md) inside the real operator on the real test
+//! cluster. Its upstreams are three External Proxies, each a real Squid on
+//! 127.0.0.1 that asks for credentials of its own and leaves from an
+//! address of its own (`tcp_outgoing_address 127.0.0.1N`); the targets, a
+//! plain-http and an https one, answer with the address a request came
+//! from, so each answer tells which upstream carried it. Real curl is the
+//! crawler, one process (one connection) per request.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::squid::{self, Squid};
+use crate::support::{self, api_call, eventually, phase, Ground, Operator};
+
+const TOKEN: &str = "gateway-token";
+
+/// Upstream `i`'s outgoing address.
+fn exit_of(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 11 + i as u8)
+}
+
+/// What curl saw.
+#[derive(Debug)]
+struct Seen {
+    /// The target's (or the gateway's) status; for a refused CONNECT, the
+    /// CONNECT's.
+    status: u16,
+    body: String,
+    headers: String,
+}
+
+/// `url` fetched by curl through the gateway at `gw`, signed in as
+/// `user` (with the test's token unless `token` says otherwise).
+fn curl(gw: SocketAddr, user: Option<(&str, &str)>, url: &str) -> Seen {
+    let dir = tempfile::tempdir().unwrap();
+    let (head, body) = (dir.path().join("head"), dir.path().join("body"));
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-k",
+        "--max-time",
+        "20",
+        "-w",
+        "%{http_code} %{http_connect}",
+    ])
+    .args(["-x", &format!("http://{gw}")])
+    .arg("-D")
+    .arg(&head)
+    .arg("-o")
+    .arg(&body)
+    .arg(url);
+    if let Some((user, token)) = user {
+        cmd.args(["-U", &format!("{user}:{token}")]);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("curl is required (apt-get install curl): {e}"));
+    let codes = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut codes = codes
+        .split_whitespace()
+        .map(|c| c.parse::<u16>().unwrap_or(0));
+    let (status, connect) = (codes.next().unwrap_or(0), codes.next().unwrap_or(0));
+    Seen {
+        status: if status == 0 { connect } else { status },
+        body: std::fs::read_to_string(&body).unwrap_or_default(),
+        headers: std::fs::read_to_string(&head).unwrap_or_default(),
+    }
+}
+
+async fn curl_async(gw: SocketAddr, user: &str, url: &str) -> Seen {
+    let (user, url) = (user.to_string(), url.to_string());
+    tokio::task::spawn_blocking(move || curl(gw, Some((&user, TOKEN)), &url))
+        .await
+        .unwrap()
+}
+
+/// Targets that answer with the address of their client: plain http, and
+/// https with a self-signed certificate.
+async fn echo_targets() -> (SocketAddr, SocketAddr) {
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addrs = (plain.local_addr().unwrap(), tls.local_addr().unwrap());
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(made.signing_key.serialize_der());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![made.cert.der().clone()], key.into())
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio::spawn(async move {
+        while let Ok((mut c, peer)) = plain.accept().await {
+            tokio::spawn(async move {
+                support::read_head(&mut c).await;
+                let _ = c.write_all(echo(peer).as_bytes()).await;
+            });
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((c, peer)) = tls.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut c) = acceptor.accept(c).await else {
+                    return;
+                };
+                support::read_head(&mut c).await;
+                let _ = c.write_all(echo(peer).as_bytes()).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    addrs
+}
+
+fn echo(peer: SocketAddr) -> String {
+    let ip = peer.ip().to_string();
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{ip}",
+        ip.len()
+    )
+}
+
+/// A Squid that asks for `user`:`password` and leaves from `exit`.
+async fn upstream(tag: &str, exit: Ipv4Addr, user: &str, password: &str) -> Squid {
+    let creds = egress_proxies_operator::credentials::Credentials::new(user, password);
+    let line = creds.htpasswd().unwrap();
+    let file = tempfile::Builder::new()
+        .prefix("gateway-htpasswd-")
+        .tempfile()
+        .unwrap()
+        .into_temp_path()
+        .keep()
+        .unwrap();
+    std::fs::write(&file, format!("{line}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let access = format!(
+        "auth_param basic program /usr/lib/squid/basic_ncsa_auth {}\n\
+         auth_param basic realm upstream\n\
+         acl authed proxy_auth REQUIRED\n\
+         http_access allow authed\n\
+         tcp_outgoing_address {exit}",
+        file.display()
+    );
+    squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, &access).await
+}
+
+/// The operator with its gateway, three upstream Proxies Ready.
+struct World {
+    ground: Ground,
+    api: SocketAddr,
+    gw: SocketAddr,
+    http: SocketAddr,
+    https: SocketAddr,
+    squids: Vec<Option<Squid>>,
+    _op: Operator,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn new(prefix: &str) -> World {
+        squid::require();
+        let ground = support::ground_without_pods(prefix).await;
+        let (http, https) = echo_targets().await;
+        let secrets: Api<Secret> = Api::namespaced(ground.client.clone(), &ground.ns);
+        let proxies = ground.proxies();
+        let mut squids = Vec::new();
+        for i in 0..3 {
+            let (user, password) = (format!("up{i}"), format!("pass-of-up{i}"));
+            let sq = upstream(&format!("{prefix}{i}"), exit_of(i), &user, &password).await;
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {"name": format!("up-{i}"),
+                    "labels": {"crawl.example.com/proxy-credentials": "true"}},
+                "stringData": {"username": user, "password": password},
+            }))
+            .unwrap();
+            secrets
+                .create(&PostParams::default(), &secret)
+                .await
+                .unwrap();
+            let spec = json!({"mode": "External",
+                "endpoint": {"host": "127.0.0.1", "port": sq.port},
+                "auth": {"secretRef": {"name": format!("up-{i}")}}});
+            proxies
+                .create(
+                    &PostParams::default(),
+                    &support::proxy(&format!("up-{i}"), spec),
+                )
+                .await
+                .unwrap();
+            squids.push(Some(sq));
+        }
+        let (api, gw) = (support::loopback(), support::loopback());
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+        cmd.args(["--default-probe-url", &format!("http://{http}/")])
+            .args(["--default-probe-expected-status", "200"])
+            .args(["--max-leases-per-proxy", "1"])
+            .args(["--gateway-bind-address", &gw.to_string()]);
+        let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+        eventually("three upstreams Ready", Duration::from_secs(90), || async {
+            let list = proxies.list(&Default::default()).await.ok()?;
+            (list
+                .items
+                .iter()
+                .filter(|p| phase(p) == Some("Ready"))
+                .count()
+                == 3)
+                .then_some(())
+        })
+        .await;
+        // Ready in status is listed by the API within its cache's lag.
+        eventually(
+            "three upstreams listed",
+            Duration::from_secs(30),
+            || async {
+                let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+                (s == 200 && v["items"].as_array().map(Vec::len) == Some(3)).then_some(())
+            },
+        )
+        .await;
+        World {
+            ground,
+            api,
+            gw,
+            http,
+            https,
+            squids,
+            _op: op,
+            _dir: dir,
+        }
+    }
+
+    /// The upstream whose exit address is `ip`.
+    fn upstream_of(&self, ip: &str) -> usize {
+        (0..3)
+            .find(|&i| exit_of(i).to_string() == ip)
+            .unwrap_or_else(|| panic!("{ip:?} is no upstream's exit address"))
+    }
+}
+
+/// curl through the gateway with the client's token reaches plain-http
+/// and https targets (the https one through a CONNECT tunnel) from one of
+/// the upstreams' addresses; without credentials, with a wrong token, or
+/// with a username the grammar refuses, the answer is a 407 that says
+/// why; a username whose filters match no proxy gets a 503 saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_only() {
+    let w = World::new("gwcurl").await;
+    let gw = w.gw;
+    let (http, https) = (
+        format!("http://{}/", w.http),
+        format!("https://localhost:{}/", w.https.port()),
+    );
+    for url in [&http, &https] {
+        let seen = curl_async(gw, "default", url).await;
+        assert_eq!(seen.status, 200, "{url}: {seen:?}");
+        w.upstream_of(&seen.body);
+        assert!(
+            !seen
+                .headers
+                .to_ascii_lowercase()
+                .contains("proxy-authenticate"),
+            "{seen:?}"
+        );
+    }
+    let http2 = http.clone();
+    let anonymous = tokio::task::spawn_blocking(move || curl(gw, None, &http2))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status, 407, "{anonymous:?}");
+    assert!(
+        anonymous.body.contains("proxy credentials required"),
+        "{anonymous:?}"
+    );
+    assert!(
+        anonymous.headers.contains("Basic realm="),
+        "a 407 names its scheme: {anonymous:?}"
+    );
+    let https2 = https.clone();
+    let anonymous_tls = tokio::task::spawn_blocking(move || curl(gw, None, &https2))
+        .await
+        .unwrap();
+    assert_eq!(
+        anonymous_tls.status, 407,
+        "the CONNECT refused: {anonymous_tls:?}"
+    );
+    let http3 = http.clone();
+    let wrong =
+        tokio::task::spawn_blocking(move || curl(gw, Some(("default", "not-the-token")), &http3))
+            .await
+            .unwrap();
+    assert_eq!(wrong.status, 407, "{wrong:?}");
+    assert!(wrong.body.contains("not a discovery token"), "{wrong:?}");
+    for (user, reason) in [
+        ("default-sesion-a1", "unknown parameter \"sesion\""),
+        ("default-session-a_1", "letters and digits"),
+        ("someone-else", "must be the client name \"default\""),
+    ] {
+        let seen = curl_async(gw, user, &http).await;
+        assert_eq!(seen.status, 407, "{user}: {seen:?}");
+        assert!(seen.body.contains(reason), "{user}: {seen:?}");
+    }
+    let none = curl_async(gw, "default-pool-nowhere", &http).await;
+    assert_eq!(none.status, 503, "{none:?}");
+    assert!(
+        none.body
+            .contains("no healthy proxy matches pool \"nowhere\""),
+        "{none:?}"
+    );
+    assert!(
+        none.headers.to_ascii_lowercase().contains("retry-after: 5"),
+        "{none:?}"
+    );
+    // The upstreams' credentials never reach the crawler.
+    for seen in [&anonymous, &wrong, &none] {
+        assert!(!seen.body.contains("pass-of-up") && !seen.headers.contains("pass-of-up"));
+    }
+    drop(w.ground);
+}
+
+/// 30 connections of one session all leave from one upstream (plain
+/// http and https alike); 30 without a session leave from all three; a
+/// proxy under an exclusive lease carries none of them; once the
+/// session's upstream Squid is killed, the session goes on through
+/// another upstream with no failed request, the first answer after the
+/// move saying the session moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_moves_its_sessions() {
+    let mut w = World::new("gwsess").await;
+    let (gw, http) = (w.gw, format!("http://{}/", w.http));
+    let https = format!("https://localhost:{}/", w.https.port());
+    let mut exits = BTreeSet::new();
+    for n in 0..30 {
+        let url = if n % 2 == 0 { &http } else { &https };
+        let seen = curl_async(gw, "default-session-s81", url).await;
+        assert_eq!(seen.status, 200, "{url}: {seen:?}");
+        exits.insert(seen.body);
+    }
+    assert_eq!(exits.len(), 1, "one session, one upstream: {exits:?}");
+    let session_exit = exits.into_iter().next().unwrap();
+
+    let mut rotated = BTreeSet::new();
+    for _ in 0..30 {
+        let seen = curl_async(gw, "default", &http).await;
+        assert_eq!(seen.status, 200, "{seen:?}");
+        rotated.insert(seen.body);
+    }
+    assert_eq!(
+        rotated.len(),
+        3,
+        "rotation reaches every upstream: {rotated:?}"
+    );
+
+    // An exclusive lease takes one proxy out of the gateway's rotation.
+    let (s, lease) = api_call(
+        w.api,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        br#"{"ttlSeconds": 120}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 201, "{lease}");
+    let leased: usize = lease["proxy"]["name"].as_str().unwrap()["up-".len()..]
+        .parse()
+        .unwrap();
+    let mut while_leased = BTreeSet::new();
+    for _ in 0..30 {
+        let seen = curl_async(gw, "default", &http).await;
+        assert_eq!(seen.status, 200, "{seen:?}");
+        while_leased.insert(w.upstream_of(&seen.body));
+    }
+    assert!(
+        !while_leased.contains(&leased),
+        "up-{leased} is leased exclusively, yet the gateway used it: {while_leased:?}"
+    );
+    assert_eq!(while_leased.len(), 2, "{while_leased:?}");
+    let (s, _) = api_call(
+        w.api,
+        "DELETE",
+        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
+        Some(TOKEN),
+        vec![],
+    )
+    .await;
+    assert_eq!(s, 204);
+
+    // The session's upstream dies: nothing fails, the session moves once.
+    let dead = w.upstream_of(&session_exit);
+    drop(w.squids[dead].take());
+    let mut after = Vec::new();
+    for n in 0..10 {
+        let url = if n % 2 == 0 { &http } else { &https };
+        let seen = curl_async(gw, "default-session-s81", url).await;
+        assert_eq!(seen.status, 200, "request {n} after the kill: {seen:?}");
+        after.push(seen);
+    }
+    let moved_to: BTreeSet<&str> = after.iter().map(|s| s.body.as_str()).collect();
+    assert_eq!(
+        moved_to.len(),
+        1,
+        "the session moved to one upstream: {moved_to:?}"
+    );
+    assert!(!moved_to.contains(session_exit.as_str()), "{moved_to:?}");
+    assert!(
+        after[0]
+            .headers
+            .to_ascii_lowercase()
+            .contains("x-gateway-session-moved: true"),
+        "the first answer after the move says so: {:?}",
+        after[0]
+    );
+    assert!(
+        !after[1]
+            .headers
+            .to_ascii_lowercase()
+            .contains("x-gateway-session-moved"),
+        "only the first: {:?}",
+        after[1]
+    );
+    drop(w.ground);
+}
