@@ -54,9 +54,12 @@ help: ## List the targets.
 build: ## Build the operator, crdgen and the test cluster's launcher.
 	$(CARGO) build --bins --workspace
 
-test: lint check-crds test-cluster ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, then every workspace test binary, the doc tests and the API fuzz run side by side (tests/runner: TEST_JOBS at a time, longest first; a table of where the time went at the end).
+test: lint check-crds test-cluster crawler-venv ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, then every workspace test binary, the doc tests and the API fuzz run side by side (tests/runner: TEST_JOBS at a time, longest first; a table of where the time went at the end).
 	tests/with-libvirtd.sh $(CARGO) run --quiet -p test-runner -- --jobs $(TEST_JOBS) \
 		--also 'fuzz-api=CARGO="$(CARGO)" tests/fuzz-api.sh' --also 'doctests=$(CARGO) test --workspace --doc' -- --workspace
+
+crawler-venv: ## The crawler clients the gateway's tests run (Scrapy, Playwright's Python package) in a venv under the cargo target dir; the browser is Debian's chromium.
+	tests/crawler-venv.sh
 
 lint: ## Formatting and clippy, warnings are errors.
 	$(CARGO) fmt --all --check
@@ -76,7 +79,7 @@ openapi: ## Regenerate docs/openapi.json, the discovery API's OpenAPI document a
 check-crds: crds openapi ## Fail when the committed CRDs or docs/openapi.json differ from the generated ones.
 	@git diff --exit-code -- crds/ docs/openapi.json || { echo "crds/ or docs/openapi.json is stale: run 'make crds openapi' and commit"; exit 1; }
 
-test-e2e: test-cluster ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
+test-e2e: test-cluster crawler-venv ## System tests only: the real binary against the real test cluster (real Squid, sshd, libvirtd; see docs/testing.md).
 	$(CARGO) test --test e2e --test control_plane --test kvm --test e2e_install --test e2e_helm --test e2e_samples --test faults -- e2e_
 
 test-faults: test-cluster ## The fault suite: the real binary against its own test cluster with faults injected (API server frozen with SIGSTOP or killed and restarted, kill -9 at chosen points on each provider, credentials revoked, watches cut; see docs/testing.md), the discovery abuse run and the secret sentinel run; prints what was injected and measured. `make test` runs them too (every workspace test).

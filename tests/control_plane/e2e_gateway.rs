@@ -435,3 +435,143 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
     );
     drop(w.ground);
 }
+
+/// A small site on 127.0.0.1: `/` links to five pages, each page says the
+/// address its request came from.
+async fn site() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, peer)) = l.accept().await {
+            tokio::spawn(async move {
+                let head = support::read_head(&mut c).await;
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let body = if path.ends_with('/') {
+                    let links: String = (1..=5)
+                        .map(|i| format!("<a href=\"/p{i}\">p{i}</a> "))
+                        .collect();
+                    format!(
+                        "<html><body>{links}<p>index {}</p></body></html>",
+                        peer.ip()
+                    )
+                } else {
+                    format!("<html><body><p>{}</p></body></html>", peer.ip())
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = c.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Runs `python` with `args` (at most two minutes): whether it succeeded
+/// and its standard output.
+async fn python(python: std::path::PathBuf, args: Vec<String>) -> (bool, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg(&python)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            eprintln!(
+                "{args:?}: {}\n{}",
+                stdout,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        (out.status.success(), stdout)
+    })
+    .await
+    .unwrap()
+}
+
+/// The crawler kit of docs/gateway.md, run as a crawler developer runs
+/// it: Python requests fetches http and https targets in one session,
+/// all from one upstream; Scrapy crawls a local site (an index and five
+/// pages) with a sticky session, every page from one upstream; a real
+/// headless Chromium (Debian's, driven by Playwright) loads an https page
+/// through the gateway, answering its 407 with the proxy credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_requests_scrapy_and_a_real_chromium_use_the_gateway() {
+    use crate::support::crawler;
+    crawler::require_python_requests();
+    crawler::require_chromium();
+    let venv = crawler::venv_python();
+    let w = World::new("gwclients").await;
+    let gateway = format!("http://{}", w.gw);
+    let common = |script: &str| -> Vec<String> {
+        vec![
+            crawler::gateway_example(script).display().to_string(),
+            "--gateway".into(),
+            gateway.clone(),
+            "--client".into(),
+            "default".into(),
+            "--token".into(),
+            TOKEN.into(),
+        ]
+    };
+
+    let mut args = common("fetch_requests.py");
+    args.extend(["--session".into(), "req1".into(), "--insecure".into()]);
+    for n in 0..3 {
+        args.push(format!("http://{}/?n={n}", w.http));
+        args.push(format!("https://localhost:{}/?n={n}", w.https.port()));
+    }
+    let (ok, out) = python("python3".into(), args).await;
+    assert!(ok, "fetch_requests.py failed: {out}");
+    let exits: BTreeSet<&str> = out
+        .lines()
+        .map(|l| {
+            assert!(l.starts_with("200 "), "{l}");
+            l.rsplit('\'').nth(1).unwrap()
+        })
+        .collect();
+    assert_eq!(out.lines().count(), 6, "{out}");
+    assert_eq!(exits.len(), 1, "one session, one exit: {out}");
+    w.upstream_of(exits.first().unwrap());
+
+    let site = site().await;
+    let mut args = common("crawl_scrapy.py");
+    args.extend([
+        "--session".into(),
+        "scrapy1".into(),
+        "--start".into(),
+        format!("http://{site}/"),
+    ]);
+    let (ok, out) = python(venv.clone(), args).await;
+    assert!(ok, "crawl_scrapy.py failed: {out}");
+    let pages: Vec<serde_json::Value> = out
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(pages.len(), 6, "the index and five pages: {out}");
+    let exits: BTreeSet<String> = pages
+        .iter()
+        .map(|p| {
+            let text = p["text"].as_str().unwrap();
+            text.trim_start_matches("index ").to_string()
+        })
+        .collect();
+    assert_eq!(exits.len(), 1, "one sticky session, one exit: {out}");
+    w.upstream_of(exits.first().unwrap());
+
+    let mut args = common("browse_playwright.py");
+    args.extend([
+        "--session".into(),
+        "chrome1".into(),
+        "--insecure".into(),
+        format!("https://localhost:{}/", w.https.port()),
+    ]);
+    let (ok, out) = python(venv, args).await;
+    assert!(ok, "browse_playwright.py failed: {out}");
+    w.upstream_of(out.trim());
+    drop(w.ground);
+}

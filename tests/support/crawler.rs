@@ -47,3 +47,38 @@ pub async fn run(api: std::net::SocketAddr, token: &str, args: &[&str]) -> (bool
     }
     (out.status.success(), lines)
 }
+
+/// The gateway's crawler kit, `docs/examples/gateway/<name>`.
+pub fn gateway_example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/examples/gateway")
+        .join(name)
+}
+
+/// The python of the crawler venv (`make crawler-venv`: Scrapy and
+/// Playwright); panics with the reason when it is missing (never skips).
+pub fn venv_python() -> std::path::PathBuf {
+    let venv = std::env::var_os("CRAWLER_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+            target.join("crawler-venv")
+        });
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make crawler-venv` (Scrapy and Playwright from PyPI); make test does",
+        python.display()
+    );
+    python
+}
+
+/// Panics with the reason unless Debian's chromium is installed.
+pub fn require_chromium() {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "/usr/bin/chromium is missing: apt-get install chromium; .ci/run does"
+    );
+}

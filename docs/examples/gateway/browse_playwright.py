@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Load a page through the gateway in a real headless Chromium.
+
+Playwright answers the gateway's 407 with the proxy credentials; the
+browser is Debian's (`apt-get install chromium`), not a downloaded one.
+
+    browse_playwright.py --gateway http://gateway:3128 --client crawler-a \
+        --token "$TOKEN" --session s81 https://example.com/
+
+Prints the page's text.
+"""
+
+import argparse
+import sys
+
+from playwright.sync_api import sync_playwright
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gateway", required=True)
+    ap.add_argument("--client", required=True)
+    ap.add_argument("--token", required=True)
+    ap.add_argument("--session")
+    ap.add_argument("--chromium", default="/usr/bin/chromium", help="the browser to drive")
+    ap.add_argument("--insecure", action="store_true", help="accept any certificate")
+    ap.add_argument("url")
+    args = ap.parse_args()
+    user = args.client + (f"-session-{args.session}" if args.session else "")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=args.chromium,
+            proxy={"server": args.gateway, "username": user, "password": args.token},
+        )
+        try:
+            page = browser.new_page(ignore_https_errors=args.insecure)
+            response = page.goto(args.url, timeout=60_000)
+            print(page.inner_text("body"))
+            return 0 if response is not None and response.ok else 1
+        finally:
+            browser.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
