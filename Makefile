@@ -42,7 +42,7 @@ HELM_STAMP := $(call go_stamp,helm,-s -w)
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
-	bench-lease bench-lease-memory bench-scale bench-idle build-profiling fuzz-api test-faults kvm-guest
+	bench-lease bench-lease-memory bench-gateway bench-scale bench-idle build-profiling fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -88,6 +88,9 @@ test-faults: test-cluster ## The fault suite: the real binary against its own te
 
 bench-lease: ## Lease acquire+release throughput and p99 at 64 connections vs a bare axum handler (BENCH_SECS=5 per phase; BENCH_PROFILE= for a debug build; BENCH_PROXIES=N for a larger fleet).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease -- --ignored --nocapture
+
+bench-gateway: ## The gateway's goals beside Squid alone: one large download's throughput, CONNECT setup p99 at 500 new connections/s, RSS with ~10,000 idle tunnels (BENCH_DOWNLOAD_MIB=1024, BENCH_RATE=500, BENCH_SECS=10, BENCH_TUNNELS=9900).
+	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_gateway -- --ignored --nocapture --test-threads 1
 
 bench-lease-memory: ## The lease store's memory per live lease and per released lease it remembers, the store alone in its own process (BENCH_PROXIES=10000, BENCH_LEASES=100000).
 	$(CARGO) test $(BENCH_PROFILE) --no-default-features --test bench_lease_memory -- --ignored --nocapture

@@ -217,6 +217,13 @@ pub struct Flags {
     #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
     pub gateway_max_session_ttl: Duration,
 
+    /// Statuses of a plain-http answer through the gateway that mean the
+    /// site banned the upstream: it cools down for that site (as a lease
+    /// report with the site would) and the client's next request goes
+    /// elsewhere. Comma-separated; empty: none.
+    #[arg(long, default_value = "403,429", value_name = "CODE,...")]
+    pub gateway_ban_statuses: String,
+
     /// A gateway tunnel or upstream connection with no byte either way
     /// this long is closed.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]

@@ -83,7 +83,7 @@ fn objects_only(v: &serde_json::Value, depth: usize) -> bool {
     }
 }
 
-fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
+pub(super) fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
     match v {
         Some(s) if s.is_empty() || s.len() > MAX_KEY_LEN => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -130,7 +130,7 @@ fn unknown_lease() -> ApiError {
 
 /// The caller: its token's name (the anonymous name without tokens), as
 /// acquire records it on a lease.
-fn caller(client: Option<Extension<Client>>) -> std::sync::Arc<str> {
+pub(super) fn caller(client: Option<Extension<Client>>) -> std::sync::Arc<str> {
     client
         .map(|Extension(c)| c.0)
         .unwrap_or_else(|| ANONYMOUS.into())
@@ -445,18 +445,7 @@ pub(super) async fn report(
 ) -> ApiResult<StatusCode> {
     let b: ReportBody = parse_body(body, false)?;
     check_len("site", &b.site)?;
-    let outcome = match b.result.as_str() {
-        "ok" => Outcome::Ok,
-        "blocked" => Outcome::Blocked,
-        "failed" => Outcome::Failed,
-        other => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_result",
-                format!("result must be ok, blocked or failed, got {other:?}"),
-            ))
-        }
-    };
+    let outcome = outcome_of(&b.result)?;
     readmit(&s, &id);
     own_lease(&s, &id, &caller(client))?;
     s.leases
@@ -464,6 +453,20 @@ pub(super) async fn report(
         .ok_or_else(unknown_lease)?;
     s.metrics.lease_event(outcome.as_str(), 1);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A report's `result`.
+pub(super) fn outcome_of(result: &str) -> ApiResult<Outcome> {
+    match result {
+        "ok" => Ok(Outcome::Ok),
+        "blocked" => Ok(Outcome::Blocked),
+        "failed" => Ok(Outcome::Failed),
+        other => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_result",
+            format!("result must be ok, blocked or failed, got {other:?}"),
+        )),
+    }
 }
 
 /// Any path no route matches.

@@ -7,7 +7,8 @@
 //! listing/filter rules), `listing` (the eligible proxies a request
 //! chooses from, with the matches of recent filters), `error` (the JSON error answer), `forward`
 //! (lease calls on a follower go to the leader), `bench` (the
-//! benchmark's routes, hidden behind `--bench-routes`).
+//! benchmark's routes, hidden behind `--bench-routes`), `sessions` (the
+//! gateway's session reports).
 
 mod bench;
 mod error;
@@ -26,6 +27,7 @@ mod replay;
 pub mod replicas;
 mod selector;
 mod serving;
+mod sessions;
 mod state;
 pub(crate) mod tokens;
 
@@ -37,6 +39,7 @@ pub use model::*;
 pub use openapi::{openapi_json, served_openapi_json};
 pub use replace::{request_value, Replacer, REPLACES_PER_WINDOW, REPLACE_WINDOW};
 pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
+pub use sessions::{GatewaySessions, SessionReport};
 pub use state::{ApiState, Client, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE};
 pub use tokens::TokenSet;
 

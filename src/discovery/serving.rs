@@ -40,6 +40,11 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
             }),
         )
         .route("/v1/proxies", get(list_proxies))
+        // Not forwarded: the session lives in this replica's gateway.
+        .route(
+            "/v1/sessions/{session}/report",
+            post(super::sessions::report_session),
+        )
         // Replicas only (a signed call): the leader's table for warm
         // followers. Not in the OpenAPI document: not for crawlers.
         .route(super::feed::FEED_PATH, get(super::feed::lease_state))

@@ -114,6 +114,8 @@ pub struct ApiState {
     pub(super) replace_limits: Arc<Mutex<super::replace::ReplaceLimits>>,
     /// The benchmark's probe switch; set: the bench routes are served.
     pub(super) bench: Option<crate::health::Pause>,
+    /// The gateway of this process, for session reports; none: no gateway.
+    pub(super) gateway: Option<Arc<dyn super::sessions::GatewaySessions>>,
 }
 
 impl ApiState {
@@ -162,6 +164,7 @@ impl ApiState {
             replacer: None,
             replace_limits: Arc::default(),
             bench: None,
+            gateway: None,
         }
     }
 
@@ -169,6 +172,12 @@ impl ApiState {
     /// none: they do not exist.
     pub fn with_bench_routes(mut self, pause: Option<crate::health::Pause>) -> Self {
         self.bench = pause;
+        self
+    }
+
+    /// Takes session reports for `gateway`'s sessions.
+    pub fn with_gateway(mut self, gateway: Arc<dyn super::sessions::GatewaySessions>) -> Self {
+        self.gateway = Some(gateway);
         self
     }
 

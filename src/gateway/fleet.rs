@@ -41,9 +41,13 @@ pub trait Fleet: Send + Sync + 'static {
     fn client_of(&self, token: &str) -> Option<Arc<str>>;
     /// The eligible upstreams that match `filter`.
     fn upstreams(&self, filter: &Filter) -> Vec<Upstream>;
-    /// Whether `client`'s gateway connections may use `key` now: no
-    /// exclusive lease holds it and no report cooled it down for them.
-    fn shared(&self, client: &str, key: &ProxyKey) -> bool;
+    /// Whether `client`'s gateway connections (to `site`, when known)
+    /// may use `key` now: no exclusive lease holds it and no report
+    /// cooled it down for them.
+    fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool;
+    /// `key` is banned by `site` (or failed `client` everywhere): the
+    /// cooldown of a lease report.
+    fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>);
 }
 
 impl Fleet for ApiState {
@@ -70,7 +74,11 @@ impl Fleet for ApiState {
             .collect()
     }
 
-    fn shared(&self, client: &str, key: &ProxyKey) -> bool {
-        self.lease_store().lets_gateway_use(client, key)
+    fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
+        self.lease_store().lets_gateway_use(client, key, site)
+    }
+
+    fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
+        self.lease_store().cool_down(key, client, site);
     }
 }

@@ -28,6 +28,9 @@ pub(super) struct Kept {
     _slots: (Slot, ClientSlot),
 }
 
+/// Set on an answer whose status banned its upstream for the site.
+pub const BANNED: &str = "x-gateway-upstream-banned";
+
 pub(super) type KeptCell = Arc<tokio::sync::Mutex<Option<Kept>>>;
 
 /// Headers that belong to one hop and are not relayed.
@@ -74,17 +77,19 @@ pub(super) async fn forward(
             "this is a proxy: send absolute-form requests (GET http://host/path) or CONNECT",
         );
     }
+    let site = Gateway::site_of(uri.authority());
+    let to = (&ask.client, site.as_deref());
     let mut kept = kept.lock().await;
     let reusable = kept.as_ref().is_some_and(|k| {
         k.client == ask.client
             && k.wanted == ask.wanted
             && !k.sender.is_closed()
-            && gw.still_usable(&ask.client, &ask.filter, &k.up.key)
+            && gw.still_usable(to, &ask.filter, &k.up.key)
     });
     let mut was_moved = false;
     if !reusable {
         *kept = None;
-        match open(&gw, &ask).await {
+        match open(&gw, &ask, site.as_deref()).await {
             Ok((k, m)) => {
                 was_moved = m;
                 *kept = Some(k);
@@ -121,6 +126,19 @@ pub(super) async fn forward(
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_headers(&mut parts.headers);
+            let banned = gw.settings.ban_statuses.contains(&parts.status.as_u16());
+            if let (true, Some(site)) = (banned, site.as_deref()) {
+                // The site refuses this upstream: it cools down for the
+                // site, and this connection's next request chooses anew.
+                info!(upstream = %key, site, status = parts.status.as_u16(), "A site banned a gateway upstream; cooling it down for the site");
+                gw.fleet.cool_down(&ask.client, &key, Some(site));
+                gw.metrics.upstream_error("banned");
+                parts.headers.insert(
+                    HeaderName::from_static(BANNED),
+                    HeaderValue::from_static("true"),
+                );
+                *kept = None;
+            }
             moved(Response::from_parts(parts, Body::new(body)), was_moved)
         }
         Err(e) => {
@@ -138,7 +156,7 @@ pub(super) async fn forward(
 /// A new upstream connection for `ask`: its first choice, or a second
 /// upstream when that one cannot be reached. Says whether the session
 /// moved.
-async fn open(gw: &Gateway, ask: &Ask) -> Result<(Kept, bool), Response<Body>> {
+async fn open(gw: &Gateway, ask: &Ask, site: Option<&str>) -> Result<(Kept, bool), Response<Body>> {
     let Some(client_slot) = gw.admit(&ask.client) else {
         return Err(answer(
             StatusCode::TOO_MANY_REQUESTS,
@@ -150,7 +168,12 @@ async fn open(gw: &Gateway, ask: &Ask) -> Result<(Kept, bool), Response<Body>> {
     let mut avoid = None;
     for _ in 0..2 {
         let chosen = gw
-            .choose(&ask.client, &ask.wanted, &ask.filter, avoid.as_ref())
+            .choose(
+                (&ask.client, site),
+                &ask.wanted,
+                &ask.filter,
+                avoid.as_ref(),
+            )
             .map_err(|e| no_upstream(e, failed.take()))?;
         let up: Upstream = chosen.upstream;
         tracing::Span::current().record("upstream", tracing::field::display(&up.key));

@@ -29,7 +29,7 @@ pub use route::Gateway;
 pub use serve::serve;
 
 /// The gateway's bounds and defaults (`--gateway-*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// Connections open at once; one more is closed when accepted.
     pub max_connections: usize,
@@ -52,6 +52,9 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// Time an upstream has to accept a connection and answer its CONNECT.
     pub upstream_timeout: Duration,
+    /// Statuses of a plain-http answer that say the upstream is banned by
+    /// the site: that upstream cools down for that site.
+    pub ban_statuses: Vec<u16>,
 }
 
 impl Default for Settings {
@@ -66,6 +69,7 @@ impl Default for Settings {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             upstream_timeout: Duration::from_secs(10),
+            ban_statuses: vec![403, 429],
         }
     }
 }

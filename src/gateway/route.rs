@@ -34,6 +34,8 @@ pub struct Gateway {
     /// Upstreams that failed a connection, and until when they are
     /// passed over.
     suspects: Mutex<HashMap<ProxyKey, Instant>>,
+    /// Tells the health engine of upstreams that failed.
+    hints: crate::health::Hints,
     /// Random draws for rotation: a per-process random seed, stepped.
     seed: u64,
     draws: AtomicU64,
@@ -110,15 +112,23 @@ impl Gateway {
     ) -> Self {
         Gateway {
             fleet,
+            sessions: Mutex::new(Sessions::new(settings.max_sessions)),
             settings,
             metrics,
-            sessions: Mutex::new(Sessions::new(settings.max_sessions)),
             load: Arc::default(),
             clients: Arc::default(),
             suspects: Mutex::default(),
+            hints: crate::health::Hints::default(),
             seed: RandomState::new().hash_one(0u8),
             draws: AtomicU64::new(0),
         }
+    }
+
+    /// Tells `hints` of the upstreams that fail (the health engine then
+    /// probes them at once).
+    pub fn with_hints(mut self, hints: crate::health::Hints) -> Self {
+        self.hints = hints;
+        self
     }
 
     /// Counts a connection of `client`; none when it holds its cap.
@@ -144,8 +154,10 @@ impl Gateway {
         }
     }
 
-    /// `key` failed a connection: passed over for [`SUSPECT_FOR`].
+    /// `key` failed a connection: passed over for [`SUSPECT_FOR`], and
+    /// probed by the health engine at once.
     pub fn suspect(&self, key: &ProxyKey) {
+        self.hints.failed(&key.namespace, &key.name);
         let now = Instant::now();
         let mut s = lock(&self.suspects);
         s.retain(|_, until| *until > now);
@@ -159,11 +171,11 @@ impl Gateway {
         (r % n.max(1) as u64) as usize
     }
 
-    /// The upstream for a new connection of `client` asking `wanted`
-    /// (its filter compiled as `filter`), other than `avoid`.
+    /// The upstream for a new connection of `client` to `site` asking
+    /// `wanted` (its filter compiled as `filter`), other than `avoid`.
     pub fn choose(
         &self,
-        client: &Arc<str>,
+        (client, site): (&Arc<str>, Option<&str>),
         wanted: &Wanted,
         filter: &Filter,
         avoid: Option<&ProxyKey>,
@@ -184,7 +196,7 @@ impl Gateway {
             Some(&u.key) != avoid
                 && !suspects.contains(&u.key)
                 && load(u) < self.settings.max_per_upstream
-                && self.fleet.shared(client, &u.key)
+                && self.fleet.shared(client, &u.key, site)
         };
         let busy = || NoUpstream::AllBusy(candidates.len(), asked());
         let Some(id) = &wanted.session else {
@@ -217,14 +229,24 @@ impl Gateway {
     /// Whether a connection through `key` may go on serving `client`'s
     /// requests asking `filter`: still eligible and matching, usable by
     /// the gateway, and not failing.
-    pub fn still_usable(&self, client: &Arc<str>, filter: &Filter, key: &ProxyKey) -> bool {
+    pub fn still_usable(
+        &self,
+        (client, site): (&Arc<str>, Option<&str>),
+        filter: &Filter,
+        key: &ProxyKey,
+    ) -> bool {
         let now = Instant::now();
         let failing = lock(&self.suspects)
             .get(key)
             .is_some_and(|until| *until > now);
         !failing
-            && self.fleet.shared(client, key)
+            && self.fleet.shared(client, key, site)
             && self.fleet.upstreams(filter).iter().any(|u| u.key == *key)
+    }
+
+    /// The site of a target, as cooldowns key it: its host name.
+    pub fn site_of(authority: Option<&http::uri::Authority>) -> Option<String> {
+        authority.map(|a| a.host().trim_matches(['[', ']']).to_ascii_lowercase())
     }
 
     /// Forgets expired sessions.
@@ -254,5 +276,13 @@ fn describe(w: &Wanted) -> String {
         "this username".to_string()
     } else {
         parts.join(", ")
+    }
+}
+
+impl crate::discovery::GatewaySessions for Gateway {
+    fn upstream_of(&self, client: &Arc<str>, id: &str) -> Option<ProxyKey> {
+        lock(&self.sessions)
+            .pinned(client, id, Instant::now())
+            .cloned()
     }
 }

@@ -242,10 +242,12 @@ async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response
         );
     };
     let started = std::time::Instant::now();
+    let site = Gateway::site_of(req.uri().authority());
     let mut failed: Option<UpstreamError> = None;
     let mut avoid = None;
     for _ in 0..2 {
-        let chosen = match gw.choose(&ask.client, &ask.wanted, &ask.filter, avoid.as_ref()) {
+        let to = (&ask.client, site.as_deref());
+        let chosen = match gw.choose(to, &ask.wanted, &ask.filter, avoid.as_ref()) {
             Ok(c) => c,
             Err(e) => return no_upstream(e, failed),
         };

@@ -34,6 +34,8 @@ pub struct Engine {
     metrics: HealthMetrics,
     /// Held probes (the benchmark's switch); none: never held.
     pause: Option<super::Pause>,
+    /// Proxies seen failing between probes: probed at once.
+    hints: super::Hints,
     /// Per `namespace/name`: the UID, the proxy host probed, the report.
     snapshot: RwLock<HashMap<String, (String, String, HealthReport)>>,
 }
@@ -87,6 +89,7 @@ impl Engine {
             trace_probes,
             metrics,
             pause: None,
+            hints: super::Hints::default(),
             snapshot: RwLock::new(HashMap::new()),
         }
     }
@@ -94,6 +97,12 @@ impl Engine {
     /// Probes are dispatched only while `pause` is off (`--bench-routes`).
     pub fn with_pause(mut self, pause: Option<super::Pause>) -> Self {
         self.pause = pause;
+        self
+    }
+
+    /// Probes at once the proxies `hints` names.
+    pub fn with_hints(mut self, hints: super::Hints) -> Self {
+        self.hints = hints;
         self
     }
 
@@ -148,6 +157,11 @@ impl Engine {
                     );
                     slots = size;
                     probes.set_slots(slots);
+                }
+            }
+            for key in self.hints.take() {
+                if probes.expedite(&key, now) {
+                    debug!(proxy = %key, "Seen failing between probes; probing it now");
                 }
             }
             let paused = self.paused();

@@ -21,6 +21,7 @@ pub mod dns;
 pub mod engine;
 pub mod error;
 pub mod fairness;
+pub mod hints;
 pub mod latency_writes;
 pub mod metrics;
 pub mod notify;
@@ -34,6 +35,7 @@ pub mod threshold;
 
 pub use engine::Engine;
 pub use error::ProbeError;
+pub use hints::Hints;
 pub use notify::{trigger_stream, Notifier, NOTIFY_CAPACITY};
 pub use pause::Pause;
 pub use probes::{Defaults, Probes};

@@ -264,6 +264,16 @@ impl Probes {
             .collect()
     }
 
+    /// `key` was seen failing: probed at `now`, fully (not the light
+    /// CONNECT-only probe). Whether it was due later.
+    pub fn expedite(&mut self, key: &str, now: u64) -> bool {
+        let moved = self.sched.expedite(&key.to_string(), now);
+        if moved {
+            self.light.remove(key);
+        }
+        moved
+    }
+
     /// A due probe that could not be started: rescheduled as if it had
     /// run at `now`, so the Proxy is not lost.
     pub fn requeue(&mut self, key: &str, now: u64) {

@@ -442,3 +442,32 @@ fn one_client_cannot_put_the_fleet_in_global_cooldown() {
         "two clients' reports withhold it from everyone"
     );
 }
+
+#[test]
+fn the_gateway_leaves_exclusive_leases_alone_and_honours_cooldowns() {
+    let (s, clock) = store(1);
+    let all = keys(&["a", "b"]);
+    let leased = s.acquire(&all, &req()).unwrap().proxy;
+    let other = all.iter().find(|p| **p != leased).unwrap().clone();
+    assert!(
+        !s.lets_gateway_use("gw", &leased, None),
+        "exclusively leased"
+    );
+    assert!(s.lets_gateway_use("gw", &other, None));
+    // A ban for one site holds that site only.
+    s.cool_down(&other, &Arc::from("gw"), Some("example.com"));
+    assert!(!s.lets_gateway_use("gw", &other, Some("example.com")));
+    assert!(s.lets_gateway_use("gw", &other, Some("example.org")));
+    assert!(s.lets_gateway_use("gw", &other, None));
+    // A report without a site holds it for the client, for the cooldown.
+    s.cool_down(&other, &Arc::from("gw"), None);
+    assert!(!s.lets_gateway_use("gw", &other, None));
+    clock.advance(Duration::from_secs(61));
+    assert!(s.lets_gateway_use("gw", &other, Some("example.com")));
+    // The lease ran out (60 s TTL): its proxy is the gateway's again.
+    assert!(s.lets_gateway_use("gw", &leased, None));
+    // With shared leases (several per proxy), a lease is not exclusive.
+    let (shared, _) = store(2);
+    let l = shared.acquire(&all, &req()).unwrap();
+    assert!(shared.lets_gateway_use("gw", &l.proxy, None));
+}

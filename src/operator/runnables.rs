@@ -140,15 +140,19 @@ pub fn spawn_discovery(
             watch.await;
         });
     }
-    if let Some(at) = settings.gateway_bind {
-        spawn_gateway(
-            tasks,
-            at,
-            settings.gateway,
-            (state.clone(), metrics.gateway.clone()),
-            stop.clone(),
-        );
-    }
+    // The gateway reads the API's state; the API takes its session reports.
+    let state = match settings.gateway_bind {
+        Some(at) => {
+            let fed = (
+                state.clone(),
+                metrics.gateway.clone(),
+                settings.health.hints.clone(),
+            );
+            let gateway = spawn_gateway(tasks, at, settings.gateway.clone(), fed, stop.clone());
+            state.with_gateway(gateway)
+        }
+        None => state,
+    };
     let served = CancellationToken::new();
     let done = served.clone();
     let limits = settings.discovery_limits;
@@ -167,14 +171,17 @@ fn spawn_gateway(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: crate::gateway::Settings,
-    (state, metrics): (discovery::ApiState, crate::gateway::metrics::GatewayMetrics),
+    (state, metrics, hints): (
+        discovery::ApiState,
+        crate::gateway::metrics::GatewayMetrics,
+        health::Hints,
+    ),
     stop: impl Future<Output = ()> + Send + 'static,
-) {
-    let gateway = Arc::new(crate::gateway::Gateway::new(
-        Arc::new(state),
-        settings,
-        metrics,
-    ));
+) -> Arc<crate::gateway::Gateway> {
+    let gateway =
+        crate::gateway::Gateway::new(Arc::new(state), settings, metrics).with_hints(hints);
+    let gateway = Arc::new(gateway);
+    let serving = gateway.clone();
     tasks.spawn(async move {
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
@@ -184,10 +191,11 @@ fn spawn_gateway(
             }
         };
         info!(%addr, "Gateway listening");
-        if let Err(e) = crate::gateway::serve(listener, gateway, stop).await {
+        if let Err(e) = crate::gateway::serve(listener, serving, stop).await {
             error!(%addr, error = %e, "Gateway failed");
         }
     });
+    gateway
 }
 
 /// Where lease calls go, from what the election last saw: here, to the
@@ -292,7 +300,8 @@ pub fn spawn_health_engine(
             metrics.health.clone(),
         )
         .with_resolver(health::dns::Resolver::caching(settings.dns_ttl))
-        .with_pause(settings.pause.clone()),
+        .with_pause(settings.pause.clone())
+        .with_hints(settings.hints.clone()),
     );
     let (notifier, events) = health::Notifier::channel(health::NOTIFY_CAPACITY);
     let runner = engine.clone();

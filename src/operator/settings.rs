@@ -90,6 +90,8 @@ pub struct HealthSettings {
     pub trace_probes: bool,
     /// The switch holding the probes (`--bench-routes` only).
     pub pause: Option<health::Pause>,
+    /// Proxies the gateway saw failing, for the engine to probe at once.
+    pub hints: health::Hints,
 }
 
 /// Orphan GC's settings (the installation id comes later, from the cluster).
@@ -222,6 +224,7 @@ impl Settings {
                 session_ttl: flags.gateway_session_ttl,
                 max_session_ttl: flags.gateway_max_session_ttl,
                 idle_timeout: flags.gateway_idle_timeout,
+                ban_statuses: ban_statuses(&flags.gateway_ban_statuses).unwrap_or_default(),
                 ..crate::gateway::Settings::default()
             },
             discovery_limits: crate::server::Limits {
@@ -260,6 +263,7 @@ impl Settings {
                 tls,
                 trace_probes: flags.trace_health_probes,
                 pause: flags.bench_routes.then(health::Pause::default),
+                hints: health::Hints::default(),
             },
             leases: LeaseConfig {
                 max_leases_per_proxy: flags.max_leases_per_proxy,
@@ -375,7 +379,21 @@ fn gateway_needs(flags: &Flags, has_token: bool) -> Result<(), String> {
     if flags.gateway_idle_timeout < Duration::from_secs(1) {
         return Err("--gateway-idle-timeout must be at least 1s".to_string());
     }
-    Ok(())
+    ban_statuses(&flags.gateway_ban_statuses).map(|_| ())
+}
+
+/// `--gateway-ban-statuses`: HTTP statuses, comma-separated.
+fn ban_statuses(list: &str) -> Result<Vec<u16>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| match c.parse::<u16>() {
+            Ok(n) if (100..=599).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "--gateway-ban-statuses: {c:?} is not an HTTP status (100-599)"
+            )),
+        })
+        .collect()
 }
 
 /// The metrics server's TLS: made (or read from `--metrics-cert-dir`) only
@@ -522,6 +540,17 @@ mod tests {
                 ],
                 token: Some("t"),
                 problems: &["--gateway-session-ttl (2h) must be at least 1m and at most --gateway-max-session-ttl (1h)"],
+            },
+            Case {
+                name: "a bad gateway ban status",
+                args: &[
+                    "--gateway-bind-address",
+                    ":3128",
+                    "--gateway-ban-statuses",
+                    "403,forbidden",
+                ],
+                token: Some("t"),
+                problems: &["--gateway-ban-statuses: \"forbidden\" is not an HTTP status (100-599)"],
             },
             Case {
                 name: "a bad gateway address",

@@ -436,6 +436,127 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
     drop(w.ground);
 }
 
+/// A site that bans the first address it sees: `403` to it, its own
+/// address to everyone else.
+async fn banning_site() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let banned = Arc::new(std::sync::Mutex::new(None));
+    tokio::spawn(async move {
+        while let Ok((mut c, peer)) = l.accept().await {
+            let banned = banned.clone();
+            tokio::spawn(async move {
+                support::read_head(&mut c).await;
+                let ban = *banned.lock().unwrap().get_or_insert(peer.ip()) == peer.ip();
+                let answer = if ban {
+                    "HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbanned"
+                        .to_string()
+                } else {
+                    echo(peer)
+                };
+                let _ = c.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A site that answers `403` bans the session's upstream for that site
+/// only: the `403` is relayed marked `x-gateway-upstream-banned`, and the
+/// session's next request to the site leaves from another upstream (said
+/// moved), while another site still sees the first. A tunnel's session
+/// reported `blocked` through `POST /v1/sessions/{id}/report` moves at its
+/// next CONNECT (said on the CONNECT's `200`); an unknown session is a
+/// `404 session_not_found`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_ban_and_a_session_report_move_the_session() {
+    let w = World::new("gwban").await;
+    let gw = w.gw;
+    let ban = format!("http://{}/", banning_site().await);
+    let first = curl_async(gw, "default-session-b1", &ban).await;
+    assert_eq!(first.status, 403, "{first:?}");
+    assert!(
+        first
+            .headers
+            .to_ascii_lowercase()
+            .contains("x-gateway-upstream-banned: true"),
+        "{first:?}"
+    );
+    let second = curl_async(gw, "default-session-b1", &ban).await;
+    assert_eq!(
+        second.status, 200,
+        "the next upstream is not banned: {second:?}"
+    );
+    assert!(
+        second
+            .headers
+            .to_ascii_lowercase()
+            .contains("x-gateway-session-moved: true"),
+        "{second:?}"
+    );
+    let https = format!("https://localhost:{}/", w.https.port());
+    let elsewhere = curl_async(gw, "default-session-b1", &https).await;
+    assert_eq!(elsewhere.status, 200, "{elsewhere:?}");
+    assert_eq!(
+        elsewhere.body, second.body,
+        "the session stays where it moved"
+    );
+
+    let tunnel = curl_async(gw, "default-session-t1", &https).await;
+    assert_eq!(tunnel.status, 200, "{tunnel:?}");
+    let body = br#"{"result": "blocked"}"#.to_vec();
+    let (s, v) = api_call(
+        w.api,
+        "POST",
+        "/v1/sessions/t1/report",
+        Some(TOKEN),
+        body.clone(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["moved"], true, "{v}");
+    let reported = v["proxy"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let up: usize = reported["up-".len()..].parse().unwrap();
+    assert_eq!(
+        exit_of(up).to_string(),
+        tunnel.body,
+        "the report names the session's upstream: {v}"
+    );
+    let after = curl_async(gw, "default-session-t1", &https).await;
+    assert_eq!(after.status, 200, "{after:?}");
+    assert_ne!(
+        after.body, tunnel.body,
+        "the reported upstream is left: {after:?}"
+    );
+    assert!(
+        after
+            .headers
+            .to_ascii_lowercase()
+            .contains("x-gateway-session-moved: true"),
+        "the CONNECT's answer says so: {after:?}"
+    );
+    let (s, v) = api_call(
+        w.api,
+        "POST",
+        "/v1/sessions/nobody/report",
+        Some(TOKEN),
+        body,
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("session_not_found")),
+        "{v}"
+    );
+    drop(w.ground);
+}
+
 /// A small site on 127.0.0.1: `/` links to five pages, each page says the
 /// address its request came from.
 async fn site() -> SocketAddr {
