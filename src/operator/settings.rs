@@ -154,7 +154,8 @@ impl Settings {
         if let Err(e) = discovery_auth(flags, has_token) {
             problems.push(e);
         }
-        if let Err(e) = gateway_needs(flags, has_token) {
+        let discovery_on = !matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None));
+        if let Err(e) = flags.gateway.check(discovery_on, has_token) {
             problems.push(e);
         }
         let tls = health::probe::tls_config(flags.probe_ca_file.as_deref())
@@ -215,16 +216,17 @@ impl Settings {
             metrics_bind: bind(&flags.metrics_bind_address),
             metrics_tls,
             discovery_bind: bind(&flags.discovery_bind_address),
-            gateway_bind: bind(&flags.gateway_bind_address),
+            gateway_bind: bind(&flags.gateway.gateway_bind_address),
             gateway: crate::gateway::Settings {
-                max_connections: usize::try_from(flags.gateway_max_connections)
+                max_connections: usize::try_from(flags.gateway.gateway_max_connections)
                     .unwrap_or(usize::MAX),
-                max_per_client: flags.gateway_max_connections_per_client,
-                max_per_upstream: flags.gateway_max_connections_per_upstream,
-                session_ttl: flags.gateway_session_ttl,
-                max_session_ttl: flags.gateway_max_session_ttl,
-                idle_timeout: flags.gateway_idle_timeout,
-                ban_statuses: ban_statuses(&flags.gateway_ban_statuses).unwrap_or_default(),
+                max_per_client: flags.gateway.gateway_max_connections_per_client,
+                max_per_upstream: flags.gateway.gateway_max_connections_per_upstream,
+                session_ttl: flags.gateway.gateway_session_ttl,
+                max_session_ttl: flags.gateway.gateway_max_session_ttl,
+                idle_timeout: flags.gateway.gateway_idle_timeout,
+                ban_statuses: cli::gateway::ban_statuses(&flags.gateway.gateway_ban_statuses)
+                    .unwrap_or_default(),
                 ..crate::gateway::Settings::default()
             },
             discovery_limits: crate::server::Limits {
@@ -343,57 +345,6 @@ fn discovery_auth(flags: &Flags, has_token: bool) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// The gateway signs crawlers in with discovery tokens, so it needs the
-/// API on and tokens in force (an open gateway would be an open proxy).
-fn gateway_needs(flags: &Flags, has_token: bool) -> Result<(), String> {
-    if !matches!(cli::parse_bind(&flags.gateway_bind_address), Ok(Some(_))) {
-        return Ok(());
-    }
-    if matches!(cli::parse_bind(&flags.discovery_bind_address), Ok(None)) {
-        return Err(
-            "--gateway-bind-address needs the discovery API on (it shares its \
-            proxies, leases and tokens): set --discovery-bind-address"
-                .to_string(),
-        );
-    }
-    if !has_token {
-        return Err(
-            "--gateway-bind-address needs discovery tokens (crawlers sign in \
-            with their client name and token): set DISCOVERY_TOKEN, \
-            --discovery-tokens-dir or --discovery-tokens-secret"
-                .to_string(),
-        );
-    }
-    let minute = Duration::from_secs(60);
-    let (ttl, max) = (flags.gateway_session_ttl, flags.gateway_max_session_ttl);
-    if ttl < minute || max < minute || ttl > max {
-        return Err(format!(
-            "--gateway-session-ttl ({}) must be at least 1m and at most \
-             --gateway-max-session-ttl ({})",
-            humantime::format_duration(ttl),
-            humantime::format_duration(max)
-        ));
-    }
-    if flags.gateway_idle_timeout < Duration::from_secs(1) {
-        return Err("--gateway-idle-timeout must be at least 1s".to_string());
-    }
-    ban_statuses(&flags.gateway_ban_statuses).map(|_| ())
-}
-
-/// `--gateway-ban-statuses`: HTTP statuses, comma-separated.
-fn ban_statuses(list: &str) -> Result<Vec<u16>, String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .map(|c| match c.parse::<u16>() {
-            Ok(n) if (100..=599).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "--gateway-ban-statuses: {c:?} is not an HTTP status (100-599)"
-            )),
-        })
-        .collect()
 }
 
 /// The metrics server's TLS: made (or read from `--metrics-cert-dir`) only

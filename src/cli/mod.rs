@@ -8,6 +8,8 @@ use clap::{Parser, ValueEnum};
 
 use crate::api::constants::INSTALL_NAMESPACE;
 
+pub mod gateway;
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -187,47 +189,9 @@ pub struct Flags {
     #[arg(long)]
     pub allow_unauthenticated_discovery: bool,
 
-    /// Address of the gateway, one forward proxy (HTTP CONNECT and
-    /// absolute-form requests) relaying each connection through a healthy
-    /// proxy of the fleet (docs/gateway.md); "0" (the default) turns it
-    /// off. It needs the discovery API on and its tokens: crawlers sign in
-    /// with their client name and token.
-    #[arg(long, default_value = "0", value_name = "ADDR")]
-    pub gateway_bind_address: String,
-
-    /// Connections the gateway holds open at once.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub gateway_max_connections: u32,
-
-    /// Connections one client (one token name) may hold open through the
-    /// gateway at once.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub gateway_max_connections_per_client: u32,
-
-    /// Connections the gateway sends through one upstream proxy at once.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub gateway_max_connections_per_upstream: u32,
-
-    /// How long the gateway remembers a session after its last connection,
-    /// when its username asks no `ttl-<minutes>`.
-    #[arg(long, default_value = "30m", value_parser = parse_duration, value_name = "DURATION")]
-    pub gateway_session_ttl: Duration,
-
-    /// The longest `ttl-<minutes>` a gateway username may ask.
-    #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
-    pub gateway_max_session_ttl: Duration,
-
-    /// Statuses of a plain-http answer through the gateway that mean the
-    /// site banned the upstream: it cools down for that site (as a lease
-    /// report with the site would) and the client's next request goes
-    /// elsewhere. Comma-separated; empty: none.
-    #[arg(long, default_value = "403,429", value_name = "CODE,...")]
-    pub gateway_ban_statuses: String,
-
-    /// A gateway tunnel or upstream connection with no byte either way
-    /// this long is closed.
-    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub gateway_idle_timeout: Duration,
+    /// The gateway's flags (`--gateway-*`).
+    #[command(flatten)]
+    pub gateway: gateway::GatewayFlags,
 
     /// Directory of named discovery tokens, one file per client: the file's
     /// name is the client's name, its content the token (a Secret mounted
@@ -436,7 +400,7 @@ impl Flags {
                 &self.health_probe_bind_address,
             ),
             ("--discovery-bind-address", &self.discovery_bind_address),
-            ("--gateway-bind-address", &self.gateway_bind_address),
+            ("--gateway-bind-address", &self.gateway.gateway_bind_address),
         ] {
             if let Err(e) = parse_bind(value) {
                 problems.push(format!("{flag}: {e}"));

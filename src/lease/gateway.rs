@@ -1,0 +1,56 @@
+//! What the gateway asks of the lease store: whether a proxy is free of
+//! exclusive leases and cooldowns for a connection, and cooldowns from
+//! outside a lease (site bans, session reports), the same as a lease
+//! report's.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::bounds::{digest, later};
+use super::state::State;
+use super::{LeaseStore, ProxyKey};
+
+impl LeaseStore {
+    /// Whether the gateway may send `client`'s new connections through
+    /// `key`: no exclusive lease holds it (with one lease per proxy, a
+    /// lease is exclusive) and no report cooled it down for `client`.
+    pub fn lets_gateway_use(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
+        let site = site.map(digest);
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let held = self.config.max_leases_per_proxy <= 1
+            && st.proxies.get(key).is_some_and(|p| p.active() > 0);
+        !held && !st.cooldowns.blocks(key, site.as_ref(), client, now)
+    }
+
+    /// A bad outcome of `proxy` seen outside a lease (the gateway's bans
+    /// and session reports): the cooldown a lease report would give, for
+    /// `site` when given, else for `client` (and for every client once
+    /// enough reported it).
+    pub fn cool_down(&self, proxy: &ProxyKey, client: &Arc<str>, site: Option<&str>) {
+        let now = self.clock.now();
+        let until = later(now, self.config.cooldown);
+        cool(&mut self.lock(), proxy, client, site, until);
+        self.changed();
+    }
+}
+
+/// Puts `proxy` in cooldown until `until`: for `site` when given, else
+/// for `client`.
+pub(super) fn cool(
+    st: &mut State,
+    proxy: &ProxyKey,
+    client: &Arc<str>,
+    site: Option<&str>,
+    until: DateTime<Utc>,
+) {
+    match site {
+        // Bounded: past the caps the site cooldown is not kept.
+        Some(s) => {
+            let _ = st.cooldowns.put_site(proxy, s, until);
+        }
+        None => st.cooldowns.put_global(proxy, client, until),
+    }
+}
