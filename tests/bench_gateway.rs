@@ -29,8 +29,11 @@ use egress_proxies_operator::lease::ProxyKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "support/squid.rs"]
+#[allow(dead_code)] // the other tests' helpers
+mod squid;
+
 const TOKEN: &str = "bench-token";
-const SQUID: &str = "/usr/sbin/squid";
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -170,71 +173,6 @@ fn role(name: &str, envs: &[(&str, String)]) -> Role {
     Role(cmd.spawn().unwrap())
 }
 
-/// A Squid on 127.0.0.1:`port` serving loopback clients; killed (with
-/// its shared memory) when dropped.
-struct Squid {
-    child: Child,
-    service: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Squid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for e in std::fs::read_dir("/dev/shm")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{}-", self.service))
-            {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-}
-
-fn squid(port: u16, tag: &str) -> Squid {
-    use std::os::unix::fs::PermissionsExt;
-    assert!(
-        std::path::Path::new(SQUID).exists(),
-        "{SQUID} is missing: apt-get install squid"
-    );
-    let dir = tempfile::Builder::new()
-        .prefix("bench-squid-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let d = dir.path().display();
-    let conf = format!(
-        "http_port 127.0.0.1:{port}\nacl me src 127.0.0.0/8\nhttp_access allow me\nhttp_access deny all\n\
-pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
-coredump_dir {d}\ncache deny all\ncache_mem 8 MB\nicp_port 0\nhtcp_port 0\npinger_enable off\n\
-shutdown_lifetime 0 seconds\nvisible_hostname bench\nvia off\nforwarded_for delete\n\
-max_filedescriptors 20000\n"
-    );
-    let path = dir.path().join("squid.conf");
-    std::fs::write(&path, conf).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let service = format!("bg{}{tag}", std::process::id());
-    let child = Command::new(SQUID)
-        .args(["-N", "-n", &service, "-f"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Squid {
-        child,
-        service,
-        _dir: dir,
-    }
-}
-
 async fn listening(addr: SocketAddr) {
     for _ in 0..200 {
         if TcpStream::connect(addr).await.is_ok() {
@@ -246,8 +184,12 @@ async fn listening(addr: SocketAddr) {
 }
 
 /// A tunnel to `target` through the proxy at `via` (signed in when
-/// `auth`).
-async fn tunnel(via: SocketAddr, target: SocketAddr, auth: bool) -> std::io::Result<TcpStream> {
+/// `auth`), and how many bytes of the target's came with the answer.
+async fn tunnel(
+    via: SocketAddr,
+    target: SocketAddr,
+    auth: bool,
+) -> std::io::Result<(TcpStream, usize)> {
     let mut c = TcpStream::connect(via).await?;
     c.set_nodelay(true)?;
     let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
@@ -271,15 +213,16 @@ async fn tunnel(via: SocketAddr, target: SocketAddr, auth: bool) -> std::io::Res
             String::from_utf8_lossy(&got).into_owned(),
         ));
     }
-    Ok(c)
+    let head = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+    Ok((c, got.len() - head))
 }
 
 /// Seconds to download everything `target` sends through `via`.
 async fn download(via: SocketAddr, target: SocketAddr, auth: bool) -> (u64, Duration) {
     let started = Instant::now();
-    let mut c = tunnel(via, target, auth).await.unwrap();
+    let (mut c, early) = tunnel(via, target, auth).await.unwrap();
     let mut buf = vec![0u8; 256 * 1024];
-    let mut total = 0u64;
+    let mut total = early as u64;
     loop {
         let n = c.read(&mut buf).await.unwrap();
         if n == 0 {
@@ -347,8 +290,13 @@ async fn bench_gateway() {
     let secs = env_u64("BENCH_SECS", 10);
     let tunnels = env_u64("BENCH_TUNNELS", 9_900);
     let life = (secs * 4 + 300).to_string();
+    squid::require();
     let (s1, s2) = (free_port(), free_port());
-    let _squids = (squid(s1, "a"), squid(s2, "b"));
+    let lo = std::net::Ipv4Addr::LOCALHOST;
+    let _squids = (
+        squid::start(lo, s1, "bga", "http_access allow me").await,
+        squid::start(lo, s2, "bgb", "http_access allow me").await,
+    );
     let (bulk, idle, gw): (SocketAddr, SocketAddr, SocketAddr) = (
         format!("127.0.0.1:{}", free_port()).parse().unwrap(),
         format!("127.0.0.1:{}", free_port()).parse().unwrap(),
@@ -428,7 +376,7 @@ async fn bench_gateway() {
         pending.spawn(async move { tunnel(gw, idle, true).await });
         if pending.len() >= 200 || i + 1 == tunnels {
             while let Some(r) = pending.join_next().await {
-                open.push(r.unwrap().unwrap());
+                open.push(r.unwrap().unwrap().0);
             }
         }
     }

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use tracing::{debug, info, warn};
 
 use super::route::{ClientSlot, Gateway, Slot};
-use super::serve::{answer, moved, no_upstream, Ask};
+use super::serve::{answer, exhausted, moved, no_upstream, Ask};
 use super::upstream::{self, UpstreamError};
 use super::username::Wanted;
 use super::Upstream;
@@ -202,14 +202,11 @@ async fn open(gw: &Gateway, ask: &Ask, site: Option<&str>) -> Result<(Kept, bool
                 return Ok((kept, chosen.moved || failed.is_some()));
             }
             Err(e) => {
-                warn!(upstream = %up.key, error = %e, "Gateway upstream unreachable; trying another");
-                gw.metrics.upstream_error(e.class());
-                gw.suspect(&up.key);
+                gw.failed(&up.key, &e);
                 avoid = Some(up.key);
                 failed = Some(e);
             }
         }
     }
-    let e = failed.map_or_else(|| "no upstream".to_string(), |e| e.to_string());
-    Err(answer(StatusCode::BAD_GATEWAY, &e))
+    Err(exhausted(failed))
 }

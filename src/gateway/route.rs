@@ -154,6 +154,14 @@ impl Gateway {
         }
     }
 
+    /// `key` failed a connection with `e`: said, counted, and the upstream
+    /// suspected (the connection is tried on another).
+    pub fn failed(&self, key: &ProxyKey, e: &super::upstream::UpstreamError) {
+        tracing::warn!(upstream = %key, error = %e, "A gateway upstream failed; trying another");
+        self.metrics.upstream_error(e.class());
+        self.suspect(key);
+    }
+
     /// `key` failed a connection: passed over for [`SUSPECT_FOR`], and
     /// probed by the health engine at once.
     pub fn suspect(&self, key: &ProxyKey) {

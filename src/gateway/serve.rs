@@ -269,14 +269,17 @@ async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response
                 );
             }
             Err(e) => {
-                warn!(upstream = %up.key, error = %e, "Gateway upstream failed a CONNECT; trying another");
-                gw.metrics.upstream_error(e.class());
-                gw.suspect(&up.key);
+                gw.failed(&up.key, &e);
                 avoid = Some(up.key);
                 failed = Some(e);
             }
         }
     }
+    exhausted(failed)
+}
+
+/// The `502` once every upstream tried failed, naming the last failure.
+pub(super) fn exhausted(failed: Option<UpstreamError>) -> Response<Body> {
     let e = failed.map_or_else(|| "no upstream".to_string(), |e| e.to_string());
     answer(StatusCode::BAD_GATEWAY, &e)
 }
@@ -303,9 +306,14 @@ async fn relay_upgraded(
         return;
     };
     let client = parts.io.into_inner();
+    // The client's bytes past its CONNECT are a slice of hyper's read
+    // buffer (8 KiB): copied out, so the buffer is not held for the
+    // tunnel's whole life.
+    let sent = bytes::Bytes::copy_from_slice(&parts.read_buf);
+    drop(parts.read_buf);
     let (idle, opened) = (gw.settings.idle_timeout, std::time::Instant::now());
     gw.metrics.tunnel_opened();
-    let (moved, err) = super::tunnel::relay(client, conn, (parts.read_buf, early), idle).await;
+    let (moved, err) = super::tunnel::relay(client, conn, (sent, early), idle).await;
     gw.metrics
         .tunnel_closed(opened.elapsed(), moved.up, moved.down);
     match err {

@@ -1,5 +1,5 @@
 //! Copying a tunnel's bytes both ways. A buffer is held only while bytes
-//! are moving: an idle tunnel holds its two sockets and nothing else, so
+//! are moving (and a second after): an idle tunnel holds its two sockets and nothing else, so
 //! thousands of open tunnels cost little memory. A tunnel with no byte
 //! either way for the idle timeout is closed.
 
@@ -12,7 +12,10 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 /// One direction's buffer while it copies.
-const BUF: usize = 16 * 1024;
+const BUF: usize = 64 * 1024;
+
+/// How long a quiet direction keeps its buffer.
+const KEEP: Duration = Duration::from_secs(1);
 
 /// Bytes moved each way.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -38,12 +41,15 @@ pub async fn relay(
     let last = AtomicU64::new(0);
     let (up, down) = (early.0.len() as u64, early.1.len() as u64);
     let copy = async {
-        if !early.0.is_empty() {
-            uw.write_all(&early.0).await?;
+        let (sent, answered) = early;
+        if !sent.is_empty() {
+            uw.write_all(&sent).await?;
         }
-        if !early.1.is_empty() {
-            cw.write_all(&early.1).await?;
+        if !answered.is_empty() {
+            cw.write_all(&answered).await?;
         }
+        // Not held while the tunnel lives.
+        drop((sent, answered));
         let (a, b) = tokio::try_join!(
             pump(&cr, &mut uw, &last, start),
             pump(&ur, &mut cw, &last, start)
@@ -72,7 +78,10 @@ pub async fn relay(
 }
 
 /// Copies `from` to `to` until `from` ends, then ends `to`'s writing
-/// side (the other direction may go on: a half-closed tunnel).
+/// side (the other direction may go on: a half-closed tunnel). The buffer
+/// is taken when bytes arrive and given back once the direction has been
+/// quiet for [`KEEP`], so a busy direction reuses it and an idle one holds
+/// none; it is filled without being zeroed first.
 async fn pump(
     from: &OwnedReadHalf,
     to: &mut OwnedWriteHalf,
@@ -80,12 +89,20 @@ async fn pump(
     start: Instant,
 ) -> std::io::Result<u64> {
     let mut total = 0u64;
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        from.readable().await?;
-        // Taken only now, and dropped before the next wait.
-        let mut buf = vec![0u8; BUF];
+        if buf.capacity() == 0 {
+            from.readable().await?;
+            buf = Vec::with_capacity(BUF);
+        } else if let Ok(ready) = tokio::time::timeout(KEEP, from.readable()).await {
+            ready?;
+        } else {
+            buf = Vec::new();
+            continue;
+        }
         loop {
-            match from.try_read(&mut buf) {
+            buf.clear();
+            match from.try_read_buf(&mut buf) {
                 Ok(0) => {
                     let _ = to.shutdown().await;
                     return Ok(total);
@@ -100,5 +117,81 @@ async fn pump(
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test: a panic is its failure report
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_early_ones_first_and_a_half_close_carries_over() {
+        let (mut client, client_side) = pair().await;
+        let (upstream_side, mut upstream) = pair().await;
+        let early = (
+            Bytes::from_static(b"hello "),
+            Bytes::from_static(b"welcome "),
+        );
+        let relay = tokio::spawn(relay(
+            client_side,
+            upstream_side,
+            early,
+            Duration::from_secs(30),
+        ));
+        client.write_all(b"upstream").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(
+            got, b"hello upstream",
+            "the client's end reached the upstream"
+        );
+        // The other direction still flows after the client's half-close.
+        let big = vec![9u8; 300 * 1024];
+        upstream.write_all(b"client").await.unwrap();
+        upstream.write_all(&big).await.unwrap();
+        upstream.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        assert_eq!(&back[..14], b"welcome client");
+        assert_eq!(back.len(), 14 + big.len());
+        let (moved, err) = relay.await.unwrap();
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(
+            moved,
+            Moved {
+                up: 14,
+                down: 14 + big.len() as u64
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_quiet_tunnel_is_closed_after_the_idle_timeout() {
+        let (mut client, client_side) = pair().await;
+        let (upstream_side, _upstream) = pair().await;
+        let idle = Duration::from_millis(400);
+        let started = Instant::now();
+        let (_, err) = relay(client_side, upstream_side, Default::default(), idle).await;
+        assert_eq!(err.map(|e| e.kind()), Some(std::io::ErrorKind::TimedOut));
+        assert!(started.elapsed() >= idle);
+        let mut b = [0u8; 1];
+        assert_eq!(
+            client.read(&mut b).await.unwrap(),
+            0,
+            "the client sees the end"
+        );
     }
 }

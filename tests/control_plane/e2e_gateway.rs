@@ -167,12 +167,20 @@ struct World {
     http: SocketAddr,
     https: SocketAddr,
     squids: Vec<Option<Squid>>,
-    _op: Operator,
+    /// Every replica's gateway (the first is `gw`).
+    gws: Vec<SocketAddr>,
+    _ops: Vec<Operator>,
     _dir: tempfile::TempDir,
 }
 
 impl World {
     async fn new(prefix: &str) -> World {
+        World::with_replicas(prefix, 1).await
+    }
+
+    /// `replicas` operators, each with its gateway (more than one: with
+    /// leader election, the first leading).
+    async fn with_replicas(prefix: &str, replicas: usize) -> World {
         squid::require();
         let ground = support::ground_without_pods(prefix).await;
         let (http, https) = echo_targets().await;
@@ -204,14 +212,53 @@ impl World {
                 .unwrap();
             squids.push(Some(sq));
         }
-        let (api, gw) = (support::loopback(), support::loopback());
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
-        cmd.args(["--default-probe-url", &format!("http://{http}/")])
-            .args(["--default-probe-expected-status", "200"])
-            .args(["--max-leases-per-proxy", "1"])
-            .args(["--gateway-bind-address", &gw.to_string()]);
-        let op = Operator::spawn(cmd, &dir.path().join("operator.log"));
+        let (mut apis, mut gws, mut ops) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..replicas {
+            let (api, gw) = (support::loopback(), support::loopback());
+            let op = if replicas == 1 {
+                let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+                cmd.args(["--default-probe-url", &format!("http://{http}/")])
+                    .args(["--default-probe-expected-status", "200"])
+                    .args(["--max-leases-per-proxy", "1"])
+                    .args(["--gateway-bind-address", &gw.to_string()]);
+                Operator::spawn(cmd, &dir.path().join("operator.log"))
+            } else {
+                let gw_bind = gw.to_string();
+                let extra = [
+                    "--max-leases-per-proxy",
+                    "1",
+                    "--gateway-bind-address",
+                    &gw_bind,
+                ];
+                let op = crate::support::leader::serving_replica(
+                    &ground,
+                    dir.path(),
+                    &format!("gw{r}"),
+                    (api, http),
+                    &extra,
+                    &[("DISCOVERY_TOKEN", TOKEN)],
+                );
+                if r == 0 {
+                    let leases = Api::namespaced(ground.client.clone(), &ground.ns);
+                    eventually(
+                        "the first replica to lead",
+                        Duration::from_secs(30),
+                        || async {
+                            crate::support::leader::holder(&leases)
+                                .await
+                                .filter(|h| h.starts_with("gw0_"))
+                        },
+                    )
+                    .await;
+                }
+                op
+            };
+            apis.push(api);
+            gws.push(gw);
+            ops.push(op);
+        }
+        let (api, gw) = (apis[0], gws[0]);
         eventually("three upstreams Ready", Duration::from_secs(90), || async {
             let list = proxies.list(&Default::default()).await.ok()?;
             (list
@@ -223,16 +270,18 @@ impl World {
                 .then_some(())
         })
         .await;
-        // Ready in status is listed by the API within its cache's lag.
-        eventually(
-            "three upstreams listed",
-            Duration::from_secs(30),
-            || async {
-                let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
-                (s == 200 && v["items"].as_array().map(Vec::len) == Some(3)).then_some(())
-            },
-        )
-        .await;
+        // Ready in status is listed by each API within its cache's lag.
+        for api in apis {
+            eventually(
+                "three upstreams listed",
+                Duration::from_secs(30),
+                || async {
+                    let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+                    (s == 200 && v["items"].as_array().map(Vec::len) == Some(3)).then_some(())
+                },
+            )
+            .await;
+        }
         World {
             ground,
             api,
@@ -240,7 +289,8 @@ impl World {
             http,
             https,
             squids,
-            _op: op,
+            gws,
+            _ops: ops,
             _dir: dir,
         }
     }
@@ -433,6 +483,33 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
         "only the first: {:?}",
         after[1]
     );
+    drop(w.ground);
+}
+
+/// Two operator replicas, each with its gateway, share no state beyond
+/// the Proxies they both watch: every one of 20 sessions leaves from the
+/// same upstream through either gateway (asked in turn, a new connection
+/// each), and the sessions spread over more than one upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_replicas_agree_on_every_sessions_upstream() {
+    let w = World::with_replicas("gwtwo", 2).await;
+    let http = format!("http://{}/", w.http);
+    let https = format!("https://localhost:{}/", w.https.port());
+    let mut exits = BTreeSet::new();
+    for n in 0..20 {
+        let user = format!("default-session-agree{n}");
+        let (url_a, url_b) = if n % 2 == 0 {
+            (&http, &https)
+        } else {
+            (&https, &http)
+        };
+        let a = curl_async(w.gws[0], &user, url_a).await;
+        let b = curl_async(w.gws[1], &user, url_b).await;
+        assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+        assert_eq!(a.body, b.body, "session {n}: the replicas disagree");
+        exits.insert(a.body);
+    }
+    assert!(exits.len() >= 2, "20 sessions, one upstream: {exits:?}");
     drop(w.ground);
 }
 

@@ -73,7 +73,7 @@ http_access deny all\n\
 pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log none\ncache_store_log none\n\
 coredump_dir {d}\ncache deny all\ncache_mem 8 MB\nicp_port 0\nhtcp_port 0\npinger_enable off\n\
 shutdown_lifetime 0 seconds\nvisible_hostname probe-test\nvia off\nforwarded_for delete\n\
-max_filedescriptors 16384\n"
+max_filedescriptors 20000\n"
     );
     let path = dir.path().join("squid.conf");
     std::fs::write(&path, conf).unwrap();
