@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_proxies_operator::discovery::Filter;
-use egress_proxies_operator::gateway::{self, Fleet, Gateway, Upstream};
+use egress_proxies_operator::gateway::{self, Candidates, Fleet, Gateway, Upstream};
 use egress_proxies_operator::lease::ProxyKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -57,8 +57,8 @@ impl Fleet for Fixed {
     fn client_of(&self, token: &str) -> Option<Arc<str>> {
         (token == TOKEN).then(|| Arc::from("bench"))
     }
-    fn upstreams(&self, _: &Filter) -> Vec<Upstream> {
-        self.0.clone()
+    fn upstreams(&self, _: &Filter) -> Candidates {
+        Candidates::of(self.0.clone())
     }
     fn shared(&self, _: &str, _: &ProxyKey, _: Option<&str>) -> bool {
         true

@@ -110,15 +110,10 @@ impl ListingData {
 }
 
 impl ListingData {
-    /// The entries matching `f`, in listing order.
-    pub fn entries<'a>(
-        &'a self,
-        f: &Filter,
-    ) -> Box<dyn Iterator<Item = &'a (ProxyKey, ProxyItem)> + 'a> {
-        match self.members(f).subset {
-            None => Box::new(self.items.iter()),
-            Some(s) => Box::new((0..s.len()).filter_map(move |n| self.items.get(s[n] as usize))),
-        }
+    /// The positions of the entries matching `f`, ascending; `None`:
+    /// every entry (no filter).
+    pub fn positions(&self, f: &Filter) -> Option<Arc<[u32]>> {
+        self.members(f).subset
     }
 }
 

@@ -34,13 +34,16 @@ pub(crate) mod tokens;
 pub use error::ApiError;
 pub use forward::{route, Forwarder, Leader, Route, Unavailable, FORWARD_TIMEOUT, HOLD_ENV};
 pub use handlers::MAX_KEY_LEN;
+pub use listing::ListingData;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};
 pub use model::*;
 pub use openapi::{openapi_json, served_openapi_json};
 pub use replace::{request_value, Replacer, REPLACES_PER_WINDOW, REPLACE_WINDOW};
 pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
 pub use sessions::{GatewaySessions, SessionReport};
-pub use state::{ApiState, Client, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE};
+pub use state::{
+    ApiState, Client, Listing, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE,
+};
 pub use tokens::TokenSet;
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub const DEFAULT_CLIENT: &str = "default";
 /// The one client of an API without tokens.
 pub const ANONYMOUS: &str = "anonymous";
 
-pub(super) use super::listing::Listing;
+pub use super::listing::Listing;
 use super::listing::ListingData;
 
 /// What every handler shares.
@@ -318,14 +318,10 @@ impl ApiState {
             .collect()
     }
 
-    /// The eligible proxies that match `f`, with their lease-store keys
-    /// (the gateway's upstreams).
-    pub fn matching(&self, f: &Filter) -> Vec<(ProxyKey, ProxyItem)> {
-        let listing = self.listing();
-        listing
-            .entries(f)
-            .map(|(k, i)| (k.clone(), i.clone()))
-            .collect()
+    /// The listing of eligible proxies in force (the gateway's
+    /// upstreams): a new one, another `Arc`, each time it is rebuilt.
+    pub fn current_listing(&self) -> Listing {
+        self.listing()
     }
 
     /// The client a token names, as the API's bearer auth finds it.

@@ -4,9 +4,9 @@
 //! operator process this is the discovery API's own state, so both ways
 //! in read one listing and one lease store.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use crate::discovery::{ApiState, Filter};
+use crate::discovery::{ApiState, Filter, Listing, ProxyItem};
 use crate::lease::ProxyKey;
 
 /// One upstream proxy as the gateway dials it.
@@ -35,12 +35,40 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// The upstreams matching one connection's filters: every eligible one,
+/// shared (built once per listing), and the positions of the matches.
+#[derive(Clone)]
+pub struct Candidates {
+    /// Every eligible upstream, in listing order.
+    pub all: Arc<[Upstream]>,
+    /// Positions in `all` of the matches, ascending; `None`: all match.
+    pub subset: Option<Arc<[u32]>>,
+}
+
+impl Candidates {
+    /// Exactly `list`.
+    pub fn of(list: Vec<Upstream>) -> Self {
+        Candidates {
+            all: list.into(),
+            subset: None,
+        }
+    }
+
+    /// The matches, as references.
+    pub fn list(&self) -> Vec<&Upstream> {
+        match &self.subset {
+            None => self.all.iter().collect(),
+            Some(s) => s.iter().filter_map(|&p| self.all.get(p as usize)).collect(),
+        }
+    }
+}
+
 /// Where the gateway learns clients and upstreams.
 pub trait Fleet: Send + Sync + 'static {
     /// The client a discovery token belongs to; none: refused.
     fn client_of(&self, token: &str) -> Option<Arc<str>>;
     /// The eligible upstreams that match `filter`.
-    fn upstreams(&self, filter: &Filter) -> Vec<Upstream>;
+    fn upstreams(&self, filter: &Filter) -> Candidates;
     /// Whether `client`'s gateway connections (to `site`, when known)
     /// may use `key` now: no exclusive lease holds it and no report
     /// cooled it down for them.
@@ -50,35 +78,149 @@ pub trait Fleet: Send + Sync + 'static {
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>);
 }
 
-impl Fleet for ApiState {
+/// The discovery API's state as the gateway's fleet. The upstreams are
+/// made from a listing once (a listing is rebuilt at most every 250 ms,
+/// and not while nothing changes), so a new connection costs a filter
+/// lookup and a walk over references, not a copy of every proxy.
+pub struct ApiFleet {
+    state: ApiState,
+    /// The listing the upstreams were made from (held, so its address is
+    /// not reused while it is compared), and them.
+    made: Mutex<Option<(Listing, Arc<[Upstream]>)>>,
+}
+
+impl ApiFleet {
+    /// The fleet of `state`.
+    pub fn new(state: ApiState) -> Self {
+        ApiFleet {
+            state,
+            made: Mutex::new(None),
+        }
+    }
+}
+
+fn upstream_of(key: &ProxyKey, item: &ProxyItem) -> Upstream {
+    Upstream {
+        hash: super::choose::upstream_hash(key),
+        key: key.clone(),
+        host: item.ip.clone(),
+        port: item.port,
+        authorization: item.username.as_ref().map(|u| {
+            let pass = item.password.as_ref().map_or("", |p| p.expose());
+            format!(
+                "Basic {}",
+                data_encoding::BASE64.encode(format!("{u}:{pass}").as_bytes())
+            )
+        }),
+    }
+}
+
+impl Fleet for ApiFleet {
     fn client_of(&self, token: &str) -> Option<Arc<str>> {
-        self.client_of_token(token)
+        self.state.client_of_token(token)
     }
 
-    fn upstreams(&self, filter: &Filter) -> Vec<Upstream> {
-        self.matching(filter)
-            .into_iter()
-            .map(|(key, item)| Upstream {
-                hash: super::choose::upstream_hash(&key),
-                key,
-                host: item.ip,
-                port: item.port,
-                authorization: item.username.as_ref().map(|u| {
-                    let pass = item.password.as_ref().map_or("", |p| p.expose());
-                    format!(
-                        "Basic {}",
-                        data_encoding::BASE64.encode(format!("{u}:{pass}").as_bytes())
-                    )
-                }),
-            })
-            .collect()
+    fn upstreams(&self, filter: &Filter) -> Candidates {
+        let listing = self.state.current_listing();
+        let all = {
+            let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+            match &*made {
+                Some((from, all)) if Arc::ptr_eq(from, &listing) => all.clone(),
+                _ => {
+                    let all: Arc<[Upstream]> =
+                        listing.iter().map(|(k, i)| upstream_of(k, i)).collect();
+                    *made = Some((listing.clone(), all.clone()));
+                    all
+                }
+            }
+        };
+        Candidates {
+            all,
+            subset: listing.positions(filter),
+        }
     }
 
     fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
-        self.lease_store().lets_gateway_use(client, key, site)
+        self.state.lease_store().lets_gateway_use(client, key, site)
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
-        self.lease_store().cool_down(key, client, site);
+        self.state.lease_store().cool_down(key, client, site);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test: a panic is its failure report
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::Proxy;
+    use crate::discovery::{Filters, LISTING_MAX_AGE};
+    use crate::lease::{LeaseConfig, LeaseStore};
+
+    fn proxy(name: &str, pool: &str) -> Arc<Proxy> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": name, "namespace": "ns", "labels": {"crawl.example.com/pool": pool}},
+                "spec": {"provider": "kubernetes", "port": 3128},
+                "status": {"phase": "Ready", "ip": "127.0.0.5",
+                    "conditions": [{"type": "Healthy", "status": "True", "reason": "R", "message": "",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn upstreams_are_made_once_per_listing_and_chosen_by_position() {
+        let source: Vec<Arc<Proxy>> = ["a", "b", "c"]
+            .iter()
+            .zip(["eu", "us", "eu"])
+            .map(|(n, p)| proxy(n, p))
+            .collect();
+        let config = LeaseConfig {
+            max_leases_per_proxy: 1,
+            default_ttl: Duration::from_secs(300),
+            max_ttl: Duration::from_secs(3600),
+            cooldown: Duration::from_secs(300),
+        };
+        let mut registry = crate::metrics::Registrar::new();
+        let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
+        let state = ApiState::new(
+            Arc::new(source),
+            Arc::new(LeaseStore::new(config)),
+            Some("t"),
+            &metrics,
+        );
+        let fleet = ApiFleet::new(state);
+        let all = Filter::new(Filters::default()).unwrap();
+        let eu = Filter::new(Filters {
+            pool: Some("eu".into()),
+            ..Filters::default()
+        })
+        .unwrap();
+        let first = fleet.upstreams(&all);
+        let names = |c: &Candidates| -> Vec<String> {
+            c.list().iter().map(|u| u.key.name.clone()).collect()
+        };
+        assert_eq!(names(&first), ["a", "b", "c"]);
+        let pool = fleet.upstreams(&eu);
+        assert_eq!(names(&pool), ["a", "c"]);
+        assert!(
+            Arc::ptr_eq(&first.all, &pool.all),
+            "made once for the listing"
+        );
+        assert_eq!(first.all[0].port, 3128);
+        assert_eq!(
+            first.all[0].authorization, None,
+            "no credentials: none sent"
+        );
+        // A rebuilt listing (another Arc) makes them anew.
+        tokio::time::sleep(LISTING_MAX_AGE + Duration::from_millis(50)).await;
+        let later = fleet.upstreams(&all);
+        assert!(!Arc::ptr_eq(&first.all, &later.all));
+        assert_eq!(names(&later), ["a", "b", "c"]);
     }
 }

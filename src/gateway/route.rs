@@ -188,7 +188,8 @@ impl Gateway {
         filter: &Filter,
         avoid: Option<&ProxyKey>,
     ) -> Result<Chosen, NoUpstream> {
-        let candidates = self.fleet.upstreams(filter);
+        let matching = self.fleet.upstreams(filter);
+        let candidates = matching.list();
         let asked = || describe(wanted);
         if candidates.is_empty() {
             return Err(NoUpstream::NoneMatch(asked()));
@@ -199,8 +200,8 @@ impl Gateway {
             .filter(|(_, until)| **until > now)
             .map(|(k, _)| k.clone())
             .collect();
-        let load = |u: &Upstream| lock(&self.load).get(&u.key).copied().unwrap_or(0);
-        let usable = |u: &Upstream| {
+        let load = |u: &&Upstream| lock(&self.load).get(&u.key).copied().unwrap_or(0);
+        let usable = |u: &&Upstream| {
             Some(&u.key) != avoid
                 && !suspects.contains(&u.key)
                 && load(u) < self.settings.max_per_upstream
@@ -210,7 +211,7 @@ impl Gateway {
         let Some(id) = &wanted.session else {
             let i = two_choices(&candidates, |n| self.draw(n), load, &usable).ok_or_else(busy)?;
             return Ok(Chosen {
-                upstream: candidates[i].clone(),
+                upstream: (*candidates[i]).clone(),
                 moved: false,
             });
         };
@@ -229,7 +230,7 @@ impl Gateway {
             self.metrics.session_moved();
         }
         Ok(Chosen {
-            upstream: candidates[i].clone(),
+            upstream: (*candidates[i]).clone(),
             moved: route.moved,
         })
     }
@@ -249,7 +250,12 @@ impl Gateway {
             .is_some_and(|until| *until > now);
         !failing
             && self.fleet.shared(client, key, site)
-            && self.fleet.upstreams(filter).iter().any(|u| u.key == *key)
+            && self
+                .fleet
+                .upstreams(filter)
+                .list()
+                .iter()
+                .any(|u| u.key == *key)
     }
 
     /// The site of a target, as cooldowns key it: its host name.

@@ -178,8 +178,12 @@ fn spawn_gateway(
     ),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Arc<crate::gateway::Gateway> {
-    let gateway =
-        crate::gateway::Gateway::new(Arc::new(state), settings, metrics).with_hints(hints);
+    let gateway = crate::gateway::Gateway::new(
+        Arc::new(crate::gateway::ApiFleet::new(state)),
+        settings,
+        metrics,
+    )
+    .with_hints(hints);
     let gateway = Arc::new(gateway);
     let serving = gateway.clone();
     tasks.spawn(async move {
