@@ -11,6 +11,11 @@
 //!    may hold 20,000 descriptors here and a tunnel takes two in the
 //!    gateway): the gateway process's RSS (goal ≤ 64 MiB at 10,000).
 //!
+//! BENCH_FLEET=N (default 0: the two Squids alone) gives the gateway the
+//! operator's own fleet source instead: a discovery listing of N Ready
+//! Proxies spread over the two Squids. BENCH_USER sets the username
+//! (default `default`; e.g. `default-label-tier=gold` to filter).
+//!
 //! The gateway runs in a process of its own (this binary again, its
 //! `gateway_server` role), from the library as the operator runs it, with
 //! a fixed fleet of two real Squids on 127.0.0.1; the targets run in
@@ -55,7 +60,7 @@ struct Fixed(Vec<Upstream>);
 
 impl Fleet for Fixed {
     fn client_of(&self, token: &str) -> Option<Arc<str>> {
-        (token == TOKEN).then(|| Arc::from("bench"))
+        (token == TOKEN).then(|| Arc::from("default"))
     }
     fn upstreams(&self, _: &Filter) -> Candidates {
         Candidates::of(self.0.clone())
@@ -99,12 +104,58 @@ async fn gateway_server() {
     };
     let mut registry = egress_proxies_operator::metrics::Registrar::new();
     let metrics = gateway::metrics::GatewayMetrics::register(&mut registry);
-    let gw = Arc::new(Gateway::new(Arc::new(Fixed(fleet)), settings, metrics));
+    let size = env_u64("BENCH_FLEET", 0);
+    let fleet: Arc<dyn Fleet> = if size == 0 {
+        Arc::new(Fixed(fleet))
+    } else {
+        // The operator's own fleet: a discovery listing of `size` Ready
+        // Proxies (each on one of the Squids), made into upstreams.
+        let ports: Vec<u16> = fleet.iter().map(|u| u.port).collect();
+        Arc::new(gateway::ApiFleet::new(listing(size, &ports)))
+    };
+    let gw = Arc::new(Gateway::new(fleet, settings, metrics));
     let listener = TcpListener::bind(&addr).await.unwrap();
     let secs = env_u64("BENCH_GW_SECS", 600);
     gateway::serve(listener, gw, tokio::time::sleep(Duration::from_secs(secs)))
         .await
         .unwrap();
+}
+
+/// A discovery API state listing `size` Ready, Healthy Proxies spread
+/// over the Squids on `ports`, the client `default` signing in with the
+/// bench's token.
+fn listing(size: u64, ports: &[u16]) -> egress_proxies_operator::discovery::ApiState {
+    use egress_proxies_operator::api::Proxy;
+    use egress_proxies_operator::lease::{LeaseConfig, LeaseStore};
+    let proxies: Vec<Arc<Proxy>> = (0..size)
+        .map(|i| {
+            let port = ports[(i as usize) % ports.len()];
+            Arc::new(
+                serde_json::from_value(serde_json::json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+                    "metadata": {"name": format!("p{i}"), "namespace": "bench", "labels": {"tier": "gold"}},
+                    "spec": {"provider": "kubernetes", "port": port},
+                    "status": {"phase": "Ready", "ip": "127.0.0.1",
+                        "conditions": [{"type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
+                        "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}))
+                .unwrap(),
+            )
+        })
+        .collect();
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 1,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(300),
+    }));
+    let mut registry = egress_proxies_operator::metrics::Registrar::new();
+    let metrics =
+        egress_proxies_operator::discovery::metrics::DiscoveryMetrics::register(&mut registry);
+    egress_proxies_operator::discovery::ApiState::new(
+        Arc::new(proxies),
+        leases,
+        Some(TOKEN),
+        &metrics,
+    )
 }
 
 /// The targets' process: on `BENCH_TARGET_BULK` every connection gets
@@ -194,7 +245,8 @@ async fn tunnel(
     c.set_nodelay(true)?;
     let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
     if auth {
-        let basic = data_encoding::BASE64.encode(format!("bench:{TOKEN}").as_bytes());
+        let user = std::env::var("BENCH_USER").unwrap_or_else(|_| "default".into());
+        let basic = data_encoding::BASE64.encode(format!("{user}:{TOKEN}").as_bytes());
         head.push_str(&format!("Proxy-Authorization: Basic {basic}\r\n"));
     }
     head.push_str("\r\n");
@@ -316,6 +368,7 @@ async fn bench_gateway() {
         &[
             ("BENCH_GW_ADDR", gw.to_string()),
             ("BENCH_GW_UPSTREAMS", format!("{s1},{s2}")),
+            ("BENCH_FLEET", env_u64("BENCH_FLEET", 0).to_string()),
             ("BENCH_GW_SECS", life),
         ],
     );
