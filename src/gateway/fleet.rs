@@ -54,12 +54,17 @@ impl Candidates {
         }
     }
 
+    /// The matches, in listing order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Upstream> + '_> {
+        match &self.subset {
+            None => Box::new(self.all.iter()),
+            Some(s) => Box::new(s.iter().filter_map(|&p| self.all.get(p as usize))),
+        }
+    }
+
     /// The matches, as references.
     pub fn list(&self) -> Vec<&Upstream> {
-        match &self.subset {
-            None => self.all.iter().collect(),
-            Some(s) => s.iter().filter_map(|&p| self.all.get(p as usize)).collect(),
-        }
+        self.iter().collect()
     }
 }
 

@@ -174,7 +174,7 @@ impl Gateway {
 
     fn draw(&self, n: usize) -> usize {
         let step = self.draws.fetch_add(1, Ordering::Relaxed);
-        let r = super::choose::stable_hash(&[&self.seed.to_string(), &step.to_string()]);
+        let r = super::choose::weight(self.seed, step);
         // n is at least 1 here (two_choices draws only from a non-empty set).
         (r % n.max(1) as u64) as usize
     }
@@ -250,12 +250,7 @@ impl Gateway {
             .is_some_and(|until| *until > now);
         !failing
             && self.fleet.shared(client, key, site)
-            && self
-                .fleet
-                .upstreams(filter)
-                .list()
-                .iter()
-                .any(|u| u.key == *key)
+            && self.fleet.upstreams(filter).iter().any(|u| u.key == *key)
     }
 
     /// The site of a target, as cooldowns key it: its host name.
