@@ -7,13 +7,17 @@ browser is Debian's (`apt-get install chromium`), not a downloaded one.
     browse_playwright.py --gateway http://gateway:3128 --client crawler-a \
         --token "$TOKEN" --session s81 https://example.com/
 
-Prints the page's text.
+Prints the page's text. Chromium drops a navigation when the host's
+network interfaces change (net::ERR_NETWORK_CHANGED, common on busy
+hosts and in containers); such a load is tried again, at most three times.
 """
 
 import argparse
 import sys
 
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Error, sync_playwright
+
+ATTEMPTS = 3
 
 
 def main() -> int:
@@ -34,11 +38,22 @@ def main() -> int:
         )
         try:
             page = browser.new_page(ignore_https_errors=args.insecure)
-            response = page.goto(args.url, timeout=60_000)
+            response = goto(page, args.url)
             print(page.inner_text("body"))
             return 0 if response is not None and response.ok else 1
         finally:
             browser.close()
+
+
+def goto(page, url):
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return page.goto(url, timeout=30_000)
+        except Error as err:
+            if "ERR_NETWORK_CHANGED" not in str(err) or attempt == ATTEMPTS:
+                raise
+            print(f"network changed, loading again ({attempt}/{ATTEMPTS})", file=sys.stderr)
+    return None
 
 
 if __name__ == "__main__":
