@@ -7,14 +7,14 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use egress_proxies_operator::cli::Flags;
+use egress_proxies_operator::cli::{Cli, Flags};
 use egress_proxies_operator::crashpoint;
 use egress_proxies_operator::operator::{self, settings, Operator, Settings};
 use egress_proxies_operator::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let flags = Cli::parse().into_flags();
     if flags.check_config {
         return match settings::check_config(flags.providers_config.as_ref()) {
             Ok(verdict) => {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::api::constants::INSTALL_NAMESPACE;
 
@@ -19,14 +19,68 @@ pub enum LogFormat {
     Json,
 }
 
+/// What one process runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// The operator: campaigns for leadership, and while it leads runs
+    /// the controllers; every replica serves the discovery API.
+    #[default]
+    Operator,
+    /// Only the gateway (`egress-proxies-operator gateway`): it follows
+    /// the leader's Lease and lease table but never campaigns.
+    Gateway,
+}
+
 /// egress-proxies-operator: runs forward proxies (Squid) on Kubernetes, GCP
 /// and KVM from `Proxy` objects, probes them through themselves, and leases
 /// healthy ones to crawlers over an HTTP API.
+#[derive(Parser, Debug)]
+#[command(name = "egress-proxies-operator", version = crate::VERSION, about, long_about = None, args_override_self = true, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// Without a command: the operator.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The operator's flags.
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+/// The commands besides the operator itself.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run only the gateway (docs/gateway.md), as its own Deployment.
+    ///
+    /// It watches Proxies and tokens, follows the leader's Lease and lease
+    /// table, never campaigns for leadership and scales horizontally. It
+    /// takes the operator's flags; --gateway-bind-address is required and
+    /// --providers-config is not read.
+    Gateway(Flags),
+}
+
+impl Cli {
+    /// The flags, with the role the command line asks for.
+    pub fn into_flags(self) -> Flags {
+        match self.command {
+            None => self.flags,
+            Some(Command::Gateway(mut flags)) => {
+                flags.role = Role::Gateway;
+                flags
+            }
+        }
+    }
+}
+
+/// The operator's flags (also those of `gateway`).
 #[derive(Parser, Debug, Clone)]
-#[command(name = "egress-proxies-operator", version = crate::VERSION, about, long_about = None, args_override_self = true)]
+#[command(name = "egress-proxies-operator", version = crate::VERSION, long_about = None, args_override_self = true)]
 pub struct Flags {
-    /// Path of the providers YAML file (required). In the cluster:
-    /// /etc/proxy-operator/providers.yaml from the providers-config ConfigMap.
+    /// What this process runs: set by the command, not a flag.
+    #[arg(skip)]
+    pub role: Role,
+
+    /// Path of the providers YAML file (required; `gateway` reads none). In
+    /// the cluster: /etc/proxy-operator/providers.yaml from the
+    /// providers-config ConfigMap.
     #[arg(long, value_name = "FILE")]
     pub providers_config: Option<PathBuf>,
 

@@ -29,7 +29,7 @@ pub use provider_type::ProviderType;
 pub use validate::http_url;
 
 /// The whole providers file.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProvidersConfig {
     /// Entries in file order.
     pub providers: Vec<ProviderConfig>,

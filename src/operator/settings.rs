@@ -19,7 +19,9 @@ use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
 /// What the operator runs with. Not `Debug`: it carries the discovery
 /// token.
 pub struct Settings {
-    /// The providers file, loaded and validated.
+    /// The operator, or only the gateway.
+    pub role: cli::Role,
+    /// The providers file, loaded and validated (none for the gateway).
     pub providers: ProvidersConfig,
     /// `--providers-config` and `--providers-config-reload-interval`:
     /// where and how often to read the file again; `None` when off.
@@ -172,7 +174,17 @@ impl Settings {
         let deny = ProbeDenylist::parse(&flags.probe_deny_cidrs)
             .map_err(|e| problems.push(e))
             .ok();
+        let gateway_only = flags.role == cli::Role::Gateway;
+        if gateway_only && !matches!(cli::parse_bind(&flags.gateway.gateway_bind_address), Ok(Some(_))) {
+            problems.push(
+                "gateway: set --gateway-bind-address (the address crawlers connect to; \
+                 the shipped Deployment uses :3128)"
+                    .to_string(),
+            );
+        }
         let providers = match &flags.providers_config {
+            // The gateway provisions nothing: it reads Proxies only.
+            _ if gateway_only => Some(ProvidersConfig::default()),
             None => {
                 problems.push("--providers-config is required".to_string());
                 None
@@ -206,11 +218,12 @@ impl Settings {
         let interval = flags.provider_check_interval;
         let reload = flags.providers_config_reload_interval;
         Ok(Settings {
+            role: flags.role,
             providers,
             providers_reload: flags
                 .providers_config
                 .clone()
-                .filter(|_| !reload.is_zero())
+                .filter(|_| !reload.is_zero() && !gateway_only)
                 .map(|path| (path, reload)),
             probe_bind: bind(&flags.health_probe_bind_address),
             metrics_bind: bind(&flags.metrics_bind_address),
@@ -242,7 +255,9 @@ impl Settings {
                 ..crate::server::DISCOVERY_LIMITS
             },
             discovery_advertise: advertise,
-            leader: flags.leader_elect.then_some(leader::Timing {
+            // The gateway always follows the Lease (it never campaigns):
+            // without a leader to read from it would take itself for one.
+            leader: (flags.leader_elect || gateway_only).then_some(leader::Timing {
                 lease_duration: flags.leader_election_lease_duration,
                 renew_deadline: flags.leader_election_renew_deadline,
                 retry_period: flags.leader_election_retry_period,
