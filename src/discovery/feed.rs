@@ -171,15 +171,28 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
     }
 }
 
+/// The ask for the copy `held`; an observer names no replica, so the
+/// leader never counts it among the followers grants wait for.
+fn ask_path(me: &str, observer: bool, held: &Held) -> String {
+    let mut query = Vec::new();
+    if !observer {
+        query.push(format!("replica={me}"));
+    }
+    if let (Some(feed), Some(v)) = (&held.feed, held.version) {
+        query.push(format!("feed={feed}&after={v}"));
+    }
+    match query.is_empty() {
+        true => FEED_PATH.to_string(),
+        false => format!("{FEED_PATH}?{}", query.join("&")),
+    }
+}
+
 /// One ask: `None` when the copy is current, else the table and the
 /// store's term when it was asked for.
 async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64)>, String> {
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let term = s.leases.term();
-    let mut path = format!("{FEED_PATH}?replica={}", s.replicas.me());
-    if let (Some(feed), Some(v)) = (&held.feed, held.version) {
-        path.push_str(&format!("&feed={feed}&after={v}"));
-    }
+    let path = ask_path(s.replicas.me(), s.observer, held);
     let f = Forward {
         method: "GET",
         path: &path,
@@ -225,3 +238,31 @@ async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64
 /// The largest table a follower takes: as much as the hand-over Secrets
 /// hold.
 const FEED_LIMIT: usize = 8 * 1_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observer_asks_without_naming_a_replica() {
+        let none = Held::default();
+        let held = Held {
+            leader: "http://l".into(),
+            feed: Some("f1".into()),
+            version: Some(7),
+        };
+        let cases = [
+            (false, &none, "/internal/v1/lease-state?replica=r1"),
+            (
+                false,
+                &held,
+                "/internal/v1/lease-state?replica=r1&feed=f1&after=7",
+            ),
+            (true, &none, "/internal/v1/lease-state"),
+            (true, &held, "/internal/v1/lease-state?feed=f1&after=7"),
+        ];
+        for (observer, held, want) in cases {
+            assert_eq!(ask_path("r1", observer, held), want, "observer {observer}");
+        }
+    }
+}

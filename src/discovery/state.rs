@@ -116,6 +116,9 @@ pub struct ApiState {
     pub(super) bench: Option<crate::health::Pause>,
     /// The gateway of this process, for session reports; none: no gateway.
     pub(super) gateway: Option<Arc<dyn super::sessions::GatewaySessions>>,
+    /// Copies the leader's table without joining the followers grants
+    /// wait for: a process that can never lead (the gateway).
+    pub(super) observer: bool,
 }
 
 impl ApiState {
@@ -165,6 +168,7 @@ impl ApiState {
             replace_limits: Arc::default(),
             bench: None,
             gateway: None,
+            observer: false,
         }
     }
 
@@ -176,6 +180,14 @@ impl ApiState {
     }
 
     /// Takes session reports for `gateway`'s sessions.
+    /// Copies the leader's lease table as an observer: never waited for
+    /// by grants, as a process that cannot lead must not be.
+    pub fn as_observer(mut self) -> Self {
+        self.observer = true;
+        self
+    }
+
+    /// Takes session reports for `gateway`.
     pub fn with_gateway(mut self, gateway: Arc<dyn super::sessions::GatewaySessions>) -> Self {
         self.gateway = Some(gateway);
         self

@@ -119,6 +119,45 @@ pub async fn try_once(
     written(res, publisher, &published)
 }
 
+/// Who leads, from one read of the Lease by a process that never
+/// campaigns (the gateway): it follows a live holder, and sees nobody
+/// when the Lease is absent, free or not renewed for its duration.
+pub async fn read_only(
+    api: &Api<Lease>,
+    name: &str,
+    timing: Timing,
+    seen: &mut Option<Seen>,
+) -> Result<Observed, kube::Error> {
+    let Some(lease) = api.get_opt(name).await? else {
+        return Ok(Observed::Nobody);
+    };
+    Ok(observed_by_observer(&lease, seen, Instant::now(), timing))
+}
+
+/// [`read_only`]'s decision, pure. The observer decides as a candidate
+/// with no identity would; an empty holder is a free Lease.
+pub fn observed_by_observer(
+    lease: &Lease,
+    seen: &mut Option<Seen>,
+    now: Instant,
+    timing: Timing,
+) -> Observed {
+    let (decision, observed) = decide(
+        &record_of(lease),
+        seen.as_ref(),
+        "",
+        now,
+        timing.lease_duration,
+    );
+    *seen = Some(observed);
+    match decision {
+        Decision::Follow { .. } => {
+            Observed::Other(lease.metadata.annotations.clone().unwrap_or_default())
+        }
+        Decision::Renew | Decision::Acquire => Observed::Nobody,
+    }
+}
+
 /// A write's result: ours (the publisher hears what is on the Lease now),
 /// or another candidate's write came first (409; who that is shows at the
 /// next read).

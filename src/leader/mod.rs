@@ -143,6 +143,49 @@ impl Campaign {
     }
 }
 
+/// Follows the Lease `name` in `namespace` without ever campaigning (the
+/// gateway): after each read, every retry period, `observed` says who
+/// leads; a failed read keeps what it said. Returns when `stop` fires.
+pub async fn observe(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    timing: Timing,
+    observed: watch::Sender<Observed>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let mut seen: Option<Seen> = None;
+    tokio::pin!(stop);
+    loop {
+        let read = lease::read_only(&api, name, timing, &mut seen);
+        match tokio::time::timeout(timing.renew_deadline, read).await {
+            Ok(Ok(found)) => {
+                observed.send_if_modified(|o| {
+                    let changed = *o != found;
+                    match (&found, changed) {
+                        (_, false) => {}
+                        (Observed::Other(_), true) => info!(lease = %name, "Following the leader"),
+                        (_, true) => warn!(lease = %name, "No live leader"),
+                    }
+                    *o = found;
+                    changed
+                });
+            }
+            Ok(Err(e)) => {
+                warn!(lease = %name, error = %plain_message(&e), "Cannot read the leader Lease")
+            }
+            Err(_) => {
+                warn!(lease = %name, limit = ?timing.renew_deadline, "Reading the leader Lease did not answer in time")
+            }
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(timing.retry_period) => {}
+        }
+    }
+}
+
 /// Who a candidate is.
 pub struct Candidate {
     /// The unique identity written as the holder.

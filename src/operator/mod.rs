@@ -123,8 +123,15 @@ impl Operator {
         let mut tasks = JoinSet::new();
         let ready = http::Readiness::new();
         self.spawn_servers(&mut tasks, &stop, &ready);
-        let installation_id = self.installation_id().await?;
-        info!(installationID = %installation_id, "Installation identity");
+        let gateway_only = s.role == crate::cli::Role::Gateway;
+        // Only the leader's work names its resources after the installation.
+        let installation_id = match gateway_only {
+            true => String::new(),
+            false => self.installation_id().await?,
+        };
+        if !gateway_only {
+            info!(installationID = %installation_id, "Installation identity");
+        }
         // Every replica follows the file, so a replica that wins the
         // election starts on the config in force.
         if let Some((path, interval)) = s.providers_reload.clone() {
@@ -155,11 +162,14 @@ impl Operator {
             }
         });
         runnables::watch_credentials(&mut tasks, s, &self.client, &stop);
-        runnables::count_phases(
-            &self.metrics,
-            proxy_cache.clone(),
-            self.providers.subscribe(),
-        );
+        // The operator's replicas count phases; a gateway's would count twice.
+        if !gateway_only {
+            runnables::count_phases(
+                &self.metrics,
+                proxy_cache.clone(),
+                self.providers.subscribe(),
+            );
+        }
         // What the election last saw; without it this replica leads.
         let (observed, seen) = tokio::sync::watch::channel(match s.leader {
             None => leader::Observed::Me,
@@ -221,6 +231,22 @@ impl Operator {
 
         let leading = async {
             let res = match s.leader {
+                Some(timing) if gateway_only => {
+                    let stopped = stop.clone().cancelled_owned();
+                    let lease = LEADER_ELECTION_ID;
+                    let namespace = &s.operator_namespace;
+                    info!(lease, namespace = %namespace, "Following the leader without campaigning (gateway)");
+                    leader::observe(
+                        self.client.clone(),
+                        namespace,
+                        lease,
+                        timing,
+                        observed,
+                        stopped,
+                    )
+                    .await;
+                    Ok(())
+                }
                 None => {
                     self.metrics.leader.set_leading(true);
                     let grace = std::sync::Mutex::new(SHUTDOWN_GRACE);

@@ -130,6 +130,11 @@ pub fn spawn_discovery(
             .with_replicas(replicas.clone())
             .with_replacer(replacer)
             .with_bench_routes(settings.health.pause.clone());
+    // A process that can never lead must not hold up grants.
+    let state = match settings.role {
+        crate::cli::Role::Gateway => state.as_observer(),
+        crate::cli::Role::Operator => state,
+    };
     let stop = futures::FutureExt::shared(Box::pin(stop));
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());

@@ -175,7 +175,12 @@ impl Settings {
             .map_err(|e| problems.push(e))
             .ok();
         let gateway_only = flags.role == cli::Role::Gateway;
-        if gateway_only && !matches!(cli::parse_bind(&flags.gateway.gateway_bind_address), Ok(Some(_))) {
+        if gateway_only
+            && !matches!(
+                cli::parse_bind(&flags.gateway.gateway_bind_address),
+                Ok(Some(_))
+            )
+        {
             problems.push(
                 "gateway: set --gateway-bind-address (the address crawlers connect to; \
                  the shipped Deployment uses :3128)"
