@@ -159,6 +159,39 @@ async fn upstream(tag: &str, exit: Ipv4Addr, user: &str, password: &str) -> Squi
     squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, &access).await
 }
 
+/// `egress-proxies-operator gateway` named `name` (its `POD_NAME`), as
+/// the gateway Deployment runs it, confined to the test's namespace:
+/// discovery API on `api`, the gateway on `gw`, the leader's lease flags.
+fn gateway_process(
+    ground: &Ground,
+    dir: &std::path::Path,
+    name: &str,
+    (api, gw): (SocketAddr, SocketAddr),
+) -> Operator {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
+    cmd.arg("gateway")
+        .args(["--health-probe-bind-address", "0", "--metrics-secure=false"])
+        .args(["--discovery-bind-address", &api.to_string()])
+        .args(["--gateway-bind-address", &gw.to_string()])
+        .args([
+            "--proxy-namespace",
+            &ground.ns,
+            "--operator-namespace",
+            &ground.ns,
+        ])
+        .args(["--leader-election-lease-duration", "4s"])
+        .args(["--leader-election-renew-deadline", "3s"])
+        .args(["--leader-election-retry-period", "500ms"])
+        .args(["--max-leases-per-proxy", "1"])
+        .env("KUBECONFIG", ground.cluster.kubeconfig())
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", &ground.ns)
+        .env("TMPDIR", dir)
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
+}
+
 /// The operator with its gateway, three upstream Proxies Ready.
 struct World {
     ground: Ground,
@@ -178,8 +211,10 @@ impl World {
         World::with_replicas(prefix, 1).await
     }
 
-    /// `replicas` operators, each with its gateway (more than one: with
-    /// leader election, the first leading).
+    /// With one replica: the operator with its gateway inside. With more:
+    /// an operator replica that leads (`--leader-elect`, no gateway) and
+    /// `replicas` gateway processes (`egress-proxies-operator gateway`, as
+    /// the gateway Deployment runs them), each with its discovery API.
     async fn with_replicas(prefix: &str, replicas: usize) -> World {
         squid::require();
         let ground = support::ground_without_pods(prefix).await;
@@ -214,51 +249,43 @@ impl World {
         }
         let dir = tempfile::tempdir().unwrap();
         let (mut apis, mut gws, mut ops) = (Vec::new(), Vec::new(), Vec::new());
-        for r in 0..replicas {
-            let (api, gw) = (support::loopback(), support::loopback());
-            let op = if replicas == 1 {
-                let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
-                cmd.args(["--default-probe-url", &format!("http://{http}/")])
-                    .args(["--default-probe-expected-status", "200"])
-                    .args(["--max-leases-per-proxy", "1"])
-                    .args(["--gateway-bind-address", &gw.to_string()]);
-                Operator::spawn(cmd, &dir.path().join("operator.log"))
-            } else {
-                let gw_bind = gw.to_string();
-                let extra = [
-                    "--max-leases-per-proxy",
-                    "1",
-                    "--gateway-bind-address",
-                    &gw_bind,
-                ];
-                let op = crate::support::leader::serving_replica(
-                    &ground,
-                    dir.path(),
-                    &format!("gw{r}"),
-                    (api, http),
-                    &extra,
-                    &[("DISCOVERY_TOKEN", TOKEN)],
-                );
-                if r == 0 {
-                    let leases = Api::namespaced(ground.client.clone(), &ground.ns);
-                    eventually(
-                        "the first replica to lead",
-                        Duration::from_secs(30),
-                        || async {
-                            crate::support::leader::holder(&leases)
-                                .await
-                                .filter(|h| h.starts_with("gw0_"))
-                        },
-                    )
-                    .await;
-                }
-                op
-            };
-            apis.push(api);
+        // The operator's discovery API (where crawlers lease).
+        let api = support::loopback();
+        if replicas == 1 {
+            let gw = support::loopback();
+            let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+            cmd.args(["--default-probe-url", &format!("http://{http}/")])
+                .args(["--default-probe-expected-status", "200"])
+                .args(["--max-leases-per-proxy", "1"])
+                .args(["--gateway-bind-address", &gw.to_string()]);
+            ops.push(Operator::spawn(cmd, &dir.path().join("operator.log")));
             gws.push(gw);
-            ops.push(op);
+        } else {
+            ops.push(crate::support::leader::serving_replica(
+                &ground,
+                dir.path(),
+                "op0",
+                (api, http),
+                &["--max-leases-per-proxy", "1"],
+                &[("DISCOVERY_TOKEN", TOKEN)],
+            ));
+            let leases = Api::namespaced(ground.client.clone(), &ground.ns);
+            eventually("the operator to lead", Duration::from_secs(30), || async {
+                crate::support::leader::holder(&leases)
+                    .await
+                    .filter(|h| h.starts_with("op0_"))
+            })
+            .await;
+            for r in 0..replicas {
+                let (gw_api, gw) = (support::loopback(), support::loopback());
+                let name = format!("gw{r}");
+                ops.push(gateway_process(&ground, dir.path(), &name, (gw_api, gw)));
+                apis.push(gw_api);
+                gws.push(gw);
+            }
         }
-        let (api, gw) = (apis[0], gws[0]);
+        apis.insert(0, api);
+        let gw = gws[0];
         eventually("three upstreams Ready", Duration::from_secs(90), || async {
             let list = proxies.list(&Default::default()).await.ok()?;
             (list
@@ -486,16 +513,22 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
     drop(w.ground);
 }
 
-/// Two operator replicas, each with its gateway, share no state beyond
-/// the Proxies they both watch: every one of 20 sessions leaves from the
-/// same upstream through either gateway (asked in turn, a new connection
-/// each), and the sessions spread over more than one upstream.
+/// Two gateway processes (`egress-proxies-operator gateway`, as the
+/// gateway Deployment runs them) next to the operator that leads. They
+/// share no state beyond what they watch: every one of 20 sessions
+/// leaves from the same upstream through either (asked in turn, a new
+/// connection each), and the sessions spread over more than one upstream.
+/// A lease granted by the operator keeps its proxy out of both (each
+/// copies the leader's lease table), and they never take or join the
+/// leadership: the Lease stays the operator's and no grant waits for them.
+/// With the operator killed they go on serving every session from the
+/// same upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateway_replicas_agree_on_every_sessions_upstream() {
-    let w = World::with_replicas("gwtwo", 2).await;
+async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() {
+    let mut w = World::with_replicas("gwtwo", 2).await;
     let http = format!("http://{}/", w.http);
     let https = format!("https://localhost:{}/", w.https.port());
-    let mut exits = BTreeSet::new();
+    let mut exits = Vec::new();
     for n in 0..20 {
         let user = format!("default-session-agree{n}");
         let (url_a, url_b) = if n % 2 == 0 {
@@ -506,10 +539,102 @@ async fn two_gateway_replicas_agree_on_every_sessions_upstream() {
         let a = curl_async(w.gws[0], &user, url_a).await;
         let b = curl_async(w.gws[1], &user, url_b).await;
         assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
-        assert_eq!(a.body, b.body, "session {n}: the replicas disagree");
-        exits.insert(a.body);
+        assert_eq!(a.body, b.body, "session {n}: the gateways disagree");
+        exits.push(a.body);
     }
-    assert!(exits.len() >= 2, "20 sessions, one upstream: {exits:?}");
+    let spread: BTreeSet<&String> = exits.iter().collect();
+    assert!(spread.len() >= 2, "20 sessions, one upstream: {spread:?}");
+
+    // A lease from the operator's API: neither gateway uses its proxy.
+    let (s, lease) = api_call(
+        w.api,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        br#"{"ttlSeconds": 120}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 201, "{lease}");
+    let leased: usize = lease["proxy"]["name"].as_str().unwrap()["up-".len()..]
+        .parse()
+        .unwrap();
+    // A copy follows a change of the table within one long poll's answer.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (g, gw) in w.gws.iter().enumerate() {
+        let mut used = BTreeSet::new();
+        for _ in 0..20 {
+            let seen = curl_async(*gw, "default", &http).await;
+            assert_eq!(seen.status, 200, "gateway {g}: {seen:?}");
+            used.insert(w.upstream_of(&seen.body));
+        }
+        assert!(
+            !used.contains(&leased),
+            "up-{leased} is leased exclusively by the operator, yet gateway {g} used it: {used:?}"
+        );
+    }
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(w.ground.client.clone(), &w.ground.ns);
+    let lease_obj = leases.get(crate::support::leader::LEASE).await.unwrap();
+    let holder = lease_obj
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone());
+    assert!(
+        holder.as_deref().is_some_and(|h| h.starts_with("op0_")),
+        "the operator leads: {holder:?}"
+    );
+    let synced = lease_obj
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("crawl.example.com/lease-synced-replicas")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !synced.contains("gw"),
+        "grants never wait for a gateway: {synced}"
+    );
+
+    let (s, _) = api_call(
+        w.api,
+        "DELETE",
+        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
+        Some(TOKEN),
+        vec![],
+    )
+    .await;
+    assert_eq!(s, 204);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The operator dies; the gateways serve on from the Proxies they watch.
+    let op = w._ops.remove(0);
+    Command::new("kill")
+        .args(["-KILL", &op.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(op);
+    for (n, exit) in exits.iter().enumerate().take(10) {
+        let user = format!("default-session-agree{n}");
+        for (g, gw) in w.gws.iter().enumerate() {
+            let seen = curl_async(*gw, &user, &http).await;
+            assert_eq!(seen.status, 200, "gateway {g}, session {n}: {seen:?}");
+            assert_eq!(&seen.body, exit, "gateway {g}, session {n} moved");
+        }
+    }
+    for g in 0..2 {
+        let log = std::fs::read_to_string(w._dir.path().join(format!("gw{g}.log"))).unwrap();
+        assert!(
+            log.contains("Following the leader without campaigning"),
+            "gw{g}: {log}"
+        );
+        assert!(!log.contains("Became the leader"), "gw{g}: {log}");
+    }
+    let holder = crate::support::leader::holder(&leases).await;
+    assert!(
+        holder.as_deref().is_some_and(|h| h.starts_with("op0_")),
+        "no gateway took the Lease: {holder:?}"
+    );
     drop(w.ground);
 }
 
