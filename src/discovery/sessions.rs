@@ -3,7 +3,9 @@
 //! (what this replica's gateway last used for it) is cooled down as a
 //! lease report would, so the session's next connection moves to another
 //! upstream. Served by the replica that received it, not forwarded: the
-//! session lives in this replica's gateway.
+//! session lives in this replica's gateway; the cooldown also goes to the
+//! leader's table, so every gateway replica moves the session alike
+//! (`cooldowns.rs`).
 
 use std::sync::Arc;
 
@@ -80,7 +82,7 @@ pub(super) async fn report_session(
     };
     let moved = outcome != Outcome::Ok;
     if moved {
-        s.leases.cool_down(&proxy, &client, b.site.as_deref());
+        s.cool_down(&proxy, &client, b.site.as_deref()).await;
     }
     s.metrics.lease_event(outcome.as_str(), 1);
     Ok(Json(SessionReport {

@@ -150,7 +150,16 @@ impl Fleet for ApiFleet {
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
+        // Here before the next choice; at the leader without holding up
+        // the answer to the crawler.
         self.state.lease_store().cool_down(key, client, site);
+        let (state, client, key) = (self.state.clone(), client.clone(), key.clone());
+        let site = site.map(str::to_string);
+        tokio::spawn(async move {
+            state
+                .cool_down_at_leader(&key, &client, site.as_deref())
+                .await;
+        });
     }
 }
 

@@ -202,6 +202,8 @@ struct World {
     squids: Vec<Option<Squid>>,
     /// Every replica's gateway (the first is `gw`).
     gws: Vec<SocketAddr>,
+    /// The discovery API of each gateway process (none in-process).
+    gw_apis: Vec<SocketAddr>,
     _ops: Vec<Operator>,
     _dir: tempfile::TempDir,
 }
@@ -284,6 +286,7 @@ impl World {
                 gws.push(gw);
             }
         }
+        let gw_apis = apis.clone();
         apis.insert(0, api);
         let gw = gws[0];
         eventually("three upstreams Ready", Duration::from_secs(90), || async {
@@ -317,6 +320,7 @@ impl World {
             https,
             squids,
             gws,
+            gw_apis,
             _ops: ops,
             _dir: dir,
         }
@@ -596,6 +600,30 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
         "grants never wait for a gateway: {synced}"
     );
 
+    // A session reported blocked to one gateway moves on both, and stays
+    // moved after the table changed again (the leader holds the cooldown).
+    let (s, v) = api_call(
+        w.gw_apis[0],
+        "POST",
+        "/v1/sessions/agree19/report",
+        Some(TOKEN),
+        br#"{"result": "blocked"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
+    let cooled: usize = v["proxy"]
+        .as_str()
+        .unwrap()
+        .rsplit("/up-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        cooled,
+        w.upstream_of(&exits[19]),
+        "the report names the session's upstream: {v}"
+    );
     let (s, _) = api_call(
         w.api,
         "DELETE",
@@ -606,15 +634,32 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     .await;
     assert_eq!(s, 204);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = curl_async(w.gws[0], "default-session-agree19", &http).await;
+    let b = curl_async(w.gws[1], "default-session-agree19", &http).await;
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(
+        a.body, b.body,
+        "the reported session: the gateways disagree"
+    );
+    assert_ne!(
+        w.upstream_of(&a.body),
+        cooled,
+        "the reported session did not move"
+    );
 
-    // The operator dies; the gateways serve on from the Proxies they watch.
+    // The operator dies; the gateways serve on from the Proxies they watch,
+    // each session on its upstream (those on the cooled one have moved).
     let op = w._ops.remove(0);
     Command::new("kill")
         .args(["-KILL", &op.pid().to_string()])
         .status()
         .unwrap();
     drop(op);
-    for (n, exit) in exits.iter().enumerate().take(10) {
+    let kept = exits
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| w.upstream_of(e) != cooled);
+    for (n, exit) in kept {
         let user = format!("default-session-agree{n}");
         for (g, gw) in w.gws.iter().enumerate() {
             let seen = curl_async(*gw, &user, &http).await;
