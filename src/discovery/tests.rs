@@ -1909,7 +1909,10 @@ async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replica
     let me: Arc<str> = "default".into();
     assert!(leader.leases.lets_gateway_use("default", &a, None));
     follower.state.cool_down(&a, &me, None).await;
-    follower.state.cool_down(&b, &me, Some("shop.example")).await;
+    follower
+        .state
+        .cool_down(&b, &me, Some("shop.example"))
+        .await;
     let held = |l: &LeaseStore| {
         !l.lets_gateway_use("default", &a, None)
             && l.lets_gateway_use("default", &c, None)
@@ -1921,7 +1924,10 @@ async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replica
     assert!(held(&leader.leases), "the leader holds both cooldowns");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !held(&follower.leases) {
-        assert!(tokio::time::Instant::now() < deadline, "the follower's copy lost them");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower's copy lost them"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Sent by a replica only: a crawler's token meets an unknown route.

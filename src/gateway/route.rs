@@ -179,6 +179,11 @@ impl Gateway {
         (r % n.max(1) as u64) as usize
     }
 
+    /// Whether this request is one of those traced.
+    pub fn traced(&self) -> bool {
+        sampled(self.draw(PER_MILLION), self.settings.traced_per_million)
+    }
+
     /// The upstream for a new connection of `client` to `site` asking
     /// `wanted` (its filter compiled as `filter`), other than `avoid`.
     pub fn choose(
@@ -267,6 +272,14 @@ impl Gateway {
     }
 }
 
+/// The draws a sampling decision is made from.
+const PER_MILLION: usize = 1_000_000;
+
+/// Whether a draw from `0..PER_MILLION` falls in the traced share.
+fn sampled(draw: usize, per_million: u32) -> bool {
+    draw < per_million as usize
+}
+
 /// The filters a username asked, as its reasons name them.
 fn describe(w: &Wanted) -> String {
     let f = &w.filters;
@@ -293,5 +306,32 @@ impl crate::discovery::GatewaySessions for Gateway {
         lock(&self.sessions)
             .pinned(client, id, Instant::now())
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_traced_share_of_draws_is_the_ratio() {
+        let top = PER_MILLION - 1;
+        let cases = [
+            (0, 0, false),
+            (0, top, false),
+            (1_000_000, 0, true),
+            (1_000_000, top, true),
+            (10_000, 9_999, true),
+            (10_000, 10_000, false),
+        ];
+        for (per_million, draw, want) in cases {
+            assert_eq!(
+                sampled(draw, per_million),
+                want,
+                "{per_million} per million, draw {draw}"
+            );
+        }
+        let traced = (0..PER_MILLION).filter(|&d| sampled(d, 10_000)).count();
+        assert_eq!(traced, 10_000, "1% of the draws");
     }
 }

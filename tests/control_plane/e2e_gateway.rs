@@ -213,11 +213,16 @@ impl World {
         World::with_replicas(prefix, 1).await
     }
 
+    async fn with_replicas(prefix: &str, replicas: usize) -> World {
+        World::build(prefix, replicas, (&[], &[])).await
+    }
+
     /// With one replica: the operator with its gateway inside. With more:
     /// an operator replica that leads (`--leader-elect`, no gateway) and
     /// `replicas` gateway processes (`egress-proxies-operator gateway`, as
     /// the gateway Deployment runs them), each with its discovery API.
-    async fn with_replicas(prefix: &str, replicas: usize) -> World {
+    /// The in-process operator also gets `extra` flags and env.
+    async fn build(prefix: &str, replicas: usize, extra: (&[&str], &[(&str, &str)])) -> World {
         squid::require();
         let ground = support::ground_without_pods(prefix).await;
         let (http, https) = echo_targets().await;
@@ -259,7 +264,9 @@ impl World {
             cmd.args(["--default-probe-url", &format!("http://{http}/")])
                 .args(["--default-probe-expected-status", "200"])
                 .args(["--max-leases-per-proxy", "1"])
-                .args(["--gateway-bind-address", &gw.to_string()]);
+                .args(["--gateway-bind-address", &gw.to_string()])
+                .args(extra.0)
+                .envs(extra.1.iter().copied());
             ops.push(Operator::spawn(cmd, &dir.path().join("operator.log")));
             gws.push(gw);
         } else {
@@ -339,9 +346,16 @@ impl World {
 /// the upstreams' addresses; without credentials, with a wrong token, or
 /// with a username the grammar refuses, the answer is a 407 that says
 /// why; a username whose filters match no proxy gets a 503 saying so.
+/// Traced at a sample ratio of 1, each request is a `gateway.request`
+/// span naming its client, session and upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_only() {
-    let w = World::new("gwcurl").await;
+    let (otlp, spans) = support::otlp_spans().await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    let w = World::build("gwcurl", 1, (&["--gateway-trace-sample-ratio", "1"], &env)).await;
     let gw = w.gw;
     let (http, https) = (
         format!("http://{}/", w.http),
@@ -410,6 +424,25 @@ async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_on
     // The upstreams' credentials never reach the crawler.
     for seen in [&anonymous, &wrong, &none] {
         assert!(!seen.body.contains("pass-of-up") && !seen.headers.contains("pass-of-up"));
+    }
+    let traced = eventually(
+        "the two served requests traced",
+        Duration::from_secs(30),
+        || async {
+            let spans = spans.lock().unwrap();
+            let served: Vec<_> = spans
+                .iter()
+                .filter(|s| s.name == "gateway.request" && s.attrs.iter().any(|a| a == "upstream"))
+                .cloned()
+                .collect();
+            (served.len() >= 2).then_some(served)
+        },
+    )
+    .await;
+    for s in &traced {
+        for key in ["client", "method", "session"] {
+            assert!(s.attrs.iter().any(|a| a == key), "{key} on {s:?}");
+        }
     }
     drop(w.ground);
 }
