@@ -558,8 +558,11 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
 /// A lease granted by the operator keeps its proxy out of both (each
 /// copies the leader's lease table), and they never take or join the
 /// leadership: the Lease stays the operator's and no grant waits for them.
-/// With the operator killed they go on serving every session from the
-/// same upstream.
+/// A session report sent to the gateway that did not carry the session
+/// finds it from its username; a reported session moves alike on both
+/// gateways and stays moved after the next copies of the table (the
+/// cooldown is the leader's). With the operator killed they go on serving
+/// every session from the same upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() {
     let mut w = World::with_replicas("gwtwo", 2).await;
@@ -631,6 +634,59 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     assert!(
         !synced.contains("gw"),
         "grants never wait for a gateway: {synced}"
+    );
+
+    // A report may reach a gateway that never carried the session (a
+    // Service spreads connections): with the session's username it finds
+    // the session's upstream; the site's cooldown then moves the session
+    // on both gateways.
+    let lonely = curl_async(w.gws[1], "default-session-lonely", &https).await;
+    assert_eq!(lonely.status, 200, "{lonely:?}");
+    let report = |body: &'static [u8]| {
+        api_call(
+            w.gw_apis[0],
+            "POST",
+            "/v1/sessions/lonely/report",
+            Some(TOKEN),
+            body.to_vec(),
+        )
+    };
+    let (s, v) = report(br#"{"result": "blocked", "site": "localhost"}"#).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("session_not_found")),
+        "{v}"
+    );
+    let (s, v) = report(
+        br#"{"result": "blocked", "site": "localhost", "username": "default-session-lonely"}"#,
+    )
+    .await;
+    assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
+    let banned: usize = v["proxy"]
+        .as_str()
+        .unwrap()
+        .rsplit("/up-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        banned,
+        w.upstream_of(&lonely.body),
+        "the session's upstream: {v}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = curl_async(w.gws[0], "default-session-lonely", &https).await;
+    let b = curl_async(w.gws[1], "default-session-lonely", &https).await;
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(
+        a.body, b.body,
+        "the reported session: the gateways disagree"
+    );
+    assert_ne!(
+        w.upstream_of(&b.body),
+        banned,
+        "the session did not leave the banned upstream"
     );
 
     // A session reported blocked to one gateway moves on both, and stays
