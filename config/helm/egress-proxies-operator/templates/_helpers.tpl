@@ -32,6 +32,103 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "epo.fullname" . }}-controller-manager
 {{- end -}}
 
+{{/*
+What the operator's containers share (one binary, one runtime envelope):
+the image, the Pod and container security contexts, the probes, the
+discovery token and the downward-API and tracing variables.
+*/}}
+{{- define "epo.image" -}}
+{{- if .Values.image.digest -}}
+image: "{{ .Values.image.repository }}@{{ .Values.image.digest }}"
+{{- else -}}
+image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- end }}
+{{- with .Values.image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "epo.podSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{- define "epo.containerSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop:
+    - ALL
+{{- end -}}
+
+{{- define "epo.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: probes
+  initialDelaySeconds: 15
+  periodSeconds: 20
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: probes
+  initialDelaySeconds: 5
+  periodSeconds: 10
+{{- end -}}
+
+{{/* Bearer token of the discovery API (discoveryToken in values.yaml). */}}
+{{- define "epo.tokenEnv" -}}
+- name: DISCOVERY_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "epo.discoveryTokenSecret" . }}
+      key: {{ .Values.discoveryToken.key }}
+      optional: {{ not .Values.discoveryToken.generate }}
+{{- end -}}
+
+{{/*
+The downward-API variables must come before OTEL_RESOURCE_ATTRIBUTES
+("epo.otelEnv"): $(VAR) only expands variables listed earlier.
+*/}}
+{{- define "epo.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* Tracing after OTEL_SERVICE_NAME, which each container names itself; off until otel.endpoint is set. */}}
+{{- define "epo.otelEnv" -}}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+{{- with .Values.otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "epo.discoveryTokenSecret" -}}
 {{- if .Values.discoveryToken.generate -}}
 {{ include "epo.fullname" . }}-discovery-token
