@@ -32,10 +32,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "epo.fullname" . }}-controller-manager
 {{- end -}}
 
+{{/* The gateway's Pods: no control-plane label, so the manager's Services, PDB and NetworkPolicy never select them. */}}
+{{- define "epo.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
 {{/*
-What the operator's containers share (one binary, one runtime envelope):
-the image, the Pod and container security contexts, the probes, the
-discovery token and the downward-API and tracing variables.
+What the manager's and the gateway's containers share (one binary, one
+runtime envelope): the image, the Pod and container security contexts, the
+probes, the discovery token and the downward-API and tracing variables.
 */}}
 {{- define "epo.image" -}}
 {{- if .Values.image.digest -}}
@@ -141,20 +148,22 @@ The downward-API variables must come before OTEL_RESOURCE_ATTRIBUTES
 An object of the kustomize tree (a file under files/, a symlink into
 config/) as config/default's kustomization renders it: names prefixed with
 the fullname, the release namespace, the chart's labels; RBAC references
-follow the names; the ServiceAccount gets serviceAccount.annotations. Call with (list $ "files/rbac/role.yaml").
+follow the names; the manager's ServiceAccount gets serviceAccount.annotations
+(the gateway's does not: it calls no cloud). Call with (list $ "files/rbac/role.yaml").
 */}}
 {{- define "epo.fromKustomize" -}}
 {{- $root := index . 0 -}}
 {{- $obj := $root.Files.Get (index . 1) | fromYaml -}}
 {{- $prefix := include "epo.fullname" $root -}}
 {{- $meta := $obj.metadata -}}
+{{- $manager := eq $meta.name "controller-manager" -}}
 {{- $_ := set $meta "name" (printf "%s-%s" $prefix $meta.name | trunc 63 | trimSuffix "-") -}}
 {{- if hasKey $meta "namespace" -}}
 {{- $_ := set $meta "namespace" $root.Release.Namespace -}}
 {{- end -}}
 {{- $labels := merge (include "epo.labels" $root | fromYaml) (omit (default dict $meta.labels) "app.kubernetes.io/managed-by") -}}
 {{- $_ := set $meta "labels" $labels -}}
-{{- if and (eq $obj.kind "ServiceAccount") $root.Values.serviceAccount.annotations -}}
+{{- if and (eq $obj.kind "ServiceAccount") $manager $root.Values.serviceAccount.annotations -}}
 {{- $_ := set $meta "annotations" (merge (dict) $root.Values.serviceAccount.annotations (default dict $meta.annotations)) -}}
 {{- end -}}
 {{- with $obj.roleRef -}}
