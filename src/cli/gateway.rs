@@ -47,6 +47,21 @@ pub struct GatewayFlags {
     /// this long is closed.
     #[arg(long, default_value = "5m", value_parser = super::parse_duration, value_name = "DURATION")]
     pub gateway_idle_timeout: Duration,
+
+    /// The share of gateway requests (a CONNECT's setup, a plain-http
+    /// request) traced as a `gateway.request` span, from 0 (none) to 1
+    /// (all): at hundreds of new connections a second, tracing each would
+    /// cost more than the relay.
+    #[arg(long, default_value_t = 0.01, value_parser = sample_ratio, value_name = "RATIO")]
+    pub gateway_trace_sample_ratio: f64,
+}
+
+/// A ratio from 0 to 1.
+fn sample_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("{s:?} is not a ratio from 0 to 1")),
+    }
 }
 
 impl GatewayFlags {

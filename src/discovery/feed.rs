@@ -193,22 +193,7 @@ async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let term = s.leases.term();
     let path = ask_path(s.replicas.me(), s.observer, held);
-    let f = Forward {
-        method: "GET",
-        path: &path,
-        client: FEED_CLIENT,
-        request_key: "",
-        deadline_ms: "",
-        body: b"",
-    };
-    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
-    let req = Request::builder()
-        .method("GET")
-        .uri(format!("{}{path}", base.trim_end_matches('/')))
-        .header(FORWARD_HEADER, signed)
-        .header(CLIENT_HEADER, FEED_CLIENT)
-        .body(Body::empty())
-        .map_err(|e| e.to_string())?;
+    let req = signed_call(key, ("GET", base, &path), FEED_CLIENT, Vec::new())?;
     let call = async {
         let resp = s
             .forward
@@ -233,6 +218,33 @@ async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64
         }
         other => Err(format!("answered {other}")),
     }
+}
+
+/// A call from one replica to the leader at `base`, signed with the shared
+/// `key` for `client` (no request key or deadline: it grants nothing).
+pub(super) fn signed_call(
+    key: &crate::lease::LeaseKey,
+    (method, base, path): (&str, &str, &str),
+    client: &str,
+    body: Vec<u8>,
+) -> Result<Request<Body>, String> {
+    let f = Forward {
+        method,
+        path,
+        client,
+        request_key: "",
+        deadline_ms: "",
+        body: &body,
+    };
+    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
+    Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", base.trim_end_matches('/')))
+        .header(FORWARD_HEADER, signed)
+        .header(CLIENT_HEADER, client)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())
 }
 
 /// The largest table a follower takes: as much as the hand-over Secrets

@@ -11,6 +11,7 @@
 //! gateway's session reports).
 
 mod bench;
+mod cooldowns;
 mod error;
 pub mod feed;
 mod forward;

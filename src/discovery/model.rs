@@ -185,6 +185,25 @@ pub struct ReportBody {
     pub site: Option<String>,
 }
 
+/// `POST /v1/sessions/{session}/report`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionReportBody {
+    /// `ok`, `blocked` or `failed`.
+    #[schema(value_type = ReportResult)]
+    pub result: String,
+    /// The site concerned: the cooldown then applies to it only.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 256)]
+    pub site: Option<String>,
+    /// The gateway username the session uses (`<client>-session-<id>...`):
+    /// with it, a gateway replica that has not carried the session finds
+    /// its upstream the way the gateway chooses one.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 256)]
+    pub username: Option<String>,
+}
+
 /// How a leased proxy did (documentation of `ReportBody.result`; parsed
 /// by hand so an unknown value answers 400 `invalid_result`).
 #[derive(Debug, Clone, Copy, ToSchema)]

@@ -12,7 +12,7 @@ use super::model::*;
 #[openapi(
     info(title = "egress-proxies-operator discovery and lease API", description = "Lists healthy proxies and leases them to crawlers. See docs/api.md."),
     paths(handlers::healthz, handlers::list_proxies, handlers::acquire, handlers::get_lease, handlers::renew, handlers::release, handlers::report, super::replace::replace, super::sessions::report_session),
-    components(schemas(ProxyItem, ProxyList, Filters, AcquireBody, RenewBody, ReportBody, ReportResult, LeaseResponse, ErrorBody, ErrorDetail, super::sessions::SessionReport)),
+    components(schemas(ProxyItem, ProxyList, Filters, AcquireBody, RenewBody, ReportBody, SessionReportBody, ReportResult, LeaseResponse, ErrorBody, ErrorDetail, super::sessions::SessionReport)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

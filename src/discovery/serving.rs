@@ -48,6 +48,11 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
         // Replicas only (a signed call): the leader's table for warm
         // followers. Not in the OpenAPI document: not for crawlers.
         .route(super::feed::FEED_PATH, get(super::feed::lease_state))
+        // Replicas only: cooldowns a gateway replica sends the leader.
+        .route(
+            super::cooldowns::COOLDOWNS_PATH,
+            post(super::cooldowns::take),
+        )
         // Only these go to the leader's lease store; the listing is the
         // same watch cache on every replica.
         .merge(

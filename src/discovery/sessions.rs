@@ -3,7 +3,9 @@
 //! (what this replica's gateway last used for it) is cooled down as a
 //! lease report would, so the session's next connection moves to another
 //! upstream. Served by the replica that received it, not forwarded: the
-//! session lives in this replica's gateway.
+//! session lives in this replica's gateway; the cooldown also goes to the
+//! leader's table, so every gateway replica moves the session alike
+//! (`cooldowns.rs`).
 
 use std::sync::Arc;
 
@@ -17,14 +19,22 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ApiResult};
 use super::handlers::{caller, check_len, outcome_of, parse_body};
-use super::model::ReportBody;
+use super::model::SessionReportBody;
 use super::state::{ApiState, Client};
 use crate::lease::{Outcome, ProxyKey};
 
 /// What a gateway knows of its sessions.
 pub trait GatewaySessions: Send + Sync {
-    /// The upstream `client`'s session `id` last used, while remembered.
-    fn upstream_of(&self, client: &Arc<str>, id: &str) -> Option<ProxyKey>;
+    /// The upstream `client`'s session `id` last used, while remembered;
+    /// else, when `asked` gives the session's username (and the site), the
+    /// upstream its next connection would get here; or why the username
+    /// does not do (a sentence).
+    fn upstream_of(
+        &self,
+        client: &Arc<str>,
+        id: &str,
+        asked: (Option<&str>, Option<&str>),
+    ) -> Result<Option<ProxyKey>, String>;
 }
 
 /// The answer to a session report.
@@ -46,20 +56,22 @@ pub struct SessionReport {
 /// connection.
 #[utoipa::path(post, path = "/v1/sessions/{session}/report",
     params(("session" = String, Path, description = "The session id of the gateway username (session-<id>)")),
-    request_body = ReportBody,
+    request_body = SessionReportBody,
     responses((status = 200, description = "Recorded", body = SessionReport),
         (status = 400, description = "Malformed JSON or invalid result", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, description = "no_gateway: this replica runs no gateway; session_not_found: its gateway has not seen the session within its ttl", body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "A field too long, or invalid_username: the username does not parse or names another session", body = ErrorBody)))]
 pub(super) async fn report_session(
     State(s): State<ApiState>,
     client: Option<Extension<Client>>,
     Path(session): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<SessionReport>> {
-    let b: ReportBody = parse_body(body, false)?;
+    let b: SessionReportBody = parse_body(body, false)?;
     check_len("site", &b.site)?;
+    check_len("username", &b.username)?;
     let outcome = outcome_of(&b.result)?;
     let Some(gateway) = &s.gateway else {
         return Err(ApiError::new(
@@ -69,18 +81,27 @@ pub(super) async fn report_session(
         ));
     };
     let client = caller(client);
-    let Some(proxy) = gateway.upstream_of(&client, &session) else {
+    let found = gateway
+        .upstream_of(
+            &client,
+            &session,
+            (b.username.as_deref(), b.site.as_deref()),
+        )
+        .map_err(|why| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_username", why))?;
+    let Some(proxy) = found else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "session_not_found",
             format!(
-                "the gateway has not seen session {session:?} of client {client:?} within its ttl"
+                "this gateway has not seen session {session:?} of client {client:?} within its ttl, \
+                 and no usable proxy matches the username given (send the session's username \
+                 to have any gateway replica find its upstream)"
             ),
         ));
     };
     let moved = outcome != Outcome::Ok;
     if moved {
-        s.leases.cool_down(&proxy, &client, b.site.as_deref());
+        s.cool_down(&proxy, &client, b.site.as_deref()).await;
     }
     s.metrics.lease_event(outcome.as_str(), 1);
     Ok(Json(SessionReport {

@@ -31,6 +31,8 @@ fn proxy(name: &str, zone: &str, healthy: &str, attrs: Value) -> Arc<Proxy> {
 
 struct Api {
     addr: std::net::SocketAddr,
+    /// What the server serves (shared with it).
+    state: ApiState,
     leases: Arc<LeaseStore>,
     replicas: Arc<super::replicas::Replicas>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -129,11 +131,12 @@ impl Api {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve_within(listener, state, server, async move {
+        let task = tokio::spawn(serve_within(listener, state.clone(), server, async move {
             let _ = rx.await;
         }));
         Api {
             addr,
+            state,
             leases,
             replicas,
             stop: Some(tx),
@@ -1890,4 +1893,50 @@ async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
     assert_eq!(reads(), 3);
     api.forget_deleted(&mut seen);
     assert_eq!(reads(), 4, "and the sweep looks again");
+}
+
+#[tokio::test]
+async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replicas_only() {
+    use crate::lease::ProxyKey;
+    let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
+    let url = format!("http://{}", leader.addr);
+    let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
+    let key = |name: &str| ProxyKey {
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    let (a, b, c) = (key("a"), key("b"), key("sick"));
+    let me: Arc<str> = "default".into();
+    assert!(leader.leases.lets_gateway_use("default", &a, None));
+    follower.state.cool_down(&a, &me, None).await;
+    follower
+        .state
+        .cool_down(&b, &me, Some("shop.example"))
+        .await;
+    let held = |l: &LeaseStore| {
+        !l.lets_gateway_use("default", &a, None)
+            && l.lets_gateway_use("default", &c, None)
+            && !l.lets_gateway_use("default", &b, Some("shop.example"))
+            && l.lets_gateway_use("default", &b, Some("news.example"))
+    };
+    // The leader has them once the follower's call returned; the
+    // follower's copy, taken from the leader's table, keeps them.
+    assert!(held(&leader.leases), "the leader holds both cooldowns");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !held(&follower.leases) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower's copy lost them"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Sent by a replica only: a crawler's token meets an unknown route.
+    let body = br#"{"namespace": "ns", "name": "b"}"#.to_vec();
+    let (s, v) = leader
+        .call("POST", "/internal/v1/cooldowns", Some("t0k"), Some(body))
+        .await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    assert!(leader.leases.lets_gateway_use("default", &b, None));
+    follower.stop().await;
+    leader.stop().await;
 }

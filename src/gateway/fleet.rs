@@ -150,7 +150,16 @@ impl Fleet for ApiFleet {
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
+        // Here before the next choice; at the leader without holding up
+        // the answer to the crawler.
         self.state.lease_store().cool_down(key, client, site);
+        let (state, client, key) = (self.state.clone(), client.clone(), key.clone());
+        let site = site.map(str::to_string);
+        tokio::spawn(async move {
+            state
+                .cool_down_at_leader(&key, &client, site.as_deref())
+                .await;
+        });
     }
 }
 
@@ -227,5 +236,67 @@ mod tests {
         let later = fleet.upstreams(&all);
         assert!(!Arc::ptr_eq(&first.all, &later.all));
         assert_eq!(names(&later), ["a", "b", "c"]);
+    }
+
+    /// A session's report may reach a gateway replica that never carried
+    /// it: given the session's username, that replica finds the upstream
+    /// the one that carried it chose (the rendezvous winner).
+    #[tokio::test]
+    async fn a_session_is_found_from_its_username_where_it_was_never_carried() {
+        use crate::discovery::GatewaySessions;
+        let source: Vec<Arc<Proxy>> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .zip(["eu", "us", "eu", "eu", "us"])
+            .map(|(n, p)| proxy(n, p))
+            .collect();
+        let config = LeaseConfig {
+            max_leases_per_proxy: 1,
+            default_ttl: Duration::from_secs(300),
+            max_ttl: Duration::from_secs(3600),
+            cooldown: Duration::from_secs(300),
+        };
+        let mut registry = crate::metrics::Registrar::new();
+        let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
+        let gateway_metrics = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
+        let state = ApiState::new(
+            Arc::new(source),
+            Arc::new(LeaseStore::new(config)),
+            Some("t"),
+            &metrics,
+        );
+        let gateway = || {
+            let fleet = Arc::new(ApiFleet::new(state.clone()));
+            crate::gateway::Gateway::new(fleet, Default::default(), gateway_metrics.clone())
+        };
+        let (carried, other) = (gateway(), gateway());
+        let client: Arc<str> = "default".into();
+        let max = Duration::from_secs(3600);
+        for n in 0..8 {
+            let user = format!("default-session-s{n}-pool-eu");
+            let wanted = crate::gateway::username::parse(&user, &client, max).unwrap();
+            let filter = Filter::new(wanted.filters.clone()).unwrap();
+            let chosen = carried
+                .choose((&client, None), &wanted, &filter, None)
+                .unwrap();
+            let id = format!("s{n}");
+            assert_eq!(
+                carried.upstream_of(&client, &id, (None, None)),
+                Ok(Some(chosen.upstream.key.clone())),
+                "remembered where it was carried"
+            );
+            assert_eq!(other.upstream_of(&client, &id, (None, None)), Ok(None));
+            assert_eq!(
+                other.upstream_of(&client, &id, (Some(&user), None)),
+                Ok(Some(chosen.upstream.key)),
+                "session {n}: found from its username"
+            );
+        }
+        let wrong = other.upstream_of(&client, "s1", (Some("default-session-s2"), None));
+        assert!(wrong.unwrap_err().contains("does not name session \"s1\""));
+        let bad = other.upstream_of(&client, "s1", (Some("default-sesion-s1"), None));
+        assert!(bad.unwrap_err().contains("unknown parameter"));
+        let nothing =
+            other.upstream_of(&client, "s1", (Some("default-session-s1-pool-asia"), None));
+        assert_eq!(nothing, Ok(None), "no proxy matches");
     }
 }

@@ -55,6 +55,8 @@ pub struct Settings {
     /// Statuses of a plain-http answer that say the upstream is banned by
     /// the site: that upstream cools down for that site.
     pub ban_statuses: Vec<u16>,
+    /// Requests traced per million (0 to 1,000,000).
+    pub traced_per_million: u32,
 }
 
 impl Default for Settings {
@@ -70,6 +72,7 @@ impl Default for Settings {
             idle_timeout: Duration::from_secs(300),
             upstream_timeout: Duration::from_secs(10),
             ban_statuses: vec![403, 429],
+            traced_per_million: 10_000,
         }
     }
 }

@@ -179,6 +179,11 @@ impl Gateway {
         (r % n.max(1) as u64) as usize
     }
 
+    /// Whether this request is one of those traced.
+    pub fn traced(&self) -> bool {
+        sampled(self.draw(PER_MILLION), self.settings.traced_per_million)
+    }
+
     /// The upstream for a new connection of `client` to `site` asking
     /// `wanted` (its filter compiled as `filter`), other than `avoid`.
     pub fn choose(
@@ -195,18 +200,8 @@ impl Gateway {
             return Err(NoUpstream::NoneMatch(asked()));
         }
         let now = Instant::now();
-        let suspects: Vec<ProxyKey> = lock(&self.suspects)
-            .iter()
-            .filter(|(_, until)| **until > now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let load = |u: &&Upstream| lock(&self.load).get(&u.key).copied().unwrap_or(0);
-        let usable = |u: &&Upstream| {
-            Some(&u.key) != avoid
-                && !suspects.contains(&u.key)
-                && load(u) < self.settings.max_per_upstream
-                && self.fleet.shared(client, &u.key, site)
-        };
+        let load = |u: &&Upstream| self.load_of(&u.key);
+        let usable = self.usable((client, site), avoid);
         let busy = || NoUpstream::AllBusy(candidates.len(), asked());
         let Some(id) = &wanted.session else {
             let i = two_choices(&candidates, |n| self.draw(n), load, &usable).ok_or_else(busy)?;
@@ -233,6 +228,48 @@ impl Gateway {
             upstream: (*candidates[i]).clone(),
             moved: route.moved,
         })
+    }
+
+    fn load_of(&self, key: &ProxyKey) -> u32 {
+        lock(&self.load).get(key).copied().unwrap_or(0)
+    }
+
+    /// Whether an upstream may take a new connection of `client` to
+    /// `site` now: not `avoid`, not failing, below the per-upstream cap,
+    /// and free of exclusive leases and cooldowns.
+    fn usable<'a>(
+        &'a self,
+        (client, site): (&'a str, Option<&'a str>),
+        avoid: Option<&'a ProxyKey>,
+    ) -> impl Fn(&&Upstream) -> bool + 'a {
+        let now = Instant::now();
+        let suspects: Vec<ProxyKey> = lock(&self.suspects)
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        move |u: &&Upstream| {
+            Some(&u.key) != avoid
+                && !suspects.contains(&u.key)
+                && self.load_of(&u.key) < self.settings.max_per_upstream
+                && self.fleet.shared(client, &u.key, site)
+        }
+    }
+
+    /// The upstream a new connection of `client`'s session `id` to `site`
+    /// would get here, asking `filter`, without remembering the session:
+    /// the rendezvous winner among the usable matches.
+    fn session_upstream(
+        &self,
+        (client, site): (&Arc<str>, Option<&str>),
+        id: &str,
+        filter: &Filter,
+    ) -> Option<ProxyKey> {
+        let matching = self.fleet.upstreams(filter);
+        let candidates = matching.list();
+        let h = super::choose::stable_hash(&[client, id]);
+        let usable = self.usable((client, site), None);
+        rendezvous(h, &candidates, |u| u.hash, &usable).map(|i| candidates[i].key.clone())
     }
 
     /// Whether a connection through `key` may go on serving `client`'s
@@ -267,6 +304,14 @@ impl Gateway {
     }
 }
 
+/// The draws a sampling decision is made from.
+const PER_MILLION: usize = 1_000_000;
+
+/// Whether a draw from `0..PER_MILLION` falls in the traced share.
+fn sampled(draw: usize, per_million: u32) -> bool {
+    draw < per_million as usize
+}
+
 /// The filters a username asked, as its reasons name them.
 fn describe(w: &Wanted) -> String {
     let f = &w.filters;
@@ -289,9 +334,50 @@ fn describe(w: &Wanted) -> String {
 }
 
 impl crate::discovery::GatewaySessions for Gateway {
-    fn upstream_of(&self, client: &Arc<str>, id: &str) -> Option<ProxyKey> {
-        lock(&self.sessions)
+    fn upstream_of(
+        &self,
+        client: &Arc<str>,
+        id: &str,
+        (username, site): (Option<&str>, Option<&str>),
+    ) -> Result<Option<ProxyKey>, String> {
+        let pinned = lock(&self.sessions)
             .pinned(client, id, Instant::now())
-            .cloned()
+            .cloned();
+        let (None, Some(user)) = (&pinned, username) else {
+            return Ok(pinned);
+        };
+        let wanted = super::username::parse(user, client, self.settings.max_session_ttl)?;
+        if wanted.session.as_deref() != Some(id) {
+            return Err(format!("the username does not name session {id:?}"));
+        }
+        let filter = Filter::new(wanted.filters)?;
+        Ok(self.session_upstream((client, site), id, &filter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_traced_share_of_draws_is_the_ratio() {
+        let top = PER_MILLION - 1;
+        let cases = [
+            (0, 0, false),
+            (0, top, false),
+            (1_000_000, 0, true),
+            (1_000_000, top, true),
+            (10_000, 9_999, true),
+            (10_000, 10_000, false),
+        ];
+        for (per_million, draw, want) in cases {
+            assert_eq!(
+                sampled(draw, per_million),
+                want,
+                "{per_million} per million, draw {draw}"
+            );
+        }
+        let traced = (0..PER_MILLION).filter(|&d| sampled(d, 10_000)).count();
+        assert_eq!(traced, 10_000, "1% of the draws");
     }
 }

@@ -159,6 +159,39 @@ async fn upstream(tag: &str, exit: Ipv4Addr, user: &str, password: &str) -> Squi
     squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, &access).await
 }
 
+/// `egress-proxies-operator gateway` named `name` (its `POD_NAME`), as
+/// the gateway Deployment runs it, confined to the test's namespace:
+/// discovery API on `api`, the gateway on `gw`, the leader's lease flags.
+fn gateway_process(
+    ground: &Ground,
+    dir: &std::path::Path,
+    name: &str,
+    (api, gw): (SocketAddr, SocketAddr),
+) -> Operator {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
+    cmd.arg("gateway")
+        .args(["--health-probe-bind-address", "0", "--metrics-secure=false"])
+        .args(["--discovery-bind-address", &api.to_string()])
+        .args(["--gateway-bind-address", &gw.to_string()])
+        .args([
+            "--proxy-namespace",
+            &ground.ns,
+            "--operator-namespace",
+            &ground.ns,
+        ])
+        .args(["--leader-election-lease-duration", "4s"])
+        .args(["--leader-election-renew-deadline", "3s"])
+        .args(["--leader-election-retry-period", "500ms"])
+        .args(["--max-leases-per-proxy", "1"])
+        .env("KUBECONFIG", ground.cluster.kubeconfig())
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", &ground.ns)
+        .env("TMPDIR", dir)
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    Operator::spawn(cmd, &dir.join(format!("{name}.log")))
+}
+
 /// The operator with its gateway, three upstream Proxies Ready.
 struct World {
     ground: Ground,
@@ -169,6 +202,8 @@ struct World {
     squids: Vec<Option<Squid>>,
     /// Every replica's gateway (the first is `gw`).
     gws: Vec<SocketAddr>,
+    /// The discovery API of each gateway process (none in-process).
+    gw_apis: Vec<SocketAddr>,
     _ops: Vec<Operator>,
     _dir: tempfile::TempDir,
 }
@@ -178,9 +213,16 @@ impl World {
         World::with_replicas(prefix, 1).await
     }
 
-    /// `replicas` operators, each with its gateway (more than one: with
-    /// leader election, the first leading).
     async fn with_replicas(prefix: &str, replicas: usize) -> World {
+        World::build(prefix, replicas, (&[], &[])).await
+    }
+
+    /// With one replica: the operator with its gateway inside. With more:
+    /// an operator replica that leads (`--leader-elect`, no gateway) and
+    /// `replicas` gateway processes (`egress-proxies-operator gateway`, as
+    /// the gateway Deployment runs them), each with its discovery API.
+    /// The in-process operator also gets `extra` flags and env.
+    async fn build(prefix: &str, replicas: usize, extra: (&[&str], &[(&str, &str)])) -> World {
         squid::require();
         let ground = support::ground_without_pods(prefix).await;
         let (http, https) = echo_targets().await;
@@ -214,51 +256,46 @@ impl World {
         }
         let dir = tempfile::tempdir().unwrap();
         let (mut apis, mut gws, mut ops) = (Vec::new(), Vec::new(), Vec::new());
-        for r in 0..replicas {
-            let (api, gw) = (support::loopback(), support::loopback());
-            let op = if replicas == 1 {
-                let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
-                cmd.args(["--default-probe-url", &format!("http://{http}/")])
-                    .args(["--default-probe-expected-status", "200"])
-                    .args(["--max-leases-per-proxy", "1"])
-                    .args(["--gateway-bind-address", &gw.to_string()]);
-                Operator::spawn(cmd, &dir.path().join("operator.log"))
-            } else {
-                let gw_bind = gw.to_string();
-                let extra = [
-                    "--max-leases-per-proxy",
-                    "1",
-                    "--gateway-bind-address",
-                    &gw_bind,
-                ];
-                let op = crate::support::leader::serving_replica(
-                    &ground,
-                    dir.path(),
-                    &format!("gw{r}"),
-                    (api, http),
-                    &extra,
-                    &[("DISCOVERY_TOKEN", TOKEN)],
-                );
-                if r == 0 {
-                    let leases = Api::namespaced(ground.client.clone(), &ground.ns);
-                    eventually(
-                        "the first replica to lead",
-                        Duration::from_secs(30),
-                        || async {
-                            crate::support::leader::holder(&leases)
-                                .await
-                                .filter(|h| h.starts_with("gw0_"))
-                        },
-                    )
-                    .await;
-                }
-                op
-            };
-            apis.push(api);
+        // The operator's discovery API (where crawlers lease).
+        let api = support::loopback();
+        if replicas == 1 {
+            let gw = support::loopback();
+            let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+            cmd.args(["--default-probe-url", &format!("http://{http}/")])
+                .args(["--default-probe-expected-status", "200"])
+                .args(["--max-leases-per-proxy", "1"])
+                .args(["--gateway-bind-address", &gw.to_string()])
+                .args(extra.0)
+                .envs(extra.1.iter().copied());
+            ops.push(Operator::spawn(cmd, &dir.path().join("operator.log")));
             gws.push(gw);
-            ops.push(op);
+        } else {
+            ops.push(crate::support::leader::serving_replica(
+                &ground,
+                dir.path(),
+                "op0",
+                (api, http),
+                &["--max-leases-per-proxy", "1"],
+                &[("DISCOVERY_TOKEN", TOKEN)],
+            ));
+            let leases = Api::namespaced(ground.client.clone(), &ground.ns);
+            eventually("the operator to lead", Duration::from_secs(30), || async {
+                crate::support::leader::holder(&leases)
+                    .await
+                    .filter(|h| h.starts_with("op0_"))
+            })
+            .await;
+            for r in 0..replicas {
+                let (gw_api, gw) = (support::loopback(), support::loopback());
+                let name = format!("gw{r}");
+                ops.push(gateway_process(&ground, dir.path(), &name, (gw_api, gw)));
+                apis.push(gw_api);
+                gws.push(gw);
+            }
         }
-        let (api, gw) = (apis[0], gws[0]);
+        let gw_apis = apis.clone();
+        apis.insert(0, api);
+        let gw = gws[0];
         eventually("three upstreams Ready", Duration::from_secs(90), || async {
             let list = proxies.list(&Default::default()).await.ok()?;
             (list
@@ -290,6 +327,7 @@ impl World {
             https,
             squids,
             gws,
+            gw_apis,
             _ops: ops,
             _dir: dir,
         }
@@ -308,9 +346,16 @@ impl World {
 /// the upstreams' addresses; without credentials, with a wrong token, or
 /// with a username the grammar refuses, the answer is a 407 that says
 /// why; a username whose filters match no proxy gets a 503 saying so.
+/// Traced at a sample ratio of 1, each request is a `gateway.request`
+/// span naming its client, session and upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_only() {
-    let w = World::new("gwcurl").await;
+    let (otlp, spans) = support::otlp_spans().await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    let w = World::build("gwcurl", 1, (&["--gateway-trace-sample-ratio", "1"], &env)).await;
     let gw = w.gw;
     let (http, https) = (
         format!("http://{}/", w.http),
@@ -379,6 +424,25 @@ async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_on
     // The upstreams' credentials never reach the crawler.
     for seen in [&anonymous, &wrong, &none] {
         assert!(!seen.body.contains("pass-of-up") && !seen.headers.contains("pass-of-up"));
+    }
+    let traced = eventually(
+        "the two served requests traced",
+        Duration::from_secs(30),
+        || async {
+            let spans = spans.lock().unwrap();
+            let served: Vec<_> = spans
+                .iter()
+                .filter(|s| s.name == "gateway.request" && s.attrs.iter().any(|a| a == "upstream"))
+                .cloned()
+                .collect();
+            (served.len() >= 2).then_some(served)
+        },
+    )
+    .await;
+    for s in &traced {
+        for key in ["client", "method", "session"] {
+            assert!(s.attrs.iter().any(|a| a == key), "{key} on {s:?}");
+        }
     }
     drop(w.ground);
 }
@@ -486,16 +550,25 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
     drop(w.ground);
 }
 
-/// Two operator replicas, each with its gateway, share no state beyond
-/// the Proxies they both watch: every one of 20 sessions leaves from the
-/// same upstream through either gateway (asked in turn, a new connection
-/// each), and the sessions spread over more than one upstream.
+/// Two gateway processes (`egress-proxies-operator gateway`, as the
+/// gateway Deployment runs them) next to the operator that leads. They
+/// share no state beyond what they watch: every one of 20 sessions
+/// leaves from the same upstream through either (asked in turn, a new
+/// connection each), and the sessions spread over more than one upstream.
+/// A lease granted by the operator keeps its proxy out of both (each
+/// copies the leader's lease table), and they never take or join the
+/// leadership: the Lease stays the operator's and no grant waits for them.
+/// A session report sent to the gateway that did not carry the session
+/// finds it from its username; a reported session moves alike on both
+/// gateways and stays moved after the next copies of the table (the
+/// cooldown is the leader's). With the operator killed they go on serving
+/// every session from the same upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateway_replicas_agree_on_every_sessions_upstream() {
-    let w = World::with_replicas("gwtwo", 2).await;
+async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() {
+    let mut w = World::with_replicas("gwtwo", 2).await;
     let http = format!("http://{}/", w.http);
     let https = format!("https://localhost:{}/", w.https.port());
-    let mut exits = BTreeSet::new();
+    let mut exits = Vec::new();
     for n in 0..20 {
         let user = format!("default-session-agree{n}");
         let (url_a, url_b) = if n % 2 == 0 {
@@ -506,10 +579,196 @@ async fn two_gateway_replicas_agree_on_every_sessions_upstream() {
         let a = curl_async(w.gws[0], &user, url_a).await;
         let b = curl_async(w.gws[1], &user, url_b).await;
         assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
-        assert_eq!(a.body, b.body, "session {n}: the replicas disagree");
-        exits.insert(a.body);
+        assert_eq!(a.body, b.body, "session {n}: the gateways disagree");
+        exits.push(a.body);
     }
-    assert!(exits.len() >= 2, "20 sessions, one upstream: {exits:?}");
+    let spread: BTreeSet<&String> = exits.iter().collect();
+    assert!(spread.len() >= 2, "20 sessions, one upstream: {spread:?}");
+
+    // A lease from the operator's API: neither gateway uses its proxy.
+    let (s, lease) = api_call(
+        w.api,
+        "POST",
+        "/v1/leases",
+        Some(TOKEN),
+        br#"{"ttlSeconds": 120}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 201, "{lease}");
+    let leased: usize = lease["proxy"]["name"].as_str().unwrap()["up-".len()..]
+        .parse()
+        .unwrap();
+    // A copy follows a change of the table within one long poll's answer.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (g, gw) in w.gws.iter().enumerate() {
+        let mut used = BTreeSet::new();
+        for _ in 0..20 {
+            let seen = curl_async(*gw, "default", &http).await;
+            assert_eq!(seen.status, 200, "gateway {g}: {seen:?}");
+            used.insert(w.upstream_of(&seen.body));
+        }
+        assert!(
+            !used.contains(&leased),
+            "up-{leased} is leased exclusively by the operator, yet gateway {g} used it: {used:?}"
+        );
+    }
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(w.ground.client.clone(), &w.ground.ns);
+    let lease_obj = leases.get(crate::support::leader::LEASE).await.unwrap();
+    let holder = lease_obj
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone());
+    assert!(
+        holder.as_deref().is_some_and(|h| h.starts_with("op0_")),
+        "the operator leads: {holder:?}"
+    );
+    let synced = lease_obj
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("crawl.example.com/lease-synced-replicas")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !synced.contains("gw"),
+        "grants never wait for a gateway: {synced}"
+    );
+
+    // A report may reach a gateway that never carried the session (a
+    // Service spreads connections): with the session's username it finds
+    // the session's upstream; the site's cooldown then moves the session
+    // on both gateways.
+    let lonely = curl_async(w.gws[1], "default-session-lonely", &https).await;
+    assert_eq!(lonely.status, 200, "{lonely:?}");
+    let report = |body: &'static [u8]| {
+        api_call(
+            w.gw_apis[0],
+            "POST",
+            "/v1/sessions/lonely/report",
+            Some(TOKEN),
+            body.to_vec(),
+        )
+    };
+    let (s, v) = report(br#"{"result": "blocked", "site": "localhost"}"#).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("session_not_found")),
+        "{v}"
+    );
+    let (s, v) = report(
+        br#"{"result": "blocked", "site": "localhost", "username": "default-session-lonely"}"#,
+    )
+    .await;
+    assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
+    let banned: usize = v["proxy"]
+        .as_str()
+        .unwrap()
+        .rsplit("/up-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        banned,
+        w.upstream_of(&lonely.body),
+        "the session's upstream: {v}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = curl_async(w.gws[0], "default-session-lonely", &https).await;
+    let b = curl_async(w.gws[1], "default-session-lonely", &https).await;
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(
+        a.body, b.body,
+        "the reported session: the gateways disagree"
+    );
+    assert_ne!(
+        w.upstream_of(&b.body),
+        banned,
+        "the session did not leave the banned upstream"
+    );
+
+    // A session reported blocked to one gateway moves on both, and stays
+    // moved after the table changed again (the leader holds the cooldown).
+    let (s, v) = api_call(
+        w.gw_apis[0],
+        "POST",
+        "/v1/sessions/agree19/report",
+        Some(TOKEN),
+        br#"{"result": "blocked"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
+    let cooled: usize = v["proxy"]
+        .as_str()
+        .unwrap()
+        .rsplit("/up-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        cooled,
+        w.upstream_of(&exits[19]),
+        "the report names the session's upstream: {v}"
+    );
+    let (s, _) = api_call(
+        w.api,
+        "DELETE",
+        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
+        Some(TOKEN),
+        vec![],
+    )
+    .await;
+    assert_eq!(s, 204);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = curl_async(w.gws[0], "default-session-agree19", &http).await;
+    let b = curl_async(w.gws[1], "default-session-agree19", &http).await;
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(
+        a.body, b.body,
+        "the reported session: the gateways disagree"
+    );
+    assert_ne!(
+        w.upstream_of(&a.body),
+        cooled,
+        "the reported session did not move"
+    );
+
+    // The operator dies; the gateways serve on from the Proxies they watch,
+    // each session on its upstream (those on the cooled one have moved).
+    let op = w._ops.remove(0);
+    Command::new("kill")
+        .args(["-KILL", &op.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(op);
+    let kept = exits
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| w.upstream_of(e) != cooled);
+    for (n, exit) in kept {
+        let user = format!("default-session-agree{n}");
+        for (g, gw) in w.gws.iter().enumerate() {
+            let seen = curl_async(*gw, &user, &http).await;
+            assert_eq!(seen.status, 200, "gateway {g}, session {n}: {seen:?}");
+            assert_eq!(&seen.body, exit, "gateway {g}, session {n} moved");
+        }
+    }
+    for g in 0..2 {
+        let log = std::fs::read_to_string(w._dir.path().join(format!("gw{g}.log"))).unwrap();
+        assert!(
+            log.contains("Following the leader without campaigning"),
+            "gw{g}: {log}"
+        );
+        assert!(!log.contains("Became the leader"), "gw{g}: {log}");
+    }
+    let holder = crate::support::leader::holder(&leases).await;
+    assert!(
+        holder.as_deref().is_some_and(|h| h.starts_with("op0_")),
+        "no gateway took the Lease: {holder:?}"
+    );
     drop(w.ground);
 }
 
