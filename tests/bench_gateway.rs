@@ -105,17 +105,26 @@ async fn gateway_server() {
     let mut registry = egress_proxies_operator::metrics::Registrar::new();
     let metrics = gateway::metrics::GatewayMetrics::register(&mut registry);
     let size = env_u64("BENCH_FLEET", 0);
+    let secs = env_u64("BENCH_GW_SECS", 600);
     let fleet: Arc<dyn Fleet> = if size == 0 {
         Arc::new(Fixed(fleet))
     } else {
         // The operator's own fleet: a discovery listing of `size` Ready
-        // Proxies (each on one of the Squids), made into upstreams.
+        // Proxies (each on one of the Squids), made into upstreams, kept
+        // fresh off the connections' path as the operator keeps them (the
+        // listing's refresher, the upstreams' warmer). The source counts
+        // no changes, so the listing is rebuilt at its every age: a fleet
+        // changing all the time.
         let ports: Vec<u16> = fleet.iter().map(|u| u.port).collect();
-        Arc::new(gateway::ApiFleet::new(listing(size, &ports)))
+        let state = listing(size, &ports);
+        let api_fleet = Arc::new(gateway::ApiFleet::new(state.clone()));
+        let stop = || tokio::time::sleep(Duration::from_secs(secs));
+        tokio::spawn(state.refresh_listing(stop()));
+        tokio::spawn(gateway::warm_upstreams(api_fleet.clone(), stop()));
+        api_fleet
     };
     let gw = Arc::new(Gateway::new(fleet, settings, metrics));
     let listener = TcpListener::bind(&addr).await.unwrap();
-    let secs = env_u64("BENCH_GW_SECS", 600);
     gateway::serve(listener, gw, tokio::time::sleep(Duration::from_secs(secs)))
         .await
         .unwrap();

@@ -44,6 +44,7 @@ pub use serving::{router, serve, serve_on, serve_within, sweep, SWEEP_EVERY};
 pub use sessions::{GatewaySessions, SessionReport};
 pub use state::{
     ApiState, Client, Listing, ProxySource, ANONYMOUS, DEFAULT_CLIENT, LISTING_MAX_AGE,
+    REFRESH_EVERY,
 };
 pub use tokens::TokenSet;
 

@@ -146,6 +146,13 @@ pub async fn serve_within(
         };
         tokio::spawn(super::feed::follow(state.clone(), stop))
     };
+    let refresher = {
+        let mut rx = rx.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        tokio::spawn(state.clone().refresh_listing(stop))
+    };
     // The router bounds each request itself (its JSON 408 is logged and
     // counted); the accept loop keeps the connection bounds.
     let peers = state.peers.clone();
@@ -162,5 +169,6 @@ pub async fn serve_within(
     drop(rx);
     let _ = sweeper.await;
     let _ = follower.await;
+    let _ = refresher.await;
     res
 }

@@ -26,6 +26,18 @@ pub const LISTING_MAX_AGE: Duration = Duration::from_millis(250);
 /// process ceasing to outrank the watch, is caught at this age).
 pub const LISTING_UNCHANGED_MAX_AGE: Duration = Duration::from_secs(5);
 
+/// How often a refresher looks whether the listing is stale.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(50);
+
+/// Whether a listing built `at` from `built` may still serve while the
+/// source is at `now`: younger than [`LISTING_MAX_AGE`], or built from
+/// what the source still holds and younger than
+/// [`LISTING_UNCHANGED_MAX_AGE`].
+fn fresh(at: Instant, built: Option<Stamp>, now: Option<Stamp>) -> bool {
+    let unchanged = now.is_some() && built == now;
+    at.elapsed() < LISTING_MAX_AGE || (unchanged && at.elapsed() < LISTING_UNCHANGED_MAX_AGE)
+}
+
 /// The versions of what a listing is built from: the Proxy source's and
 /// the credentials'.
 type Stamp = (u64, u64);
@@ -92,6 +104,9 @@ pub struct ApiState {
     pub(super) metrics: DiscoveryMetrics,
     listing: Arc<Mutex<Held>>,
     rebuilding: Arc<AtomicBool>,
+    /// Whether a refresher keeps the listing fresh (requests then never
+    /// rebuild it).
+    refreshed: Arc<AtomicBool>,
     /// The generation of the last listing built.
     generations: Arc<AtomicU64>,
     /// Where External Proxies may be offered from.
@@ -155,6 +170,7 @@ impl ApiState {
             metrics,
             listing: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
+            refreshed: Arc::new(AtomicBool::new(false)),
             generations: Arc::new(AtomicU64::new(0)),
             // None until told: a namespace that may write a Proxy's status
             // must still not get its own endpoint into the pool.
@@ -249,24 +265,88 @@ impl ApiState {
     /// every request, and not at all while the Proxies and credentials
     /// are as when it was built (up to [`LISTING_UNCHANGED_MAX_AGE`]): a
     /// steady fleet costs its requests no walk over every Proxy.
+    /// With a refresher running ([`ApiState::refresh_listing`]) a request
+    /// never rebuilds it: it takes the listing in force, which the
+    /// refresher replaces by the same rule off the requests' path.
     pub(super) fn listing(&self) -> Listing {
         // Read before the source is: a change during a rebuild shows as
         // a new stamp next time.
         let stamp = self.stamp();
-        let current = self
-            .listing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let current = self.held();
         if let Some((at, built, items)) = &current {
-            let unchanged = stamp.is_some() && *built == stamp;
-            let fresh = at.elapsed() < LISTING_MAX_AGE
-                || (unchanged && at.elapsed() < LISTING_UNCHANGED_MAX_AGE);
-            // Fresh, or stale while another request rebuilds it: use it.
-            if fresh || self.rebuilding.swap(true, Ordering::AcqRel) {
+            // Kept fresh elsewhere, fresh, or stale while another request
+            // rebuilds it: use it.
+            if self.refreshed.load(Ordering::Acquire)
+                || fresh(*at, *built, stamp)
+                || self.rebuilding.swap(true, Ordering::AcqRel)
+            {
                 return items.clone();
             }
         }
+        self.rebuild(current, stamp)
+    }
+
+    /// Whether a refresher keeps the listing (tests).
+    #[cfg(test)]
+    pub(super) fn refreshing(&self) -> bool {
+        self.refreshed.load(Ordering::Acquire)
+    }
+
+    fn held(&self) -> Held {
+        self.listing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Rebuilds the listing when it is stale by [`ApiState::listing`]'s
+    /// rule; what a refresher calls.
+    fn refresh_if_stale(&self) {
+        let stamp = self.stamp();
+        let current = self.held();
+        if let Some((at, built, _)) = &current {
+            if fresh(*at, *built, stamp) || self.rebuilding.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+        self.rebuild(current, stamp);
+    }
+
+    /// Keeps the listing fresh off the requests' path until `stop`: every
+    /// [`REFRESH_EVERY`] it is rebuilt if stale, on the blocking pool (a
+    /// rebuild walks every Proxy). Requests meanwhile take the listing in
+    /// force, never waiting for one: a lease at 10,000 Proxies does not
+    /// pay for the walk.
+    pub async fn refresh_listing(self, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let first = self.clone();
+        // The first listing exists before requests stop building their own.
+        if tokio::task::spawn_blocking(move || first.refresh_if_stale())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        self.refreshed.store(true, Ordering::Release);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(REFRESH_EVERY) => {}
+            }
+            let state = self.clone();
+            if tokio::task::spawn_blocking(move || state.refresh_if_stale())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        self.refreshed.store(false, Ordering::Release);
+    }
+
+    /// A new listing from the source, under the rebuild flag (taken by the
+    /// caller when `current` exists).
+    fn rebuild(&self, current: Held, stamp: Option<Stamp>) -> Listing {
         // Built outside the lock so readers never wait for a rebuild; the
         // flag is cleared however this ends.
         struct Clear<'a>(&'a AtomicBool);

@@ -1830,8 +1830,19 @@ struct Counted {
     reads: std::sync::atomic::AtomicUsize,
 }
 
+thread_local! {
+    /// Set while a test's request runs on this thread.
+    static IN_REQUEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Reads of a [`Counted`] source made by a request (see [`IN_REQUEST`]).
+static READ_BY_REQUESTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl ProxySource for Counted {
     fn proxies(&self) -> Vec<Arc<Proxy>> {
+        if IN_REQUEST.with(|r| r.get()) {
+            READ_BY_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.proxies.lock().unwrap().clone()
     }
@@ -1939,4 +1950,69 @@ async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replica
     assert!(leader.leases.lets_gateway_use("default", &b, None));
     follower.stop().await;
     leader.stop().await;
+}
+
+/// With its refresher running (as `serve` runs it), no request walks the
+/// Proxies: a change reaches the listing requests take within the
+/// listing's age, rebuilt off their path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_refresher_running_no_request_rebuilds_the_listing() {
+    let source = Arc::new(Counted {
+        proxies: std::sync::Mutex::new(vec![proxy("a", "z1", "True", json!({}))]),
+        version: 1.into(),
+        reads: 0.into(),
+    });
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 4,
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+        cooldown: Duration::from_secs(60),
+    }));
+    let mut registry = Registrar::new();
+    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+    let api = ApiState::new(source.clone(), leases, None, &discovery);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let refresher = tokio::spawn(api.clone().refresh_listing(async move {
+        let _ = rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !api.refreshing() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refresher never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
+    let request = || {
+        IN_REQUEST.with(|r| r.set(true));
+        let l = api.listing();
+        IN_REQUEST.with(|r| r.set(false));
+        names(&l)
+    };
+    assert_eq!(request(), ["a"]);
+    source
+        .proxies
+        .lock()
+        .unwrap()
+        .push(proxy("b", "z1", "True", json!({})));
+    source
+        .version
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + LISTING_MAX_AGE * 4;
+    while request() != ["a", "b"] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change never reached the listing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        READ_BY_REQUESTS.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a request walked the Proxies"
+    );
+    let _ = tx.send(());
+    refresher.await.unwrap();
+    assert!(!api.refreshing(), "stopped: requests build their own again");
 }

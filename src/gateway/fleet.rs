@@ -102,6 +102,45 @@ impl ApiFleet {
             made: Mutex::new(None),
         }
     }
+
+    /// Makes the upstreams of the listing in force, if not made yet: run
+    /// off the connections' path (`warm_upstreams`), so the connection
+    /// after a listing change finds them made.
+    pub fn warm(&self) {
+        self.made_from(&self.state.current_listing());
+    }
+
+    /// The upstreams of `listing`, made once. Made outside the lock: a
+    /// connection never waits for another's walk over the fleet (two may
+    /// make the same, once).
+    fn made_from(&self, listing: &Listing) -> Arc<[Upstream]> {
+        let made = || self.made.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((from, all)) = &*made() {
+            if Arc::ptr_eq(from, listing) {
+                return all.clone();
+            }
+        }
+        let all: Arc<[Upstream]> = listing.iter().map(|(k, i)| upstream_of(k, i)).collect();
+        *made() = Some((listing.clone(), all.clone()));
+        all
+    }
+}
+
+/// Keeps `fleet`'s upstreams made for the listing in force until `stop`,
+/// looking every [`crate::discovery::REFRESH_EVERY`] (the pace the
+/// listing itself is refreshed at).
+pub async fn warm_upstreams(fleet: Arc<ApiFleet>, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        let f = fleet.clone();
+        if tokio::task::spawn_blocking(move || f.warm()).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(crate::discovery::REFRESH_EVERY) => {}
+        }
+    }
 }
 
 fn upstream_of(key: &ProxyKey, item: &ProxyItem) -> Upstream {
@@ -127,18 +166,7 @@ impl Fleet for ApiFleet {
 
     fn upstreams(&self, filter: &Filter) -> Candidates {
         let listing = self.state.current_listing();
-        let all = {
-            let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-            match &*made {
-                Some((from, all)) if Arc::ptr_eq(from, &listing) => all.clone(),
-                _ => {
-                    let all: Arc<[Upstream]> =
-                        listing.iter().map(|(k, i)| upstream_of(k, i)).collect();
-                    *made = Some((listing.clone(), all.clone()));
-                    all
-                }
-            }
-        };
+        let all = self.made_from(&listing);
         Candidates {
             all,
             subset: listing.positions(filter),

@@ -24,7 +24,7 @@ pub mod username;
 
 use std::time::Duration;
 
-pub use fleet::{ApiFleet, Candidates, Fleet, Upstream};
+pub use fleet::{warm_upstreams, ApiFleet, Candidates, Fleet, Upstream};
 pub use route::Gateway;
 pub use serve::serve;
 

@@ -183,14 +183,12 @@ fn spawn_gateway(
     ),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Arc<crate::gateway::Gateway> {
-    let gateway = crate::gateway::Gateway::new(
-        Arc::new(crate::gateway::ApiFleet::new(state)),
-        settings,
-        metrics,
-    )
-    .with_hints(hints);
+    let fleet = Arc::new(crate::gateway::ApiFleet::new(state));
+    let gateway = crate::gateway::Gateway::new(fleet.clone(), settings, metrics).with_hints(hints);
     let gateway = Arc::new(gateway);
     let serving = gateway.clone();
+    let stop = futures::FutureExt::shared(Box::pin(stop));
+    tasks.spawn(crate::gateway::warm_upstreams(fleet, stop.clone()));
     tasks.spawn(async move {
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
