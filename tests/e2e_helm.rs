@@ -1,6 +1,7 @@
 //! The Helm chart (config/helm/egress-proxies-operator) with the real
 //! `helm` built from tests/cluster/go/helm: its defaults render the objects
-//! config/default renders (so the two never drift), its schema refuses
+//! config/default renders (so the two never drift), and with
+//! `gateway.enabled` those plus config/components/gateway's; its schema refuses
 //! wrong types naming the key, and on the real test cluster it installs,
 //! runs a Proxy through a real Squid Pod, upgrades with changed values and
 //! uninstalls leaving no operator objects (the CRDs only when asked).
@@ -256,6 +257,21 @@ fn the_charts_defaults_render_what_config_default_renders() {
         "the chart's Prometheus objects and config/prometheus drifted:\n{}",
         diff.join("\n")
     );
+
+    // The gateway: config/default with its component's line uncommented.
+    let kustomized = kustomize_default_with("gateway");
+    let helmed = template(home.path(), &["gateway.enabled=true"]);
+    assert!(
+        by_key(&kustomized).contains_key("Deployment/egress-proxies-operator-gateway"),
+        "{:?}",
+        by_key(&kustomized).keys()
+    );
+    let diff = differences(&kustomized, &helmed);
+    assert!(
+        diff.is_empty(),
+        "the chart's gateway and config/components/gateway drifted:\n{}",
+        diff.join("\n")
+    );
 }
 
 #[test]
@@ -313,6 +329,74 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
             "{gone} still rendered"
         );
     }
+
+    // The gateway's objects come only with gateway.enabled; its PDB and
+    // NetworkPolicy have toggles of their own.
+    let gateway_objects = |docs: &[Value]| {
+        kinds(docs)
+            .into_iter()
+            .filter(|k| k.contains("-gateway"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        gateway_objects(&template(home.path(), &[])),
+        Vec::<String>::new()
+    );
+    let annotated = "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=epo@p.iam.gserviceaccount.com";
+    let gateway_on = template(
+        home.path(),
+        &[
+            "gateway.enabled=true",
+            "gateway.service.port=8080",
+            "gateway.extraArgs[0]=--gateway-max-connections=500",
+            annotated,
+        ],
+    );
+    assert_eq!(
+        gateway_objects(&gateway_on),
+        [
+            "ClusterRole/egress-proxies-operator-gateway-role",
+            "ClusterRoleBinding/egress-proxies-operator-gateway-rolebinding",
+            "Deployment/egress-proxies-operator-gateway",
+            "NetworkPolicy/egress-proxies-operator-gateway-allow-proxy-api-and-metrics",
+            "PodDisruptionBudget/egress-proxies-operator-gateway",
+            "Role/egress-proxies-operator-gateway-follower-role",
+            "RoleBinding/egress-proxies-operator-gateway-follower-rolebinding",
+            "Service/egress-proxies-operator-gateway",
+            "ServiceAccount/egress-proxies-operator-gateway",
+        ]
+    );
+    let service = object(&gateway_on, "Service", "egress-proxies-operator-gateway");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "proxy");
+    let gateway = object(&gateway_on, "Deployment", "egress-proxies-operator-gateway");
+    let args = &gateway["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[0], "gateway");
+    assert_eq!(
+        args.as_array().unwrap().last().unwrap(),
+        "--gateway-max-connections=500"
+    );
+    // The manager's cloud identity stays the manager's.
+    let annotations =
+        |name: &str| object(&gateway_on, "ServiceAccount", name)["metadata"]["annotations"].clone();
+    assert!(!annotations(DEPLOYMENT).is_null());
+    assert!(annotations("egress-proxies-operator-gateway").is_null());
+    let without = template(
+        home.path(),
+        &[
+            "gateway.enabled=true",
+            "gateway.pdb.enabled=false",
+            "gateway.networkPolicy.enabled=false",
+        ],
+    );
+    let left = gateway_objects(&without);
+    assert!(left.contains(&"Deployment/egress-proxies-operator-gateway".to_string()));
+    assert!(
+        !left
+            .iter()
+            .any(|k| k.starts_with("PodDisruptionBudget/") || k.starts_with("NetworkPolicy/")),
+        "{left:?}"
+    );
 
     let on = template(
         home.path(),
@@ -494,6 +578,26 @@ fn the_schema_refuses_wrong_types_naming_the_key() {
             name: "an extra arg that is no flag",
             set: "extraArgs[0]=debug",
             names: "/extraArgs/0",
+        },
+        Case {
+            name: "the gateway on as a word",
+            set: "gateway.enabled=yes",
+            names: "/gateway/enabled",
+        },
+        Case {
+            name: "the gateway's port by name",
+            set: "gateway.service.port=proxy",
+            names: "/gateway/service/port",
+        },
+        Case {
+            name: "a gateway extra arg that is no flag",
+            set: "gateway.extraArgs[0]=debug",
+            names: "/gateway/extraArgs/0",
+        },
+        Case {
+            name: "a misspelt gateway key",
+            set: "gateway.pdb.enable=false",
+            names: "/gateway/pdb",
         },
     ];
     for case in cases {

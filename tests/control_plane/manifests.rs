@@ -2,7 +2,10 @@
 //! manager Deployment keeps the runtime envelope (operator.md §9.1), its
 //! args and providers file are ones the binary accepts, and RBAC grants no
 //! more than the rules checked here. (tests/e2e_samples.rs runs the
-//! operator under these RBAC rules and checks each one is needed.)
+//! operator under these RBAC rules and checks each one is needed.) With
+//! config/components/gateway on: the gateway's Deployment passes the same
+//! Pod security, its Service and NetworkPolicy reach its ports, and the
+//! real binary runs on its args under exactly its RBAC, each rule used.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use crate::support;
@@ -13,6 +16,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use serde_json::Value;
 use std::process::Command;
+use std::time::Duration;
 use support::{kustomize, object, rules_of};
 
 const NS: &str = "egress-proxies-operator-system";
@@ -176,9 +180,10 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert_eq!(pod["terminationGracePeriodSeconds"], 30);
 }
 
-/// The manager's pod template as a Pod, in no namespace.
-fn manager_pod(name: &str) -> Value {
-    let d = object(rendered(), "Deployment", DEPLOYMENT);
+/// The pod template of Deployment `deployment` in `docs` as a Pod named
+/// `name`, in no namespace.
+fn pod_of(docs: &[Value], deployment: &str, name: &str) -> Value {
+    let d = object(docs, "Deployment", deployment);
     let template = &d["spec"]["template"];
     serde_json::json!({
         "apiVersion": "v1",
@@ -200,9 +205,14 @@ async fn dry_run(pods: &Api<Pod>, pod: Value) -> Result<Pod, kube::Error> {
 
 #[tokio::test]
 async fn the_pod_template_is_admitted_by_the_real_restricted_pod_security() {
-    // The real PodSecurity admission of kube-apiserver, in a namespace
-    // enforcing `restricted` as the shipped one does, judges a Pod made
-    // from the manager's template (server-side dry run: nothing runs).
+    judged_by_restricted_pod_security(|name| pod_of(rendered(), DEPLOYMENT, name)).await;
+}
+
+/// The real PodSecurity admission of kube-apiserver, in a namespace
+/// enforcing `restricted` as the shipped one does, admits a Pod made from
+/// a shipped template (`pod` makes it, named) and refuses a variant of it
+/// allowed to escalate privileges (server-side dry runs: nothing runs).
+async fn judged_by_restricted_pod_security(pod: impl Fn(&str) -> Value) {
     let cluster = support::control_plane();
     let client = cluster.client().await;
     let ns = cluster.namespace(&client, "pss").await;
@@ -217,9 +227,9 @@ async fn the_pod_template_is_admitted_by_the_real_restricted_pod_security() {
         )
         .await
         .unwrap();
-    // The template runs as the manager's ServiceAccount, which the
+    // The template runs as its own ServiceAccount, which the
     // ServiceAccount admission wants to exist.
-    let sa = manager_pod("x")["spec"]["serviceAccountName"]
+    let sa = pod("x")["spec"]["serviceAccountName"]
         .as_str()
         .unwrap_or("default")
         .to_string();
@@ -236,17 +246,17 @@ async fn the_pod_template_is_admitted_by_the_real_restricted_pod_security() {
     }
     let pods: Api<Pod> = Api::namespaced(client, &ns);
 
-    let admitted = dry_run(&pods, manager_pod("manager")).await;
+    let admitted = dry_run(&pods, pod("shipped")).await;
     assert!(
         admitted.is_ok(),
-        "the restricted PodSecurity refused the manager's pod template: {admitted:?}"
+        "the restricted PodSecurity refused the pod template: {admitted:?}"
     );
 
     // The check can fail: a variant allowed to escalate privileges is
     // refused, naming PodSecurity. (`privileged: true` itself never reaches
     // PodSecurity: this API server disallows privileged containers and
     // validation refuses it next to allowPrivilegeEscalation=false, 422.)
-    let mut bad = manager_pod("escalating");
+    let mut bad = pod("escalating");
     bad["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true.into();
     match dry_run(&pods, bad).await {
         Err(kube::Error::Api(s)) => {
@@ -585,60 +595,16 @@ fn user_roles_never_write_status() {
 fn without_the_component_no_pod_permissions_are_granted() {
     // What a gcp/kvm-only install renders: config/default minus the
     // kubernetes-provider component.
-    let parent = support::repo().join("target");
-    std::fs::create_dir_all(&parent).unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("no-pods-")
-        .tempdir_in(&parent)
-        .unwrap();
-    let default =
-        std::fs::read_to_string(support::repo().join("config/default/kustomization.yaml")).unwrap();
-    let rel = pathdiff(dir.path());
+    let default = support::repo_file("config/default/kustomization.yaml");
     let text: String = default
         .lines()
         .filter(|l| !l.contains("components/kubernetes-provider") && !l.starts_with("components:"))
-        .map(|l| {
-            if let Some(rest) = l.strip_prefix("- ../") {
-                format!("- {rel}/config/{rest}\n")
-            } else if l == "- metrics_service.yaml" {
-                format!("- {rel}/config/default/metrics_service.yaml\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
+        .map(|l| format!("{l}\n"))
         .collect();
-    // Plain files must sit inside the kustomization root: copy the Service.
-    let text = text.replace(
-        &format!("- {rel}/config/default/metrics_service.yaml\n"),
-        "- metrics_service.yaml\n",
-    );
-    std::fs::copy(
-        support::repo().join("config/default/metrics_service.yaml"),
-        dir.path().join("metrics_service.yaml"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
-    let rel_dir = dir
-        .path()
-        .strip_prefix(support::repo())
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let docs = kustomize(&rel_dir);
+    let docs = support::kustomize_default_as(&text, "no-pods-");
     let (cluster, _) = rules_of(&docs, NS, SA);
     assert!(grants(&cluster, "", "pods").is_empty());
     assert!(!grants(&cluster, "crawl.example.com", "proxies").is_empty());
-}
-
-/// `../..` from `dir` back to the repository root.
-fn pathdiff(dir: &std::path::Path) -> String {
-    let depth = dir
-        .strip_prefix(support::repo())
-        .unwrap()
-        .components()
-        .count();
-    vec![".."; depth].join("/")
 }
 
 #[test]
@@ -702,4 +668,579 @@ fn every_sample_renders_and_names_a_sample_provider() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+const GATEWAY: &str = "egress-proxies-operator-gateway";
+
+/// config/default with the gateway component on (its line uncommented, as
+/// docs/gateway.md says), rendered once for all the tests of this file.
+fn with_gateway() -> &'static [Value] {
+    static DOCS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    DOCS.get_or_init(|| support::kustomize_default_with("gateway"))
+}
+
+fn gateway(docs: &[Value]) -> &Value {
+    let d = object(docs, "Deployment", GATEWAY);
+    assert_eq!(d["metadata"]["namespace"], NS);
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["name"], "gateway");
+    c
+}
+
+/// The port number of the container's port `name`.
+fn port_of(c: &Value, name: &str) -> i64 {
+    c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no container port {name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Whether `selector` (a label map) selects Pods labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| &labels[k] == v)
+}
+
+#[test]
+fn the_gateway_component_adds_the_gateway_and_leaves_the_rest_as_it_is() {
+    let key = |d: &Value| {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        format!("{}/{}", text(&d["kind"]), text(&d["metadata"]["name"]))
+    };
+    let plain: std::collections::BTreeMap<String, &Value> =
+        rendered().iter().map(|d| (key(d), d)).collect();
+    let mut added: Vec<String> = Vec::new();
+    for d in with_gateway() {
+        match plain.get(&key(d)) {
+            // The component's image setting must not touch the manager.
+            Some(before) => assert_eq!(*before, d, "{} changed", key(d)),
+            None => added.push(key(d)),
+        }
+    }
+    added.sort();
+    assert_eq!(
+        added,
+        [
+            "ClusterRole/egress-proxies-operator-gateway-role",
+            "ClusterRoleBinding/egress-proxies-operator-gateway-rolebinding",
+            "Deployment/egress-proxies-operator-gateway",
+            "NetworkPolicy/egress-proxies-operator-gateway-allow-proxy-api-and-metrics",
+            "PodDisruptionBudget/egress-proxies-operator-gateway",
+            "Role/egress-proxies-operator-gateway-follower-role",
+            "RoleBinding/egress-proxies-operator-gateway-follower-rolebinding",
+            "Service/egress-proxies-operator-gateway",
+            "ServiceAccount/egress-proxies-operator-gateway",
+        ]
+    );
+    assert_eq!(with_gateway().len(), rendered().len() + added.len());
+    for d in with_gateway() {
+        if !plain.contains_key(&key(d)) && d["metadata"]["namespace"].is_string() {
+            assert_eq!(d["metadata"]["namespace"], NS, "{}", key(d));
+        }
+    }
+    // The manager's own image, replaced with it by `make deploy IMG=...`.
+    let c = gateway(with_gateway());
+    assert_eq!(c["image"], manager(rendered())["image"]);
+    let pod = &object(with_gateway(), "Deployment", GATEWAY)["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], GATEWAY);
+    assert_eq!(c["resources"]["requests"]["cpu"], "50m");
+    assert_eq!(c["resources"]["requests"]["memory"], "64Mi");
+    assert_eq!(c["resources"]["limits"]["memory"], "256Mi");
+    assert!(
+        c["resources"]["limits"]["cpu"].is_null(),
+        "no CPU throttling"
+    );
+    assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "64Mi");
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/tmp");
+    // It stops accepting only once the Service has stopped sending to it.
+    assert_eq!(c["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
+}
+
+#[tokio::test]
+async fn the_gateway_pod_template_is_admitted_by_the_real_restricted_pod_security() {
+    judged_by_restricted_pod_security(|name| pod_of(with_gateway(), GATEWAY, name)).await;
+}
+
+#[test]
+fn the_gateways_service_and_network_policy_reach_its_ports() {
+    let docs = with_gateway();
+    let d = object(docs, "Deployment", GATEWAY);
+    let pod_labels = &d["spec"]["template"]["metadata"]["labels"];
+    let manager_labels =
+        &object(docs, "Deployment", DEPLOYMENT)["spec"]["template"]["metadata"]["labels"];
+    let c = gateway(docs);
+
+    // The args listen where the container ports say; probes hit the probe
+    // server the args start.
+    for (flag, port) in [
+        ("--gateway-bind-address", "proxy"),
+        ("--discovery-bind-address", "discovery"),
+        ("--metrics-bind-address", "metrics"),
+        ("--health-probe-bind-address", "probes"),
+    ] {
+        assert_eq!(
+            arg(c, flag),
+            Some(format!(":{}", port_of(c, port)).as_str()),
+            "{flag}"
+        );
+    }
+    assert_eq!(strs(&c["args"])[0], "gateway", "the subcommand comes first");
+    assert_eq!(port_of(c, "proxy"), 3128);
+    assert_eq!(port_of(c, "discovery"), 8090);
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "probes");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "probes");
+
+    // Its Service selects its Pods only, and the manager's Services,
+    // PDB and NetworkPolicy do not select them.
+    let s = object(docs, "Service", GATEWAY);
+    assert!(selects(&s["spec"]["selector"], pod_labels));
+    assert!(!selects(&s["spec"]["selector"], manager_labels));
+    let ports: Vec<(&str, i64, &str)> = s["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["port"].as_i64().unwrap(),
+                p["targetPort"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("proxy", 3128, "proxy"), ("api", 8090, "discovery")]
+    );
+    for other in docs.iter().filter(|o| {
+        o["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| !n.contains("gateway"))
+    }) {
+        let selector = match other["kind"].as_str() {
+            Some("Service") => &other["spec"]["selector"],
+            Some("PodDisruptionBudget") => &other["spec"]["selector"]["matchLabels"],
+            Some("NetworkPolicy") => &other["spec"]["podSelector"]["matchLabels"],
+            _ => continue,
+        };
+        assert!(
+            !selects(selector, pod_labels),
+            "{} selects the gateway's Pods",
+            other["metadata"]["name"]
+        );
+    }
+
+    let pdb = object(docs, "PodDisruptionBudget", GATEWAY);
+    assert!(selects(&pdb["spec"]["selector"]["matchLabels"], pod_labels));
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+
+    // Ingress: 3128 and 8090 from every namespace, 8443 from namespaces
+    // labelled metrics=enabled; nothing else.
+    let np = object(
+        docs,
+        "NetworkPolicy",
+        "egress-proxies-operator-gateway-allow-proxy-api-and-metrics",
+    );
+    assert!(selects(
+        &np["spec"]["podSelector"]["matchLabels"],
+        pod_labels
+    ));
+    assert!(!selects(
+        &np["spec"]["podSelector"]["matchLabels"],
+        manager_labels
+    ));
+    assert_eq!(strs(&np["spec"]["policyTypes"]), ["Ingress"]);
+    let rules: Vec<(Vec<i64>, Value)> = np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let ports = r["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["port"].as_i64().unwrap())
+                .collect();
+            (ports, r["from"].clone())
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            (
+                vec![3128, 8090],
+                serde_json::json!([{"namespaceSelector": {}}])
+            ),
+            (
+                vec![8443],
+                serde_json::json!([{"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}}])
+            ),
+        ]
+    );
+    // The gateway follows the leader on the manager's 8090: the manager's
+    // policy admits that port from every namespace, its own included.
+    let manager_np = object(
+        docs,
+        "NetworkPolicy",
+        "egress-proxies-operator-allow-discovery-and-metrics",
+    );
+    assert!(manager_np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["ports"][0]["port"] == 8090
+            && r["from"] == serde_json::json!([{"namespaceSelector": {}}])));
+}
+
+/// The verbs the gateway's RBAC grants on (group, resource), the
+/// resourceNames they are limited to (empty: any), all of them.
+fn granted(rules: &[PolicyRule]) -> Vec<(String, String, Vec<String>, Vec<String>)> {
+    let mut out: Vec<_> = rules
+        .iter()
+        .flat_map(|r| {
+            list(&r.api_groups).iter().flat_map(move |g| {
+                list(&r.resources).iter().map(move |res| {
+                    let mut verbs = r.verbs.clone();
+                    verbs.sort();
+                    (
+                        g.clone(),
+                        res.clone(),
+                        verbs,
+                        list(&r.resource_names).to_vec(),
+                    )
+                })
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn rule(
+    group: &str,
+    resource: &str,
+    verbs: &[&str],
+    names: &[&str],
+) -> (String, String, Vec<String>, Vec<String>) {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    (group.into(), resource.into(), s(verbs), s(names))
+}
+
+#[test]
+fn the_gateway_gets_least_privilege_rbac() {
+    let docs = with_gateway();
+    let (cluster, namespaced) = rules_of(docs, NS, GATEWAY);
+    for r in &cluster {
+        assert!(r.non_resource_urls.is_none(), "{r:?}");
+    }
+    // Cluster-wide: the Proxy cache, the credentials Secrets' labelled
+    // watch (which also follows --discovery-tokens-secret), and the two
+    // reviews of secure /metrics. No write of any object.
+    assert_eq!(
+        granted(&cluster),
+        [
+            rule("", "secrets", &["list", "watch"], &[]),
+            rule("authentication.k8s.io", "tokenreviews", &["create"], &[]),
+            rule(
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                &["create"],
+                &[]
+            ),
+            rule("crawl.example.com", "proxies", &["list", "watch"], &[]),
+        ]
+    );
+    // In the install namespace: the election Lease read (never written:
+    // the gateway never campaigns) and the lease key Secret read and, by
+    // the first replica to start, created (create cannot be limited to a
+    // name). No lease hand-over Secrets.
+    assert_eq!(namespaced.len(), 1, "{namespaced:?}");
+    let (ns, rules) = &namespaced[0];
+    assert_eq!(ns, NS);
+    let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
+    let election = egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
+    assert_eq!(
+        granted(rules),
+        [
+            rule("", "secrets", &["create"], &[]),
+            rule("", "secrets", &["get"], &[lease_key]),
+            rule("coordination.k8s.io", "leases", &["get"], &[election]),
+        ]
+    );
+    // Nothing of the manager's is bound to it.
+    let binds_gateway = |d: &&Value| {
+        d["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["name"] == GATEWAY)
+    };
+    for b in docs.iter().filter(binds_gateway) {
+        assert!(
+            b["roleRef"]["name"].as_str().unwrap().starts_with(GATEWAY),
+            "{b}"
+        );
+    }
+}
+
+/// What one audited request of a user asked for: (verb, group, resource,
+/// namespace, name).
+type Asked = (String, String, String, Option<String>, Option<String>);
+
+/// The API requests of `user` in the audit log: (allowed, refused).
+fn audited(events: &[Value], user: &str) -> (Vec<Asked>, Vec<String>) {
+    let (mut allowed, mut refused) = (Vec::new(), Vec::new());
+    for e in events.iter().filter(|e| e["user"]["username"] == user) {
+        if e["annotations"]["authorization.k8s.io/decision"] == "forbid" {
+            let text = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            refused.push(format!("{} {}", text("verb"), text("requestURI")));
+            continue;
+        }
+        let r = &e["objectRef"];
+        let text = |v: &Value| v.as_str().map(String::from);
+        if let (Some(verb), Some(resource)) = (text(&e["verb"]), text(&r["resource"])) {
+            let group = text(&r["apiGroup"]).unwrap_or_default();
+            allowed.push((
+                verb,
+                group,
+                resource,
+                text(&r["namespace"]),
+                text(&r["name"]),
+            ));
+        }
+    }
+    refused.sort();
+    refused.dedup();
+    (allowed, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
+    // The Deployment's args and env, run by the real binary as the
+    // gateway's ServiceAccount (a token from `kubectl create token`) under
+    // the RBAC the component renders, applied to the real test cluster;
+    // only its ports move to free loopback ones, as parallel tests share
+    // this host. It must serve as crawlers use it, and the audit log must
+    // show no request refused, every granted verb used, and no write but
+    // the lease key and the metrics reviews.
+    const TOKEN: &str = "gateway-manifest-token";
+    let ground = support::ground_without_pods("gateway-rbac").await;
+    let c = ground.cluster;
+    let docs = with_gateway();
+    support::shipped::apply_rbac(c, docs);
+    // The API server takes the rest of the component as rendered.
+    let rest: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(GATEWAY))
+        })
+        .filter(|d| {
+            [
+                "Deployment",
+                "Service",
+                "PodDisruptionBudget",
+                "NetworkPolicy",
+            ]
+            .contains(&d["kind"].as_str().unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(rest.len(), 4);
+    let list = tempfile::NamedTempFile::new().unwrap();
+    let items = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rest});
+    std::fs::write(list.path(), items.to_string()).unwrap();
+    let dry = c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        list.path().to_str().unwrap(),
+    ]);
+    assert_eq!(dry.matches("(server dry run)").count(), 4, "{dry}");
+    let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
+    // Absent, as at a first install, so the gateway's create is exercised.
+    c.kubectl_ok(&[
+        "-n",
+        NS,
+        "delete",
+        "secret",
+        lease_key,
+        "--ignore-not-found",
+    ]);
+    let token = c.kubectl_ok(&["create", "token", GATEWAY, "-n", NS]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("gateway.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        support::shipped::token_kubeconfig(c, token.trim()),
+    )
+    .unwrap();
+    // A scraper bound to the shipped metrics-reader role.
+    ground.kubectl(&["create", "serviceaccount", "scraper"]);
+    c.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{}-gateway-scraper", ground.ns),
+        "--clusterrole=egress-proxies-operator-metrics-reader",
+        &format!("--serviceaccount={}:scraper", ground.ns),
+    ]);
+    let scraper = ground.kubectl(&["create", "token", "scraper"]);
+
+    let container = gateway(docs);
+    let addrs: std::collections::BTreeMap<&str, std::net::SocketAddr> = [
+        "--health-probe-bind-address",
+        "--metrics-bind-address",
+        "--discovery-bind-address",
+        "--gateway-bind-address",
+    ]
+    .into_iter()
+    .map(|f| (f, support::loopback()))
+    .collect();
+    let args: Vec<String> = strs(&container["args"])
+        .into_iter()
+        .map(|a| match a.split_once('=') {
+            Some((flag, _)) if addrs.contains_key(flag) => format!("{flag}={}", addrs[flag]),
+            _ => a.to_string(),
+        })
+        .collect();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
+    cmd.args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("TMPDIR", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("POD_IP");
+    // The env as the kubelet would set it: the token Secret's value, the
+    // downward API, $(VAR) expanded from the variables before it.
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in container["env"].as_array().unwrap() {
+        let value = if let Some(v) = e["value"].as_str() {
+            env.iter()
+                .fold(v.to_string(), |v, (n, x)| v.replace(&format!("$({n})"), x))
+        } else if !e["valueFrom"]["secretKeyRef"].is_null() {
+            TOKEN.to_string()
+        } else {
+            match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => "egress-proxies-operator-gateway-0".to_string(),
+                Some("metadata.namespace") => NS.to_string(),
+                _ => panic!("an env source this test does not stand in for: {e}"),
+            }
+        };
+        env.push((e["name"].as_str().unwrap().to_string(), value));
+    }
+    cmd.envs(env);
+    let log = dir.path().join("gateway.log");
+    let _gateway = support::Operator::spawn(cmd, &log);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    let user = format!("system:serviceaccount:{NS}:{GATEWAY}");
+    let refused = || audited(&c.audit_events(), &user).1;
+    let probes = addrs["--health-probe-bind-address"];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while support::raw_call(probes, None, ("GET", "/readyz"), None, "")
+        .await
+        .is_none_or(|(status, _)| status != 200)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready in 60 s; refused: {:#?}\n{}",
+            refused(),
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The proxy port: a crawler without the token is asked for it; with
+    // it, the gateway chooses among the fleet (none here: 503).
+    let gw = addrs["--gateway-bind-address"];
+    let url = "http://example.invalid/";
+    let anonymous = support::curl_status(&format!("http://{gw}"), url);
+    assert_eq!(anonymous, "407", "{}", log_text());
+    let signed_in = support::curl_status(&format!("http://default:{TOKEN}@{gw}"), url);
+    assert_eq!(signed_in, "503", "{}", log_text());
+    // The discovery port takes the session reports of this gateway.
+    let body = serde_json::to_vec(&serde_json::json!({"result": "blocked"})).unwrap();
+    let api = addrs["--discovery-bind-address"];
+    let (status, v) =
+        support::api_call(api, "POST", "/v1/sessions/s1/report", Some(TOKEN), body).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (404, Some("session_not_found")),
+        "{v}"
+    );
+    // Secure /metrics: the scraper reads the gateway's series.
+    let metrics = addrs["--metrics-bind-address"];
+    let (status, text) = support::https_get(metrics, "/metrics", Some(scraper.trim()));
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("proxy_operator_gateway_requests_total"),
+        "{text}"
+    );
+
+    // Every verb granted, used; nothing refused; no write but these.
+    let (cluster, namespaced) = rules_of(docs, NS, GATEWAY);
+    let in_ns = namespaced
+        .into_iter()
+        .flat_map(|(_, r)| r)
+        .collect::<Vec<_>>();
+    let unused = |seen: &[Asked]| -> Vec<String> {
+        let mut out = Vec::new();
+        for (rules, ns) in [(&cluster, None), (&in_ns, Some(NS))] {
+            for (group, resource, verbs, names) in granted(rules) {
+                for verb in verbs {
+                    let used = seen.iter().any(|(v, g, r, n, name)| {
+                        (v, g, r) == (&verb, &group, &resource)
+                            && ns.is_none_or(|ns| n.as_deref() == Some(ns))
+                            && (names.is_empty() || names.iter().any(|x| Some(x) == name.as_ref()))
+                    });
+                    if !used {
+                        out.push(format!("{verb} {group}/{resource} {names:?}"));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (allowed, refused) = loop {
+        let (allowed, refused) = audited(&c.audit_events(), &user);
+        let left = unused(&allowed);
+        if left.is_empty() {
+            break (allowed, refused);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "granted, never used: {left:#?}\nrefused: {refused:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(refused.is_empty(), "refused: {refused:#?}\n{}", log_text());
+    for (verb, group, resource, _, name) in &allowed {
+        let reads = ["get", "list", "watch"].contains(&verb.as_str());
+        let allowed_write = verb == "create"
+            && match resource.as_str() {
+                "secrets" => name.as_deref() == Some(lease_key),
+                "tokenreviews" | "subjectaccessreviews" => true,
+                _ => false,
+            };
+        assert!(
+            reads || allowed_write,
+            "the gateway wrote: {verb} {group}/{resource} {name:?}"
+        );
+    }
+    let election = egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
+    assert!(
+        allowed
+            .iter()
+            .any(|(v, _, r, _, n)| v == "get" && r == "leases" && n.as_deref() == Some(election)),
+        "it follows the election Lease"
+    );
+    c.kubectl_ok(&["-n", NS, "get", "secret", lease_key]);
+    assert!(!log_text().contains(TOKEN), "the token reached the log");
 }

@@ -370,6 +370,52 @@ pub fn kustomize(dir: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `config/default` with its commented-out line `#- ../components/<name>`
+/// switched on, as its comment tells a user to, rendered. Panics when
+/// config/default has no such line (the docs would then be wrong).
+pub fn kustomize_default_with(component: &str) -> Vec<serde_json::Value> {
+    let commented = format!("#- ../components/{component}");
+    let text = repo_file("config/default/kustomization.yaml");
+    assert!(
+        text.lines().any(|l| l == commented),
+        "config/default/kustomization.yaml has no line {commented:?} to uncomment"
+    );
+    kustomize_default_as(&text.replace(&commented, &commented[1..]), component)
+}
+
+/// `text` rendered in place of config/default's kustomization.yaml: from a
+/// directory under target/ (kustomize reads plain files only inside the
+/// kustomization's directory, so config/default's are copied there), with
+/// its `../` paths rebased onto config/default.
+pub fn kustomize_default_as(text: &str, prefix: &str) -> Vec<serde_json::Value> {
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&scratch)
+        .unwrap();
+    let rel = dir.path().strip_prefix(repo()).unwrap();
+    let up = "../".repeat(rel.components().count());
+    let default = repo().join("config/default");
+    let mut out = String::new();
+    for line in text.lines() {
+        match line.strip_prefix("- ") {
+            Some(path) if path.starts_with("../") => {
+                out.push_str(&format!("- {up}config/default/{path}\n"));
+                continue;
+            }
+            Some(file) if default.join(file).is_file() => {
+                std::fs::copy(default.join(file), dir.path().join(file)).unwrap();
+            }
+            _ => {}
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), out).unwrap();
+    kustomize(rel.to_str().unwrap())
+}
+
 /// The rendered object of `kind` named `name`.
 pub fn object<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
     docs.iter()

@@ -32,6 +32,110 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "epo.fullname" . }}-controller-manager
 {{- end -}}
 
+{{/* The gateway's Pods: no control-plane label, so the manager's Services, PDB and NetworkPolicy never select them. */}}
+{{- define "epo.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{/*
+What the manager's and the gateway's containers share (one binary, one
+runtime envelope): the image, the Pod and container security contexts, the
+probes, the discovery token and the downward-API and tracing variables.
+*/}}
+{{- define "epo.image" -}}
+{{- if .Values.image.digest -}}
+image: "{{ .Values.image.repository }}@{{ .Values.image.digest }}"
+{{- else -}}
+image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- end }}
+{{- with .Values.image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "epo.podSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{- define "epo.containerSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop:
+    - ALL
+{{- end -}}
+
+{{- define "epo.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: probes
+  initialDelaySeconds: 15
+  periodSeconds: 20
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: probes
+  initialDelaySeconds: 5
+  periodSeconds: 10
+{{- end -}}
+
+{{/* Bearer token of the discovery API (discoveryToken in values.yaml). */}}
+{{- define "epo.tokenEnv" -}}
+- name: DISCOVERY_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "epo.discoveryTokenSecret" . }}
+      key: {{ .Values.discoveryToken.key }}
+      optional: {{ not .Values.discoveryToken.generate }}
+{{- end -}}
+
+{{/*
+The downward-API variables must come before OTEL_RESOURCE_ATTRIBUTES
+("epo.otelEnv"): $(VAR) only expands variables listed earlier.
+*/}}
+{{- define "epo.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* Tracing after OTEL_SERVICE_NAME, which each container names itself; off until otel.endpoint is set. */}}
+{{- define "epo.otelEnv" -}}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+{{- with .Values.otel.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.otel.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "epo.discoveryTokenSecret" -}}
 {{- if .Values.discoveryToken.generate -}}
 {{ include "epo.fullname" . }}-discovery-token
@@ -44,20 +148,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 An object of the kustomize tree (a file under files/, a symlink into
 config/) as config/default's kustomization renders it: names prefixed with
 the fullname, the release namespace, the chart's labels; RBAC references
-follow the names; the ServiceAccount gets serviceAccount.annotations. Call with (list $ "files/rbac/role.yaml").
+follow the names; the manager's ServiceAccount gets serviceAccount.annotations
+(the gateway's does not: it calls no cloud). Call with (list $ "files/rbac/role.yaml").
 */}}
 {{- define "epo.fromKustomize" -}}
 {{- $root := index . 0 -}}
 {{- $obj := $root.Files.Get (index . 1) | fromYaml -}}
 {{- $prefix := include "epo.fullname" $root -}}
 {{- $meta := $obj.metadata -}}
+{{- $manager := eq $meta.name "controller-manager" -}}
 {{- $_ := set $meta "name" (printf "%s-%s" $prefix $meta.name | trunc 63 | trimSuffix "-") -}}
 {{- if hasKey $meta "namespace" -}}
 {{- $_ := set $meta "namespace" $root.Release.Namespace -}}
 {{- end -}}
 {{- $labels := merge (include "epo.labels" $root | fromYaml) (omit (default dict $meta.labels) "app.kubernetes.io/managed-by") -}}
 {{- $_ := set $meta "labels" $labels -}}
-{{- if and (eq $obj.kind "ServiceAccount") $root.Values.serviceAccount.annotations -}}
+{{- if and (eq $obj.kind "ServiceAccount") $manager $root.Values.serviceAccount.annotations -}}
 {{- $_ := set $meta "annotations" (merge (dict) $root.Values.serviceAccount.annotations (default dict $meta.annotations)) -}}
 {{- end -}}
 {{- with $obj.roleRef -}}
