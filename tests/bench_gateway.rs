@@ -13,8 +13,10 @@
 //!
 //! BENCH_FLEET=N (default 0: the two Squids alone) gives the gateway the
 //! operator's own fleet source instead: a discovery listing of N Ready
-//! Proxies spread over the two Squids. BENCH_USER sets the username
-//! (default `default`; e.g. `default-label-tier=gold` to filter).
+//! Proxies spread over the two Squids, steady (the listing rebuilt only
+//! every 5 s), or with BENCH_FLEET_CHURN=1 changing all the time (rebuilt
+//! every 250 ms). BENCH_USER sets the username (default `default`; e.g.
+//! `default-label-tier=gold` to filter).
 //!
 //! The gateway runs in a process of its own (this binary again, its
 //! `gateway_server` role), from the library as the operator runs it, with
@@ -112,9 +114,10 @@ async fn gateway_server() {
         // The operator's own fleet: a discovery listing of `size` Ready
         // Proxies (each on one of the Squids), made into upstreams, kept
         // fresh off the connections' path as the operator keeps them (the
-        // listing's refresher, the upstreams' warmer). The source counts
-        // no changes, so the listing is rebuilt at its every age: a fleet
-        // changing all the time.
+        // listing's refresher, the upstreams' warmer). A steady fleet, as
+        // the Proxy store reports one (its version unmoved); with
+        // BENCH_FLEET_CHURN=1 one whose Proxies change all the time (no
+        // version: the listing is rebuilt at its every age, 250 ms).
         let ports: Vec<u16> = fleet.iter().map(|u| u.port).collect();
         let state = listing(size, &ports);
         let api_fleet = Arc::new(gateway::ApiFleet::new(state.clone()));
@@ -128,6 +131,22 @@ async fn gateway_server() {
     gateway::serve(listener, gw, tokio::time::sleep(Duration::from_secs(secs)))
         .await
         .unwrap();
+}
+
+/// The bench's Proxies: steady (one version) or churning (none).
+struct Source {
+    proxies: Vec<Arc<egress_proxies_operator::api::Proxy>>,
+    churn: bool,
+}
+
+impl egress_proxies_operator::discovery::ProxySource for Source {
+    fn proxies(&self) -> Vec<Arc<egress_proxies_operator::api::Proxy>> {
+        self.proxies.clone()
+    }
+
+    fn version(&self) -> Option<u64> {
+        (!self.churn).then_some(1)
+    }
 }
 
 /// A discovery API state listing `size` Ready, Healthy Proxies spread
@@ -159,8 +178,9 @@ fn listing(size: u64, ports: &[u16]) -> egress_proxies_operator::discovery::ApiS
     let mut registry = egress_proxies_operator::metrics::Registrar::new();
     let metrics =
         egress_proxies_operator::discovery::metrics::DiscoveryMetrics::register(&mut registry);
+    let churn = std::env::var("BENCH_FLEET_CHURN").is_ok_and(|v| v == "1");
     egress_proxies_operator::discovery::ApiState::new(
-        Arc::new(proxies),
+        Arc::new(Source { proxies, churn }),
         leases,
         Some(TOKEN),
         &metrics,

@@ -68,35 +68,28 @@ pub fn rendezvous<T>(
 /// (`draw(n)` gives an index below `n`), the one `load` says is less
 /// loaded; candidates `usable` refuses are drawn again, a few times,
 /// then looked for in order so a usable one is never missed.
-pub fn two_choices<T>(
-    candidates: &[T],
+///
+/// The `n` candidates are reached by index (`at`), so a draw costs no walk
+/// over a large fleet.
+pub fn two_choices<'a, T: 'a>(
+    (n, at): (usize, impl Fn(usize) -> &'a T),
     mut draw: impl FnMut(usize) -> usize,
     load: impl Fn(&T) -> u32,
     mut usable: impl FnMut(&T) -> bool,
 ) -> Option<usize> {
-    let n = candidates.len();
     if n == 0 {
         return None;
     }
-    let mut pick = |draw: &mut dyn FnMut(usize) -> usize| {
-        (0..8)
-            .map(|_| draw(n) % n)
-            .find(|&i| usable(&candidates[i]))
-    };
+    let mut pick =
+        |draw: &mut dyn FnMut(usize) -> usize| (0..8).map(|_| draw(n) % n).find(|&i| usable(at(i)));
     let first = pick(&mut draw);
     let second = pick(&mut draw);
     match (first, second) {
-        (Some(a), Some(b)) => Some(if load(&candidates[b]) < load(&candidates[a]) {
-            b
-        } else {
-            a
-        }),
+        (Some(a), Some(b)) => Some(if load(at(b)) < load(at(a)) { b } else { a }),
         (Some(a), None) | (None, Some(a)) => Some(a),
         (None, None) => {
             let start = draw(n) % n;
-            (0..n)
-                .map(|k| (start + k) % n)
-                .find(|&i| usable(&candidates[i]))
+            (0..n).map(|k| (start + k) % n).find(|&i| usable(at(i)))
         }
     }
 }

@@ -96,22 +96,35 @@ fn two_choices_takes_the_less_loaded_and_never_misses_a_usable_one() {
     let load = |p: &String| if p.ends_with('1') { 0 } else { 5 };
     // Draws 0 then 1: proxy-1 is less loaded.
     let mut draws = [0, 1].into_iter().cycle();
-    let got = two_choices(&set, |_| draws.next().unwrap(), load, |_| true);
+    let got = two_choices(
+        (set.len(), |i| &set[i]),
+        |_| draws.next().unwrap(),
+        load,
+        |_| true,
+    );
     assert_eq!(got, Some(1));
     // Draws 2 then 3, equal load: the first.
     let mut draws = [2, 3].into_iter().cycle();
     assert_eq!(
-        two_choices(&set, |_| draws.next().unwrap(), load, |_| true),
+        two_choices(
+            (set.len(), |i| &set[i]),
+            |_| draws.next().unwrap(),
+            load,
+            |_| true
+        ),
         Some(2)
     );
     // Only proxy-3 usable, the draws never land on it: found anyway.
     let only3 = |p: &String| p.ends_with('3');
-    assert_eq!(two_choices(&set, |_| 0, load, only3), Some(3));
-    assert_eq!(two_choices(&set, |_| 0, load, |_| false), None);
     assert_eq!(
-        two_choices(&Vec::<String>::new(), |_| 0, load, |_| true),
+        two_choices((set.len(), |i| &set[i]), |_| 0, load, only3),
+        Some(3)
+    );
+    assert_eq!(
+        two_choices((set.len(), |i| &set[i]), |_| 0, load, |_| false),
         None
     );
+    assert_eq!(two_choices((0, |i| &set[i]), |_| 0, load, |_| true), None);
 }
 
 #[test]
@@ -121,7 +134,7 @@ fn rotation_spreads_connections_over_every_proxy() {
     let mut seed = 7u64;
     for _ in 0..30 {
         let i = two_choices(
-            &set,
+            (set.len(), |i| &set[i]),
             |n| {
                 seed = stable_hash(&[&seed.to_string()]);
                 (seed % n as u64) as usize

@@ -66,6 +66,24 @@ impl Candidates {
     pub fn list(&self) -> Vec<&Upstream> {
         self.iter().collect()
     }
+
+    /// How many match.
+    pub fn len(&self) -> usize {
+        self.subset.as_ref().map_or(self.all.len(), |s| s.len())
+    }
+
+    /// Whether none match.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`th match (below [`Candidates::len`]), without a walk.
+    pub fn get(&self, i: usize) -> Option<&Upstream> {
+        match &self.subset {
+            None => self.all.get(i),
+            Some(s) => self.all.get(*s.get(i)? as usize),
+        }
+    }
 }
 
 /// Where the gateway learns clients and upstreams.

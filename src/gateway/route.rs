@@ -194,22 +194,28 @@ impl Gateway {
         avoid: Option<&ProxyKey>,
     ) -> Result<Chosen, NoUpstream> {
         let matching = self.fleet.upstreams(filter);
-        let candidates = matching.list();
         let asked = || describe(wanted);
-        if candidates.is_empty() {
+        if matching.is_empty() {
             return Err(NoUpstream::NoneMatch(asked()));
         }
         let now = Instant::now();
-        let load = |u: &&Upstream| self.load_of(&u.key);
         let usable = self.usable((client, site), avoid);
-        let busy = || NoUpstream::AllBusy(candidates.len(), asked());
+        let busy = || NoUpstream::AllBusy(matching.len(), asked());
         let Some(id) = &wanted.session else {
-            let i = two_choices(&candidates, |n| self.draw(n), load, &usable).ok_or_else(busy)?;
+            // Rotation draws by index: no walk over the matches. `i` is
+            // below `len`, which is not 0, so `get` finds it (and `all`,
+            // holding every match, is not empty).
+            let at = |i| matching.get(i).unwrap_or(&matching.all[0]);
+            let load = |u: &Upstream| self.load_of(&u.key);
+            let i = two_choices((matching.len(), at), |n| self.draw(n), load, |u| usable(&u))
+                .ok_or_else(busy)?;
             return Ok(Chosen {
-                upstream: (*candidates[i]).clone(),
+                upstream: at(i).clone(),
                 moved: false,
             });
         };
+        // A session's rendezvous ranks every match.
+        let candidates = matching.list();
         let pinned = lock(&self.sessions).pinned(client, id, now).cloned();
         let kept = pinned.and_then(|p| candidates.iter().position(|c| c.key == p));
         let i = match kept.filter(|&i| usable(&candidates[i])) {
