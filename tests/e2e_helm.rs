@@ -363,6 +363,7 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
             "Role/egress-proxies-operator-gateway-follower-role",
             "RoleBinding/egress-proxies-operator-gateway-follower-rolebinding",
             "Service/egress-proxies-operator-gateway",
+            "Service/egress-proxies-operator-gateway-metrics-service",
             "ServiceAccount/egress-proxies-operator-gateway",
         ]
     );

@@ -48,6 +48,13 @@ pub struct GatewayFlags {
     #[arg(long, default_value = "5m", value_parser = super::parse_duration, value_name = "DURATION")]
     pub gateway_idle_timeout: Duration,
 
+    /// How long a stopping gateway (SIGTERM) waits for the requests and
+    /// tunnels open through it to end, taking no new connection, before
+    /// it cuts them. The shipped Deployment's grace period (30 s, a 5 s
+    /// preStop wait first) leaves room for the default.
+    #[arg(long, default_value = "20s", value_parser = super::parse_duration, value_name = "DURATION")]
+    pub gateway_drain_timeout: Duration,
+
     /// The share of gateway requests (a CONNECT's setup, a plain-http
     /// request) traced as a `gateway.request` span, from 0 (none) to 1
     /// (all): at hundreds of new connections a second, tracing each would

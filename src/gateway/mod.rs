@@ -57,6 +57,9 @@ pub struct Settings {
     pub ban_statuses: Vec<u16>,
     /// Requests traced per million (0 to 1,000,000).
     pub traced_per_million: u32,
+    /// How long a stopping gateway waits for its open connections and
+    /// tunnels to end before they are cut.
+    pub drain_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -73,6 +76,7 @@ impl Default for Settings {
             upstream_timeout: Duration::from_secs(10),
             ban_statuses: vec![403, 429],
             traced_per_million: 10_000,
+            drain_timeout: Duration::from_secs(20),
         }
     }
 }

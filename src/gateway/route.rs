@@ -236,6 +236,11 @@ impl Gateway {
         })
     }
 
+    /// Upstream connections open (tunnels and kept connections).
+    pub fn upstream_connections(&self) -> usize {
+        lock(&self.load).values().map(|&n| n as usize).sum()
+    }
+
     fn load_of(&self, key: &ProxyKey) -> u32 {
         lock(&self.load).get(key).copied().unwrap_or(0)
     }

@@ -16,7 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::metrics::RequestLabels;
 use super::route::Gateway;
@@ -33,18 +33,21 @@ const REALM: &str = "Basic realm=\"egress-proxies-operator gateway\"";
 /// How often expired sessions are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
-/// Serves the gateway on `listener` until `stop` resolves.
+/// Serves the gateway on `listener` until `stop` resolves, then drains:
+/// no new connection is taken, an idle kept-alive one is closed, and
+/// requests and tunnels in flight get up to the drain timeout to end.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(gateway.settings.max_connections));
+    let (closing, closed) = tokio::sync::watch::channel(false);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
-            () = &mut stop => return Ok(()),
+            () = &mut stop => break,
             _ = sweep.tick() => {
                 gateway.sweep();
                 continue;
@@ -64,18 +67,53 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let gw = gateway.clone();
+        let (gw, closed) = (gateway.clone(), closed.clone());
         tokio::spawn(async move {
-            connection(gw, stream).await;
+            connection(gw, stream, closed).await;
             drop(permit);
         });
     }
+    drop(listener);
+    let _ = closing.send(true);
+    let max = gateway.settings.max_connections;
+    drain(&gateway, || max - slots.available_permits()).await;
+    Ok(())
 }
+
+/// Waits until no client connection (`connections()`) and no upstream
+/// connection (a tunnel's, a kept one's) is open, or the drain timeout.
+async fn drain(gw: &Gateway, connections: impl Fn() -> usize) {
+    let open = || connections() + gw.upstream_connections();
+    if open() == 0 {
+        return;
+    }
+    let limit = gw.settings.drain_timeout;
+    info!(open = open(), limit = ?limit, "Gateway stopping: no new connections; waiting for those open to end");
+    let deadline = tokio::time::Instant::now() + limit;
+    while open() > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            warn!(
+                open = open(),
+                "Gateway drain timeout: the connections still open are cut"
+            );
+            return;
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    info!("Gateway drained: every connection ended");
+}
+
+/// How often a draining gateway looks whether its connections ended.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 use super::forward::forward;
 pub(super) use super::forward::KeptCell;
 
-async fn connection(gw: Arc<Gateway>, stream: TcpStream) {
+async fn connection(
+    gw: Arc<Gateway>,
+    stream: TcpStream,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
     let kept: KeptCell = Arc::default();
     let timeout = gw.settings.header_read_timeout;
     let service = service_fn(move |req| {
@@ -87,7 +125,20 @@ async fn connection(gw: Arc<Gateway>, stream: TcpStream) {
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
-    if let Err(e) = served.await {
+    tokio::pin!(served);
+    let ended = tokio::select! {
+        r = served.as_mut() => r,
+        // Stopping: a request in flight finishes (a CONNECT's tunnel goes
+        // on by itself), then the connection closes instead of waiting
+        // for the client's next request.
+        () = async {
+            let _ = closing.wait_for(|c| *c).await;
+        } => {
+            served.as_mut().graceful_shutdown();
+            served.await
+        }
+    };
+    if let Err(e) = ended {
         debug!(error = %e, "Gateway connection ended");
     }
 }

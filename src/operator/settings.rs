@@ -243,6 +243,7 @@ impl Settings {
                 session_ttl: flags.gateway.gateway_session_ttl,
                 max_session_ttl: flags.gateway.gateway_max_session_ttl,
                 idle_timeout: flags.gateway.gateway_idle_timeout,
+                drain_timeout: flags.gateway.gateway_drain_timeout,
                 // A ratio from 0 to 1 (checked by its parser).
                 traced_per_million: (flags.gateway.gateway_trace_sample_ratio * 1e6).round() as u32,
                 ban_statuses: cli::gateway::ban_statuses(&flags.gateway.gateway_ban_statuses)

@@ -84,7 +84,7 @@ async fn curl_async(gw: SocketAddr, user: &str, url: &str) -> Seen {
 }
 
 /// Targets that answer with the address of their client: plain http, and
-/// https with a self-signed certificate.
+/// https with a self-signed certificate (on `/slow`, after 3 s).
 async fn echo_targets() -> (SocketAddr, SocketAddr) {
     let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -115,7 +115,10 @@ async fn echo_targets() -> (SocketAddr, SocketAddr) {
                 let Ok(mut c) = acceptor.accept(c).await else {
                     return;
                 };
-                support::read_head(&mut c).await;
+                // `/slow` answers after 3 s: a request in flight.
+                if support::read_head(&mut c).await.starts_with("GET /slow") {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
                 let _ = c.write_all(echo(peer).as_bytes()).await;
                 let _ = c.shutdown().await;
             });
@@ -1030,5 +1033,59 @@ async fn python_requests_scrapy_and_a_real_chromium_use_the_gateway() {
     let (ok, out) = python(venv, args).await;
     assert!(ok, "browse_playwright.py failed: {out}");
     w.upstream_of(out.trim());
+    drop(w.ground);
+}
+
+/// A gateway told to stop (SIGTERM) takes no new connection but lets the
+/// tunnel open through it finish its request (answered 3 s later), then
+/// exits once nothing is open, long before its drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_gateway_lets_the_tunnel_in_flight_finish() {
+    let mut w = World::new("gwdrain").await;
+    let (gw, http) = (w.gw, format!("http://{}/", w.http));
+    let slow = format!("https://localhost:{}/slow", w.https.port());
+    let in_flight = tokio::spawn(async move { curl_async(gw, "default", &slow).await });
+    // The tunnel is up and its request sent before the stop.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut op = w._ops.remove(0);
+    Command::new("kill")
+        .args(["-TERM", &op.pid().to_string()])
+        .status()
+        .unwrap();
+    let log = w._dir.path().join("operator.log");
+    eventually(
+        "the gateway to stop accepting",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(&log)
+                .ok()?
+                .contains("Gateway stopping")
+                .then_some(())
+        },
+    )
+    .await;
+    let refused = curl_async(gw, "default", &http).await;
+    assert_eq!(
+        refused.status, 0,
+        "a new connection while stopping: {refused:?}"
+    );
+    let done = in_flight.await.unwrap();
+    assert_eq!(done.status, 200, "the request in flight: {done:?}");
+    w.upstream_of(&done.body);
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = op.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "still running 10 s after its last tunnel ended (the drain timeout is 20 s):\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("Gateway drained"), "{text}");
     drop(w.ground);
 }

@@ -736,6 +736,7 @@ fn the_gateway_component_adds_the_gateway_and_leaves_the_rest_as_it_is() {
             "Role/egress-proxies-operator-gateway-follower-role",
             "RoleBinding/egress-proxies-operator-gateway-follower-rolebinding",
             "Service/egress-proxies-operator-gateway",
+            "Service/egress-proxies-operator-gateway-metrics-service",
             "ServiceAccount/egress-proxies-operator-gateway",
         ]
     );
@@ -833,6 +834,33 @@ fn the_gateways_service_and_network_policy_reach_its_ports() {
             !selects(selector, pod_labels),
             "{} selects the gateway's Pods",
             other["metadata"]["name"]
+        );
+    }
+
+    // Its /metrics has a Service of its own, which the shipped
+    // ServiceMonitor selects with the manager's.
+    let metrics = object(
+        docs,
+        "Service",
+        "egress-proxies-operator-gateway-metrics-service",
+    );
+    assert!(selects(&metrics["spec"]["selector"], pod_labels));
+    assert!(!selects(&metrics["spec"]["selector"], manager_labels));
+    assert_eq!(metrics["spec"]["ports"][0]["port"], port_of(c, "metrics"));
+    assert_eq!(metrics["spec"]["ports"][0]["targetPort"], "metrics");
+    let monitoring = kustomize("config/prometheus");
+    let monitor = monitoring
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("config/prometheus has a ServiceMonitor");
+    for name in [
+        "egress-proxies-operator-gateway-metrics-service",
+        "egress-proxies-operator-controller-manager-metrics-service",
+    ] {
+        let labels = &object(docs, "Service", name)["metadata"]["labels"];
+        assert!(
+            selects(&monitor["spec"]["selector"]["matchLabels"], labels),
+            "the ServiceMonitor does not scrape {name}"
         );
     }
 
@@ -1052,7 +1080,11 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
             .contains(&d["kind"].as_str().unwrap_or_default())
         })
         .collect();
-    assert_eq!(rest.len(), 4);
+    assert_eq!(
+        rest.len(),
+        5,
+        "Deployment, two Services, PDB, NetworkPolicy"
+    );
     let list = tempfile::NamedTempFile::new().unwrap();
     let items = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rest});
     std::fs::write(list.path(), items.to_string()).unwrap();
@@ -1063,7 +1095,7 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
         "-f",
         list.path().to_str().unwrap(),
     ]);
-    assert_eq!(dry.matches("(server dry run)").count(), 4, "{dry}");
+    assert_eq!(dry.matches("(server dry run)").count(), rest.len(), "{dry}");
     let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
     // Absent, as at a first install, so the gateway's create is exercised.
     c.kubectl_ok(&[
