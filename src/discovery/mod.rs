@@ -11,7 +11,6 @@
 //! gateway's session reports).
 
 mod bench;
-mod cooldowns;
 mod error;
 pub mod feed;
 mod forward;
@@ -30,6 +29,7 @@ mod selector;
 mod serving;
 mod sessions;
 mod state;
+mod to_leader;
 pub(crate) mod tokens;
 
 pub use error::ApiError;

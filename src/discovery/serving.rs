@@ -48,10 +48,14 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
         // Replicas only (a signed call): the leader's table for warm
         // followers. Not in the OpenAPI document: not for crawlers.
         .route(super::feed::FEED_PATH, get(super::feed::lease_state))
-        // Replicas only: cooldowns a gateway replica sends the leader.
+        // Replicas only: what a gateway replica tells the leader.
         .route(
-            super::cooldowns::COOLDOWNS_PATH,
-            post(super::cooldowns::take),
+            super::to_leader::COOLDOWNS_PATH,
+            post(super::to_leader::take_cooldown),
+        )
+        .route(
+            super::to_leader::FAILED_PATH,
+            post(super::to_leader::take_failed),
         )
         // Only these go to the leader's lease store; the listing is the
         // same watch cache on every replica.

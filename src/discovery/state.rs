@@ -134,6 +134,9 @@ pub struct ApiState {
     /// Copies the leader's table without joining the followers grants
     /// wait for: a process that can never lead (the gateway).
     pub(super) observer: bool,
+    /// The health engine's hints, when this process runs one (it probes
+    /// a failed upstream at once while this replica leads).
+    pub(super) hints: Option<crate::health::Hints>,
 }
 
 impl ApiState {
@@ -185,6 +188,7 @@ impl ApiState {
             bench: None,
             gateway: None,
             observer: false,
+            hints: None,
         }
     }
 
@@ -200,6 +204,13 @@ impl ApiState {
     /// by grants, as a process that cannot lead must not be.
     pub fn as_observer(mut self) -> Self {
         self.observer = true;
+        self
+    }
+
+    /// Hands the upstreams a gateway saw fail to `hints`, the health
+    /// engine's (while this replica leads; the leader's otherwise).
+    pub fn with_hints(mut self, hints: crate::health::Hints) -> Self {
+        self.hints = Some(hints);
         self
     }
 

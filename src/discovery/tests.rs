@@ -124,7 +124,8 @@ impl Api {
             ApiState::with_clients(Arc::new(source), leases.clone(), &tokens, &discovery)
                 .with_forwarder(forwarder)
                 .with_replicas(replicas.clone())
-                .with_bench_routes(bench);
+                .with_bench_routes(bench)
+                .with_hints(crate::health::Hints::default());
         if let Some(r) = replacer {
             state = state.with_replacer(r);
         }
@@ -2015,4 +2016,31 @@ async fn with_the_refresher_running_no_request_rebuilds_the_listing() {
     let _ = tx.send(());
     refresher.await.unwrap();
     assert!(!api.refreshing(), "stopped: requests build their own again");
+}
+
+#[tokio::test]
+async fn an_upstream_a_followers_gateway_saw_fail_reaches_the_leaders_health_engine() {
+    use crate::lease::ProxyKey;
+    let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
+    let url = format!("http://{}", leader.addr);
+    let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
+    let key = |name: &str| ProxyKey {
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    let hints = |api: &Api| api.state.hints.as_ref().unwrap().take();
+    follower.state.upstream_failed(&key("a")).await;
+    assert_eq!(hints(&leader), ["ns/a"], "sent to the leader");
+    assert!(hints(&follower).is_empty(), "a follower runs no engine");
+    leader.state.upstream_failed(&key("b")).await;
+    assert_eq!(hints(&leader), ["ns/b"], "the leader's own gateway");
+    // Sent by a replica only: a crawler's token meets an unknown route.
+    let body = br#"{"namespace": "ns", "name": "a"}"#.to_vec();
+    let (s, v) = leader
+        .call("POST", "/internal/v1/failed", Some("t0k"), Some(body))
+        .await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    assert!(hints(&leader).is_empty());
+    follower.stop().await;
+    leader.stop().await;
 }

@@ -99,6 +99,8 @@ pub trait Fleet: Send + Sync + 'static {
     /// `key` is banned by `site` (or failed `client` everywhere): the
     /// cooldown of a lease report.
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>);
+    /// `key` failed a connection: the health engine probes it at once.
+    fn failed(&self, _key: &ProxyKey) {}
 }
 
 /// The discovery API's state as the gateway's fleet. The upstreams are
@@ -206,6 +208,11 @@ impl Fleet for ApiFleet {
                 .cool_down_at_leader(&key, &client, site.as_deref())
                 .await;
         });
+    }
+
+    fn failed(&self, key: &ProxyKey) {
+        let (state, key) = (self.state.clone(), key.clone());
+        tokio::spawn(async move { state.upstream_failed(&key).await });
     }
 }
 

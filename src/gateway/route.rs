@@ -34,8 +34,6 @@ pub struct Gateway {
     /// Upstreams that failed a connection, and until when they are
     /// passed over.
     suspects: Mutex<HashMap<ProxyKey, Instant>>,
-    /// Tells the health engine of upstreams that failed.
-    hints: crate::health::Hints,
     /// Random draws for rotation: a per-process random seed, stepped.
     seed: u64,
     draws: AtomicU64,
@@ -118,17 +116,9 @@ impl Gateway {
             load: Arc::default(),
             clients: Arc::default(),
             suspects: Mutex::default(),
-            hints: crate::health::Hints::default(),
             seed: RandomState::new().hash_one(0u8),
             draws: AtomicU64::new(0),
         }
-    }
-
-    /// Tells `hints` of the upstreams that fail (the health engine then
-    /// probes them at once).
-    pub fn with_hints(mut self, hints: crate::health::Hints) -> Self {
-        self.hints = hints;
-        self
     }
 
     /// Counts a connection of `client`; none when it holds its cap.
@@ -165,7 +155,7 @@ impl Gateway {
     /// `key` failed a connection: passed over for [`SUSPECT_FOR`], and
     /// probed by the health engine at once.
     pub fn suspect(&self, key: &ProxyKey) {
-        self.hints.failed(&key.namespace, &key.name);
+        self.fleet.failed(key);
         let now = Instant::now();
         let mut s = lock(&self.suspects);
         s.retain(|_, until| *until > now);

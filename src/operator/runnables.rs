@@ -145,14 +145,13 @@ pub fn spawn_discovery(
             watch.await;
         });
     }
+    // The health engine (while this replica leads) probes at once what a
+    // gateway saw fail.
+    let state = state.with_hints(settings.health.hints.clone());
     // The gateway reads the API's state; the API takes its session reports.
     let state = match settings.gateway_bind {
         Some(at) => {
-            let fed = (
-                state.clone(),
-                metrics.gateway.clone(),
-                settings.health.hints.clone(),
-            );
+            let fed = (state.clone(), metrics.gateway.clone());
             let gateway = spawn_gateway(tasks, at, settings.gateway.clone(), fed, stop.clone());
             state.with_gateway(gateway)
         }
@@ -176,15 +175,11 @@ fn spawn_gateway(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: crate::gateway::Settings,
-    (state, metrics, hints): (
-        discovery::ApiState,
-        crate::gateway::metrics::GatewayMetrics,
-        health::Hints,
-    ),
+    (state, metrics): (discovery::ApiState, crate::gateway::metrics::GatewayMetrics),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Arc<crate::gateway::Gateway> {
     let fleet = Arc::new(crate::gateway::ApiFleet::new(state));
-    let gateway = crate::gateway::Gateway::new(fleet.clone(), settings, metrics).with_hints(hints);
+    let gateway = crate::gateway::Gateway::new(fleet.clone(), settings, metrics);
     let gateway = Arc::new(gateway);
     let serving = gateway.clone();
     let stop = futures::FutureExt::shared(Box::pin(stop));
