@@ -1852,8 +1852,8 @@ impl ProxySource for Counted {
     }
 }
 
-#[tokio::test]
-async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
+/// A state over a [`Counted`] source holding the Proxy `a`, version 1.
+fn counted_state() -> (Arc<Counted>, ApiState) {
     let source = Arc::new(Counted {
         proxies: std::sync::Mutex::new(vec![proxy("a", "z1", "True", json!({}))]),
         version: 1.into(),
@@ -1868,6 +1868,12 @@ async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
     let mut registry = Registrar::new();
     let discovery = metrics::DiscoveryMetrics::register(&mut registry);
     let api = ApiState::new(source.clone(), leases, None, &discovery);
+    (source, api)
+}
+
+#[tokio::test]
+async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
+    let (source, api) = counted_state();
     let reads = || source.reads.load(std::sync::atomic::Ordering::SeqCst);
     let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
 
@@ -1958,20 +1964,7 @@ async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replica
 /// listing's age, rebuilt off their path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_refresher_running_no_request_rebuilds_the_listing() {
-    let source = Arc::new(Counted {
-        proxies: std::sync::Mutex::new(vec![proxy("a", "z1", "True", json!({}))]),
-        version: 1.into(),
-        reads: 0.into(),
-    });
-    let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: 4,
-        default_ttl: Duration::from_secs(60),
-        max_ttl: Duration::from_secs(600),
-        cooldown: Duration::from_secs(60),
-    }));
-    let mut registry = Registrar::new();
-    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
-    let api = ApiState::new(source.clone(), leases, None, &discovery);
+    let (source, api) = counted_state();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let refresher = tokio::spawn(api.clone().refresh_listing(async move {
         let _ = rx.await;

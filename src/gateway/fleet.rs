@@ -240,13 +240,10 @@ mod tests {
         )
     }
 
-    #[tokio::test]
-    async fn upstreams_are_made_once_per_listing_and_chosen_by_position() {
-        let source: Vec<Arc<Proxy>> = ["a", "b", "c"]
-            .iter()
-            .zip(["eu", "us", "eu"])
-            .map(|(n, p)| proxy(n, p))
-            .collect();
+    /// An API state listing the Ready Proxies `(name, pool)`, one lease
+    /// per proxy, the client `default` signing in with the token `t`.
+    fn state_of(proxies: &[(&str, &str)]) -> ApiState {
+        let source: Vec<Arc<Proxy>> = proxies.iter().map(|(n, p)| proxy(n, p)).collect();
         let config = LeaseConfig {
             max_leases_per_proxy: 1,
             default_ttl: Duration::from_secs(300),
@@ -255,12 +252,13 @@ mod tests {
         };
         let mut registry = crate::metrics::Registrar::new();
         let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
-        let state = ApiState::new(
-            Arc::new(source),
-            Arc::new(LeaseStore::new(config)),
-            Some("t"),
-            &metrics,
-        );
+        let leases = Arc::new(LeaseStore::new(config));
+        ApiState::new(Arc::new(source), leases, Some("t"), &metrics)
+    }
+
+    #[tokio::test]
+    async fn upstreams_are_made_once_per_listing_and_chosen_by_position() {
+        let state = state_of(&[("a", "eu"), ("b", "us"), ("c", "eu")]);
         let fleet = ApiFleet::new(state);
         let all = Filter::new(Filters::default()).unwrap();
         let eu = Filter::new(Filters {
@@ -297,26 +295,16 @@ mod tests {
     #[tokio::test]
     async fn a_session_is_found_from_its_username_where_it_was_never_carried() {
         use crate::discovery::GatewaySessions;
-        let source: Vec<Arc<Proxy>> = ["a", "b", "c", "d", "e"]
-            .iter()
-            .zip(["eu", "us", "eu", "eu", "us"])
-            .map(|(n, p)| proxy(n, p))
-            .collect();
-        let config = LeaseConfig {
-            max_leases_per_proxy: 1,
-            default_ttl: Duration::from_secs(300),
-            max_ttl: Duration::from_secs(3600),
-            cooldown: Duration::from_secs(300),
-        };
+        let pools = [
+            ("a", "eu"),
+            ("b", "us"),
+            ("c", "eu"),
+            ("d", "eu"),
+            ("e", "us"),
+        ];
+        let state = state_of(&pools);
         let mut registry = crate::metrics::Registrar::new();
-        let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
         let gateway_metrics = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
-        let state = ApiState::new(
-            Arc::new(source),
-            Arc::new(LeaseStore::new(config)),
-            Some("t"),
-            &metrics,
-        );
         let gateway = || {
             let fleet = Arc::new(ApiFleet::new(state.clone()));
             crate::gateway::Gateway::new(fleet, Default::default(), gateway_metrics.clone())

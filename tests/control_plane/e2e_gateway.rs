@@ -336,6 +336,29 @@ impl World {
         }
     }
 
+    /// A lease from the operator's API for two minutes: its id, and the
+    /// upstream it holds.
+    async fn lease(&self) -> (String, usize) {
+        let (s, lease) = api_call(
+            self.api,
+            "POST",
+            "/v1/leases",
+            Some(TOKEN),
+            br#"{"ttlSeconds": 120}"#.to_vec(),
+        )
+        .await;
+        assert_eq!(s, 201, "{lease}");
+        let name = lease["proxy"]["name"].as_str().unwrap();
+        let id = lease["id"].as_str().unwrap().to_string();
+        (id, name["up-".len()..].parse().unwrap())
+    }
+
+    async fn release(&self, id: &str) {
+        let path = format!("/v1/leases/{id}");
+        let (s, _) = api_call(self.api, "DELETE", &path, Some(TOKEN), vec![]).await;
+        assert_eq!(s, 204);
+    }
+
     /// The upstream whose exit address is `ip`.
     fn upstream_of(&self, ip: &str) -> usize {
         (0..3)
@@ -484,18 +507,7 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
     );
 
     // An exclusive lease takes one proxy out of the gateway's rotation.
-    let (s, lease) = api_call(
-        w.api,
-        "POST",
-        "/v1/leases",
-        Some(TOKEN),
-        br#"{"ttlSeconds": 120}"#.to_vec(),
-    )
-    .await;
-    assert_eq!(s, 201, "{lease}");
-    let leased: usize = lease["proxy"]["name"].as_str().unwrap()["up-".len()..]
-        .parse()
-        .unwrap();
+    let (lease, leased) = w.lease().await;
     let mut while_leased = BTreeSet::new();
     for _ in 0..30 {
         let seen = curl_async(gw, "default", &http).await;
@@ -507,15 +519,7 @@ async fn sessions_stick_rotation_spreads_leases_exclude_and_a_dead_upstream_move
         "up-{leased} is leased exclusively, yet the gateway used it: {while_leased:?}"
     );
     assert_eq!(while_leased.len(), 2, "{while_leased:?}");
-    let (s, _) = api_call(
-        w.api,
-        "DELETE",
-        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
-        Some(TOKEN),
-        vec![],
-    )
-    .await;
-    assert_eq!(s, 204);
+    w.release(&lease).await;
 
     // The session's upstream dies: nothing fails, the session moves once.
     let dead = w.upstream_of(&session_exit);
@@ -589,18 +593,7 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     assert!(spread.len() >= 2, "20 sessions, one upstream: {spread:?}");
 
     // A lease from the operator's API: neither gateway uses its proxy.
-    let (s, lease) = api_call(
-        w.api,
-        "POST",
-        "/v1/leases",
-        Some(TOKEN),
-        br#"{"ttlSeconds": 120}"#.to_vec(),
-    )
-    .await;
-    assert_eq!(s, 201, "{lease}");
-    let leased: usize = lease["proxy"]["name"].as_str().unwrap()["up-".len()..]
-        .parse()
-        .unwrap();
+    let (lease, leased) = w.lease().await;
     // A copy follows a change of the table within one long poll's answer.
     tokio::time::sleep(Duration::from_secs(1)).await;
     for (g, gw) in w.gws.iter().enumerate() {
@@ -716,15 +709,7 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
         w.upstream_of(&exits[19]),
         "the report names the session's upstream: {v}"
     );
-    let (s, _) = api_call(
-        w.api,
-        "DELETE",
-        &format!("/v1/leases/{}", lease["id"].as_str().unwrap()),
-        Some(TOKEN),
-        vec![],
-    )
-    .await;
-    assert_eq!(s, 204);
+    w.release(&lease).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let a = curl_async(w.gws[0], "default-session-agree19", &http).await;
     let b = curl_async(w.gws[1], "default-session-agree19", &http).await;
