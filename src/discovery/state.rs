@@ -286,15 +286,26 @@ impl ApiState {
         let current = self.held();
         if let Some((at, built, items)) = &current {
             // Kept fresh elsewhere, fresh, or stale while another request
-            // rebuilds it: use it.
-            if self.refreshed.load(Ordering::Acquire)
-                || fresh(*at, *built, stamp)
+            // rebuilds it: use it. Not while this replica leads with a
+            // store that was not told the listing's set (its table was a
+            // follower's copy until now): no grant may go without it.
+            let told = !self.untold(items);
+            if (told && (self.refreshed.load(Ordering::Acquire) || fresh(*at, *built, stamp)))
                 || self.rebuilding.swap(true, Ordering::AcqRel)
             {
                 return items.clone();
             }
         }
         self.rebuild(current, stamp)
+    }
+
+    /// Whether this replica serves leases from a store that does not hold
+    /// `items`' eligible set: it just took over, and its table was the
+    /// leader's copy (which carries no eligible set). A follower's store
+    /// is not told: every copy would undo it, and it grants nothing.
+    fn untold(&self, items: &Listing) -> bool {
+        self.leases.eligible_generation() != Some(items.generation())
+            && (self.forward.leader)() == super::forward::Leader::Me
     }
 
     /// Whether a refresher keeps the listing (tests).
@@ -315,8 +326,10 @@ impl ApiState {
     fn refresh_if_stale(&self) {
         let stamp = self.stamp();
         let current = self.held();
-        if let Some((at, built, _)) = &current {
-            if fresh(*at, *built, stamp) || self.rebuilding.swap(true, Ordering::AcqRel) {
+        if let Some((at, built, items)) = &current {
+            if (fresh(*at, *built, stamp) && !self.untold(items))
+                || self.rebuilding.swap(true, Ordering::AcqRel)
+            {
                 return;
             }
         }

@@ -66,7 +66,13 @@ async fn a_crawler_and_kubectl_get_a_fresh_instance_on_request() {
         }
     };
     eventually("all 3 Ready", Duration::from_secs(120), || ready(3)).await;
-    // Ready in the API server is listed by the API within its cache lag.
+    // Ready in the API server is listed by the API within its cache lag
+    // (and the listing's refresh): the replace needs another to move to.
+    eventually("all 3 listed", Duration::from_secs(10), || async {
+        let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        (s == 200 && v["items"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
     let (st, lease) = eventually("a lease", Duration::from_secs(10), || async {
         let r = api_call(api, "POST", "/v1/leases", Some(TOKEN), b"{}".to_vec()).await;
         (r.0 == 201).then_some(r)
