@@ -257,6 +257,23 @@ async fn leases_hold_through_a_rolling_restart(
         assert_eq!(s, 201, "{v}{}", operator_logs(c));
         v
     };
+    // Ready in the API server is listed by every replica within its
+    // cache's lag and the listing's refresh: both, before the fairest
+    // choice below is judged.
+    eventually(
+        "both Proxies listed by every replica",
+        Duration::from_secs(30),
+        || async {
+            let apis = ready_apis(client).await;
+            for api in &apis {
+                let (s, v) =
+                    lease_call(*api, "GET", "/v1/proxies", serde_json::Value::Null).await?;
+                (s == 200 && v["items"].as_array().map(Vec::len) == Some(2)).then_some(())?;
+            }
+            (!apis.is_empty()).then_some(())
+        },
+    )
+    .await;
     // Two leases under one sticky key on X, one on Y reported blocked for
     // a site.
     let s1 = grant(serde_json::json!({"stickyKey": "s1"})).await;

@@ -29,6 +29,25 @@ pub const LISTING_UNCHANGED_MAX_AGE: Duration = Duration::from_secs(5);
 /// How often a refresher looks whether the listing is stale.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(50);
 
+/// How soon after its last build a refresher rebuilds the listing of a
+/// source that counted a change: a Proxy turned Ready is offered within
+/// about this, and a fleet that keeps changing costs at most ten
+/// rebuilds a second.
+pub const REFRESH_MIN_AGE: Duration = Duration::from_millis(100);
+
+/// Whether a refresher rebuilds a listing built `at` from `built` while
+/// the source is at `now`: a changed source after [`REFRESH_MIN_AGE`],
+/// one that counts no changes after [`LISTING_MAX_AGE`], an unchanged one
+/// after [`LISTING_UNCHANGED_MAX_AGE`].
+fn due(at: Instant, built: Option<Stamp>, now: Option<Stamp>) -> bool {
+    let age = at.elapsed();
+    match now {
+        Some(_) if built == now => age >= LISTING_UNCHANGED_MAX_AGE,
+        Some(_) => age >= REFRESH_MIN_AGE,
+        None => age >= LISTING_MAX_AGE,
+    }
+}
+
 /// Whether a listing built `at` from `built` may still serve while the
 /// source is at `now`: younger than [`LISTING_MAX_AGE`], or built from
 /// what the source still holds and younger than
@@ -321,13 +340,12 @@ impl ApiState {
             .clone()
     }
 
-    /// Rebuilds the listing when it is stale by [`ApiState::listing`]'s
-    /// rule; what a refresher calls.
+    /// Rebuilds the listing when it is [`due`]; what a refresher calls.
     fn refresh_if_stale(&self) {
         let stamp = self.stamp();
         let current = self.held();
         if let Some((at, built, items)) = &current {
-            if (fresh(*at, *built, stamp) && !self.untold(items))
+            if (!due(*at, *built, stamp) && !self.untold(items))
                 || self.rebuilding.swap(true, Ordering::AcqRel)
             {
                 return;
@@ -337,7 +355,7 @@ impl ApiState {
     }
 
     /// Keeps the listing fresh off the requests' path until `stop`: every
-    /// [`REFRESH_EVERY`] it is rebuilt if stale, on the blocking pool (a
+    /// [`REFRESH_EVERY`] it is rebuilt if [`due`], on the blocking pool (a
     /// rebuild walks every Proxy). Requests meanwhile take the listing in
     /// force, never waiting for one: a lease at 10,000 Proxies does not
     /// pay for the walk.

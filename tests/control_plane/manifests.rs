@@ -1189,12 +1189,14 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
     }
 
     // The proxy port: a crawler without the token is asked for it; with
-    // it, the gateway chooses among the fleet (none here: 503).
+    // it, the gateway chooses among the fleet it watches, cluster-wide
+    // (other tests' Proxies too): in a namespace with none, a 503.
     let gw = addrs["--gateway-bind-address"];
     let url = "http://example.invalid/";
     let anonymous = support::curl_status(&format!("http://{gw}"), url);
     assert_eq!(anonymous, "407", "{}", log_text());
-    let signed_in = support::curl_status(&format!("http://default:{TOKEN}@{gw}"), url);
+    let nowhere = format!("http://default-ns-nowhere:{TOKEN}@{gw}");
+    let signed_in = support::curl_status(&nowhere, url);
     assert_eq!(signed_in, "503", "{}", log_text());
     // The discovery port takes the session reports of this gateway.
     let body = serde_json::to_vec(&serde_json::json!({"result": "blocked"})).unwrap();
