@@ -14,6 +14,7 @@ mod bench;
 mod error;
 pub mod feed;
 mod forward;
+mod freshness;
 mod handlers;
 pub mod internal;
 mod listing;
