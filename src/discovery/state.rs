@@ -282,7 +282,10 @@ impl ApiState {
     /// leader's copy (which carries no eligible set). A follower's store
     /// is not told: every copy would undo it, and it grants nothing.
     fn untold(&self, items: &Listing) -> bool {
-        self.leases.eligible_generation() != Some(items.generation())
+        // An observer (a gateway process) never leads: no lock, no seal
+        // check on its connections' path.
+        !self.observer
+            && self.leases.eligible_generation() != Some(items.generation())
             && (self.forward.leader)() == super::forward::Leader::Me
     }
 
@@ -320,12 +323,16 @@ impl ApiState {
     /// pay for the walk.
     pub async fn refresh_listing(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        let first = self.clone();
+        let refreshed = || {
+            let state = self.clone();
+            async move {
+                tokio::task::spawn_blocking(move || state.refresh_if_stale())
+                    .await
+                    .is_ok()
+            }
+        };
         // The first listing exists before requests stop building their own.
-        if tokio::task::spawn_blocking(move || first.refresh_if_stale())
-            .await
-            .is_err()
-        {
+        if !refreshed().await {
             return;
         }
         self.refreshed.store(true, Ordering::Release);
@@ -334,11 +341,7 @@ impl ApiState {
                 _ = &mut stop => break,
                 _ = tokio::time::sleep(REFRESH_EVERY) => {}
             }
-            let state = self.clone();
-            if tokio::task::spawn_blocking(move || state.refresh_if_stale())
-                .await
-                .is_err()
-            {
+            if !refreshed().await {
                 break;
             }
         }

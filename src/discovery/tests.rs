@@ -1915,16 +1915,26 @@ async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
     assert_eq!(reads(), 4, "and the sweep looks again");
 }
 
-#[tokio::test]
-async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replicas_only() {
-    use crate::lease::ProxyKey;
+/// A leading replica and one that follows it (forwards and table copies).
+async fn leader_and_follower() -> (Api, Api) {
     let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
     let url = format!("http://{}", leader.addr);
     let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
-    let key = |name: &str| ProxyKey {
+    (leader, follower)
+}
+
+/// The key of the test source's Proxy `name` (namespace `ns`).
+fn test_proxy_key(name: &str) -> crate::lease::ProxyKey {
+    crate::lease::ProxyKey {
         namespace: "ns".into(),
         name: name.into(),
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replicas_only() {
+    let (leader, follower) = leader_and_follower().await;
+    let key = test_proxy_key;
     let (a, b, c) = (key("a"), key("b"), key("sick"));
     let me: Arc<str> = "default".into();
     assert!(leader.leases.lets_gateway_use("default", &a, None));
@@ -2015,14 +2025,8 @@ async fn with_the_refresher_running_no_request_rebuilds_the_listing() {
 
 #[tokio::test]
 async fn an_upstream_a_followers_gateway_saw_fail_reaches_the_leaders_health_engine() {
-    use crate::lease::ProxyKey;
-    let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
-    let url = format!("http://{}", leader.addr);
-    let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
-    let key = |name: &str| ProxyKey {
-        namespace: "ns".into(),
-        name: name.into(),
-    };
+    let (leader, follower) = leader_and_follower().await;
+    let key = test_proxy_key;
     let hints = |api: &Api| api.state.hints.as_ref().unwrap().take();
     follower.state.upstream_failed(&key("a")).await;
     assert_eq!(hints(&leader), ["ns/a"], "sent to the leader");

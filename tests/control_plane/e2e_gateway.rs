@@ -162,6 +162,12 @@ async fn upstream(tag: &str, exit: Ipv4Addr, user: &str, password: &str) -> Squi
     squid::start(Ipv4Addr::LOCALHOST, support::free_port(), tag, &access).await
 }
 
+/// The upstream a session report's answer names (`ns/up-N`: N).
+fn reported_upstream(v: &serde_json::Value) -> usize {
+    let proxy = v["proxy"].as_str().unwrap();
+    proxy.rsplit("/up-").next().unwrap().parse().unwrap()
+}
+
 /// `egress-proxies-operator gateway` named `name` (its `POD_NAME`), as
 /// the gateway Deployment runs it, confined to the test's namespace:
 /// discovery API on `api`, the gateway on `gw`, the leader's lease flags.
@@ -357,6 +363,16 @@ impl World {
         let path = format!("/v1/leases/{id}");
         let (s, _) = api_call(self.api, "DELETE", &path, Some(TOKEN), vec![]).await;
         assert_eq!(s, 204);
+    }
+
+    /// `url` fetched as `user` through the first two gateways, both `200`
+    /// from the same upstream: its exit address.
+    async fn on_both_gateways(&self, user: &str, url: &str) -> String {
+        let a = curl_async(self.gws[0], user, url).await;
+        let b = curl_async(self.gws[1], user, url).await;
+        assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+        assert_eq!(a.body, b.body, "{user}: the gateways disagree");
+        a.body
     }
 
     /// The upstream whose exit address is `ip`.
@@ -658,29 +674,16 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     )
     .await;
     assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
-    let banned: usize = v["proxy"]
-        .as_str()
-        .unwrap()
-        .rsplit("/up-")
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let banned = reported_upstream(&v);
     assert_eq!(
         banned,
         w.upstream_of(&lonely.body),
         "the session's upstream: {v}"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let a = curl_async(w.gws[0], "default-session-lonely", &https).await;
-    let b = curl_async(w.gws[1], "default-session-lonely", &https).await;
-    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
-    assert_eq!(
-        a.body, b.body,
-        "the reported session: the gateways disagree"
-    );
+    let exit = w.on_both_gateways("default-session-lonely", &https).await;
     assert_ne!(
-        w.upstream_of(&b.body),
+        w.upstream_of(&exit),
         banned,
         "the session did not leave the banned upstream"
     );
@@ -696,14 +699,7 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     )
     .await;
     assert_eq!((s, &v["moved"]), (200, &json!(true)), "{v}");
-    let cooled: usize = v["proxy"]
-        .as_str()
-        .unwrap()
-        .rsplit("/up-")
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let cooled = reported_upstream(&v);
     assert_eq!(
         cooled,
         w.upstream_of(&exits[19]),
@@ -711,15 +707,9 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     );
     w.release(&lease).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let a = curl_async(w.gws[0], "default-session-agree19", &http).await;
-    let b = curl_async(w.gws[1], "default-session-agree19", &http).await;
-    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
-    assert_eq!(
-        a.body, b.body,
-        "the reported session: the gateways disagree"
-    );
+    let exit = w.on_both_gateways("default-session-agree19", &http).await;
     assert_ne!(
-        w.upstream_of(&a.body),
+        w.upstream_of(&exit),
         cooled,
         "the reported session did not move"
     );
