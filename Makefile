@@ -4,7 +4,7 @@
 CARGO ?= cargo
 KUBECTL ?= kubectl
 # The image `docker-build` builds and `deploy` installs.
-IMG ?= example.com/egress-proxies-operator:v0.0.1
+IMG ?= example.com/egress-proxies-operator:0.1.0
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 BIN := $(TARGET_DIR)/debug/egress-proxies-operator
 BENCH_PROFILE ?= --release

@@ -409,6 +409,7 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
             "kvmSsh.knownHosts=HOSTS",
             "otel.endpoint=http://collector:4317",
             "otel.protocol=grpc",
+            "gateway.enabled=true",
         ],
     );
     let dashboard = object(&on, "ConfigMap", "egress-proxies-operator-dashboard");
@@ -433,13 +434,31 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
         env_var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap()["value"],
         "grpc"
     );
-    let token = env_var("DISCOVERY_TOKEN").unwrap();
-    assert_eq!(
-        token["valueFrom"]["secretKeyRef"]["name"],
-        "egress-proxies-operator-discovery-token"
+    // discoveryToken.generate: the operator makes the token (no variable,
+    // no Secret rendered), and the gateway watches the same Secret.
+    assert!(env_var("DISCOVERY_TOKEN").is_none(), "{env}");
+    let args = |d: &Value| d["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    let manager_args = args(deployment);
+    for wanted in [
+        "--discovery-tokens-secret=egress-proxies-operator-discovery-token",
+        "--generate-discovery-token=default",
+    ] {
+        assert!(
+            manager_args.as_array().unwrap().contains(&json!(wanted)),
+            "{manager_args}"
+        );
+    }
+    assert!(
+        !on.iter().any(|d| d["kind"] == "Secret"
+            && d["metadata"]["name"] == "egress-proxies-operator-discovery-token"),
+        "the chart renders no token"
     );
-    assert_eq!(token["valueFrom"]["secretKeyRef"]["optional"], false);
-    object(&on, "Secret", "egress-proxies-operator-discovery-token");
+    let gateway_args = args(object(&on, "Deployment", "egress-proxies-operator-gateway"));
+    let gateway_args = gateway_args.as_array().unwrap();
+    assert!(gateway_args.contains(&json!(
+        "--discovery-tokens-secret=egress-proxies-operator-discovery-token"
+    )));
+    assert!(!gateway_args.contains(&json!("--generate-discovery-token=default")));
     let ssh = object(&on, "Secret", "egress-proxies-operator-kvm-ssh");
     assert_eq!(ssh["data"]["known_hosts"], "SE9TVFM="); // base64 of HOSTS
 
@@ -451,6 +470,44 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("kvmSsh.privateKey"));
+
+    // A tokens Secret named twice is refused, naming both ways.
+    let out = helm(
+        home.path(),
+        None,
+        &[
+            "template",
+            RELEASE,
+            CHART,
+            "--set",
+            "discoveryToken.generate=true",
+            "--set",
+            "extraArgs={--discovery-tokens-secret=mine}",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("drop --discovery-tokens-secret from extraArgs"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Under Argo CD or `helm template | kubectl apply` nothing is read back
+/// from the cluster: two renders with a generated token must be the same
+/// objects, or every sync would hand crawlers a new token (401).
+#[test]
+fn two_renders_with_a_generated_token_are_the_same() {
+    let home = tempfile::tempdir().unwrap();
+    let render = || {
+        let sets = ["discoveryToken.generate=true", "gateway.enabled=true"];
+        template(home.path(), &sets)
+    };
+    let (first, second) = (render(), render());
+    assert_eq!(first, second);
+    let rendered = serde_json::to_string(&first).unwrap();
+    assert!(rendered.contains("--generate-discovery-token=default"));
 }
 
 /// A values file setting each of the chart's escape hatches: a pinned
@@ -681,7 +738,7 @@ fn discovery_token(c: &test_cluster::TestCluster) -> String {
         "secret",
         "egress-proxies-operator-discovery-token",
         "-o",
-        "jsonpath={.data.token}",
+        "jsonpath={.data.default}",
     ]);
     let out = Command::new("base64")
         .arg("-d")

@@ -50,6 +50,65 @@ fn ci_runs_the_readme_test_command() {
     assert_eq!(last, cmd, ".ci/run must end with the README's test command");
 }
 
+/// One release number everywhere a user reads or installs it: Cargo.toml
+/// (what `--version` prints), the chart's version and appVersion (the
+/// image tag it installs), the tag kustomize and `make docker-build` use,
+/// and every image tag the README and docs/operations.md show.
+#[test]
+fn the_release_number_agrees_everywhere() {
+    let cargo = read("Cargo.toml");
+    let version = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let chart = read("config/helm/egress-proxies-operator/Chart.yaml");
+    let field = |k: &str| {
+        chart
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap()
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(field("version:"), version, "Chart.yaml version");
+    assert_eq!(field("appVersion:"), version, "Chart.yaml appVersion");
+    for file in [
+        "config/manager/kustomization.yaml",
+        "config/components/gateway/kustomization.yaml",
+    ] {
+        let text = read(file);
+        let tag = text.lines().find_map(|l| l.trim().strip_prefix("newTag:"));
+        assert_eq!(tag.map(str::trim), Some(version.as_str()), "{file}");
+    }
+    let makefile = read("Makefile");
+    let img = makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("IMG ?= "))
+        .unwrap();
+    assert!(img.ends_with(&format!(":{version}")), "Makefile IMG {img}");
+    for doc in ["README.md", "docs/operations.md"] {
+        let text = read(doc);
+        let tags: Vec<&str> = text
+            .split("egress-proxies-operator:")
+            .skip(1)
+            .chain(text.split("image.tag=").skip(1))
+            .map(|rest| {
+                rest.split(|c: char| c.is_whitespace() || c == '`')
+                    .next()
+                    .unwrap()
+            })
+            .filter(|t| t.starts_with(|c: char| c.is_ascii_digit() || c == 'v'))
+            .collect();
+        assert!(!tags.is_empty(), "{doc} shows no image tag");
+        for tag in tags {
+            assert_eq!(tag, version, "{doc} shows the image tag {tag}");
+        }
+    }
+}
+
 fn get(addr: &str, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;

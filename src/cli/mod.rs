@@ -221,6 +221,13 @@ pub struct Flags {
     #[arg(long, value_name = "NAME")]
     pub discovery_tokens_secret: Option<String>,
 
+    /// With --discovery-tokens-secret: while that Secret does not exist,
+    /// the operator creates it holding one random token for client CLIENT
+    /// (the key). Created once, never rewritten, so the token stays across
+    /// restarts, upgrades and re-renders; read it from the Secret.
+    #[arg(long, value_name = "CLIENT", requires = "discovery_tokens_secret")]
+    pub generate_discovery_token: Option<String>,
+
     /// Leases one client (one token name) may hold at once; 0: no limit.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub max_leases_per_client: u32,
@@ -417,6 +424,11 @@ impl Flags {
                 problems.push(format!(
                     "--discovery-tokens-secret must be a Secret name (1-253 of a-z, 0-9, - and ., starting and ending alphanumeric), got {name:?}"
                 ));
+            }
+        }
+        if let Some(client) = &self.generate_discovery_token {
+            if let Err(e) = crate::operator::tokens::check(&[(client.clone(), "-".into())]) {
+                problems.push(format!("--generate-discovery-token: {e}"));
             }
         }
         if let Some(id) = &self.installation_id {

@@ -18,7 +18,7 @@ mod replace;
 pub mod runnables;
 pub mod settings;
 mod term;
-mod tokens;
+pub(crate) mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -136,6 +136,20 @@ pub fn spawn_discovery(
         crate::cli::Role::Operator => state,
     };
     let stop = futures::FutureExt::shared(Box::pin(stop));
+    // Only the operator makes the token: the gateway's RBAC reads Secrets.
+    let generate = match settings.role {
+        crate::cli::Role::Operator => settings.generate_discovery_token.clone(),
+        crate::cli::Role::Gateway => None,
+    };
+    if let (Some(name), Some(token_client)) = (&secret, generate) {
+        let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
+        let (name, stop) = (name.clone(), stop.clone());
+        tasks.spawn(async move {
+            let made =
+                super::tokens::ensure_generated(client, &namespace, &name, &token_client, stop);
+            made.await;
+        });
+    }
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
         let (m, stop) = (metrics.discovery.clone(), stop.clone());

@@ -65,6 +65,9 @@ pub struct Settings {
     pub per_proxy_metrics: bool,
     /// `--discovery-tokens-secret`: more clients, watched.
     pub discovery_tokens_secret: Option<String>,
+    /// `--generate-discovery-token`: the client whose token the operator
+    /// creates in that Secret while it is absent.
+    pub generate_discovery_token: Option<String>,
     /// Per-client lease caps and the global-cooldown quorum.
     pub client_limits: ClientLimits,
     /// Orphan GC: interval, minimum age, deletes per sweep.
@@ -298,6 +301,7 @@ impl Settings {
             },
             discovery_tokens,
             discovery_tokens_secret: flags.discovery_tokens_secret.clone(),
+            generate_discovery_token: flags.generate_discovery_token.clone(),
             per_proxy_metrics: flags.per_proxy_metrics,
             client_limits: ClientLimits {
                 max_leases: flags.max_leases_per_client,

@@ -185,10 +185,92 @@ pub async fn watch_secret(
     }
 }
 
+/// The Secret `--generate-discovery-token` creates: `client`'s random
+/// token, labelled as the operator's. `None` when the system's secure
+/// random source fails (never a weaker token).
+fn generated_secret(namespace: &str, name: &str, client: &str) -> Option<Secret> {
+    use ring::rand::SecureRandom;
+    let mut raw = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut raw).ok()?;
+    let token = data_encoding::BASE64URL_NOPAD.encode(&raw);
+    Some(Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "egress-proxies-operator".to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                "egress-proxies-operator/generated".to_string(),
+                format!("the discovery token of client {client}, created once while the Secret was absent; delete the Secret to have a new one made"),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(client.to_string(), ByteString(token.into_bytes()))])),
+        ..Default::default()
+    })
+}
+
+/// Creates the tokens Secret with one random token for `client` unless it
+/// exists, retrying (1 s doubling to 30 s) until it exists or `stop`. An
+/// existing Secret is never touched, so every replica may run this at once
+/// and a token, once made, stays. The token is never logged.
+pub async fn ensure_generated(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    token_client: &str,
+    stop: impl Future<Output = ()>,
+) {
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let mut wait = std::time::Duration::from_secs(1);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let reason = match generated_secret(namespace, name, token_client) {
+            None => "the system's secure random source failed".to_string(),
+            Some(secret) => match api.create(&Default::default(), &secret).await {
+                Ok(_) => {
+                    info!(secret = %name, client = %token_client, "Created the discovery token Secret with a random token");
+                    return;
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => return,
+                Err(kube::Error::Api(e)) => e.message,
+                Err(e) => e.to_string(),
+            },
+        };
+        warn!(secret = %name, %reason, retry_in = ?wait, "Could not create the discovery token Secret");
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(30));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::discovery::tokens::tests::pairs;
+
+    #[test]
+    fn a_generated_token_secret_holds_one_fresh_token_for_its_client() {
+        let a = generated_secret("ops", "discovery-token", "default").unwrap();
+        let b = generated_secret("ops", "discovery-token", "default").unwrap();
+        let data = a.data.clone().unwrap();
+        assert_eq!(data.keys().collect::<Vec<_>>(), ["default"]);
+        let token = std::str::from_utf8(&data["default"].0).unwrap();
+        // 256 random bits, usable as a bearer token and a proxy password.
+        assert_eq!(token.len(), 43);
+        assert!(token
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        assert_ne!(a.data, b.data, "each Secret made gets its own token");
+        assert_eq!(a.metadata.namespace.as_deref(), Some("ops"));
+        // The pairs it yields pass the same check as a user's Secret.
+        assert!(with_secret(&[], &data).is_ok());
+    }
 
     #[test]
     fn token_rules() {

@@ -173,7 +173,7 @@ fn the_deployment_keeps_the_runtime_envelope() {
     assert!(strs(&c["args"]).contains(&"--leader-elect"));
 
     // Image set by kustomize, never the placeholder.
-    assert_eq!(c["image"], "example.com/egress-proxies-operator:v0.0.1");
+    assert_eq!(c["image"], "example.com/egress-proxies-operator:0.1.0");
     assert_eq!(pod["serviceAccountName"], SA);
     object(docs, "ServiceAccount", SA);
     // Above the 24 s a stopping leader may take to hand its leases over.

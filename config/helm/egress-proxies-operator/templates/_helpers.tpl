@@ -89,14 +89,34 @@ readinessProbe:
   periodSeconds: 10
 {{- end -}}
 
-{{/* Bearer token of the discovery API (discoveryToken in values.yaml). */}}
+{{/*
+Bearer token of the discovery API (discoveryToken in values.yaml), as
+arguments ("epo.tokenArgs") and environment ("epo.tokenEnv"). generate:
+the operator creates the Secret with a random token for client "default"
+while it is absent, and every container watches it
+(--discovery-tokens-secret); nothing random is rendered, so every render
+of the chart is the same (helm template, Argo CD) and the token stays.
+*/}}
+{{- define "epo.tokenArgs" -}}
+{{- if .Values.discoveryToken.generate }}
+{{- range concat .Values.extraArgs .Values.gateway.extraArgs }}
+{{- if hasPrefix "--discovery-tokens-secret" . }}
+{{- fail "discoveryToken.generate names the tokens Secret itself: drop --discovery-tokens-secret from extraArgs, or set discoveryToken.generate=false" }}
+{{- end }}
+{{- end }}
+- --discovery-tokens-secret={{ include "epo.discoveryTokenSecret" . }}
+{{- end }}
+{{- end -}}
+
 {{- define "epo.tokenEnv" -}}
+{{- if not .Values.discoveryToken.generate }}
 - name: DISCOVERY_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ include "epo.discoveryTokenSecret" . }}
+      name: {{ .Values.discoveryToken.existingSecret }}
       key: {{ .Values.discoveryToken.key }}
-      optional: {{ not .Values.discoveryToken.generate }}
+      optional: true
+{{- end }}
 {{- end -}}
 
 {{/*
