@@ -1,9 +1,16 @@
-# The manager image: `make docker-build IMG=...`.
+# The manager image: `make docker-build IMG=...`. Without a Docker engine
+# or registry access, `make image` builds the same image (user,
+# entrypoint, layout) as an OCI layout from Debian's packages.
+#
+# The base images are build arguments, so the same file builds from a
+# local mirror: --build-arg BUILD_IMAGE=... --build-arg RUNTIME_IMAGE=...
+ARG BUILD_IMAGE=docker.io/library/rust:1.95-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 #
 # Build stage: a release build linked against libvirt's client library
 # (the kvm provider), then every shared library the binary loads is copied
 # out by `make runtime-libs`.
-FROM docker.io/library/rust:1.95-bookworm AS build
+FROM ${BUILD_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libvirt-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
@@ -22,7 +29,7 @@ RUN CARGO_PROFILE_RELEASE_STRIP=debuginfo cargo build --release --locked --bin e
 # release, plus exactly the libraries above. Runs as 65532 (distroless's
 # nonroot) and needs no writable path but /tmp, which the Deployment mounts
 # as an emptyDir, so the root filesystem can be read-only.
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUNTIME_IMAGE}
 COPY --from=build /runtime/ /
 COPY --from=build /src/target/release/egress-proxies-operator /usr/local/bin/egress-proxies-operator
 # libvirt's client looks under $HOME for its config and cache.

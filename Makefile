@@ -41,7 +41,7 @@ ETCD_STAMP := $(call go_stamp,etcd,-s -w)
 HELM_STAMP := $(call go_stamp,helm,-s -w)
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
-	check-config test-cluster runtime-libs install uninstall render deploy undeploy docker-build kvm-ssh-secret help \
+	check-config test-cluster runtime-libs install uninstall render deploy undeploy image image-push docker-build kvm-ssh-secret help \
 	bench-lease bench-lease-memory bench-gateway bench-scale bench-idle build-profiling fuzz-api test-faults kvm-guest
 
 all: build
@@ -54,7 +54,7 @@ help: ## List the targets.
 build: ## Build the operator, crdgen and the test cluster's launcher.
 	$(CARGO) build --bins --workspace
 
-test: lint check-crds test-cluster crawler-venv ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, then every workspace test binary, the doc tests and the API fuzz run side by side (tests/runner: TEST_JOBS at a time, longest first; a table of where the time went at the end).
+test: lint check-crds test-cluster crawler-venv image ## Every test tier that runs on this machine (the CI command): lint, CRD drift, the test cluster's build, the image (make image), then every workspace test binary, the doc tests and the API fuzz run side by side (tests/runner: TEST_JOBS at a time, longest first; a table of where the time went at the end).
 	tests/with-libvirtd.sh $(CARGO) run --quiet -p test-runner -- --jobs $(TEST_JOBS) \
 		--also 'fuzz-api=CARGO="$(CARGO)" tests/fuzz-api.sh' --also 'doctests=$(CARGO) test --workspace --doc' -- --workspace
 
@@ -194,6 +194,20 @@ runtime-libs: ## Copy every shared library BIN loads (as ldd resolves it, with t
 	paths=$$(echo "$$out" | awk '$$2 == "=>" && $$3 ~ /^\// {print $$3} $$1 ~ /^\// {print $$1}' | sort -u); \
 	for p in $$paths; do mkdir -p "$(DEST)$$(dirname "$$p")"; cp -L "$$p" "$(DEST)$$p"; done; \
 	echo "$$paths" | wc -l | xargs echo "copied libraries:" >&2
+
+# make image: where the OCI image layout goes, and its tag (IMG's).
+IMAGE_LAYOUT ?= $(TARGET_DIR)/image/oci
+IMAGE_TAG ?= $(lastword $(subst :, ,$(IMG)))
+RELEASE_BIN := $(TARGET_DIR)/release/egress-proxies-operator
+# make image-push: false for a registry served over plain HTTP.
+PUSH_TLS_VERIFY ?= true
+
+image: ## Build the manager image without a Docker engine or registry: the release binary and the libraries it loads on a distroless-like base made from Debian's packages (config/image/build-image.sh; umoci), as the OCI layout IMAGE_LAYOUT, tag IMAGE_TAG (IMG's tag).
+	$(CARGO) build --release --bin egress-proxies-operator
+	config/image/build-image.sh $(RELEASE_BIN) $(IMAGE_LAYOUT) $(IMAGE_TAG)
+
+image-push: ## Push the image `make image` built to IMG (skopeo; PUSH_TLS_VERIFY=false for a plain-HTTP registry).
+	skopeo copy --dest-tls-verify=$(PUSH_TLS_VERIFY) oci:$(IMAGE_LAYOUT):$(IMAGE_TAG) docker://$(IMG)
 
 docker-build: ## Build the image IMG (needs a Docker engine).
 	docker build --build-arg EPO_COMMIT=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) -t $(IMG) .

@@ -346,6 +346,226 @@ fn the_readme_run_command_starts_the_operator_without_a_cluster() {
     assert!(left.is_empty());
 }
 
+/// The code block under the README's heading `### {heading}`.
+fn readme_block(heading: &str) -> String {
+    let readme = read("README.md");
+    let start = readme
+        .find(&format!("### {heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has no '### {heading}' section"));
+    let block = readme[start..].split("```").nth(1).expect("a code block");
+    block
+        .split_once('\n')
+        .map_or("", |(_, rest)| rest)
+        .to_string()
+}
+
+/// A registry as users run one: Debian's docker-registry on 127.0.0.1,
+/// storing in `dir`, plain HTTP; killed on drop.
+struct Registry(std::process::Child);
+
+impl Registry {
+    fn start(dir: &Path, port: u16) -> Registry {
+        let config = dir.join("registry.yml");
+        let storage = dir.join("registry");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                storage.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("registry.log")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("docker-registry is required (apt-get install docker-registry): {e}")
+            });
+        let registry = Registry(child);
+        let addr = format!("127.0.0.1:{port}");
+        wait_for("the registry", Duration::from_secs(30), || {
+            get(&addr, "/v2/").filter(|r| r.starts_with("HTTP/1.1 200"))
+        });
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The README's "Installing into a real cluster", run as written against
+/// the test cluster: `make image image-push` to a real registry (Debian's
+/// docker-registry on loopback), `helm install` naming that image, which
+/// the node agent pulls from the registry and runs (its root filesystem,
+/// read-only, as 65532), the rollout, the sample Proxy Ready, and the
+/// generated token printed. Three things differ from a user's run, each
+/// named in the README: REGISTRY is the loopback registry,
+/// `PUSH_TLS_VERIFY=false` (it serves plain HTTP), and `helm install` gets
+/// the offline probe target (`-f`: no route to www.gstatic.com here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
+    support::require_squid_pods();
+    let c = support::cluster();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    let port = free_port();
+    let _registry = Registry::start(dir, port);
+    let registry = format!("127.0.0.1:{port}/crawling");
+
+    let target = support::http_target_on(c.host_ip()).await;
+    let providers = support::kubernetes_reaching("kubernetes", "", target.ip());
+    let providers: serde_json::Value = serde_norway::from_str(&providers).unwrap();
+    let values = dir.join("offline.json");
+    let offline = serde_json::json!({
+        "providers": providers["providers"],
+        "extraArgs": [format!("--default-probe-url=http://{target}/"), "--default-probe-expected-status=200"],
+    });
+    std::fs::write(&values, offline.to_string()).unwrap();
+
+    let block = readme_block("Installing into a real cluster");
+    let export = block
+        .lines()
+        .find(|l| l.starts_with("export REGISTRY="))
+        .expect("the README sets REGISTRY");
+    let offline_flag = format!(" -f {}", values.display());
+    let script = block
+        .replace(export, &format!("export REGISTRY={registry}"))
+        .replacen(
+            "--set discoveryToken.generate=true",
+            &format!("--set discoveryToken.generate=true{offline_flag}"),
+            1,
+        );
+    assert!(
+        script.contains(&offline_flag),
+        "the README's helm install sets discoveryToken.generate=true"
+    );
+    let path = format!(
+        "{}:{}",
+        test_cluster::bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let helm_home = dir.join("helm");
+    let mut shell = Command::new("timeout");
+    // A user's shell: none of the variables `cargo test` gives this
+    // process (the crate's, its build script's), which would make the
+    // README's `make image` rebuild the release binary from scratch.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let cargos = key.starts_with("CARGO") && key != "CARGO_TARGET_DIR" && key != "CARGO_HOME";
+        if cargos || key.starts_with("EPO_") {
+            shell.env_remove(&*key);
+        }
+    }
+    let out = shell
+        .args(["1500", "bash", "-euo", "pipefail", "-c", &script])
+        .current_dir(repo())
+        .env("PATH", path)
+        .env("KUBECONFIG", c.kubeconfig())
+        .env("PUSH_TLS_VERIFY", "false")
+        // Its own image layout: the image test unpacks the shared one.
+        .env("IMAGE_LAYOUT", dir.join("oci"))
+        .env("HELM_CACHE_HOME", helm_home.join("cache"))
+        .env("HELM_CONFIG_HOME", helm_home.join("config"))
+        .env("HELM_DATA_HOME", helm_home.join("data"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let pods = c
+        .kubectl()
+        .args(["-n", "egress-proxies-operator-system", "describe", "pods"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "the README's commands failed ({}):\n{stdout}\n{stderr}\npods:\n{pods}",
+        out.status
+    );
+    println!("{stderr}");
+
+    // The manager runs the image from the registry, not a host program.
+    let image = c.kubectl_ok(&[
+        "-n",
+        "egress-proxies-operator-system",
+        "get",
+        "pods",
+        "-l",
+        "control-plane=controller-manager",
+        "-o",
+        "jsonpath={.items[*].spec.containers[0].image}",
+    ]);
+    for one in image.split_whitespace() {
+        assert_eq!(one, format!("{registry}/egress-proxies-operator:0.1.0"));
+    }
+    let tags = get(
+        &format!("127.0.0.1:{port}"),
+        "/v2/crawling/egress-proxies-operator/tags/list",
+    )
+    .unwrap();
+    assert!(tags.contains("\"0.1.0\""), "the pushed tag: {tags}");
+
+    // The last line printed the generated token; it opens the discovery API.
+    let token = stdout.lines().last().unwrap_or_default().trim().to_string();
+    assert!(token.len() >= 32, "a generated token: {stdout}");
+    if c.is_local() {
+        let pod_ip = c.kubectl_ok(&[
+            "-n",
+            "egress-proxies-operator-system",
+            "get",
+            "pods",
+            "-l",
+            "control-plane=controller-manager",
+            "-o",
+            "jsonpath={.items[0].status.podIP}",
+        ]);
+        let addr = std::net::SocketAddr::new(pod_ip.parse().unwrap(), 8090);
+        let (status, body) =
+            support::api_call(addr, "GET", "/v1/proxies", Some(&token), vec![]).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.to_string().contains("proxy-kubernetes-sample"),
+            "{body}"
+        );
+    }
+
+    c.kubectl_ok(&[
+        "delete",
+        "px",
+        "proxy-kubernetes-sample",
+        "--wait",
+        "--timeout=120s",
+    ]);
+    let uninstall = Command::new(test_cluster::bin("helm"))
+        .args([
+            "uninstall",
+            "egress-proxies-operator",
+            "-n",
+            "egress-proxies-operator-system",
+            "--wait",
+            "--timeout=120s",
+        ])
+        .env("KUBECONFIG", c.kubeconfig())
+        .env("HELM_CACHE_HOME", helm_home.join("cache"))
+        .env("HELM_CONFIG_HOME", helm_home.join("config"))
+        .env("HELM_DATA_HOME", helm_home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        uninstall.status.success(),
+        "{}",
+        String::from_utf8_lossy(&uninstall.stderr)
+    );
+}
+
 #[test]
 fn every_flag_in_help_is_documented() {
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))

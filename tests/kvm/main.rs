@@ -7,6 +7,7 @@ mod kvm_support;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod e2e_image;
 mod e2e_kvm;
 mod e2e_kvm_guest;
 mod e2e_samples_kvm;

@@ -50,10 +50,14 @@ fn image(spec: &str) -> ImageMapping {
         Some((name, program)) => ImageMapping {
             image: name.to_string(),
             entrypoint: vec![program.to_string()],
+            rootfs: None,
+            env: Vec::new(),
         },
         None => ImageMapping {
             image: spec.to_string(),
             entrypoint: Vec::new(),
+            rootfs: None,
+            env: Vec::new(),
         },
     }
 }

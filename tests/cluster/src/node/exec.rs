@@ -52,6 +52,10 @@ pub struct ExecSpec {
     /// Where setup errors are written (empty when the program started).
     pub error_file: PathBuf,
     pub mounts: Vec<MountSpec>,
+    /// The lower layer of the container's root: a pulled image's root
+    /// filesystem; none: the host's `/`.
+    #[serde(default)]
+    pub lower: Option<PathBuf>,
     pub read_only_root: bool,
     /// The contents of the container's /etc/hosts.
     pub hosts: Option<String>,
@@ -391,8 +395,10 @@ fn build_root(spec: &ExecSpec) -> anyhow::Result<()> {
     for d in [&upper, &work, &root] {
         fs::create_dir(d).with_context(|| format!("creating {}", d.display()))?;
     }
+    let lower = spec.lower.as_deref().unwrap_or(Path::new("/"));
     let opts = format!(
-        "lowerdir=/,upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
         upper.display(),
         work.display()
     );
@@ -626,6 +632,7 @@ mod tests {
                 path: "/etc/x".into(),
                 read_only: true,
             }],
+            lower: None,
             read_only_root: true,
             hosts: None,
             working_dir: None,

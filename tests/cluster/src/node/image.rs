@@ -62,10 +62,14 @@ mod tests {
             ImageMapping {
                 image: "ghcr.io/o/proxy-operator".into(),
                 entrypoint: vec!["/bin/op".into()],
+                rootfs: None,
+                env: Vec::new(),
             },
             ImageMapping {
                 image: "squid:latest".into(),
                 entrypoint: vec!["/usr/sbin/squid".into()],
+                rootfs: None,
+                env: Vec::new(),
             },
         ];
         let ep = |i| find(&images, i).map(|m| m.entrypoint[0].as_str());

@@ -18,6 +18,7 @@ pub mod image;
 pub mod net;
 pub mod pod;
 pub mod probe;
+pub mod pull;
 pub mod quantity;
 pub mod restart;
 pub mod runtime;
@@ -54,6 +55,11 @@ use kube::Api;
 pub struct ImageMapping {
     pub image: String,
     pub entrypoint: Vec<String>,
+    /// A pulled image's root filesystem (`pull`): the container's root is
+    /// an overlay of it instead of the host's `/`.
+    pub rootfs: Option<PathBuf>,
+    /// A pulled image's environment, under the container's own.
+    pub env: Vec<String>,
 }
 
 /// What a node needs to run.

@@ -529,11 +529,22 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
     let image = c.image.clone().unwrap_or_default();
     // Every image must be mapped, even when the container gives a command:
     // the mapping is what stands for having the image.
-    let Some(mapping) = image::find(&ctx.shared.images, &image) else {
-        return Err(NotStarted {
-            reason: "ErrImageNeverPull",
-            message: image::not_mapped_message(&image),
-        });
+    let mapping = match image::find(&ctx.shared.images, &image) {
+        Some(m) => m.clone(),
+        None if super::pull::from_loopback_registry(&image) => {
+            super::pull::pull(&ctx.shared.dir, &image)
+                .await
+                .map_err(|message| NotStarted {
+                    reason: "ErrImagePull",
+                    message,
+                })?
+        }
+        None => {
+            return Err(NotStarted {
+                reason: "ErrImageNeverPull",
+                message: image::not_mapped_message(&image),
+            })
+        }
     };
     let config_error = |message: String| NotStarted {
         reason: "CreateContainerConfigError",
@@ -602,7 +613,7 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
         });
     }
     let mut argv = argv;
-    if let Some(program) = argv.first_mut() {
+    if let Some(program) = argv.first_mut().filter(|_| mapping.rootfs.is_none()) {
         if program.starts_with('/') && program_hidden(program, &mounts) {
             let name = std::path::Path::new(program.as_str())
                 .file_name()
@@ -645,10 +656,31 @@ async fn prepare(ctx: &PodCtx, c: &Container, run: i32) -> Result<Prepared, NotS
             groups,
             no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
             argv,
-            env: env.to_strings(),
+            env: with_image_env(&mapping.env, c, env.to_strings()),
+            lower: mapping.rootfs.clone(),
         },
         limit,
     })
+}
+
+/// The container's environment over its image's, as a kubelet merges
+/// them: the image's variables unless the container names them itself
+/// (the agent's own defaults, such as HOME, give way to the image's).
+fn with_image_env(image: &[String], c: &Container, built: Vec<String>) -> Vec<String> {
+    let key = |kv: &str| kv.split_once('=').map_or(kv, |(k, _)| k).to_string();
+    let named: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    let from_image: Vec<String> = image.iter().map(|kv| key(kv)).collect();
+    let mut out: Vec<String> = image
+        .iter()
+        .filter(|kv| !named.contains(&key(kv).as_str()))
+        .cloned()
+        .collect();
+    out.extend(
+        built
+            .into_iter()
+            .filter(|kv| !from_image.contains(&key(kv)) || named.contains(&key(kv).as_str())),
+    );
+    out
 }
 
 /// Runs one container for as long as its restart policy says.
