@@ -39,6 +39,7 @@ go_stamp = $(CLUSTER_BIN)/.$(1)-$(shell { cat tests/cluster/go/$(1)/go.mod tests
 K8S_STAMP := $(call go_stamp,kubernetes,$(K8S_LDFLAGS) $(K8S_TOOLS))
 ETCD_STAMP := $(call go_stamp,etcd,-s -w)
 HELM_STAMP := $(call go_stamp,helm,-s -w)
+JAEGER_STAMP := $(call go_stamp,jaeger,-s -w)
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy image image-push docker-build kvm-ssh-secret help \
@@ -130,7 +131,7 @@ run-local: test-cluster ## The quickstart: the local test cluster (real Kubernet
 		--health-probe-bind-address $(RUN_LOCAL_PROBE_ADDR) --discovery-bind-address $(RUN_LOCAL_DISCOVERY_ADDR) \
 		--metrics-bind-address $(RUN_LOCAL_METRICS_ADDR) --metrics-secure=false --allow-unauthenticated-discovery $(ARGS)
 
-test-cluster: $(K8S_STAMP) $(ETCD_STAMP) $(HELM_STAMP) ## Build etcd, the Kubernetes control plane, kubectl and helm from tests/cluster/go (cold: ~7 min on 2 cores; a no-op while the pinned modules are unchanged, also in a fresh clone that shares CARGO_TARGET_DIR), and our launcher.
+test-cluster: $(K8S_STAMP) $(ETCD_STAMP) $(HELM_STAMP) $(JAEGER_STAMP) ## Build etcd, the Kubernetes control plane, kubectl, helm and Jaeger (the trace backend the tests export spans to) from tests/cluster/go (cold: ~10 min on 2 cores; a no-op while the pinned modules are unchanged, also in a fresh clone that shares CARGO_TARGET_DIR), and our launcher.
 	$(CARGO) build -p test-cluster
 	@ln -sf ../../debug/test-cluster $(CLUSTER_BIN)/test-cluster
 
@@ -147,6 +148,11 @@ $(ETCD_STAMP):
 $(HELM_STAMP):
 	@mkdir -p $(CLUSTER_BIN) && rm -f $(CLUSTER_BIN)/.helm-*
 	cd tests/cluster/go/helm && $(GO) build -trimpath -ldflags '-s -w' -o $(CLUSTER_BIN)/helm helm.sh/helm/v4/cmd/helm
+	@touch $@
+
+$(JAEGER_STAMP):
+	@mkdir -p $(CLUSTER_BIN) && rm -f $(CLUSTER_BIN)/.jaeger-*
+	cd tests/cluster/go/jaeger && $(GO) build -trimpath -ldflags '-s -w' -o $(CLUSTER_BIN)/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
 	@touch $@
 
 ##@ Deployment

@@ -392,11 +392,9 @@ impl World {
 /// span naming its client, session and upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_only() {
-    let (otlp, spans) = support::otlp_spans().await;
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-    ];
+    const SERVICE: &str = "epo-gateway-curl";
+    let otel = support::otel_to_jaeger("http/protobuf", SERVICE);
+    let env: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let w = World::build("gwcurl", 1, (&["--gateway-trace-sample-ratio", "1"], &env)).await;
     let gw = w.gw;
     let (http, https) = (
@@ -467,23 +465,26 @@ async fn curl_reaches_http_and_https_targets_through_the_gateway_with_a_token_on
     for seen in [&anonymous, &wrong, &none] {
         assert!(!seen.body.contains("pass-of-up") && !seen.headers.contains("pass-of-up"));
     }
-    let traced = eventually(
-        "the two served requests traced",
-        Duration::from_secs(30),
-        || async {
-            let spans = spans.lock().unwrap();
-            let served: Vec<_> = spans
-                .iter()
-                .filter(|s| s.name == "gateway.request" && s.attrs.iter().any(|a| a == "upstream"))
-                .cloned()
-                .collect();
-            (served.len() >= 2).then_some(served)
-        },
-    )
-    .await;
-    for s in &traced {
-        for key in ["client", "method", "session"] {
-            assert!(s.attrs.iter().any(|a| a == key), "{key} on {s:?}");
+    // Found in Jaeger by service and operation: a trace of its own for
+    // each served request, its root span naming the client, the method,
+    // the session and the upstream.
+    let served = |t: &support::Trace| {
+        t.named("gateway.request")
+            .any(|s| s.tags.contains_key("upstream"))
+    };
+    let found = support::jaeger()
+        .wait_find(SERVICE, "gateway.request", Duration::from_secs(30), |f| {
+            f.iter().filter(|t| served(t)).count() >= 2
+        })
+        .await;
+    for s in found.iter().flat_map(|t| t.named("gateway.request")) {
+        if !s.tags.contains_key("upstream") {
+            continue;
+        }
+        assert_eq!(s.service, SERVICE, "{s:?}");
+        assert_eq!(s.tag("client").as_deref(), Some("default"), "{s:?}");
+        for key in ["method", "session"] {
+            assert!(s.tags.contains_key(key), "{key} on {s:?}");
         }
     }
     drop(w.ground);

@@ -1,69 +1,17 @@
-//! Tracing export over OTLP/gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`): a
-//! real gRPC collector endpoint (tonic serving opentelemetry-proto's
-//! TraceService on 127.0.0.1) receives the operator's spans; and with the
-//! collector unreachable the operator still reconciles a Proxy to Ready.
+//! Tracing export over OTLP/gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) to
+//! a real trace backend (the test process's Jaeger, whose OTLP/gRPC
+//! receiver is on 127.0.0.1): a Proxy's reconcile trace is found by its
+//! trace id through Jaeger's query API; and with the collector
+//! unreachable the operator still reconciles a Proxy to Ready.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_proxies_operator::api::constants::OPERATOR_NAME;
 use egress_proxies_operator::api::Proxy;
 use kube::api::PostParams;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
 
 use crate::support::{self, eventually, free_port, phase, Ground, Operator};
-
-/// Exported spans as (service.name, span name).
-type Received = Arc<Mutex<Vec<(String, String)>>>;
-
-struct Collector(Received);
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut got = self.0.lock().unwrap();
-        for rs in request.into_inner().resource_spans {
-            let service = rs
-                .resource
-                .iter()
-                .flat_map(|r| r.attributes.iter())
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref())
-                .map(|v| format!("{:?}", v.value))
-                .unwrap_or_default();
-            for ss in rs.scope_spans {
-                got.extend(ss.spans.into_iter().map(|s| (service.clone(), s.name)));
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-/// A gRPC trace collector on 127.0.0.1, served on the test's runtime (it
-/// stops with the test); answers once it listens.
-async fn collector() -> (SocketAddr, Received) {
-    let got = Received::default();
-    let addr: SocketAddr = support::loopback();
-    let server = tonic::transport::Server::builder()
-        .add_service(TraceServiceServer::new(Collector(got.clone())))
-        .serve(addr);
-    tokio::spawn(server);
-    eventually(
-        "the collector listening",
-        Duration::from_secs(10),
-        || async { tokio::net::TcpStream::connect(addr).await.ok() },
-    )
-    .await;
-    (addr, got)
-}
 
 /// The operator exporting over gRPC to `endpoint`, probing External
 /// Proxies at `target`.
@@ -112,35 +60,73 @@ async fn ready(ground: &Ground, name: &str) {
     .await;
 }
 
+/// Exported over gRPC to Jaeger with the default service name: the
+/// External Proxy's reconcile traces are found by service, operation and
+/// the Proxy's name; a kubernetes Proxy's creating reconcile (its Pod is
+/// never run: no node agent) is found by the trace id on its "Instance
+/// created" line, whole: the reconcile, `provider.create` and the Pod
+/// POST below it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grpc_collector_receives_the_operators_spans() {
+async fn a_proxys_reconcile_trace_exported_over_grpc_is_found_in_jaeger() {
     let ground = support::ground_without_pods("otlp-grpc").await;
     let target = support::http_target().await;
-    let (addr, got) = collector().await;
+    let jaeger = support::jaeger();
     let dir = tempfile::tempdir().unwrap();
-    let _op = operator(&ground, dir.path(), &format!("http://{addr}"), target);
-    ground
-        .proxies()
+    let _op = operator(&ground, dir.path(), &jaeger.endpoint("grpc"), target);
+    let proxies = ground.proxies();
+    proxies
         .create(&PostParams::default(), &external("ext", target))
         .await
         .unwrap();
     ready(&ground, "ext").await;
-    let spans = eventually(
-        "a Reconcile Proxy span at the gRPC collector",
+    let of_ext = |t: &support::Trace| {
+        t.named("Reconcile Proxy").any(|r| {
+            r.parent.is_none()
+                && r.tag("k8s.object.name").as_deref() == Some("ext")
+                && r.tag("k8s.namespace.name").as_deref() == Some(ground.ns.as_str())
+        })
+    };
+    let found = jaeger
+        .wait_find(
+            OPERATOR_NAME,
+            "Reconcile Proxy",
+            Duration::from_secs(30),
+            |f| f.iter().any(of_ext),
+        )
+        .await;
+    let id = &found.iter().find(|t| of_ext(t)).unwrap().id;
+    let ext = jaeger
+        .trace(id)
+        .await
+        .unwrap()
+        .expect("the trace by its id");
+    assert!(of_ext(&ext), "{ext:#?}");
+    assert!(
+        ext.spans.iter().all(|s| s.service == OPERATOR_NAME),
+        "every span carries the service name: {ext:#?}"
+    );
+    println!(
+        "External Proxy's reconcile trace {id}: {} spans",
+        ext.spans.len()
+    );
+
+    proxies
+        .create(&PostParams::default(), &support::kube_proxy("pod"))
+        .await
+        .unwrap();
+    let line = eventually(
+        "an Instance created line",
         Duration::from_secs(30),
         || async {
-            let g = got.lock().unwrap().clone();
-            g.iter().any(|(_, n)| n == "Reconcile Proxy").then_some(g)
+            let log = std::fs::read_to_string(dir.path().join("operator.log")).ok()?;
+            let l = log.lines().find(|l| l.contains("Instance created"))?;
+            Some(l.to_string())
         },
     )
     .await;
-    println!("spans received over gRPC: {}", spans.len());
-    assert!(
-        spans
-            .iter()
-            .all(|(service, _)| service.contains("egress-proxies-operator")),
-        "every span carries the service name: {spans:?}"
-    );
+    let trace_id = support::trace_id_of(&line).unwrap_or_else(|| panic!("no traceID: {line}"));
+    support::creating_reconcile_trace(&trace_id, OPERATOR_NAME, &ground.ns, "pod", "kubernetes")
+        .await;
     let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap();
     assert!(log.contains("otlp/grpc"), "{log}");
 }

@@ -16,7 +16,6 @@ use support::{eventually, free_port, scrape, Ground, Operator};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egress_proxies_operator::api::{ProviderHealth, Proxy};
@@ -483,102 +482,102 @@ async fn live_metrics_pass_promtool_and_carry_every_series() {
     assert!(!log.contains("tracing enabled"), "{log}");
 }
 
-use support::ExportedSpan as Span;
-
-/// The operator exporting to a loopback OTLP receiver every 200 ms, with
-/// `args`, and a Proxy `name` created on its kubernetes provider `provider`.
+/// The operator exporting to the test process's Jaeger over OTLP/HTTP
+/// every 200 ms as `service`, with `args`, and a Proxy `name` created on
+/// its kubernetes provider `provider`.
 async fn traced_proxy(
     name: &str,
     provider: &str,
+    service: &str,
     args: &[&str],
-) -> (Ground, tempfile::TempDir, Operator, Arc<Mutex<Vec<Span>>>) {
-    let (endpoint, spans) = support::otlp_spans().await;
+) -> (Ground, tempfile::TempDir, Operator) {
+    let otel = support::otel_to_jaeger("http/protobuf", service);
     let (server, dir, _client) = server(name).await;
+    let env: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let op = start(
         &server,
         &kube_only(provider),
         dir.path(),
         "op.log",
         args,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
+        &env,
     );
     let proxies: Api<Proxy> = server.proxies();
     proxies
         .create(&PostParams::default(), &proxy(name, provider))
         .await
         .unwrap();
-    (server, dir, op, spans)
+    (server, dir, op)
 }
 
+/// Exported over OTLP/HTTP to Jaeger: the trace id on the operator's
+/// "Instance created" line finds, through Jaeger's query API, the Proxy's
+/// reconcile trace: a root `Reconcile Proxy` span naming the Proxy, with
+/// `provider.create` below it and the Pod POST (a Kubernetes client span)
+/// below that. The service's traces also hold the provider checks, and
+/// no Kubernetes client span is a root of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_life_is_one_reconcile_trace_with_correlated_logs() {
     support::require_squid_pods();
     let _shared = PH_LOCK.read().await;
-    let (_server, dir, _op, spans) = traced_proxy("t1", "trace-kube", &[]).await;
+    const SERVICE: &str = "epo-trace-life";
+    let (server, dir, _op) = traced_proxy("t1", "trace-kube", SERVICE, &[]).await;
     let t0 = Instant::now();
-    let (root, create) = eventually(
-        "a Reconcile Proxy trace with provider.create",
+    let line = eventually(
+        "an Instance created line with a trace id",
         Duration::from_secs(40),
-        || {
-            let spans = spans.lock().unwrap().clone();
-            async move {
-                let create = spans.iter().find(|s| s.name == "provider.create")?.clone();
-                let root = spans
-                    .iter()
-                    .find(|s| s.name == "Reconcile Proxy" && s.trace_id == create.trace_id)?
-                    .clone();
-                // A Kubernetes client span under provider.create (the Pod POST).
-                spans.iter().find(|s| {
-                    s.parent == create.span_id && s.attrs.iter().any(|a| a == "http.method")
-                })?;
-                Some((root, create))
-            }
+        || async {
+            let log = std::fs::read_to_string(dir.path().join("op.log")).ok()?;
+            let l = log.lines().find(|l| l.contains("Instance created"))?;
+            Some(l.to_string())
         },
     )
     .await;
-    println!("trace {} complete after {:?}", root.trace_id, t0.elapsed());
-    assert!(
-        root.parent.is_empty() || root.parent == "0000000000000000",
-        "{root:?}"
+    println!("{line}");
+    let trace_id = support::trace_id_of(&line).unwrap_or_else(|| panic!("no traceID: {line}"));
+    let trace =
+        support::creating_reconcile_trace(&trace_id, SERVICE, &server.ns, "t1", "trace-kube").await;
+    println!(
+        "trace {trace_id} found in Jaeger after {:?}: {} spans",
+        t0.elapsed(),
+        trace.spans.len()
     );
-    assert!(
-        create.attrs.iter().any(|a| a == "provider.name"),
-        "{create:?}"
-    );
-    let all = spans.lock().unwrap().clone();
-    assert!(all.iter().any(|s| s.name == "providerhealth.check"));
+    let jaeger = support::jaeger();
+    // The provider checks are traced too, as the service's own traces.
+    jaeger
+        .wait_find(
+            SERVICE,
+            "providerhealth.check",
+            Duration::from_secs(20),
+            |f| !f.is_empty(),
+        )
+        .await;
     // Kubernetes client spans only as children (no watch or informer roots).
-    for s in all
+    let all = jaeger.find(SERVICE, "").await.unwrap();
+    let clients: Vec<_> = all
         .iter()
-        .filter(|s| s.attrs.iter().any(|a| a == "http.method"))
-    {
-        assert!(!s.parent.is_empty(), "parentless client span {s:?}");
+        .flat_map(|t| &t.spans)
+        .filter(|s| s.tags.contains_key("http.method"))
+        .collect();
+    assert!(!clients.is_empty(), "no client span in {all:#?}");
+    for s in clients {
+        assert!(s.parent.is_some(), "parentless client span {s:?}");
     }
-    // The reconcile's log lines carry the same trace.
-    let log = eventually("correlated log line", Duration::from_secs(10), || async {
-        let log = std::fs::read_to_string(dir.path().join("op.log")).ok()?;
-        log.lines()
-            .any(|l| {
-                l.contains("Instance created") && l.contains(&format!("traceID={}", root.trace_id))
-            })
-            .then_some(log)
-    })
-    .await;
+    let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("tracing enabled"), "{log}");
-    if let Some(l) = log.lines().find(|l| l.contains("Instance created")) {
-        println!("{l}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_log_lines_carry_trace_ids_as_keys() {
     support::require_squid_pods();
     let _shared = PH_LOCK.read().await;
-    let (_server, dir, _op, spans) =
-        traced_proxy("j1", "json-kube", &["--log-format", "json"]).await;
+    let (_server, dir, _op) = traced_proxy(
+        "j1",
+        "json-kube",
+        "epo-trace-json",
+        &["--log-format", "json"],
+    )
+    .await;
     let line: serde_json::Value = eventually(
         "a JSON Instance created line",
         Duration::from_secs(30),
@@ -590,22 +589,31 @@ async fn json_log_lines_carry_trace_ids_as_keys() {
     )
     .await;
     let trace_id = line["traceID"].as_str().expect("traceID key").to_string();
-    assert_eq!(line["spanID"].as_str().map(str::len), Some(16), "{line}");
-    eventually("the line's trace exported", Duration::from_secs(20), || {
-        let found = spans
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|s| s.name == "Reconcile Proxy" && s.trace_id == trace_id);
-        async move { found.then_some(()) }
-    })
-    .await;
+    let span_id = line["spanID"].as_str().expect("spanID key").to_string();
+    assert_eq!(span_id.len(), 16, "{line}");
+    // The line's trace and span are in Jaeger: the span it was logged in
+    // is part of the Proxy's reconcile trace.
+    let trace = support::jaeger()
+        .wait_trace(&trace_id, Duration::from_secs(20), |t| {
+            t.span(&span_id).is_some() && t.named("Reconcile Proxy").next().is_some()
+        })
+        .await;
+    let root = trace.named("Reconcile Proxy").next().unwrap();
+    assert_eq!(
+        root.tag("k8s.object.name").as_deref(),
+        Some("j1"),
+        "{root:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_are_flushed_on_sigterm() {
     let _shared = PH_LOCK.read().await;
-    let (endpoint, spans) = support::otlp_spans().await;
+    const SERVICE: &str = "epo-trace-sigterm";
+    let mut otel = support::otel_to_jaeger("http/protobuf", SERVICE);
+    // Nothing is exported on schedule within this test.
+    otel.push(("OTEL_BSP_SCHEDULE_DELAY", "600000".to_string()));
+    let env: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (server, dir, _client) = server("sigterm").await;
     let mut op = start(
         &server,
@@ -613,11 +621,7 @@ async fn spans_are_flushed_on_sigterm() {
         dir.path(),
         "op.log",
         &[],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            // Nothing is exported on schedule within this test.
-            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
-        ],
+        &env,
     );
     // The first provider check round runs at start.
     eventually(
@@ -629,7 +633,9 @@ async fn spans_are_flushed_on_sigterm() {
         },
     )
     .await;
-    assert!(spans.lock().unwrap().is_empty(), "exported before shutdown");
+    let jaeger = support::jaeger();
+    let before = jaeger.find(SERVICE, "").await.unwrap();
+    assert!(before.is_empty(), "exported before shutdown: {before:#?}");
     let pid = op.0.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(killed.success());
@@ -648,16 +654,15 @@ async fn spans_are_flushed_on_sigterm() {
     };
     assert!(status.success(), "{status:?}");
     println!("stopped after {:?}", t.elapsed());
-    let names: Vec<String> = spans
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| s.name.clone())
-        .collect();
-    assert!(
-        names.iter().any(|n| n == "providerhealth.check"),
-        "{names:?}"
-    );
+    // Exported before the exit: Jaeger stores them within its batch time.
+    jaeger
+        .wait_find(
+            SERVICE,
+            "providerhealth.check",
+            Duration::from_secs(10),
+            |f| !f.is_empty(),
+        )
+        .await;
 }
 
 /// A kvm provider whose only host refuses SSH: its ProviderHealth reads

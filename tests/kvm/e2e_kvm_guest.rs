@@ -11,9 +11,10 @@
 //! crawler.py`) leases the proxy through the discovery API and fetches a
 //! page from a web server on the bridge through it, whose request shows
 //! the guest's Squid (`Via`, with the hostname from user-data). The
-//! create's spans, the SSH dial included, reach an OTLP receiver as one
-//! reconcile trace (provider checks and orphan sweeps are off, so the
-//! creating reconcile is what dials the host). Switching to the operator's
+//! create's spans, the SSH dial included, are one reconcile trace in a
+//! real trace backend (Jaeger), found there by the trace id of the
+//! "Instance created" line (provider checks and orphan sweeps are off, so
+//! the creating reconcile is what dials the host). Switching to the operator's
 //! built-in setup (`cloudInit.builtin: squid`, issue 33) replaces the VM;
 //! the new guest's Squid answers 407 without credentials, lets the lease's
 //! credentials through, refuses the cloud metadata address and adds no
@@ -46,51 +47,6 @@ fn user_data(hostname: &str) -> String {
     format!(
         "#cloud-config\nhostname: {hostname}\nwrite_files:\n  - path: /etc/squid/conf.d/proxy-operator.conf\n    content: |\n      http_port 3128\n      http_access allow all\n      via on\n      forwarded_for delete\n"
     )
-}
-
-use support::ExportedSpan as Span;
-
-/// The names of the spans below the `Reconcile Proxy` span of the trace
-/// that holds a `kvm.create` span (the one whose reconcile created the VM).
-fn create_trace(spans: &[Span]) -> Option<Vec<String>> {
-    let by_id: BTreeMap<&str, &Span> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
-    let create = spans.iter().find(|s| s.name == "kvm.create")?;
-    // Walk up from kvm.create to the reconcile span.
-    let mut cur = create;
-    let root = loop {
-        if cur.name == "Reconcile Proxy" {
-            break cur;
-        }
-        cur = by_id.get(cur.parent.as_str())?;
-    };
-    let below = |s: &Span| {
-        let mut c = s;
-        while let Some(p) = by_id.get(c.parent.as_str()) {
-            if p.span_id == root.span_id {
-                return true;
-            }
-            c = p;
-        }
-        false
-    };
-    Some(
-        spans
-            .iter()
-            .filter(|s| s.trace_id == root.trace_id && below(s))
-            .map(|s| s.name.clone())
-            .collect(),
-    )
-}
-
-/// The names of `s` and its ancestors, innermost first.
-fn ancestry(spans: &[Span], s: &Span) -> Vec<String> {
-    let mut out = vec![s.name.clone()];
-    let mut cur = s;
-    while let Some(p) = spans.iter().find(|p| p.span_id == cur.parent) {
-        out.push(p.name.clone());
-        cur = p;
-    }
-    out
 }
 
 /// The crawler example (`docs/examples/crawler.py`) leases a proxy through
@@ -188,7 +144,6 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     // 443 only (as Squid's default config does), and the TLS target's port
     // is not, so its probe is a forward request to a 204.
     let (no_content, _) = support::recording_target(host_ip, 204, "").await;
-    let (otlp, spans) = support::otlp_spans().await;
     let api: SocketAddr = support::loopback();
 
     let ground = support::ground_without_pods("kvm-guest").await;
@@ -209,8 +164,7 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         .arg("--probe-ca-file")
         .arg(&ca)
         .env("DISCOVERY_TOKEN", TOKEN)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+        .envs(support::otel_to_jaeger("http/protobuf", "epo-kvm-guest"))
         .env("LOG_LEVEL", "info");
     let _op = Operator::spawn(cmd, &log);
 
@@ -254,7 +208,8 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
     // The create is one trace: the SSH dial of the host's (shared)
     // session, the provider's image download, the SSH channel and libvirt
     // connection of each operation, and the libvirt calls, below the
-    // reconcile span.
+    // reconcile span. Jaeger finds it by the trace id of the operator's
+    // "Instance created" line.
     let wanted = [
         "ssh.dial",
         "kvm.create",
@@ -264,24 +219,38 @@ async fn a_real_guest_serves_squid_is_leased_replaced_on_new_cloud_init_and_dele
         "libvirt",
         "libvirt.rpc",
     ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (names, dial) = loop {
-        let all = spans.lock().unwrap().clone();
-        let names = create_trace(&all).filter(|n| wanted.iter().all(|w| n.iter().any(|s| s == w)));
-        let dial = all
-            .iter()
-            .find(|s| s.name == "ssh.dial")
-            .map(|s| ancestry(&all, s));
-        if let (Some(n), Some(d)) = (names, dial.clone()) {
-            break (n, d);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the creating reconcile's trace lacks one of {wanted:?}: {:?}; ssh.dial: {dial:?}",
-            create_trace(&all)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("Instance created"))
+        .unwrap_or_else(|| panic!("no Instance created line:\n{text}"));
+    let trace_id = support::trace_id_of(line).unwrap_or_else(|| panic!("no traceID: {line}"));
+    let below_root = |t: &support::Trace| -> Option<Vec<String>> {
+        let root = t.named("Reconcile Proxy").find(|r| r.parent.is_none())?;
+        Some(
+            t.spans
+                .iter()
+                .filter(|s| t.is_below(s, root))
+                .map(|s| s.name.clone())
+                .collect(),
+        )
     };
+    let trace = support::jaeger()
+        .wait_trace(&trace_id, Duration::from_secs(30), |t| {
+            below_root(t).is_some_and(|n| wanted.iter().all(|w| n.iter().any(|s| s == w)))
+        })
+        .await;
+    let root = trace
+        .named("Reconcile Proxy")
+        .find(|r| r.parent.is_none())
+        .unwrap();
+    assert_eq!(
+        root.tag("k8s.object.name").as_deref(),
+        Some(NAME),
+        "{root:?}"
+    );
+    let names = below_root(&trace).unwrap_or_default();
+    let dial = trace.ancestry(trace.named("ssh.dial").next().unwrap());
     let dialled_by = dial.last().cloned().unwrap_or_default();
     assert_eq!(dialled_by, "Reconcile Proxy", "ssh.dial under {dial:?}");
     println!("ssh.dial under {dialled_by}");

@@ -954,46 +954,82 @@ pub async fn tls_target_on(ip: std::net::IpAddr) -> (std::net::SocketAddr, Strin
     (addr, ca_cert.pem())
 }
 
-/// A span received by [`otlp_spans`]; ids in hex, `parent` empty for a
-/// root, `attrs` the attribute keys.
-#[derive(Clone, Debug)]
-pub struct ExportedSpan {
-    pub name: String,
-    pub trace_id: String,
-    pub span_id: String,
-    pub parent: String,
-    pub attrs: Vec<String>,
+/// The test process's trace backend (Jaeger, started on first use).
+pub use test_cluster::jaeger::{jaeger, Trace};
+
+/// The `OTEL_*` variables that have the operator export its spans to the
+/// test process's Jaeger over `protocol` (`grpc` or `http/protobuf`) every
+/// 200 ms, as `service` (one per test: the tests of a binary share one
+/// Jaeger, and find their traces by service).
+pub fn otel_to_jaeger(protocol: &str, service: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger().endpoint(protocol)),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.to_string()),
+        ("OTEL_SERVICE_NAME", service.to_string()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200".to_string()),
+    ]
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// The trace id of a text log line (`traceID=<hex>`).
+pub fn trace_id_of(line: &str) -> Option<String> {
+    let (_, rest) = line.split_once("traceID=")?;
+    let id: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+    (!id.is_empty()).then_some(id)
 }
 
-/// An [`otlp_receiver`] collecting the exported spans.
-pub async fn otlp_spans() -> (String, std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>>) {
-    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use prost::Message;
-    let spans: std::sync::Arc<std::sync::Mutex<Vec<ExportedSpan>>> = Default::default();
-    let sink = spans.clone();
-    let endpoint = otlp_receiver(move |body| {
-        let Ok(req) = ExportTraceServiceRequest::decode(body) else {
-            return;
-        };
-        let mut s = sink.lock().unwrap();
-        for rs in req.resource_spans {
-            for ss in rs.scope_spans {
-                for sp in ss.spans {
-                    s.push(ExportedSpan {
-                        name: sp.name.clone(),
-                        trace_id: hex(&sp.trace_id),
-                        span_id: hex(&sp.span_id),
-                        parent: hex(&sp.parent_span_id),
-                        attrs: sp.attributes.iter().map(|a| a.key.clone()).collect(),
-                    });
-                }
-            }
-        }
-    })
-    .await;
-    (endpoint, spans)
+/// The creating reconcile's trace `trace_id` of the Proxy `ns/name`, found
+/// by its id through Jaeger's query API once whole, as a user sees it: a
+/// root `Reconcile Proxy` span of `service` naming the Proxy, with
+/// `provider.create` of `provider` below it and the Kubernetes client
+/// call that created the instance's Pod below that. Panics saying what is
+/// missing; returns the trace.
+pub async fn creating_reconcile_trace(
+    trace_id: &str,
+    service: &str,
+    ns: &str,
+    name: &str,
+    provider: &str,
+) -> Trace {
+    let trace = jaeger()
+        .wait_trace(trace_id, std::time::Duration::from_secs(30), |t| {
+            t.named("provider.create").any(|c| {
+                t.ancestry(c).last().map(String::as_str) == Some("Reconcile Proxy")
+                    && t.children(c).any(|k| k.tags.contains_key("http.method"))
+            })
+        })
+        .await;
+    let root = trace
+        .named("Reconcile Proxy")
+        .find(|r| r.parent.is_none())
+        .unwrap_or_else(|| panic!("no root Reconcile Proxy span: {trace:#?}"));
+    assert_eq!(root.service, service, "{root:?}");
+    assert_eq!(
+        root.tag("k8s.object.name").as_deref(),
+        Some(name),
+        "{root:?}"
+    );
+    assert_eq!(
+        root.tag("k8s.namespace.name").as_deref(),
+        Some(ns),
+        "{root:?}"
+    );
+    let create = trace
+        .named("provider.create")
+        .find(|c| trace.is_below(c, root))
+        .unwrap_or_else(|| panic!("no provider.create below the root: {trace:#?}"));
+    assert_eq!(
+        create.tag("provider.name").as_deref(),
+        Some(provider),
+        "{create:?}"
+    );
+    let post = trace
+        .children(create)
+        .find(|k| k.tags.contains_key("http.method"))
+        .unwrap_or_else(|| panic!("no client span below provider.create: {trace:#?}"));
+    println!(
+        "trace {trace_id}: {} spans; {}",
+        trace.spans.len(),
+        trace.ancestry(post).join(" < ")
+    );
+    trace
 }
