@@ -426,11 +426,6 @@ impl Flags {
                 ));
             }
         }
-        if let Some(client) = &self.generate_discovery_token {
-            if let Err(e) = crate::operator::tokens::check(&[(client.clone(), "-".into())]) {
-                problems.push(format!("--generate-discovery-token: {e}"));
-            }
-        }
         if let Some(id) = &self.installation_id {
             if let Err(e) = crate::provider::naming::validate_installation_id(id) {
                 problems.push(format!("--installation-id: {e}"));

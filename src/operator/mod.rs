@@ -18,7 +18,7 @@ mod replace;
 pub mod runnables;
 pub mod settings;
 mod term;
-pub(crate) mod tokens;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -155,6 +155,11 @@ impl Settings {
         )
         .map_err(|e| problems.push(format!("--discovery-tokens-dir: {e}")))
         .unwrap_or_default();
+        if let Some(client) = &flags.generate_discovery_token {
+            if let Err(e) = tokens::check(&[(client.clone(), "-".into())]) {
+                problems.push(format!("--generate-discovery-token: {e}"));
+            }
+        }
         let has_token = !discovery_tokens.is_empty() || flags.discovery_tokens_secret.is_some();
         if let Err(e) = discovery_auth(flags, has_token) {
             problems.push(e);
@@ -478,6 +483,28 @@ mod tests {
                 args: &["--discovery-bind-address", "0"],
                 token: None,
                 problems: &[],
+            },
+            Case {
+                name: "a generated token for a well-named client",
+                args: &[
+                    "--discovery-tokens-secret",
+                    "tokens",
+                    "--generate-discovery-token",
+                    "default",
+                ],
+                token: None,
+                problems: &[],
+            },
+            Case {
+                name: "a generated token's client must be a client name",
+                args: &[
+                    "--discovery-tokens-secret",
+                    "tokens",
+                    "--generate-discovery-token",
+                    "Not_A_Name",
+                ],
+                token: None,
+                problems: &["--generate-discovery-token: client name \"Not_A_Name\""],
             },
             Case {
                 name: "the gateway with a token",
