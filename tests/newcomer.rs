@@ -451,7 +451,10 @@ async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
         test_cluster::bin_dir().display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // helm's cache and config in the test's directory, never the user's.
     let helm_home = dir.join("helm");
+    let helm_env = ["cache", "config", "data"]
+        .map(|d| (format!("HELM_{}_HOME", d.to_uppercase()), helm_home.join(d)));
     let mut shell = Command::new("timeout");
     // A user's shell: none of the variables `cargo test` gives this
     // process (the crate's, its build script's), which would make the
@@ -471,9 +474,7 @@ async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
         .env("PUSH_TLS_VERIFY", "false")
         // Its own image layout: the image test unpacks the shared one.
         .env("IMAGE_LAYOUT", dir.join("oci"))
-        .env("HELM_CACHE_HOME", helm_home.join("cache"))
-        .env("HELM_CONFIG_HOME", helm_home.join("config"))
-        .env("HELM_DATA_HOME", helm_home.join("data"))
+        .envs(helm_env.clone())
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
@@ -493,16 +494,13 @@ async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
     println!("{stderr}");
 
     // The manager runs the image from the registry, not a host program.
-    let image = c.kubectl_ok(&[
-        "-n",
-        "egress-proxies-operator-system",
-        "get",
-        "pods",
-        "-l",
-        "control-plane=controller-manager",
-        "-o",
-        "jsonpath={.items[*].spec.containers[0].image}",
-    ]);
+    let manager_pods = |jsonpath: &str| {
+        let jsonpath = format!("jsonpath={jsonpath}");
+        let ns = ["-n", "egress-proxies-operator-system", "get", "pods"];
+        let select = ["-l", "control-plane=controller-manager", "-o", &jsonpath];
+        c.kubectl_ok(&[&ns[..], &select[..]].concat())
+    };
+    let image = manager_pods("{.items[*].spec.containers[0].image}");
     for one in image.split_whitespace() {
         assert_eq!(one, format!("{registry}/egress-proxies-operator:0.1.0"));
     }
@@ -517,16 +515,7 @@ async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
     let token = stdout.lines().last().unwrap_or_default().trim().to_string();
     assert!(token.len() >= 32, "a generated token: {stdout}");
     if c.is_local() {
-        let pod_ip = c.kubectl_ok(&[
-            "-n",
-            "egress-proxies-operator-system",
-            "get",
-            "pods",
-            "-l",
-            "control-plane=controller-manager",
-            "-o",
-            "jsonpath={.items[0].status.podIP}",
-        ]);
+        let pod_ip = manager_pods("{.items[0].status.podIP}");
         let addr = std::net::SocketAddr::new(pod_ip.parse().unwrap(), 8090);
         let (status, body) =
             support::api_call(addr, "GET", "/v1/proxies", Some(&token), vec![]).await;
@@ -554,9 +543,7 @@ async fn the_readmes_real_cluster_install_reaches_a_ready_proxy() {
             "--timeout=120s",
         ])
         .env("KUBECONFIG", c.kubeconfig())
-        .env("HELM_CACHE_HOME", helm_home.join("cache"))
-        .env("HELM_CONFIG_HOME", helm_home.join("config"))
-        .env("HELM_DATA_HOME", helm_home.join("data"))
+        .envs(helm_env)
         .output()
         .unwrap();
     assert!(
