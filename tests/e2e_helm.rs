@@ -529,7 +529,16 @@ fn escape_hatches(dir: &Path) -> std::path::PathBuf {
         }],
         "extraVolumes": [{"name": "probe-ca", "secret": {"secretName": "probe-ca", "optional": true}}],
         "extraVolumeMounts": [{"name": "probe-ca", "mountPath": "/etc/probe-ca", "readOnly": true}],
-        "extraArgs": ["--probe-ca-file=/etc/probe-ca/ca.crt"],
+        "extraArgs": ["--probe-ca-file=/etc/probe-ca/ca.crt", "--max-leases-per-proxy=3"],
+        // The gateway's Pods go elsewhere than the manager's.
+        "gateway": {
+            "enabled": true,
+            "nodeSelector": {"node-role.example/edge": "true"},
+            "tolerations": [{"key": "edge", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "system-node-critical",
+            "podLabels": {"team": "gateway"},
+            "podAnnotations": {"example/owner": "crawl"},
+        },
     });
     let file = dir.join("escape-hatches.json");
     std::fs::write(&file, v.to_string()).unwrap();
@@ -582,6 +591,50 @@ fn the_escape_hatches_render_into_the_pod() {
     );
     assert!(named(&manager["volumeMounts"], "probe-ca"));
     assert!(named(&manager["volumeMounts"], "tmp"));
+    assert!(
+        spec["nodeSelector"].is_null(),
+        "the gateway's placement is its own"
+    );
+    // The gateway's own scheduling values, and the manager's lease bound
+    // passed on (it judges exclusive leases by it).
+    let gateway =
+        &object(&docs, "Deployment", "egress-proxies-operator-gateway")["spec"]["template"];
+    assert_eq!(gateway["metadata"]["labels"]["team"], "gateway");
+    assert_eq!(
+        gateway["metadata"]["labels"]["app.kubernetes.io/component"],
+        "gateway"
+    );
+    assert_eq!(gateway["metadata"]["annotations"]["example/owner"], "crawl");
+    let gspec = &gateway["spec"];
+    assert_eq!(gspec["nodeSelector"]["node-role.example/edge"], "true");
+    assert_eq!(gspec["tolerations"][0]["key"], "edge");
+    assert_eq!(gspec["priorityClassName"], "system-node-critical");
+    assert!(gspec["topologySpreadConstraints"].is_null());
+    let gargs = gspec["containers"][0]["args"].as_array().unwrap();
+    assert!(
+        gargs.contains(&json!("--max-leases-per-proxy=3")),
+        "{gargs:?}"
+    );
+    assert!(!gargs.contains(&json!("--probe-ca-file=/etc/probe-ca/ca.crt")));
+    // Its own bound wins over the manager's.
+    let own = template(
+        home.path(),
+        &[
+            "gateway.enabled=true",
+            "extraArgs[0]=--max-leases-per-proxy=3",
+            "gateway.extraArgs[0]=--max-leases-per-proxy=5",
+        ],
+    );
+    let gargs = object(&own, "Deployment", "egress-proxies-operator-gateway")["spec"]["template"]
+        ["spec"]["containers"][0]["args"]
+        .clone();
+    let bounds: Vec<&Value> = gargs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a.as_str().unwrap().starts_with("--max-leases"))
+        .collect();
+    assert_eq!(bounds, [&json!("--max-leases-per-proxy=5")]);
     // A digest that is not one is refused, naming the key.
     let out = helm(
         home.path(),

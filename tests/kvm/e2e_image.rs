@@ -3,12 +3,14 @@
 //! by a real OCI runtime (runc) the way the Deployment runs it: read-only
 //! root, uid 65532, no capabilities, only `/tmp` writable, the Pod's 128Mi
 //! memory and 500m CPU limits. It must start, pass `/readyz`, and
-//! reconcile a kubernetes Proxy to Ready (a real Squid Pod) and a kvm
-//! Proxy to a running domain (libvirt's client loaded, over SSH) on the
-//! test cluster. Its size and RSS are printed.
+//! reconcile a kubernetes Proxy to Ready (a real Squid Pod), a kvm Proxy
+//! to a running domain (libvirt's client loaded, over SSH) and a gcp Proxy
+//! to an instance (the Google client, against the Compute stand-in) on the
+//! test cluster, inside its memory limit. Its size and RSS are printed.
 #![cfg(feature = "kvm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
+use crate::gcp_standin::StandIn;
 use crate::kvm_support::{self, virsh, Env};
 use crate::support::{self, eventually, phase};
 
@@ -235,9 +237,11 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
     std::fs::copy(ground.cluster.kubeconfig(), shared.join("kubeconfig")).unwrap();
     let kubernetes = support::kubernetes_reaching("kubernetes", "", target.ip());
     let kvm_entry = kvm.strip_prefix("providers:\n").unwrap();
+    let gcp = StandIn::start().await;
+    let gcp_entry = gcp.providers_yaml().replacen("providers:\n", "", 1);
     std::fs::write(
         shared.join("providers.yaml"),
-        format!("{kubernetes}{kvm_entry}"),
+        format!("{kubernetes}{kvm_entry}{gcp_entry}"),
     )
     .unwrap();
     run_ok("chown", &["-R", "65532:65532", shared.to_str().unwrap()]);
@@ -324,7 +328,8 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
     );
 
     // A kubernetes Proxy Ready through its Squid Pod, a kvm Proxy with its
-    // domain running: both providers' code (and libvirt's) at work.
+    // domain running, a gcp Proxy with its instance: every provider's code
+    // (libvirt's client and the Google client) at work.
     let proxies: Api<Proxy> = ground.proxies();
     proxies
         .create(&PostParams::default(), &support::kube_proxy("pod"))
@@ -341,6 +346,12 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
         created.metadata.uid.as_deref().unwrap(),
     );
     env.track(&domain);
+    let sample = support::repo_yaml("config/samples/proxy_gcp.yaml");
+    let vm_on_gcp = support::proxy("gce", serde_json::to_value(&sample["spec"]).unwrap());
+    proxies
+        .create(&PostParams::default(), &vm_on_gcp)
+        .await
+        .unwrap();
     eventually(
         "the kubernetes Proxy Ready",
         Duration::from_secs(180),
@@ -355,6 +366,17 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
     .await;
     let (ok, state) = virsh(&["domstate", &domain]);
     assert!(ok && state.trim() == "running", "domain state: {state}");
+    eventually(
+        "the gcp Proxy's instance",
+        Duration::from_secs(120),
+        || async { proxies.get("gce").await.ok()?.status?.provider_id },
+    )
+    .await;
+    assert_eq!(
+        gcp.instance_count(),
+        1,
+        "one instance inserted on the stand-in"
+    );
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     assert!(
         maps.contains("libvirt.so"),
@@ -371,7 +393,7 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
             .unwrap_or_default()
     };
     println!(
-        "the image's operator after reconciling both: RSS {}, peak {}; its cgroup: limit {}, peak usage {} bytes, hit the limit {} times",
+        "the image's operator after reconciling all three: RSS {}, peak {}; its cgroup: limit {}, peak usage {} bytes, hit the limit {} times",
         status_field(pid, "VmRSS:"),
         status_field(pid, "VmHWM:"),
         memory("memory.limit_in_bytes"),
@@ -385,20 +407,16 @@ async fn the_image_runs_read_only_as_nonroot_under_the_pods_limits_and_reconcile
     );
 
     // Deleting both: the operator removes the Pod and the domain.
-    for name in ["pod", "vm"] {
+    for name in ["pod", "vm", "gce"] {
         proxies
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
     }
-    eventually(
-        "both Proxies released",
-        Duration::from_secs(120),
-        || async {
-            let left = proxies.list(&Default::default()).await.ok()?;
-            left.items.is_empty().then_some(())
-        },
-    )
+    eventually("the Proxies released", Duration::from_secs(120), || async {
+        let left = proxies.list(&Default::default()).await.ok()?;
+        left.items.is_empty().then_some(())
+    })
     .await;
     assert!(!env.domain_exists(&domain), "the domain must be gone");
     assert!(

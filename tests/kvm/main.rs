@@ -2,6 +2,8 @@
 //! related files share a binary, and a cluster when they need one).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+#[path = "../gcp_standin/mod.rs"]
+mod gcp_standin;
 #[path = "../kvm_support/mod.rs"]
 mod kvm_support;
 #[path = "../support/mod.rs"]

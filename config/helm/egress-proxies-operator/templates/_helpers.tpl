@@ -195,3 +195,46 @@ follow the names; the manager's ServiceAccount gets serviceAccount.annotations
 {{- end -}}
 {{- toYaml $obj -}}
 {{- end -}}
+
+{{/*
+Where a workload's Pods run, from its values map (the manager's .Values,
+the gateway's .Values.gateway): nodeSelector, tolerations, affinity and
+topology spread, each only when set.
+*/}}
+{{- define "epo.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The manager's --max-leases-per-proxy (in extraArgs, as --max-leases-per-proxy=N)
+for the gateway too, unless gateway.extraArgs gives its own: the gateway
+judges exclusive leases by the same bound.
+*/}}
+{{- define "epo.gatewayLeaseArgs" -}}
+{{- $own := false }}
+{{- range .Values.gateway.extraArgs }}
+{{- if hasPrefix "--max-leases-per-proxy" . }}{{ $own = true }}{{ end }}
+{{- end }}
+{{- if not $own }}
+{{- range .Values.extraArgs }}
+{{- if hasPrefix "--max-leases-per-proxy=" . }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
