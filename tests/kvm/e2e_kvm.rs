@@ -130,6 +130,15 @@ async fn a_kvm_proxy_whose_host_left_the_config_keeps_its_finalizer() {
         env.domain_exists(&domain).then_some(())
     })
     .await;
+    // The create finished and was recorded: the domain runs on h1 when h1
+    // leaves (a create still in flight is another case; under a loaded
+    // CI its end came after the 60 s wait below).
+    eventually(
+        "the instance recorded",
+        Duration::from_secs(180),
+        || async { proxies.get("k1").await.ok()?.status?.provider_id },
+    )
+    .await;
 
     rewrite(&without_h1);
     eventually("the reload without h1", Duration::from_secs(30), || async {

@@ -179,10 +179,17 @@ async fn the_kvm_sample_reaches_running_with_an_address_from_the_hosts_neighbour
         net.last
     );
     let mac = first_mac(&domain);
+    // dnsmasq writes its lease file after the ACK, and the guest may answer
+    // ARP (and so be Running) before that write lands (seen once in CI).
+    let leased = std::time::Instant::now();
+    while net.lease_mac(&ip).is_none() && leased.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         net.lease_mac(&ip).as_deref(),
         Some(mac.as_str()),
-        "dnsmasq's lease for {ip}"
+        "dnsmasq's lease for {ip}; its lease file: {:?}",
+        std::fs::read_to_string(&net.leases).unwrap_or_default()
     );
     let (_, neigh) = run("ip", &["-4", "neigh", "show", &ip, "dev", &env.bridge]);
     assert!(neigh.contains(&mac), "no ARP entry for {ip}: {neigh}");
