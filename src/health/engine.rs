@@ -36,8 +36,9 @@ pub struct Engine {
     pause: Option<super::Pause>,
     /// Proxies seen failing between probes: probed at once.
     hints: super::Hints,
-    /// Per `namespace/name`: the UID, the proxy host probed, the report.
-    snapshot: RwLock<HashMap<String, (String, String, HealthReport)>>,
+    /// Per `namespace/name` (the key the schedule interned): the spec
+    /// probed (its UID and proxy host) and the report.
+    snapshot: RwLock<HashMap<Arc<str>, Published>>,
 }
 
 impl HealthSource for Engine {
@@ -47,22 +48,26 @@ impl HealthSource for Engine {
 
     fn report(&self, namespace: &str, name: &str, uid: &str) -> Option<HealthReport> {
         let snap = self.snapshot.read().unwrap_or_else(|p| p.into_inner());
-        let (u, _, r) = snap.get(&key_of(namespace, name))?;
-        (u == uid).then(|| r.clone())
+        let (spec, r) = snap.get(key_of(namespace, name).as_str())?;
+        (spec.uid == uid).then(|| r.clone())
     }
 
     fn probed_host(&self, namespace: &str, name: &str, uid: &str) -> Option<String> {
         let snap = self.snapshot.read().unwrap_or_else(|p| p.into_inner());
-        let (u, host, _) = snap.get(&key_of(namespace, name))?;
-        (u == uid).then(|| host.clone())
+        let (spec, _) = snap.get(key_of(namespace, name).as_str())?;
+        (spec.uid == uid).then(|| spec.target.proxy_host.clone())
     }
 }
+
+/// A published verdict: the spec probed (its UID and proxy host) and
+/// the report.
+type Published = (Arc<ProbeSpec>, HealthReport);
 
 /// How often a held engine looks at its switch again.
 const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 struct Done {
-    key: String,
+    key: Arc<str>,
     spec: Arc<ProbeSpec>,
     depth: Depth,
     started_ms: u64,
@@ -116,12 +121,14 @@ impl Engine {
         self
     }
 
-    fn publish(&self, key: &str, uid: &str, report: Option<(&str, HealthReport)>) {
+    fn publish(&self, key: &Arc<str>, spec: Arc<ProbeSpec>, report: HealthReport) {
         let mut snap = self.snapshot.write().unwrap_or_else(|p| p.into_inner());
-        match report {
-            Some((host, r)) => snap.insert(key.to_string(), (uid.to_string(), host.to_string(), r)),
-            None => snap.remove(key),
-        };
+        snap.insert(key.clone(), (spec, report));
+    }
+
+    fn withdraw(&self, key: &str) {
+        let mut snap = self.snapshot.write().unwrap_or_else(|p| p.into_inner());
+        snap.remove(key);
     }
 
     /// Runs until `shutdown` resolves, probing the Proxies in `cache`.
@@ -194,7 +201,7 @@ impl Engine {
     /// Runs one probe and sends its result back.
     fn spawn_probe(
         &self,
-        key: String,
+        key: Arc<str>,
         (spec, depth): (Arc<ProbeSpec>, Depth),
         now: u64,
         tx: mpsc::UnboundedSender<Done>,
@@ -246,7 +253,7 @@ impl Engine {
             } else {
                 debug!(proxy = %d.key, "Probe target changed; starting over");
             }
-            self.publish(&d.key, "", None);
+            self.withdraw(&d.key);
         }
     }
 
@@ -283,11 +290,10 @@ impl Engine {
                 .unwrap_or_default();
             info!(proxy = %done.key, healthy = v.report.healthy, latencyMillis = v.report.latency_ms, error, "Proxy health changed");
         }
-        self.publish(
-            &done.key,
-            &v.uid,
-            Some((&done.spec.target.proxy_host, v.report)),
-        );
+        // The spec probed is the target's current one (a stale result
+        // was discarded above), so its UID is the verdict's.
+        debug_assert_eq!(v.uid, done.spec.uid);
+        self.publish(&done.key, done.spec.clone(), v.report);
         if let Some((ns, name)) = done.key.split_once('/') {
             notifier.notify(ns, name);
         }

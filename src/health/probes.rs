@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kube::ResourceExt;
 use url::Url;
 
 use super::fairness::Fairness;
@@ -77,20 +76,39 @@ pub enum Folded {
     Publish(Verdict),
 }
 
+/// One probed Proxy, at its interned id.
+#[derive(Debug)]
+struct Target {
+    /// `namespace/name`, shared with the engine's snapshot and probes.
+    key: Arc<str>,
+    spec: Arc<ProbeSpec>,
+    /// The resourceVersion the spec was taken from: an unchanged Proxy
+    /// with unchanged credentials is not converted again at a sync.
+    version: Option<Box<str>>,
+    /// Probes since the last full one that passed, and its latency, when
+    /// its probes may be light ([`Depth::next`]); `None`: the next probe
+    /// is full.
+    light: Option<(u32, u64)>,
+    /// `None` before its first result.
+    state: Option<threshold::State>,
+    /// The last sync that saw it in the Proxy set.
+    seen: u64,
+}
+
 /// The health engine's state machine: targets, schedule and thresholds.
+/// Each Proxy is interned once: its key is one shared string and
+/// everything else about it (spec, thresholds, schedule) is found by a
+/// small integer id, so 10,000 Proxies cost one map of keys and flat
+/// tables instead of six maps each holding a copy of every key.
 #[derive(Debug)]
 pub struct Probes {
     defaults: Defaults,
-    sched: Schedule<String>,
-    targets: HashMap<String, Arc<ProbeSpec>>,
-    /// The resourceVersion each target was taken from: an unchanged Proxy
-    /// with unchanged credentials is not converted again at a sync.
-    versions: HashMap<String, String>,
-    /// Probes since the last full one that passed, and its latency, per
-    /// Proxy whose probes may be light ([`Depth::next`]); absent: the next probe
-    /// is full.
-    light: HashMap<String, (u32, u64)>,
-    states: HashMap<String, threshold::State>,
+    sched: Schedule<u32>,
+    ids: HashMap<Arc<str>, u32>,
+    /// By id; `None`: free (listed in `free`).
+    targets: Vec<Option<Target>>,
+    free: Vec<u32>,
+    syncs: u64,
     last_sync: Option<u64>,
     /// Shares of the probe slots per namespace.
     fair: Fairness,
@@ -111,10 +129,10 @@ impl Probes {
         Probes {
             defaults,
             sched: Schedule::default(),
-            targets: HashMap::new(),
-            versions: HashMap::new(),
-            light: HashMap::new(),
-            states: HashMap::new(),
+            ids: HashMap::new(),
+            targets: Vec::new(),
+            free: Vec::new(),
+            syncs: 0,
             last_sync: None,
             fair: Fairness::new(usize::MAX),
             namespaces: 0,
@@ -147,6 +165,35 @@ impl Probes {
         self.last_sync.is_none_or(|t| now >= t + SYNC_MS)
     }
 
+    fn target(&self, key: &str) -> Option<(u32, &Target)> {
+        let id = *self.ids.get(key)?;
+        Some((id, self.targets.get(id as usize)?.as_ref()?))
+    }
+
+    fn target_mut(&mut self, key: &str) -> Option<(u32, &mut Target)> {
+        let id = *self.ids.get(key)?;
+        Some((id, self.targets.get_mut(id as usize)?.as_mut()?))
+    }
+
+    /// Interns a new target; its id.
+    fn insert(&mut self, target: Target) -> u32 {
+        let key = target.key.clone();
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.targets[id as usize] = Some(target);
+                id
+            }
+            None => {
+                self.targets.push(Some(target));
+                // More Proxies than u32 ids is far beyond any fleet a
+                // process holds (each costs hundreds of bytes).
+                u32::try_from(self.targets.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.ids.insert(key, id);
+        id
+    }
+
     /// Brings the targets in step with `proxies` (the cache's contents):
     /// new Proxies are seeded (spread over their first interval), changed
     /// ones (UID or target) start over, gone ones are pruned. Returns the
@@ -157,70 +204,92 @@ impl Probes {
         now: u64,
     ) -> Vec<Dropped> {
         self.last_sync = Some(now);
+        self.syncs += 1;
+        let syncs = self.syncs;
         let mut dropped = Vec::new();
-        let mut seen = HashSet::new();
+        // One buffer for every key looked up: a steady fleet's sync
+        // allocates nothing per Proxy.
+        let mut key = String::new();
         for p in proxies {
-            let namespace = p.namespace().unwrap_or_default();
-            let key = key_of(&namespace, &p.name_any());
-            if self.unchanged(&key, &namespace, p) {
-                seen.insert(key);
+            let namespace = p.metadata.namespace.as_deref().unwrap_or_default();
+            key.clear();
+            key.push_str(namespace);
+            key.push('/');
+            key.push_str(p.metadata.name.as_deref().unwrap_or_default());
+            if let Some((_, t)) = self.target_mut(&key) {
+                t.seen = syncs;
+            }
+            if self.unchanged(&key, namespace, p) {
                 continue;
             }
             let Some(spec) = probe_spec(p, &self.defaults) else {
+                // Not probed now: left to go below, as before, unless it
+                // was seen (then it stays as it was).
+                if let Some((_, t)) = self.target_mut(&key) {
+                    t.seen = syncs - 1;
+                }
                 continue;
             };
-            match &p.metadata.resource_version {
-                Some(v) => self.versions.insert(key.clone(), v.clone()),
-                None => self.versions.remove(&key),
-            };
-            seen.insert(key.clone());
+            let version = p.metadata.resource_version.as_deref().map(Box::from);
             let interval = spec.interval.as_millis() as u64;
-            match self.targets.get(&key) {
-                Some(old) if old.uid == spec.uid && old.target == spec.target => {
-                    if **old != spec {
-                        self.sched.upsert(&key, interval, now, 0);
-                        self.targets.insert(key, Arc::new(spec));
+            match self.target_mut(&key) {
+                Some((id, old)) if old.spec.uid == spec.uid && old.spec.target == spec.target => {
+                    old.version = version;
+                    if *old.spec != spec {
+                        old.spec = Arc::new(spec);
+                        self.sched.upsert(&id, interval, now, 0);
                     }
                 }
-                old => {
-                    if old.is_some() {
-                        self.states.remove(&key);
-                        self.light.remove(&key);
-                        self.sched.remove(&key);
-                        dropped.push(Dropped {
-                            key: key.clone(),
-                            gone: false,
-                        });
-                    }
+                Some((id, old)) => {
+                    old.version = version;
+                    old.spec = Arc::new(spec);
+                    old.state = None;
+                    old.light = None;
+                    self.sched.remove(&id);
                     self.sched
-                        .upsert(&key, interval, now, spread(&key, interval));
-                    self.targets.insert(key, Arc::new(spec));
+                        .upsert(&id, interval, now, spread(&key, interval));
+                    dropped.push(Dropped {
+                        key: key.clone(),
+                        gone: false,
+                    });
+                }
+                None => {
+                    let shared: Arc<str> = Arc::from(key.as_str());
+                    let id = self.insert(Target {
+                        key: shared,
+                        spec: Arc::new(spec),
+                        version,
+                        light: None,
+                        state: None,
+                        seen: syncs,
+                    });
+                    self.sched
+                        .upsert(&id, interval, now, spread(&key, interval));
                 }
             }
         }
-        let gone: Vec<String> = self
-            .targets
-            .keys()
-            .filter(|k| !seen.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.targets.remove(&key);
-            self.versions.remove(&key);
-            self.states.remove(&key);
-            self.light.remove(&key);
-            self.sched.remove(&key);
-            dropped.push(Dropped { key, gone: true });
+        for id in 0..self.targets.len() {
+            let gone = matches!(&self.targets[id], Some(t) if t.seen != syncs);
+            if !gone {
+                continue;
+            }
+            if let Some(t) = self.targets[id].take() {
+                let id = id as u32;
+                self.ids.remove(&t.key);
+                self.sched.remove(&id);
+                self.free.push(id);
+                dropped.push(Dropped {
+                    key: t.key.to_string(),
+                    gone: true,
+                });
+            }
         }
-        self.rate = self
-            .targets
-            .values()
-            .map(|t| 1.0 / t.interval.as_secs_f64().max(0.001))
+        let live = || self.targets.iter().flatten();
+        self.rate = live()
+            .map(|t| 1.0 / t.spec.interval.as_secs_f64().max(0.001))
             .sum();
-        self.namespaces = self
-            .targets
-            .keys()
-            .map(|k| namespace_of(k))
+        self.namespaces = live()
+            .map(|t| namespace_of(&t.key))
             .collect::<HashSet<_>>()
             .len();
         dropped
@@ -230,24 +299,28 @@ impl Probes {
     /// and the same credentials at hand (the operator's defaults do not
     /// change while it runs).
     fn unchanged(&self, key: &str, namespace: &str, p: &Proxy) -> bool {
-        let (Some(old), Some(v)) = (self.targets.get(key), &p.metadata.resource_version) else {
+        let (Some((_, old)), Some(v)) = (self.target(key), &p.metadata.resource_version) else {
             return false;
         };
-        if self.versions.get(key) != Some(v) {
+        if old.version.as_deref() != Some(v.as_str()) {
             return false;
         }
         let credentials = crate::credentials::secret_of(p)
             .and_then(|name| self.defaults.credentials.get(namespace, name));
-        credentials == old.target.credentials
+        credentials == old.spec.target.credentials
     }
 
     /// Up to `limit` probes due at `now`, each marked in flight until
     /// [`Probes::complete`] (or [`Probes::requeue`]), and how deep each is.
-    pub fn due(&mut self, now: u64, limit: usize) -> Vec<(String, Arc<ProbeSpec>, Depth)> {
-        let (fair, namespaces) = (&mut self.fair, self.namespaces);
+    pub fn due(&mut self, now: u64, limit: usize) -> Vec<(Arc<str>, Arc<ProbeSpec>, Depth)> {
+        let (fair, namespaces, targets) = (&mut self.fair, self.namespaces, &self.targets);
+        let key_at = |id: &u32| targets.get(*id as usize).and_then(Option::as_ref);
         self.sched
-            .pop_due_where(now, limit, |key| {
-                let ns = namespace_of(key);
+            .pop_due_where(now, limit, |id| {
+                let Some(t) = key_at(id) else {
+                    return true;
+                };
+                let ns = namespace_of(&t.key);
                 let admitted = fair.admit(ns, namespaces);
                 if admitted {
                     fair.start(ns);
@@ -255,11 +328,11 @@ impl Probes {
                 admitted
             })
             .into_iter()
-            .filter_map(|key| {
-                let spec = self.targets.get(&key)?.clone();
-                let since = self.light.get(&key).map(|l| l.0);
-                let d = Depth::next(spec.wire.is_tunnel(), since, self.defaults.full_every);
-                Some((key, spec, d))
+            .filter_map(|id| {
+                let t = key_at(&id)?;
+                let since = t.light.map(|l| l.0);
+                let d = Depth::next(t.spec.wire.is_tunnel(), since, self.defaults.full_every);
+                Some((t.key.clone(), t.spec.clone(), d))
             })
             .collect()
     }
@@ -267,9 +340,14 @@ impl Probes {
     /// `key` was seen failing: probed at `now`, fully (not the light
     /// CONNECT-only probe). Whether it was due later.
     pub fn expedite(&mut self, key: &str, now: u64) -> bool {
-        let moved = self.sched.expedite(&key.to_string(), now);
+        let Some((id, _)) = self.target(key) else {
+            return false;
+        };
+        let moved = self.sched.expedite(&id, now);
         if moved {
-            self.light.remove(key);
+            if let Some((_, t)) = self.target_mut(key) {
+                t.light = None;
+            }
         }
         moved
     }
@@ -278,7 +356,9 @@ impl Probes {
     /// run at `now`, so the Proxy is not lost.
     pub fn requeue(&mut self, key: &str, now: u64) {
         self.fair.finish(namespace_of(key));
-        self.sched.complete(&key.to_string(), now, now);
+        if let Some((id, _)) = self.target(key) {
+            self.sched.complete(&id, now, now);
+        }
     }
 
     /// How long the engine may sleep at `now` with `free` workers: until
@@ -308,33 +388,32 @@ impl Probes {
         result: &ProbeResult,
     ) -> Folded {
         self.fair.finish(namespace_of(key));
-        self.sched.complete(&key.to_string(), started, now);
-        let Some(current) = self.targets.get(key) else {
+        let Some(id) = self.ids.get(key).copied() else {
             return Folded::Gone;
         };
-        if current.uid != spec.uid || current.target != spec.target {
+        self.sched.complete(&id, started, now);
+        let Some(current) = self.targets.get_mut(id as usize).and_then(Option::as_mut) else {
+            return Folded::Gone;
+        };
+        if current.spec.uid != spec.uid || current.spec.target != spec.target {
             return Folded::Stale;
         }
         let mut latency_ms = u64::try_from(result.latency.as_millis()).unwrap_or(u64::MAX);
         match (result.ok, depth) {
-            (true, Depth::Full) => {
-                self.light.insert(key.to_string(), (0, latency_ms));
-            }
+            (true, Depth::Full) => current.light = Some((0, latency_ms)),
             (true, Depth::Connect) => {
                 // A CONNECT alone is quicker than the fetch: the latency
                 // reported stays the last full fetch's.
-                if let Some((n, full)) = self.light.get_mut(key) {
+                if let Some((n, full)) = current.light.as_mut() {
                     *n += 1;
                     latency_ms = *full;
                 }
             }
-            (false, _) => {
-                self.light.remove(key);
-            }
+            (false, _) => current.light = None,
         }
-        let state = self.states.entry(key.to_string()).or_default();
+        let state = current.state.unwrap_or_default();
         let (mut next, mut change) =
-            threshold::fold(*state, result.ok, latency_ms, current.thresholds);
+            threshold::fold(state, result.ok, latency_ms, current.spec.thresholds);
         if change == Some(Change::Latency) && !self.latency_writes.allow(state.written_ms, now) {
             // Not written: the status keeps the latency it shows.
             next.reported_latency_ms = state.reported_latency_ms;
@@ -343,7 +422,7 @@ impl Probes {
         if change.is_some() {
             next.written_ms = Some(now);
         }
-        *state = next;
+        current.state = Some(next);
         let Some(change) = change else {
             return Folded::Quiet;
         };
@@ -351,7 +430,7 @@ impl Probes {
         let message = if healthy {
             format!(
                 "probe of {} through the proxy passed",
-                redact(&current.target.url)
+                redact(&current.spec.target.url)
             )
         } else {
             result
@@ -360,7 +439,7 @@ impl Probes {
                 .map_or_else(|| "probe failed".into(), ToString::to_string)
         };
         Folded::Publish(Verdict {
-            uid: current.uid.clone(),
+            uid: current.spec.uid.clone(),
             change,
             report: HealthReport {
                 healthy,
@@ -373,17 +452,17 @@ impl Probes {
 
     /// The threshold state of `key` (`None` before its first result).
     pub fn state(&self, key: &str) -> Option<threshold::State> {
-        self.states.get(key).copied()
+        self.target(key)?.1.state
     }
 
     /// How many Proxies are probed.
     pub fn len(&self) -> usize {
-        self.targets.len()
+        self.ids.len()
     }
 
     /// Whether no Proxy is probed.
     pub fn is_empty(&self) -> bool {
-        self.targets.is_empty()
+        self.ids.is_empty()
     }
 }
 

@@ -213,8 +213,8 @@ fn tuned(name: &str, uid: &str, interval: u64, success: u32, failure: u32) -> Pr
     )
 }
 
-fn keys(due: &[(String, Arc<ProbeSpec>, Depth)]) -> Vec<&str> {
-    let mut k: Vec<&str> = due.iter().map(|(k, _, _)| k.as_str()).collect();
+fn keys(due: &[(Arc<str>, Arc<ProbeSpec>, Depth)]) -> Vec<&str> {
+    let mut k: Vec<&str> = due.iter().map(|(k, _, _)| &**k).collect();
     k.sort();
     k
 }
@@ -609,4 +609,47 @@ fn an_unchanged_resource_version_skips_the_conversion() {
     assert!(p.is_empty());
     p.sync([&at("2", 2)], 3000);
     assert_eq!(p.len(), 1);
+}
+
+/// Ids are interned and reused: a Proxy deleted while its probe runs
+/// gives its id to the next new one, and the late result is dropped
+/// instead of landing on the newcomer's schedule or thresholds.
+#[test]
+fn a_freed_id_taken_by_another_proxy_gets_none_of_the_old_results() {
+    let mut p = Probes::new(defaults());
+    let a = tuned("a", "u1", 1, 1, 1);
+    p.sync([&a], 0);
+    let (key, spec, depth) = p.due(1000, 1).pop().expect("a due");
+    assert_eq!(&*key, "ns/a");
+    // a goes while its probe is in flight; b comes and takes its id.
+    let dropped = p.sync(std::iter::empty::<&Proxy>(), 1000);
+    assert_eq!(
+        dropped,
+        vec![Dropped {
+            key: "ns/a".into(),
+            gone: true
+        }]
+    );
+    p.sync([&tuned("b", "u2", 1, 1, 1)], 2000);
+    assert_eq!(p.len(), 1);
+    let at = Utc::now();
+    assert_eq!(
+        p.complete(&key, (&spec, depth), 1000, 2100, at, &ok(1)),
+        Folded::Gone
+    );
+    assert_eq!(p.state("ns/b"), None, "b has no result yet");
+    assert_eq!(p.state("ns/a"), None);
+    // b is scheduled as a new Proxy: due within its first interval, and
+    // its own result is folded.
+    let (key, spec, depth) = p.due(3000, 1).pop().expect("b due");
+    assert_eq!(&*key, "ns/b");
+    assert!(matches!(
+        p.complete(&key, (&spec, depth), 3000, 3001, at, &ok(1)),
+        Folded::Publish(_)
+    ));
+    assert_eq!(p.state("ns/b").and_then(|s| s.healthy), Some(true));
+    // a back under its old name is a new Proxy again.
+    p.sync([&tuned("b", "u2", 1, 1, 1), &a], 4000);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p.state("ns/a"), None);
 }
