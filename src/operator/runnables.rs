@@ -141,22 +141,33 @@ pub fn spawn_discovery(
         crate::cli::Role::Operator => settings.generate_discovery_token.clone(),
         crate::cli::Role::Gateway => None,
     };
-    if let (Some(name), Some(token_client)) = (&secret, generate) {
-        let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
-        let (name, stop) = (name.clone(), stop.clone());
-        tasks.spawn(async move {
-            let made =
-                super::tokens::ensure_generated(client, &namespace, &name, &token_client, stop);
-            made.await;
-        });
-    }
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
         let (m, stop) = (metrics.discovery.clone(), stop.clone());
         tasks.spawn(async move {
-            let watch =
-                super::tokens::watch_secret(client, &namespace, &name, fixed, tokens, m, stop);
-            watch.await;
+            let watch = super::tokens::watch_secret(
+                client.clone(),
+                &namespace,
+                &name,
+                fixed,
+                tokens,
+                m,
+                stop.clone(),
+            );
+            // The watch takes the generated token as soon as it is written.
+            match generate {
+                Some(token_client) => {
+                    let made = super::tokens::ensure_generated(
+                        client,
+                        &namespace,
+                        &name,
+                        &token_client,
+                        stop,
+                    );
+                    futures::join!(made, watch);
+                }
+                None => watch.await,
+            }
         });
     }
     // The health engine (while this replica leads) probes at once what a
