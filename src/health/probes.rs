@@ -26,7 +26,18 @@ pub use super::spec::{
 
 /// The key of a Proxy in the engine: `namespace/name`.
 pub fn key_of(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
+    let mut key = String::new();
+    write_key(&mut key, namespace, name);
+    key
+}
+
+/// Writes the [`key_of`] key into `buf` (cleared first), so a caller
+/// looking up many keys reuses one buffer.
+fn write_key(buf: &mut String, namespace: &str, name: &str) {
+    buf.clear();
+    buf.push_str(namespace);
+    buf.push('/');
+    buf.push_str(name);
 }
 
 /// The namespace part of a [`key_of`] key.
@@ -212,28 +223,26 @@ impl Probes {
         let mut key = String::new();
         for p in proxies {
             let namespace = p.metadata.namespace.as_deref().unwrap_or_default();
-            key.clear();
-            key.push_str(namespace);
-            key.push('/');
-            key.push_str(p.metadata.name.as_deref().unwrap_or_default());
-            if let Some((_, t)) = self.target_mut(&key) {
-                t.seen = syncs;
-            }
+            write_key(
+                &mut key,
+                namespace,
+                p.metadata.name.as_deref().unwrap_or_default(),
+            );
             if self.unchanged(&key, namespace, p) {
+                if let Some((_, t)) = self.target_mut(&key) {
+                    t.seen = syncs;
+                }
                 continue;
             }
+            // A Proxy with nothing to probe now is not seen: pruned below.
             let Some(spec) = probe_spec(p, &self.defaults) else {
-                // Not probed now: left to go below, as before, unless it
-                // was seen (then it stays as it was).
-                if let Some((_, t)) = self.target_mut(&key) {
-                    t.seen = syncs - 1;
-                }
                 continue;
             };
             let version = p.metadata.resource_version.as_deref().map(Box::from);
             let interval = spec.interval.as_millis() as u64;
             match self.target_mut(&key) {
                 Some((id, old)) if old.spec.uid == spec.uid && old.spec.target == spec.target => {
+                    old.seen = syncs;
                     old.version = version;
                     if *old.spec != spec {
                         old.spec = Arc::new(spec);
@@ -241,6 +250,7 @@ impl Probes {
                     }
                 }
                 Some((id, old)) => {
+                    old.seen = syncs;
                     old.version = version;
                     old.spec = Arc::new(spec);
                     old.state = None;
@@ -268,21 +278,18 @@ impl Probes {
                 }
             }
         }
-        for id in 0..self.targets.len() {
-            let gone = matches!(&self.targets[id], Some(t) if t.seen != syncs);
-            if !gone {
+        for (id, slot) in self.targets.iter_mut().enumerate() {
+            let Some(t) = slot.take_if(|t| t.seen != syncs) else {
                 continue;
-            }
-            if let Some(t) = self.targets[id].take() {
-                let id = id as u32;
-                self.ids.remove(&t.key);
-                self.sched.remove(&id);
-                self.free.push(id);
-                dropped.push(Dropped {
-                    key: t.key.to_string(),
-                    gone: true,
-                });
-            }
+            };
+            let id = id as u32;
+            self.ids.remove(&t.key);
+            self.sched.remove(&id);
+            self.free.push(id);
+            dropped.push(Dropped {
+                key: t.key.to_string(),
+                gone: true,
+            });
         }
         let live = || self.targets.iter().flatten();
         self.rate = live()
@@ -340,16 +347,16 @@ impl Probes {
     /// `key` was seen failing: probed at `now`, fully (not the light
     /// CONNECT-only probe). Whether it was due later.
     pub fn expedite(&mut self, key: &str, now: u64) -> bool {
-        let Some((id, _)) = self.target(key) else {
+        let Some(&id) = self.ids.get(key) else {
             return false;
         };
-        let moved = self.sched.expedite(&id, now);
-        if moved {
-            if let Some((_, t)) = self.target_mut(key) {
-                t.light = None;
-            }
+        if !self.sched.expedite(&id, now) {
+            return false;
         }
-        moved
+        if let Some(Some(t)) = self.targets.get_mut(id as usize) {
+            t.light = None;
+        }
+        true
     }
 
     /// A due probe that could not be started: rescheduled as if it had
