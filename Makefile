@@ -208,8 +208,8 @@ RELEASE_BIN := $(TARGET_DIR)/release/egress-proxies-operator
 # make image-push: false for a registry served over plain HTTP.
 PUSH_TLS_VERIFY ?= true
 
-image: ## Build the manager image without a Docker engine or registry: the release binary and the libraries it loads on a distroless-like base made from Debian's packages (config/image/build-image.sh; umoci), as the OCI layout IMAGE_LAYOUT, tag IMAGE_TAG (IMG's tag).
-	$(CARGO) build --release --bin egress-proxies-operator
+image: ## Build the manager image without a Docker engine or registry: the release binaries (the operator and its libvirt helper) and the libraries they load on a distroless-like base made from Debian's packages (config/image/build-image.sh; umoci), as the OCI layout IMAGE_LAYOUT, tag IMAGE_TAG (IMG's tag).
+	$(CARGO) build --release --bin egress-proxies-operator --bin egress-proxies-libvirt
 	config/image/build-image.sh $(RELEASE_BIN) $(IMAGE_LAYOUT) $(IMAGE_TAG)
 
 image-push: ## Push the image `make image` built to IMG (skopeo; PUSH_TLS_VERIFY=false for a plain-HTTP registry).

@@ -6,8 +6,9 @@
 #
 #   config/image/build-image.sh BIN OUT TAG
 #
-# BIN: the release binary (its line tables are stripped here, as the
-# Dockerfile's build does); OUT: the OCI layout directory written (the
+# BIN: the release binary, with the libvirt helper (egress-proxies-libvirt)
+# beside it (their line tables are stripped here, as the Dockerfile's
+# build does); OUT: the OCI layout directory written (the
 # image is OUT:TAG, e.g. `skopeo copy oci:OUT:TAG docker://…` pushes it);
 # TAG: the image tag. Needs umoci, dpkg-deb, apt-get (to download the base
 # packages into OUT's work directory), objcopy and ldd.
@@ -54,10 +55,17 @@ chmod 1777 "$rootfs/tmp"
 chown 65532:65532 "$rootfs/home/nonroot"
 chmod 0700 "$rootfs/root"
 
-# Every library the binary loads, under the same paths (make runtime-libs),
-# and the binary without its line tables.
-make -s -C "$here" runtime-libs BIN="$bin" DEST="$rootfs"
+# Every library the binaries load, under the same paths (make
+# runtime-libs), and the binaries without their line tables: the operator
+# and, beside it, the kvm provider's libvirt helper (the only one that
+# loads libvirt's client library).
+helper="$(dirname "$bin")/egress-proxies-libvirt"
+[ -x "$helper" ] || { echo "build-image.sh: $helper is missing (cargo build --release --bins)" >&2; exit 1; }
+for b in "$bin" "$helper"; do
+  make -s -C "$here" runtime-libs BIN="$b" DEST="$rootfs"
+done
 objcopy --strip-debug "$bin" "$rootfs/usr/local/bin/egress-proxies-operator"
+objcopy --strip-debug "$helper" "$rootfs/usr/local/bin/egress-proxies-libvirt"
 
 # One layer with the whole root filesystem, then the Dockerfile's config.
 umoci init --layout "$out"

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::validate::{http_url, is_identifier};
 
@@ -67,7 +67,7 @@ pub struct KvmImage {
 }
 
 /// Disk format of a base image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ImageFormat {
     /// qcow2 (default).
     Qcow2,
@@ -76,7 +76,7 @@ pub enum ImageFormat {
 }
 
 /// Boot firmware.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Firmware {
     /// UEFI (default).
     Uefi,
@@ -114,7 +114,7 @@ pub struct MachineType {
 }
 
 /// libvirt domain type of the VMs on a host.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DomainType {
     /// Hardware-accelerated (needs /dev/kvm); the default.

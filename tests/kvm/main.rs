@@ -17,5 +17,6 @@ mod kvm_cancel;
 mod kvm_failures;
 mod kvm_guest_cloud_config;
 mod kvm_harness;
+mod kvm_helper;
 mod kvm_image_cache;
 mod kvm_lifecycle;

@@ -1,17 +1,13 @@
-//! A running domain's address: libvirt's address sources in order, and a
-//! pure choice among their answers.
+//! A running domain's address: a pure choice among the answers of
+//! libvirt's address sources (the helper asks them in order).
 
-use virt::domain::Domain;
-use virt::sys;
-
-use super::conn::{rpc, NO_FLAGS};
-use super::xml;
+use super::classify::state;
 
 /// The first usable IPv4 address from one address source's answer.
 pub fn pick_ipv4(ifaces: &[(String, Vec<(i64, String)>)]) -> Option<String> {
     for (_, addrs) in ifaces {
         for (kind, addr) in addrs {
-            if *kind != sys::VIR_IP_ADDR_TYPE_IPV4 as i64 {
+            if *kind != state::IP_ADDR_IPV4 {
                 continue;
             }
             let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else {
@@ -32,49 +28,6 @@ pub fn own_nic(macs: &[String], hwaddr: Option<&str>) -> bool {
         Some(h) if !macs.is_empty() => macs.iter().any(|m| m.eq_ignore_ascii_case(h)),
         _ => true,
     }
-}
-
-/// The domain's address (empty when it has none yet) and its NICs' MACs
-/// (for the host's neighbour table, `neighbours.rs`).
-pub fn address_of(d: &Domain) -> (String, Vec<String>) {
-    // Only the domain's own NICs count (a bridge inside the guest must not
-    // win); without the XML every interface counts.
-    let macs = rpc("virDomainGetXMLDesc", || d.xml_desc(NO_FLAGS))
-        .map(|x| xml::interface_macs(&x))
-        .unwrap_or_default();
-    // Lease (libvirt networks), ARP, then the guest agent; errors mean "no
-    // address yet", never a failure.
-    for (source, name) in [
-        (
-            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
-            "virDomainInterfaceAddresses(lease)",
-        ),
-        (
-            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
-            "virDomainInterfaceAddresses(arp)",
-        ),
-        (
-            sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
-            "virDomainInterfaceAddresses(agent)",
-        ),
-    ] {
-        if let Ok(ifaces) = rpc(name, || d.interface_addresses(source, NO_FLAGS)) {
-            let view: Vec<(String, Vec<(i64, String)>)> = ifaces
-                .into_iter()
-                .filter(|i| own_nic(&macs, i.hwaddr.as_deref()))
-                .map(|i| {
-                    (
-                        i.name,
-                        i.addrs.into_iter().map(|a| (a.typed, a.addr)).collect(),
-                    )
-                })
-                .collect();
-            if let Some(ip) = pick_ipv4(&view) {
-                return (ip, macs);
-            }
-        }
-    }
-    (String::new(), macs)
 }
 
 #[cfg(test)]

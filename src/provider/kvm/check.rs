@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virt::sys;
-
-use super::classify::{code, code_of, domain_of};
-use super::conn::{rpc, HostLink, LinkError};
+use super::classify::{code, state};
+use super::conn::{HostLink, LinkError};
+use super::protocol::{HostFacts, Request};
 use super::ssh::Stage;
 use crate::provider::TargetStatus;
 
@@ -36,8 +35,8 @@ impl Observation {
         match e {
             LinkError::Dial { source, .. } => Observation::Dial(source.stage),
             LinkError::Libvirt { source, .. } => Observation::Libvirt {
-                code: code_of(source),
-                domain: domain_of(source),
+                code: source.code,
+                domain: source.domain,
             },
             LinkError::TimedOut(_) | LinkError::Busy { .. } => Observation::CallTimedOut,
             LinkError::Aborted(_) => Observation::Aborted,
@@ -57,7 +56,7 @@ pub fn reason(o: Observation) -> &'static str {
         Observation::Libvirt { domain, .. } if domain == code::FROM_RPC => "Unreachable",
         Observation::Libvirt { .. } => "LibvirtError",
         Observation::Aborted => "Unreachable",
-        Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING) => "Reachable",
+        Observation::Pool(state::POOL_RUNNING) => "Reachable",
         Observation::Pool(_) => "PoolNotActive",
     }
 }
@@ -65,11 +64,11 @@ pub fn reason(o: Observation) -> &'static str {
 /// A pool state as a word.
 pub fn pool_state_word(s: u32) -> String {
     match s {
-        sys::VIR_STORAGE_POOL_INACTIVE => "inactive".into(),
-        sys::VIR_STORAGE_POOL_BUILDING => "building".into(),
-        sys::VIR_STORAGE_POOL_RUNNING => "running".into(),
-        sys::VIR_STORAGE_POOL_DEGRADED => "degraded".into(),
-        sys::VIR_STORAGE_POOL_INACCESSIBLE => "inaccessible".into(),
+        state::POOL_INACTIVE => "inactive".into(),
+        state::POOL_BUILDING => "building".into(),
+        state::POOL_RUNNING => "running".into(),
+        state::POOL_DEGRADED => "degraded".into(),
+        state::POOL_INACCESSIBLE => "inaccessible".into(),
         n => format!("state {n}"),
     }
 }
@@ -99,16 +98,8 @@ pub async fn check_host(link: Arc<HostLink>, deadline: Duration) -> TargetStatus
     let probe = async {
         let op = link.open().await?;
         let pool = host.pool.clone();
-        op.call("checking host", move |c| {
-            let version = rpc("virConnectGetLibVersion", || c.lib_version())?;
-            let hostname = rpc("virConnectGetHostname", || c.hostname())?;
-            let p = rpc("virStoragePoolLookupByName", || {
-                c.lookup_storage_pool_by_name(&pool)
-            })?;
-            let info = rpc("virStoragePoolGetInfo", || p.info())?;
-            Ok((version, hostname, info))
-        })
-        .await
+        op.call::<HostFacts>("checking host", Request::Check { pool })
+            .await
     };
     let (observed, message) = match tokio::time::timeout(deadline, probe).await {
         Err(_) => (
@@ -117,18 +108,22 @@ pub async fn check_host(link: Arc<HostLink>, deadline: Duration) -> TargetStatus
         ),
         Ok(Err(e)) => {
             let message = match &e {
-                LinkError::Libvirt { source, .. } => source.message().to_string(),
+                LinkError::Libvirt { source, .. } => source.message.clone(),
                 other => other.to_string(),
             };
             (Observation::of(&e), message)
         }
-        Ok(Ok((version, hostname, info))) => {
+        Ok(Ok(HostFacts {
+            version,
+            hostname,
+            pool: info,
+        })) => {
             details.insert("hostname".into(), hostname);
-            details.insert("libvirtVersion".into(), version_string(version.into()));
+            details.insert("libvirtVersion".into(), version_string(version));
             details.insert("poolState".into(), pool_state_word(info.state));
             details.insert("poolCapacity".into(), gib(info.capacity));
             details.insert("poolAvailable".into(), gib(info.available));
-            let message = if info.state == sys::VIR_STORAGE_POOL_RUNNING {
+            let message = if info.state == state::POOL_RUNNING {
                 String::new()
             } else {
                 format!(
@@ -232,17 +227,17 @@ mod tests {
             },
             Case {
                 name: "pool running",
-                observation: Observation::Pool(sys::VIR_STORAGE_POOL_RUNNING),
+                observation: Observation::Pool(state::POOL_RUNNING),
                 want: "Reachable",
             },
             Case {
                 name: "pool inactive",
-                observation: Observation::Pool(sys::VIR_STORAGE_POOL_INACTIVE),
+                observation: Observation::Pool(state::POOL_INACTIVE),
                 want: "PoolNotActive",
             },
             Case {
                 name: "pool degraded",
-                observation: Observation::Pool(sys::VIR_STORAGE_POOL_DEGRADED),
+                observation: Observation::Pool(state::POOL_DEGRADED),
                 want: "PoolNotActive",
             },
             Case {

@@ -2,72 +2,83 @@
 
 use std::error::Error as StdError;
 
+use super::protocol::LibvirtError;
 use super::ssh::DialError;
 use crate::provider::ErrorClass;
 
-/// libvirt error codes the provider branches on (virterror.h), by their
-/// `virt::sys` names.
+/// libvirt error codes the provider branches on (virterror.h; a stable
+/// ABI). The helper's tests check each against libvirt's own bindings.
 pub mod code {
-    use virt::sys;
-
     /// VIR_ERR_INTERNAL_ERROR
-    pub const INTERNAL_ERROR: i64 = sys::VIR_ERR_INTERNAL_ERROR as i64;
+    pub const INTERNAL_ERROR: i64 = 1;
     /// VIR_ERR_NO_SUPPORT
-    pub const NO_SUPPORT: i64 = sys::VIR_ERR_NO_SUPPORT as i64;
+    pub const NO_SUPPORT: i64 = 3;
     /// VIR_ERR_INVALID_ARG
-    pub const INVALID_ARG: i64 = sys::VIR_ERR_INVALID_ARG as i64;
+    pub const INVALID_ARG: i64 = 8;
     /// VIR_ERR_OPERATION_FAILED
-    pub const OPERATION_FAILED: i64 = sys::VIR_ERR_OPERATION_FAILED as i64;
+    pub const OPERATION_FAILED: i64 = 9;
     /// VIR_ERR_XML_ERROR
-    pub const XML_ERROR: i64 = sys::VIR_ERR_XML_ERROR as i64;
+    pub const XML_ERROR: i64 = 27;
     /// VIR_ERR_OPERATION_DENIED
-    pub const OPERATION_DENIED: i64 = sys::VIR_ERR_OPERATION_DENIED as i64;
+    pub const OPERATION_DENIED: i64 = 29;
     /// VIR_ERR_XML_DETAIL
-    pub const XML_DETAIL: i64 = sys::VIR_ERR_XML_DETAIL as i64;
+    pub const XML_DETAIL: i64 = 35;
     /// VIR_ERR_SYSTEM_ERROR
-    pub const SYSTEM_ERROR: i64 = sys::VIR_ERR_SYSTEM_ERROR as i64;
+    pub const SYSTEM_ERROR: i64 = 38;
     /// VIR_ERR_RPC
-    pub const RPC: i64 = sys::VIR_ERR_RPC as i64;
+    pub const RPC: i64 = 39;
     /// VIR_ERR_NO_DOMAIN
-    pub const NO_DOMAIN: i64 = sys::VIR_ERR_NO_DOMAIN as i64;
+    pub const NO_DOMAIN: i64 = 42;
     /// VIR_ERR_AUTH_FAILED
-    pub const AUTH_FAILED: i64 = sys::VIR_ERR_AUTH_FAILED as i64;
+    pub const AUTH_FAILED: i64 = 45;
     /// VIR_ERR_NO_STORAGE_POOL
-    pub const NO_STORAGE_POOL: i64 = sys::VIR_ERR_NO_STORAGE_POOL as i64;
+    pub const NO_STORAGE_POOL: i64 = 49;
     /// VIR_ERR_NO_STORAGE_VOL
-    pub const NO_STORAGE_VOL: i64 = sys::VIR_ERR_NO_STORAGE_VOL as i64;
+    pub const NO_STORAGE_VOL: i64 = 50;
     /// VIR_ERR_OPERATION_INVALID
-    pub const OPERATION_INVALID: i64 = sys::VIR_ERR_OPERATION_INVALID as i64;
+    pub const OPERATION_INVALID: i64 = 55;
     /// VIR_ERR_CONFIG_UNSUPPORTED
-    pub const CONFIG_UNSUPPORTED: i64 = sys::VIR_ERR_CONFIG_UNSUPPORTED as i64;
+    pub const CONFIG_UNSUPPORTED: i64 = 67;
     /// VIR_ERR_ARGUMENT_UNSUPPORTED
-    pub const ARGUMENT_UNSUPPORTED: i64 = sys::VIR_ERR_ARGUMENT_UNSUPPORTED as i64;
+    pub const ARGUMENT_UNSUPPORTED: i64 = 74;
     /// VIR_ERR_NO_DOMAIN_METADATA
-    pub const NO_DOMAIN_METADATA: i64 = sys::VIR_ERR_NO_DOMAIN_METADATA as i64;
+    pub const NO_DOMAIN_METADATA: i64 = 80;
     /// VIR_ERR_OPERATION_UNSUPPORTED
-    pub const OPERATION_UNSUPPORTED: i64 = sys::VIR_ERR_OPERATION_UNSUPPORTED as i64;
+    pub const OPERATION_UNSUPPORTED: i64 = 84;
     /// VIR_ERR_AGENT_UNRESPONSIVE
-    pub const AGENT_UNRESPONSIVE: i64 = sys::VIR_ERR_AGENT_UNRESPONSIVE as i64;
+    pub const AGENT_UNRESPONSIVE: i64 = 86;
     /// VIR_ERR_RESOURCE_BUSY
-    pub const RESOURCE_BUSY: i64 = sys::VIR_ERR_RESOURCE_BUSY as i64;
+    pub const RESOURCE_BUSY: i64 = 87;
     /// VIR_ERR_ACCESS_DENIED
-    pub const ACCESS_DENIED: i64 = sys::VIR_ERR_ACCESS_DENIED as i64;
+    pub const ACCESS_DENIED: i64 = 88;
     /// VIR_ERR_STORAGE_VOL_EXIST
-    pub const STORAGE_VOL_EXIST: i64 = sys::VIR_ERR_STORAGE_VOL_EXIST as i64;
+    pub const STORAGE_VOL_EXIST: i64 = 90;
     /// VIR_ERR_XML_INVALID_SCHEMA
-    pub const XML_INVALID_SCHEMA: i64 = sys::VIR_ERR_XML_INVALID_SCHEMA as i64;
+    pub const XML_INVALID_SCHEMA: i64 = 92;
     /// VIR_FROM_RPC (error domain)
-    pub const FROM_RPC: i64 = sys::VIR_FROM_RPC as i64;
+    pub const FROM_RPC: i64 = 7;
 }
 
-/// The raw code of a libvirt error.
-pub fn code_of(e: &virt::error::Error) -> i64 {
-    e.code().to_raw() as i64
-}
-
-/// The raw error domain of a libvirt error.
-pub fn domain_of(e: &virt::error::Error) -> i64 {
-    e.domain().to_raw() as i64
+/// libvirt states the provider branches on (libvirt.h; a stable ABI).
+pub mod state {
+    /// VIR_DOMAIN_NOSTATE
+    pub const DOMAIN_NOSTATE: u32 = 0;
+    /// VIR_DOMAIN_RUNNING
+    pub const DOMAIN_RUNNING: u32 = 1;
+    /// VIR_DOMAIN_BLOCKED
+    pub const DOMAIN_BLOCKED: u32 = 2;
+    /// VIR_STORAGE_POOL_INACTIVE
+    pub const POOL_INACTIVE: u32 = 0;
+    /// VIR_STORAGE_POOL_BUILDING
+    pub const POOL_BUILDING: u32 = 1;
+    /// VIR_STORAGE_POOL_RUNNING
+    pub const POOL_RUNNING: u32 = 2;
+    /// VIR_STORAGE_POOL_DEGRADED
+    pub const POOL_DEGRADED: u32 = 3;
+    /// VIR_STORAGE_POOL_INACCESSIBLE
+    pub const POOL_INACCESSIBLE: u32 = 4;
+    /// VIR_IP_ADDR_TYPE_IPV4
+    pub const IP_ADDR_IPV4: i64 = 0;
 }
 
 /// The class of a libvirt error code.
@@ -126,11 +137,11 @@ pub fn classify(err: &(dyn StdError + 'static)) -> ErrorClass {
         if let Some(d) = e.downcast_ref::<DialError>() {
             return d.class;
         }
-        if let Some(v) = e.downcast_ref::<virt::error::Error>() {
-            if is_out_of_space(v.message()) {
+        if let Some(v) = e.downcast_ref::<LibvirtError>() {
+            if is_out_of_space(&v.message) {
                 return ErrorClass::QuotaExceeded;
             }
-            return class_of_code(code_of(v));
+            return class_of_code(v.code);
         }
         cur = e.source();
     }
@@ -174,6 +185,16 @@ mod tests {
         assert!(!is_out_of_space("Storage volume not found"));
         let io = std::io::Error::other("eof");
         assert_eq!(classify(&io), ErrorClass::Transient);
+        let lv = |code, message: &str| LibvirtError {
+            code,
+            domain: 0,
+            message: message.into(),
+        };
+        assert_eq!(classify(&lv(42, "gone")), ErrorClass::NotFound);
+        assert_eq!(
+            classify(&lv(38, "write: No space left on device")),
+            ErrorClass::QuotaExceeded
+        );
     }
 
     #[test]

@@ -14,25 +14,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use tokio::net::UnixListener;
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, Mutex};
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, Instrument};
-use virt::connect::Connect;
+
+use super::helper::{Helper, WireError};
+use super::protocol::{helper_path, LibvirtError, Request};
 
 use super::permits::{SlotKind, Slots};
 pub use super::permits::{BLOCKING_PER_HOST, TRANSFERS_PER_HOST};
 use super::ssh::{self, DialError, Session, SshSettings, Stage, Stamp};
 use crate::config::KvmHost;
 use crate::provider::ErrorClass;
-
-/// libvirt's "no flags" argument: every call here asks for the default
-/// behaviour, and a named zero keeps bare numbers out of libvirt calls.
-pub const NO_FLAGS: u32 = 0;
-
-/// Offset and length of a whole-volume stream transfer (libvirt reads a
-/// zero length as "to the end").
-pub const WHOLE_VOLUME: (u64, u64) = (0, 0);
 
 struct Live {
     session: Arc<Session>,
@@ -48,6 +43,8 @@ pub struct HostLink {
     slots: Slots,
     scratch: PathBuf,
     seq: AtomicU64,
+    /// The libvirt helper's binary.
+    helper: std::sync::Mutex<PathBuf>,
     call_timeout_ms: AtomicU64,
 }
 
@@ -75,7 +72,7 @@ pub enum LinkError {
         what: String,
         /// libvirt's error.
         #[source]
-        source: virt::error::Error,
+        source: LibvirtError,
     },
     /// libvirt did not answer within the call timeout.
     #[error("{0}")]
@@ -90,7 +87,7 @@ pub enum LinkError {
         /// How long the caller waited.
         waited: Duration,
     },
-    /// The blocking task died (panic) or the pool is shut down.
+    /// The helper died or fell out of step, or the connection was closed.
     #[error("libvirt call aborted: {0}")]
     Aborted(String),
 }
@@ -105,11 +102,11 @@ impl LinkError {
     }
 }
 
-/// One operation's libvirt connection. Dropping it closes the channel
-/// (aborting any call blocked on it) and releases the connection on the
-/// blocking pool.
+/// One operation's libvirt connection: its own helper process
+/// (protocol.rs) on its own channel. Dropping it kills the helper (ending
+/// any call it is in) and closes the channel.
 pub struct OpConn {
-    conn: Option<Arc<Connect>>,
+    helper: Mutex<Option<Helper>>,
     pump: JoinHandle<()>,
     path: PathBuf,
     slots: Slots,
@@ -121,112 +118,84 @@ impl Drop for OpConn {
     fn drop(&mut self) {
         self.pump.abort();
         let _ = std::fs::remove_file(&self.path);
-        if let Some(conn) = self.conn.take() {
-            // virConnectClose may block briefly; never on an async worker.
-            match tokio::runtime::Handle::try_current() {
-                Ok(h) => {
-                    h.spawn_blocking(move || drop(conn));
-                }
-                Err(_) => drop(conn),
-            }
-        }
     }
 }
 
 impl OpConn {
-    /// Runs `f` against the connection on the blocking pool, holding one of
-    /// the host's blocking slots, inside the caller's span. `what` prefixes
-    /// a failure. Inside `f`, wrap each libvirt call in [`rpc`].
-    pub async fn call<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
-    {
-        self.call_within(what, SlotKind::Call, Some(self.call_timeout), f)
-            .await
-    }
-
-    /// Like [`OpConn::call`] on one of the host's transfer slots, with no
-    /// time limit on the call itself (streams whose pace is set by the
-    /// other side, which has its own stall, rate and overall limits). The
-    /// wait for the slot is still bounded by the call timeout.
-    pub async fn call_transfer<T, F>(&self, what: &str, f: F) -> Result<T, LinkError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
-    {
-        self.call_within(what, SlotKind::Transfer, None, f).await
-    }
-
-    async fn call_within<T, F>(
+    /// Runs one request on the helper, holding one of the host's blocking
+    /// slots, inside the caller's span; bounded by the call timeout. `what`
+    /// prefixes a failure.
+    pub async fn call<T: DeserializeOwned>(
         &self,
         what: &str,
-        kind: SlotKind,
-        limit: Option<Duration>,
-        f: F,
-    ) -> Result<T, LinkError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
-    {
-        let conn = self
-            .conn
-            .clone()
-            .ok_or_else(|| LinkError::Aborted("connection closed".into()))?;
-        let permit = self.slots.acquire(kind, self.call_timeout).await?;
-        let parent = tracing::Span::current();
-        let host = self.host.clone();
-        let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let _g = tracing::info_span!(parent: &parent, "libvirt", host = %host).entered();
-            f(&conn)
-        });
-        let joined = match limit {
-            None => task.await,
-            Some(limit) => match tokio::time::timeout(limit, task).await {
-                Ok(j) => j,
-                Err(_) => {
-                    // Close this operation's channel: the blocked call then
-                    // fails and its thread ends. Other operations keep theirs.
-                    self.pump.abort();
-                    return Err(LinkError::TimedOut(format!(
-                        "{what}: libvirt did not answer within {limit:?}"
-                    )));
-                }
-            },
-        };
-        let res = joined.map_err(|e| LinkError::Aborted(e.to_string()))?;
-        res.map_err(|source| LinkError::Libvirt {
-            what: what.to_string(),
-            source,
-        })
+        req: Request,
+    ) -> Result<T, LinkError> {
+        let _permit = self
+            .slots
+            .acquire(SlotKind::Call, self.call_timeout)
+            .await?;
+        let limit = self.call_timeout;
+        let mut helper = self.helper.lock().await;
+        let h = helper
+            .as_mut()
+            .ok_or_else(|| LinkError::Aborted(format!("{what}: the connection is closed")))?;
+        let span = info_span!("libvirt", host = %self.host);
+        match tokio::time::timeout(limit, h.call(&req).instrument(span)).await {
+            Ok(r) => settle(&mut helper, what, r),
+            Err(_) => {
+                // Killing this operation's helper and closing its channel
+                // ends the blocked call; other operations keep theirs.
+                *helper = None;
+                self.pump.abort();
+                Err(LinkError::TimedOut(format!(
+                    "{what}: libvirt did not answer within {limit:?}"
+                )))
+            }
+        }
+    }
+
+    /// Runs an upload request on one of the host's transfer slots, with its
+    /// `len` bytes from `rx`, and no time limit on the transfer itself (its
+    /// pace is set by the download, which has its own stall, rate and
+    /// overall limits). The wait for the slot is still bounded.
+    pub async fn upload<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        req: Request,
+        len: u64,
+        mut rx: mpsc::Receiver<Option<Vec<u8>>>,
+    ) -> Result<T, LinkError> {
+        let _permit = self
+            .slots
+            .acquire(SlotKind::Transfer, self.call_timeout)
+            .await?;
+        let mut helper = self.helper.lock().await;
+        let h = helper
+            .as_mut()
+            .ok_or_else(|| LinkError::Aborted(format!("{what}: the connection is closed")))?;
+        let span = info_span!("libvirt", host = %self.host);
+        let r = h.upload(&req, len, &mut rx).instrument(span).await;
+        settle(&mut helper, what, r)
     }
 }
 
-/// Runs one libvirt RPC in its own child span and logs one line for it
-/// (kvm.md §11): `rpc`, duration and, on failure, the code and message.
-pub fn rpc<T>(
-    name: &'static str,
-    f: impl FnOnce() -> Result<T, virt::error::Error>,
-) -> Result<T, virt::error::Error> {
-    let span = tracing::info_span!(
-        "libvirt.rpc",
-        rpc = name,
-        libvirt_code = tracing::field::Empty
-    );
-    let _g = span.enter();
-    let started = Instant::now();
-    let res = f();
-    let duration_us = started.elapsed().as_micros() as u64;
-    match &res {
-        Ok(_) => debug!(rpc = name, duration_us, "libvirt call"),
+/// A call's outcome; a helper that broke is dropped (killed).
+fn settle<T>(
+    helper: &mut Option<Helper>,
+    what: &str,
+    r: Result<T, WireError>,
+) -> Result<T, LinkError> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(WireError::Libvirt(source)) => Err(LinkError::Libvirt {
+            what: what.to_string(),
+            source,
+        }),
         Err(e) => {
-            let c = super::classify::code_of(e);
-            span.record("libvirt_code", c);
-            debug!(rpc = name, duration_us, libvirt_code = c, error = %e.message(), "libvirt call");
+            *helper = None;
+            Err(LinkError::Aborted(format!("{what}: {e}")))
         }
     }
-    res
 }
 
 impl HostLink {
@@ -239,6 +208,7 @@ impl HostLink {
             slot: Mutex::new(None),
             scratch,
             seq: AtomicU64::new(0),
+            helper: std::sync::Mutex::new(helper_path()),
             call_timeout_ms: AtomicU64::new(DEFAULT_CALL_TIMEOUT.as_millis() as u64),
         }
     }
@@ -247,6 +217,18 @@ impl HostLink {
     pub fn set_call_timeout(&self, d: Duration) {
         self.call_timeout_ms
             .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// Starts the libvirt helper from `path` (default: protocol::helper_path).
+    pub fn set_helper(&self, path: PathBuf) {
+        *self.helper.lock().unwrap_or_else(|p| p.into_inner()) = path;
+    }
+
+    fn helper(&self) -> PathBuf {
+        self.helper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn call_timeout(&self) -> Duration {
@@ -379,49 +361,40 @@ impl HostLink {
             }
         });
         let uri = format!("qemu+unix:///system?socket={}", path.display());
-        let permit = self
+        let _permit = self
             .slots
             .acquire(SlotKind::Call, self.call_timeout())
             .await?;
-        let mut op = OpConn {
-            conn: None,
-            pump,
-            path,
-            slots: self.slots.clone(),
-            host: self.host.name.clone(),
-            call_timeout: self.call_timeout(),
-        };
         let limit = self.call_timeout();
-        let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            Connect::open(Some(&uri))
-        })
-        .instrument(info_span!("libvirt.connect", host = %self.host.name));
-        let opened = match tokio::time::timeout(limit, task).await {
-            Ok(j) => j.map_err(|e| LinkError::Aborted(e.to_string()))?,
-            Err(_) => {
-                // Dropping `op` closes the channel, which ends the blocked open.
-                return Err(self.dial_error(DialError {
-                    stage: Stage::LibvirtConnect,
-                    class: ErrorClass::Transient,
-                    message: format!(
-                        "libvirt connect via {}: no answer within {limit:?}",
-                        self.host.socket
-                    ),
-                }));
+        let helper = self.helper();
+        let started = Helper::start(&helper, &uri, &self.host.name)
+            .instrument(info_span!("libvirt.connect", host = %self.host.name));
+        let (class, message) = match tokio::time::timeout(limit, started).await {
+            Ok(Ok(h)) => {
+                return Ok(OpConn {
+                    helper: Mutex::new(Some(h)),
+                    pump,
+                    path,
+                    slots: self.slots.clone(),
+                    host: self.host.name.clone(),
+                    call_timeout: limit,
+                })
             }
+            Ok(Err(WireError::Libvirt(e))) => (ErrorClass::Transient, e.message),
+            // Not installed beside the operator: fixed by the install, not
+            // by a retry soon or an edit of a Proxy.
+            Ok(Err(e @ WireError::Spawn(_))) => (ErrorClass::Unavailable, e.to_string()),
+            Ok(Err(e)) => (ErrorClass::Transient, e.to_string()),
+            // The helper (killed with the dropped future) and the pump end.
+            Err(_) => (ErrorClass::Transient, format!("no answer within {limit:?}")),
         };
-        match opened {
-            Ok(c) => {
-                op.conn = Some(Arc::new(c));
-                Ok(op)
-            }
-            Err(e) => Err(self.dial_error(DialError {
-                stage: Stage::LibvirtConnect,
-                class: ErrorClass::Transient,
-                message: format!("libvirt connect via {}: {}", self.host.socket, e.message()),
-            })),
-        }
+        pump.abort();
+        let _ = std::fs::remove_file(&path);
+        Err(self.dial_error(DialError {
+            stage: Stage::LibvirtConnect,
+            class,
+            message: format!("libvirt connect via {}: {message}", self.host.socket),
+        }))
     }
 }
 

@@ -7,11 +7,11 @@ use std::time::Duration;
 use chrono::Utc;
 use tracing::{debug, info_span, Instrument};
 
-use super::build::{self, Build, Existing};
 use super::check::pool_state_word;
 use super::conn::HostLink;
 use super::image::{ensure_base, ImageSource};
 use super::pending::JobState;
+use super::protocol::{Build, Existing, Request};
 use super::{seed, ImageLock, KvmProvider};
 
 /// Redirect hops an image download follows at most.
@@ -128,9 +128,7 @@ impl KvmProvider {
         // 1. Existing domain? Else is the pool usable?
         let (name, uid, pool) = (req.name.clone(), req.uid.clone(), host.pool.clone());
         let first = op
-            .call("looking up domain", move |c| {
-                build::existing(c, &name, &uid, &pool)
-            })
+            .call("looking up domain", Request::Existing { name, uid, pool })
             .await?;
         match first {
             Existing::Done => {
@@ -186,7 +184,8 @@ impl KvmProvider {
             vcpus: mt.vcpus,
             iso,
         };
-        op.call("building the domain", move |c| b.run(c)).await?;
+        op.call::<()>("building the domain", Request::Build(b))
+            .await?;
         Ok(())
     }
 }

@@ -7,14 +7,10 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 use tracing::{info, info_span, warn, Instrument};
-use virt::storage_vol::StorageVol;
-use virt::stream::Stream;
 
-use super::classify::code;
-use super::conn::{rpc, OpConn, NO_FLAGS, WHOLE_VOLUME};
+use super::conn::OpConn;
 use super::download;
-use super::ids::marker_volume;
-use super::xml::volume_xml;
+use super::protocol::Request;
 use crate::config::{Firmware, ImageFormat};
 use crate::provider::{BoxError, ErrorClass, Tagged};
 
@@ -39,94 +35,6 @@ pub struct ImageSource {
     pub base_volume: String,
 }
 
-/// Sends all of `data` on a blocking stream.
-fn send_all(stream: &Stream, mut data: &[u8]) -> Result<(), virt::error::Error> {
-    while !data.is_empty() {
-        let n = stream.send(data)?;
-        if n <= 0 {
-            // Blocking streams never answer EAGAIN; treat 0 as an error.
-            return Err(virt::error::Error::last_error());
-        }
-        data = &data[n as usize..];
-    }
-    Ok(())
-}
-
-/// Creates a raw volume of exactly `data.len()` bytes in `pool` and uploads
-/// `data` into it (seeds and markers: small).
-pub fn upload_small(
-    c: &virt::connect::Connect,
-    pool: &str,
-    vol_name: &str,
-    data: &[u8],
-) -> Result<(), virt::error::Error> {
-    let pool = rpc("virStoragePoolLookupByName", || {
-        c.lookup_storage_pool_by_name(pool)
-    })?;
-    let xml = volume_xml(vol_name, data.len() as u64, ImageFormat::Raw, None);
-    let vol = rpc("virStorageVolCreateXML", || {
-        StorageVol::create_xml(&pool, &xml, NO_FLAGS)
-    })?;
-    let res = (|| {
-        let stream = Stream::new(c, NO_FLAGS)?;
-        rpc("virStorageVolUpload", || {
-            vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
-        })?;
-        if let Err(e) = send_all(&stream, data) {
-            let _ = stream.abort();
-            return Err(e);
-        }
-        stream.finish()
-    })();
-    if res.is_err() {
-        let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
-    }
-    res
-}
-
-/// Reads a small volume whole.
-fn download_small(
-    c: &virt::connect::Connect,
-    vol: &StorageVol,
-) -> Result<Vec<u8>, virt::error::Error> {
-    let stream = Stream::new(c, NO_FLAGS)?;
-    rpc("virStorageVolDownload", || {
-        vol.download(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
-    })?;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = stream.recv(&mut buf)?;
-        if n <= 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n as usize]);
-        if out.len() > 4096 {
-            break;
-        }
-    }
-    let _ = stream.finish();
-    Ok(out)
-}
-
-/// Deletes a volume by name; a missing one is fine.
-pub fn delete_if_exists(
-    pool: &virt::storage_pool::StoragePool,
-    name: &str,
-) -> Result<bool, virt::error::Error> {
-    match rpc("virStorageVolLookupByName", || {
-        pool.lookup_storage_vol_by_name(name)
-    }) {
-        Ok(v) => match rpc("virStorageVolDelete", || v.delete(NO_FLAGS)) {
-            Ok(()) => Ok(true),
-            Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
-            Err(e) => Err(e),
-        },
-        Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 /// Ensures the base image is cached in `pool`; returns its host path.
 /// The caller holds the (host, base volume) lock.
 pub async fn ensure_base(
@@ -136,39 +44,15 @@ pub async fn ensure_base(
     img: &ImageSource,
 ) -> Result<String, BoxError> {
     // 1. Ready check.
-    let (p, base, want) = (
-        pool.to_string(),
-        img.base_volume.clone(),
-        img.sha256.clone(),
-    );
-    let ready = op
-        .call("checking the cached base image", move |c| {
-            let pool = rpc("virStoragePoolLookupByName", || {
-                c.lookup_storage_pool_by_name(&p)
-            })?;
-            let vol = match rpc("virStorageVolLookupByName", || {
-                pool.lookup_storage_vol_by_name(&base)
-            }) {
-                Ok(v) => v,
-                Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            let marker = match rpc("virStorageVolLookupByName", || {
-                pool.lookup_storage_vol_by_name(&marker_volume(&base))
-            }) {
-                Ok(m) => m,
-                Err(e) if super::classify::code_of(&e) == code::NO_STORAGE_VOL => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            if let Some(want) = want {
-                let got = download_small(c, &marker)?;
-                let got = String::from_utf8_lossy(&got).trim().to_ascii_lowercase();
-                if got != want.to_ascii_lowercase() {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(rpc("virStorageVolGetPath", || vol.path())?))
-        })
+    let ready: Option<String> = op
+        .call(
+            "checking the cached base image",
+            Request::BaseReady {
+                pool: pool.to_string(),
+                base: img.base_volume.clone(),
+                sha256: img.sha256.clone(),
+            },
+        )
         .await?;
     if let Some(path) = ready {
         tracing::debug!(volume = %img.base_volume, "base image already cached");
@@ -176,15 +60,13 @@ pub async fn ensure_base(
     }
 
     // 2. Clear leftovers: marker first, then the base.
-    let (p, base) = (pool.to_string(), img.base_volume.clone());
-    op.call("removing a stale base image", move |c| {
-        let pool = rpc("virStoragePoolLookupByName", || {
-            c.lookup_storage_pool_by_name(&p)
-        })?;
-        delete_if_exists(&pool, &marker_volume(&base))?;
-        delete_if_exists(&pool, &base)?;
-        Ok(())
-    })
+    op.call::<()>(
+        "removing a stale base image",
+        Request::RemoveBase {
+            pool: pool.to_string(),
+            base: img.base_volume.clone(),
+        },
+    )
     .await?;
 
     // 3. Fetch and stream.
@@ -226,13 +108,13 @@ pub async fn ensure_base(
         };
         // Room for it? (libvirt has no quota signal; a clear shortfall is
         // reported as QuotaExceeded rather than failing mid-upload.)
-        let p = pool.to_string();
-        let available = op
-            .call("reading pool capacity", move |c| {
-                let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                rpc("virStoragePoolRefresh", || pool.refresh(NO_FLAGS))?;
-                Ok(rpc("virStoragePoolGetInfo", || pool.info())?.available)
-            })
+        let available: u64 = op
+            .call(
+                "reading pool capacity",
+                Request::PoolAvailable {
+                    pool: pool.to_string(),
+                },
+            )
             .await?;
         if available < len {
             return Err(Tagged::new(
@@ -246,46 +128,18 @@ pub async fn ensure_base(
         }
         info!(pool, volume = %img.base_volume, url = %img.url, bytes = len, "fetching base image into host pool");
         let started = Instant::now();
-        let (tx, mut rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
-        let (p, base, fmt) = (pool.to_string(), img.base_volume.clone(), img.format);
-        let upload = op.call_transfer("uploading image to base volume", move |c| {
-            let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-            let xml = volume_xml(&base, len, fmt, None);
-            let vol = rpc("virStorageVolCreateXML", || StorageVol::create_xml(&pool, &xml, NO_FLAGS))?;
-            let res = (|| {
-                let stream = Stream::new(c, NO_FLAGS)?;
-                rpc("virStorageVolUpload", || vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS))?;
-                let mut sent = 0u64;
-                loop {
-                    match rx.blocking_recv() {
-                        Some(Some(chunk)) => {
-                            if let Err(e) = send_all(&stream, &chunk) {
-                                let _ = stream.abort();
-                                return Err(e);
-                            }
-                            sent += chunk.len() as u64;
-                        }
-                        // The HTTP side failed: abort the stream, keep the link.
-                        Some(None) | None => {
-                            let _ = stream.abort();
-                            return Ok(None);
-                        }
-                    }
-                    if sent >= len {
-                        break;
-                    }
-                }
-                stream.finish()?;
-                Ok(Some(sent))
-            })();
-            match res {
-                Ok(Some(n)) => Ok(Some(n)),
-                other => {
-                    let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
-                    other
-                }
-            }
-        });
+        let (tx, rx) = mpsc::channel::<Option<Vec<u8>>>(CHANNEL_CHUNKS);
+        let upload = op.upload::<Option<u64>>(
+            "uploading image to base volume",
+            Request::Upload {
+                pool: pool.to_string(),
+                base: img.base_volume.clone(),
+                len,
+                format: img.format,
+            },
+            len,
+            rx,
+        );
         let feed = download::feed(resp, tx, len, download::Limits::default(), &img.url);
         let (uploaded, fed) = tokio::join!(upload, feed);
         let digest = match (uploaded, fed) {
@@ -298,12 +152,14 @@ pub async fn ensure_base(
         };
         if let Some(want) = &img.sha256 {
             if !want.eq_ignore_ascii_case(&digest) {
-                let (p, base) = (pool.to_string(), img.base_volume.clone());
                 let _ = op
-                    .call("removing a corrupt base image", move |c| {
-                        let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                        delete_if_exists(&pool, &base)
-                    })
+                    .call::<bool>(
+                        "removing a corrupt base image",
+                        Request::RemoveVolume {
+                            pool: pool.to_string(),
+                            volume: img.base_volume.clone(),
+                        },
+                    )
                     .await;
                 return Err(Tagged::permanent(format!(
                     "image {} ({}) sha256 is {digest}, config expects {}",
@@ -314,15 +170,15 @@ pub async fn ensure_base(
                 .into());
             }
         }
-        let (p, base, d) = (pool.to_string(), img.base_volume.clone(), digest.clone());
-        let path = op
-            .call("writing the base image marker", move |c| {
-                let pool = rpc("virStoragePoolLookupByName", || c.lookup_storage_pool_by_name(&p))?;
-                rpc("virStoragePoolRefresh", || pool.refresh(NO_FLAGS))?;
-                upload_small(c, &p, &marker_volume(&base), d.as_bytes())?;
-                let vol = rpc("virStorageVolLookupByName", || pool.lookup_storage_vol_by_name(&base))?;
-                rpc("virStorageVolGetPath", || vol.path())
-            })
+        let path: String = op
+            .call(
+                "writing the base image marker",
+                Request::WriteMarker {
+                    pool: pool.to_string(),
+                    base: img.base_volume.clone(),
+                    digest: digest.clone(),
+                },
+            )
             .await?;
         info!(volume = %img.base_volume, sha256 = %digest, bytes = len, duration_s = started.elapsed().as_secs(), "base image cached");
         Ok::<_, BoxError>(path)

@@ -3,24 +3,26 @@
 //!
 //! Each host is reached through one SSH session ([`conn::HostLink`]); each
 //! operation opens its own libvirt connection through its own forwarded
-//! channel, so cancelling one operation never cuts off another. All libvirt
-//! calls block and run on the blocking pool, bounded per host.
+//! channel and its own libvirt helper process, so cancelling one operation
+//! never cuts off another. The operator's process never links libvirt: the
+//! libvirt sequences run in the helper binary (src/bin/egress-proxies-libvirt),
+//! spoken to through [`helper`] in the words of [`protocol`], bounded per
+//! host.
 //!
-//! This file holds the provider and its trait impls; the libvirt sequences
-//! are in [`domain`] (look up, observe, list, delete), [`address`] (with
-//! the host's own neighbour table in [`neighbours`] as the last source) and
-//! [`build`] (the create sequence), create on one host in `create.rs`,
-//! background creates in [`pending`],
-//! the host check in [`check`] and placement resolution in [`placement`].
+//! This file holds the provider and its trait impls; what a domain's state
+//! means is in [`domain`], its address choice in [`address`] (with the
+//! host's own neighbour table in [`neighbours`] as the last source), create
+//! on one host in `create.rs`, background creates in [`pending`], the host
+//! check in [`check`] and placement resolution in [`placement`].
 
 pub mod address;
-pub mod build;
 pub mod check;
 pub mod classify;
 pub mod conn;
 mod create;
 pub mod domain;
 mod download;
+pub mod helper;
 pub mod ids;
 pub mod image;
 pub mod iso;
@@ -28,6 +30,7 @@ pub mod neighbours;
 pub mod pending;
 mod permits;
 pub mod placement;
+pub mod protocol;
 pub mod seed;
 pub mod ssh;
 mod urls;
@@ -48,6 +51,7 @@ pub use self::domain::map_state;
 use self::domain::{to_instance, Observed};
 use self::ids::{provider_id, DomainRef};
 use self::pending::{JobState, Jobs, Outcome};
+use self::protocol::Request;
 use self::ssh::SshSettings;
 use crate::config::KvmConfig;
 use crate::provider::registry::ProviderType;
@@ -99,7 +103,6 @@ impl KvmProvider {
         if cfg.hosts.is_empty() {
             return Err("kvm.hosts must list at least one host".into());
         }
-        virt::error::clear_error_callback();
         let ssh = Arc::new(SshSettings {
             key_file: cfg.ssh_key_file.clone(),
             known_hosts_file: cfg.known_hosts_file.clone(),
@@ -170,6 +173,16 @@ impl KvmProvider {
         self
     }
 
+    /// Starts the libvirt helper from `path` instead of the one beside the
+    /// operator's binary (protocol::helper_path).
+    pub fn with_libvirt_helper(self, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        for l in &self.inner.links {
+            l.set_helper(path.clone());
+        }
+        self
+    }
+
     fn link(&self, host: &str) -> Option<&Arc<HostLink>> {
         self.inner.links.iter().find(|l| l.host.name == host)
     }
@@ -183,8 +196,8 @@ impl KvmProvider {
     async fn observe_one(&self, link: &HostLink, name: &str) -> Result<Observed, BoxError> {
         let op = link.open().await?;
         let name = name.to_string();
-        let obs = op
-            .call("reading domain", move |c| domain::read_domain(c, &name))
+        let obs: Result<Observed, String> = op
+            .call("reading domain", Request::ReadDomain { name })
             .await?;
         let mut obs = obs.map_err(|why| -> BoxError {
             Box::new(Tagged::permanent(format!(
@@ -204,17 +217,16 @@ impl KvmProvider {
     async fn delete_on(&self, link: &HostLink, name: &str) -> Result<(), BoxError> {
         let op = link.open().await?;
         let (name, pool) = (name.to_string(), link.host.pool.clone());
-        op.call("deleting domain", move |c| {
-            domain::delete_domain(c, &name, &pool)
-        })
-        .await?;
+        op.call::<()>("deleting domain", Request::DeleteDomain { name, pool })
+            .await?;
         Ok(())
     }
 
     async fn list_host(&self, link: &HostLink) -> Result<Vec<Instance>, BoxError> {
         let op = link.open().await?;
         let host = link.host.name.clone();
-        let found = op.call("listing domains", domain::list_managed).await?;
+        let found: Vec<(String, Observed)> =
+            op.call("listing domains", Request::ListManaged).await?;
         Ok(found
             .into_iter()
             .map(|(name, obs)| to_instance(provider_id(&host, &name), obs))

@@ -63,7 +63,7 @@ pub fn unescape(s: &str) -> String {
 }
 
 /// The GC mark read back from a domain.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mark {
     /// `managed` is exactly `true`.
     pub managed: bool,
