@@ -38,3 +38,4 @@ pub mod proxy_store;
 pub mod server;
 pub mod telemetry;
 pub mod tenancy;
+pub mod tls;

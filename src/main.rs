@@ -27,6 +27,8 @@ async fn main() -> ExitCode {
             }
         };
     }
+    // Before the OTLP exporter's HTTP client is built.
+    egress_proxies_operator::tls::install_ring();
     // Logs, plus OTLP/console export when OTEL_* asks.
     let log_filter = flags.log_filter();
     let telemetry = match telemetry::init(&log_filter, flags.log_format) {
@@ -37,14 +39,6 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Two TLS backends are linked (ring via kube, aws-lc-rs via the Google
-    // client); rustls refuses to guess, so pick one for the whole process.
-    if rustls::crypto::ring::default_provider()
-        .install_default()
-        .is_err()
-    {
-        warn!("A TLS crypto provider was already installed");
-    }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         commit = egress_proxies_operator::COMMIT,

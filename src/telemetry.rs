@@ -147,6 +147,7 @@ fn build_provider(exporter: &Exporter) -> Result<SdkTracerProvider, String> {
         Exporter::OtlpHttp => {
             // Built on a plain thread: the blocking HTTP client refuses to
             // be created inside the async runtime.
+            crate::tls::install_ring();
             let exp = std::thread::spawn(|| {
                 opentelemetry_otlp::SpanExporter::builder()
                     .with_http()

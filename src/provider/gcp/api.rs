@@ -37,6 +37,9 @@ impl GcpProvider {
                         .with_attempt_limit(opts.max_attempts.max(1))
                         .with_time_limit(opts.retry_time_limit)
                 };
+                // The Google client takes rustls's process-wide provider;
+                // main installs it, this may run first (tests, tools).
+                crate::tls::install_ring();
                 let mut ib = Instances::builder().with_retry_policy(policy());
                 let mut ob = ZoneOperations::builder().with_retry_policy(policy());
                 let mut fb = Firewalls::builder().with_retry_policy(policy());

@@ -89,9 +89,8 @@ impl KvmProvider {
         self.inner
             .http
             .get_or_try_init(|| async {
-                // The process installs ring as the rustls provider; make sure
-                // one is there when this runs first (tests, tools).
-                let _ = rustls::crypto::ring::default_provider().install_default();
+                // main installs it; this may run first (tests, tools).
+                crate::tls::install_ring();
                 let allow = self.inner.cfg.allowed_image_urls.clone();
                 let policy = reqwest::redirect::Policy::custom(move |attempt| {
                     let Some(first) = attempt.previous().first().cloned() else {
