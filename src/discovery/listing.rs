@@ -14,12 +14,47 @@ use crate::lease::{Candidates, ProxyKey};
 /// recently asked is dropped.
 pub const MAX_CACHED_FILTERS: usize = 64;
 
-/// Eligible proxies with their lease-store keys, sorted by namespace/name,
-/// of one generation (the lease store is told the same set with it).
+/// One eligible proxy of a listing: its lease-store key and its entry,
+/// with what they were made from, so the next listing reuses the same
+/// entry while its Proxy and the credentials stay as they were.
+#[derive(Debug)]
+pub struct Entry {
+    /// The lease store's key of the proxy.
+    pub key: ProxyKey,
+    /// What crawlers are told of it.
+    pub item: ProxyItem,
+    /// The Proxy's resourceVersion and the credentials' version it was
+    /// made from; `None`: never reused (a source without versions).
+    made_from: Option<(String, u64)>,
+}
+
+impl Entry {
+    /// An entry made from a Proxy at `resource_version` with the
+    /// credentials at `credentials` (their version).
+    pub fn new(item: ProxyItem, resource_version: Option<&str>, credentials: u64) -> Self {
+        Entry {
+            key: item.key(),
+            made_from: resource_version.map(|rv| (rv.to_string(), credentials)),
+            item,
+        }
+    }
+
+    /// Whether it was made from the Proxy at `resource_version` with the
+    /// credentials at `credentials`.
+    pub fn made_from(&self, resource_version: Option<&str>, credentials: u64) -> bool {
+        match (&self.made_from, resource_version) {
+            (Some((rv, c)), Some(now)) => rv == now && *c == credentials,
+            _ => false,
+        }
+    }
+}
+
+/// Eligible proxies sorted by namespace/name, of one generation (the
+/// lease store is told the same set with it).
 #[derive(Debug)]
 pub struct ListingData {
     generation: u64,
-    items: Vec<(ProxyKey, ProxyItem)>,
+    items: Vec<Arc<Entry>>,
     matches: Mutex<FilterCache>,
 }
 
@@ -31,7 +66,7 @@ struct FilterCache {
 }
 
 impl Deref for ListingData {
-    type Target = [(ProxyKey, ProxyItem)];
+    type Target = [Arc<Entry>];
     fn deref(&self) -> &Self::Target {
         &self.items
     }
@@ -39,7 +74,7 @@ impl Deref for ListingData {
 
 impl ListingData {
     /// A listing of `items` (sorted by key) numbered `generation`.
-    pub fn new(generation: u64, items: Vec<(ProxyKey, ProxyItem)>) -> Self {
+    pub fn new(generation: u64, items: Vec<Arc<Entry>>) -> Self {
         ListingData {
             generation,
             items,
@@ -55,9 +90,19 @@ impl ListingData {
     /// The entry of `key`.
     pub fn get(&self, key: &ProxyKey) -> Option<&ProxyItem> {
         self.items
-            .binary_search_by(|(k, _)| k.cmp(key))
+            .binary_search_by(|e| e.key.cmp(key))
             .ok()
-            .map(|i| &self.items[i].1)
+            .map(|i| &self.items[i].item)
+    }
+
+    /// The entry of the proxy `namespace/name`, found without making a key.
+    pub fn entry(&self, namespace: &str, name: &str) -> Option<&Arc<Entry>> {
+        self.items
+            .binary_search_by(|e| {
+                (e.key.namespace.as_str(), e.key.name.as_str()).cmp(&(namespace, name))
+            })
+            .ok()
+            .map(|i| &self.items[i])
     }
 
     /// The proxies matching `f`: every one for no filter; else the
@@ -86,7 +131,7 @@ impl ListingData {
             .items
             .iter()
             .enumerate()
-            .filter(|(_, (_, i))| f.matches(i))
+            .filter(|(_, e)| f.matches(&e.item))
             // A listing holds fewer than 2^32 proxies (the API server's
             // object count is far below).
             .map(|(n, _)| u32::try_from(n).unwrap_or(u32::MAX))
@@ -126,7 +171,7 @@ pub struct Members<'a> {
 
 impl Members<'_> {
     fn key(&self, pos: u32) -> Option<&ProxyKey> {
-        self.listing.items.get(pos as usize).map(|(k, _)| k)
+        self.listing.items.get(pos as usize).map(|e| &e.key)
     }
 }
 
@@ -155,7 +200,7 @@ impl Candidates for Members<'_> {
 
     fn keys(&self) -> Box<dyn Iterator<Item = &ProxyKey> + '_> {
         match &self.subset {
-            None => Box::new(self.listing.items.iter().map(|(k, _)| k)),
+            None => Box::new(self.listing.items.iter().map(|e| &e.key)),
             Some(s) => Box::new(s.iter().filter_map(|&p| self.key(p))),
         }
     }

@@ -70,7 +70,7 @@ pub const DEFAULT_CLIENT: &str = "default";
 pub const ANONYMOUS: &str = "anonymous";
 
 pub use super::listing::Listing;
-use super::listing::ListingData;
+use super::listing::{Entry, ListingData};
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -361,21 +361,37 @@ impl ApiState {
         }
         let _clear = Clear(&self.rebuilding);
         let fresh = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
-        let mut items: Vec<(ProxyKey, ProxyItem)> = self
+        // An entry whose Proxy and credentials are as when the listing in
+        // force made it is reused as it is: a rebuild during churn makes
+        // only the entries of the Proxies that changed.
+        let previous = current.as_ref().map(|(_, _, l)| l);
+        let credentials = self.credentials.version();
+        let mut items: Vec<Arc<Entry>> = self
             .source
             .proxies()
             .iter()
-            .filter_map(|p| item_of(p, &self.external, &self.credentials))
-            .map(|i| (i.key(), i))
+            .filter_map(|p| {
+                let rv = p.metadata.resource_version.as_deref();
+                let kept = previous.and_then(|l| {
+                    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+                    let name = p.metadata.name.as_deref().unwrap_or_default();
+                    l.entry(ns, name).filter(|e| e.made_from(rv, credentials))
+                });
+                match kept {
+                    Some(e) => Some(e.clone()),
+                    None => item_of(p, &self.external, &self.credentials)
+                        .map(|i| Arc::new(Entry::new(i, rv, credentials))),
+                }
+            })
             .collect();
-        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.sort_by(|a, b| a.key.cmp(&b.key));
         // The same proxies as the listing it replaces (a rebuild under
         // this request's flag, so no other rebuild ran since): the store
         // already holds that set under its generation, which the new
         // listing keeps, and nothing is merged under the store's lock.
         let same = current.as_ref().map(|(_, _, l)| l).filter(|l| {
             l.len() == items.len()
-                && l.iter().zip(&items).all(|(a, b)| a.0 == b.0)
+                && l.iter().zip(&items).all(|(a, b)| a.key == b.key)
                 // Not when the store's table was replaced since (a
                 // follower's copy): it must be told the set again.
                 && self.leases.eligible_generation() == Some(l.generation())
@@ -388,7 +404,7 @@ impl ApiState {
                 // published: a request holding an older listing is then
                 // checked against it.
                 self.leases
-                    .set_eligible(fresh, items.iter().map(|(k, _)| k.clone()).collect());
+                    .set_eligible(fresh, items.iter().map(|e| e.key.clone()).collect());
                 fresh
             }
         };
@@ -409,8 +425,8 @@ impl ApiState {
     pub(super) fn eligible(&self, f: &Filter) -> Vec<ProxyItem> {
         self.listing()
             .iter()
-            .filter(|(_, i)| f.matches(i))
-            .map(|(_, i)| i.clone())
+            .filter(|e| f.matches(&e.item))
+            .map(|e| e.item.clone())
             .collect()
     }
 

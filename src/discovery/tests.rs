@@ -1877,7 +1877,7 @@ fn counted_state() -> (Arc<Counted>, ApiState) {
 async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
     let (source, api) = counted_state();
     let reads = || source.reads.load(std::sync::atomic::Ordering::SeqCst);
-    let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
+    let names = |l: &state::Listing| l.iter().map(|e| e.key.name.clone()).collect::<Vec<_>>();
 
     assert_eq!(names(&api.listing()), ["a"]);
     assert_eq!(reads(), 1, "the first request lists the Proxies");
@@ -1913,6 +1913,45 @@ async fn a_steady_fleet_is_not_listed_again_and_a_change_is() {
     assert_eq!(reads(), 3);
     api.forget_deleted(&mut seen);
     assert_eq!(reads(), 4, "and the sweep looks again");
+}
+
+#[tokio::test]
+async fn a_rebuild_reuses_the_entries_of_unchanged_proxies_only() {
+    let (source, api) = counted_state();
+    let with_rv = |name: &str, zone: &str, rv: Option<&str>| {
+        let mut p = (*proxy(name, zone, "True", json!({}))).clone();
+        p.metadata.resource_version = rv.map(String::from);
+        Arc::new(p)
+    };
+    *source.proxies.lock().unwrap() = vec![
+        with_rv("a", "z1", Some("1")),
+        with_rv("b", "z1", Some("2")),
+        with_rv("c", "z1", None),
+    ];
+    source
+        .version
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let before = api.listing();
+    assert_eq!(before.len(), 3);
+
+    // b changes (a new resourceVersion); a and c do not.
+    source.proxies.lock().unwrap()[1] = with_rv("b", "z2", Some("3"));
+    source
+        .version
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(LISTING_MAX_AGE * 2).await;
+    let after = api.listing();
+    assert!(!Arc::ptr_eq(&before, &after), "a new listing was built");
+    assert!(
+        Arc::ptr_eq(&before[0], &after[0]),
+        "a's entry is the one already made"
+    );
+    assert!(!Arc::ptr_eq(&before[1], &after[1]), "b's is made again");
+    assert_eq!(after[1].item.zone.as_deref(), Some("z2"), "with its change");
+    assert!(
+        !Arc::ptr_eq(&before[2], &after[2]),
+        "a Proxy without a resourceVersion is never taken as unchanged"
+    );
 }
 
 /// A leading replica and one that follows it (forwards and table copies).
@@ -1989,7 +2028,7 @@ async fn with_the_refresher_running_no_request_rebuilds_the_listing() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let names = |l: &state::Listing| l.iter().map(|(k, _)| k.name.clone()).collect::<Vec<_>>();
+    let names = |l: &state::Listing| l.iter().map(|e| e.key.name.clone()).collect::<Vec<_>>();
     let request = || {
         IN_REQUEST.with(|r| r.set(true));
         let l = api.listing();

@@ -140,7 +140,10 @@ impl ApiFleet {
                 return all.clone();
             }
         }
-        let all: Arc<[Upstream]> = listing.iter().map(|(k, i)| upstream_of(k, i)).collect();
+        let all: Arc<[Upstream]> = listing
+            .iter()
+            .map(|e| upstream_of(&e.key, &e.item))
+            .collect();
         *made() = Some((listing.clone(), all.clone()));
         all
     }
