@@ -70,19 +70,27 @@ fn the_copied_libraries_are_all_the_binary_needs() {
     let bin = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("rootfs");
-    let out = Command::new("make")
-        .arg("-s")
-        .arg("runtime-libs")
-        .arg(format!("BIN={bin}"))
-        .arg(format!("DEST={}", root.display()))
-        .current_dir(repo())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The image's set: the operator's libraries and, with kvm, its libvirt
+    // helper's (config/image/build-image.sh).
+    let mut bins = vec![bin];
+    if cfg!(feature = "kvm") {
+        bins.push(env!("CARGO_BIN_EXE_egress-proxies-libvirt"));
+    }
+    for b in &bins {
+        let out = Command::new("make")
+            .arg("-s")
+            .arg("runtime-libs")
+            .arg(format!("BIN={b}"))
+            .arg(format!("DEST={}", root.display()))
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let mut files = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(d) = stack.pop() {
@@ -132,31 +140,55 @@ fn the_copied_libraries_are_all_the_binary_needs() {
     .unwrap();
     // Only the copied set: no ld.so.cache, and LD_DEBUG shows where each
     // library came from (the loader would fall back to /lib silently).
-    let out = Command::new(loader)
-        .args(["--inhibit-cache", "--library-path", &lib_dirs.join(":")])
-        .arg(bin)
-        .arg("--providers-config")
-        .arg(&providers)
-        .arg("--check-config")
-        .env_clear()
-        .env("LD_DEBUG", "libs")
-        .output()
-        .unwrap();
-    let debug = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{}{debug}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let loaded: Vec<&str> = debug
-        .lines()
-        .filter_map(|l| l.split("calling init: ").nth(1))
-        .collect();
-    assert!(loaded.len() > 3, "{debug}");
     let root = root.display().to_string();
-    let outside: Vec<&&str> = loaded.iter().filter(|p| !p.starts_with(&root)).collect();
-    assert!(
-        outside.is_empty(),
-        "loaded from outside the copied set: {outside:?}"
+    let run = |b: &str, args: &[&std::ffi::OsStr]| {
+        let out = Command::new(loader)
+            .args(["--inhibit-cache", "--library-path", &lib_dirs.join(":")])
+            .arg(b)
+            .args(args)
+            .env_clear()
+            .env("LD_DEBUG", "libs")
+            .output()
+            .unwrap();
+        let debug = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "{b}: {}{debug}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let loaded: Vec<String> = debug
+            .lines()
+            .filter_map(|l| l.split("calling init: ").nth(1))
+            .map(String::from)
+            .collect();
+        assert!(loaded.len() > 3, "{debug}");
+        let outside: Vec<&String> = loaded.iter().filter(|p| !p.starts_with(&root)).collect();
+        assert!(
+            outside.is_empty(),
+            "{b} loaded from outside the copied set: {outside:?}"
+        );
+        loaded
+    };
+    let operator = run(
+        bin,
+        &[
+            "--providers-config".as_ref(),
+            providers.as_os_str(),
+            "--check-config".as_ref(),
+        ],
     );
+    assert!(
+        !operator.iter().any(|l| l.contains("libvirt")),
+        "the operator loads no libvirt: {operator:?}"
+    );
+    if cfg!(feature = "kvm") {
+        let helper = run(
+            env!("CARGO_BIN_EXE_egress-proxies-libvirt"),
+            &["--version".as_ref()],
+        );
+        assert!(
+            helper.iter().any(|l| l.contains("libvirt.so")),
+            "the helper loads libvirt from the copied set: {helper:?}"
+        );
+    }
 }
