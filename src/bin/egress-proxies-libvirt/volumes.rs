@@ -60,6 +60,40 @@ fn send_all(stream: &Stream, mut data: &[u8]) -> Result<(), virt::error::Error> 
     Ok(())
 }
 
+/// Creates the volume `vol_name` of `len` bytes in the pool and streams
+/// into it what `feed` sends; `feed`'s `Ok(false)` aborts the upload. The
+/// volume is deleted unless the upload finished.
+fn upload_into(
+    c: &Connect,
+    pool_name: &str,
+    vol_name: &str,
+    (len, format): (u64, ImageFormat),
+    feed: impl FnOnce(&Stream) -> Result<bool, virt::error::Error>,
+) -> Result<bool, virt::error::Error> {
+    let p = pool(c, pool_name)?;
+    let xml = volume_xml(vol_name, len, format, None);
+    let vol = rpc("virStorageVolCreateXML", || {
+        StorageVol::create_xml(&p, &xml, NO_FLAGS)
+    })?;
+    let streamed = (|| {
+        let stream = Stream::new(c, NO_FLAGS)?;
+        rpc("virStorageVolUpload", || {
+            vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
+        })?;
+        match feed(&stream) {
+            Ok(true) => stream.finish().map(|()| true),
+            other => {
+                let _ = stream.abort();
+                other
+            }
+        }
+    })();
+    if !matches!(streamed, Ok(true)) {
+        let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
+    }
+    streamed
+}
+
 /// Creates a raw volume of exactly `data.len()` bytes in `pool` and uploads
 /// `data` into it (seeds and markers: small).
 pub fn upload_small(
@@ -68,26 +102,11 @@ pub fn upload_small(
     vol_name: &str,
     data: &[u8],
 ) -> Result<(), virt::error::Error> {
-    let p = pool(c, pool_name)?;
-    let xml = volume_xml(vol_name, data.len() as u64, ImageFormat::Raw, None);
-    let vol = rpc("virStorageVolCreateXML", || {
-        StorageVol::create_xml(&p, &xml, NO_FLAGS)
-    })?;
-    let res = (|| {
-        let stream = Stream::new(c, NO_FLAGS)?;
-        rpc("virStorageVolUpload", || {
-            vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
-        })?;
-        if let Err(e) = send_all(&stream, data) {
-            let _ = stream.abort();
-            return Err(e);
-        }
-        stream.finish()
-    })();
-    if res.is_err() {
-        let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
-    }
-    res
+    let size = (data.len() as u64, ImageFormat::Raw);
+    upload_into(c, pool_name, vol_name, size, |stream| {
+        send_all(stream, data).map(|()| true)
+    })
+    .map(drop)
 }
 
 /// Reads a small volume whole (at most a little over [`MARKER_MAX`]).
@@ -245,38 +264,19 @@ pub fn upload(
     format: ImageFormat,
 ) -> Uploaded {
     let mut sent = 0u64;
-    let res = (|| {
-        let p = pool(c, pool_name)?;
-        let xml = volume_xml(base, len, format, None);
-        let vol = rpc("virStorageVolCreateXML", || {
-            StorageVol::create_xml(&p, &xml, NO_FLAGS)
-        })?;
-        let streamed = (|| {
-            let stream = Stream::new(c, NO_FLAGS)?;
-            rpc("virStorageVolUpload", || {
-                vol.upload(&stream, WHOLE_VOLUME.0, WHOLE_VOLUME.1, NO_FLAGS)
-            })?;
-            while sent < len {
-                let Some(chunk) = read_frame(input) else {
-                    // The download failed: abort the stream, keep the link.
-                    let _ = stream.abort();
-                    sent = len;
-                    return Ok(None);
-                };
-                sent += chunk.len() as u64;
-                if let Err(e) = send_all(&stream, &chunk) {
-                    let _ = stream.abort();
-                    return Err(e);
-                }
-            }
-            stream.finish()?;
-            Ok(Some(sent))
-        })();
-        if !matches!(streamed, Ok(Some(_))) {
-            let _ = rpc("virStorageVolDelete", || vol.delete(NO_FLAGS));
+    let res = upload_into(c, pool_name, base, (len, format), |stream| {
+        while sent < len {
+            let Some(chunk) = read_frame(input) else {
+                // The download failed: abort the stream, keep the link.
+                sent = len;
+                return Ok(false);
+            };
+            sent += chunk.len() as u64;
+            send_all(stream, &chunk)?;
         }
-        streamed
-    })();
+        Ok(true)
+    })
+    .map(|finished| finished.then_some(sent));
     Uploaded {
         unread: if res.is_err() {
             len.saturating_sub(sent)
