@@ -125,9 +125,13 @@ impl Helper {
             answered.notify_one();
             a
         });
+        // libvirt's refusal leaves the wire in step too: the helper read
+        // the frames up to the zero the writer sent once it answered.
+        if written.is_ok() && matches!(answer, Ok(_) | Err(WireError::Libvirt(_))) {
+            self.mid_request = false;
+        }
         let v = answer?;
         written?;
-        self.mid_request = false;
         decode(v)
     }
 }
