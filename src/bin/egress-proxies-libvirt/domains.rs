@@ -18,7 +18,7 @@ use virt::storage_vol::StorageVol;
 use virt::sys;
 
 use crate::volumes::{delete_if_exists, upload_small};
-use crate::wire::{code_of, note, rpc};
+use crate::wire::{absent, code_of, note, rpc};
 use crate::NO_FLAGS;
 
 /// The domain's mark: `Ok(None)` when it has none (not ours),
@@ -27,17 +27,14 @@ pub type MarkRead = Option<Result<Mark, String>>;
 
 /// Reads the domain's mark.
 pub fn read_mark(d: &Domain) -> Result<MarkRead, virt::error::Error> {
-    match rpc("virDomainGetMetadata", || {
+    let read = rpc("virDomainGetMetadata", || {
         d.metadata(
             sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
             Some(METADATA_URI),
             sys::VIR_DOMAIN_AFFECT_CURRENT,
         )
-    }) {
-        Ok(x) => Ok(Some(parse_mark(&x))),
-        Err(e) if code_of(&e) == code::NO_DOMAIN_METADATA => Ok(None),
-        Err(e) => Err(e),
-    }
+    });
+    Ok(absent(read, code::NO_DOMAIN_METADATA)?.map(|x| parse_mark(&x)))
 }
 
 /// State and, for an active domain, address.
@@ -79,11 +76,8 @@ pub fn ensure_running(d: &Domain) -> Result<(), virt::error::Error> {
 
 /// The domain `name`, if it exists.
 pub fn lookup_domain(c: &Connect, name: &str) -> Result<Option<Domain>, virt::error::Error> {
-    match rpc("virDomainLookupByName", || c.lookup_domain_by_name(name)) {
-        Ok(d) => Ok(Some(d)),
-        Err(e) if code_of(&e) == code::NO_DOMAIN => Ok(None),
-        Err(e) => Err(e),
-    }
+    let found = rpc("virDomainLookupByName", || c.lookup_domain_by_name(name));
+    absent(found, code::NO_DOMAIN)
 }
 
 /// Observes the domain `name` (NotFound when it is missing); `Ok(Err(_))`

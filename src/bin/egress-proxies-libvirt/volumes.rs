@@ -14,7 +14,7 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
-use crate::wire::{code_of, rpc};
+use crate::wire::{absent, rpc};
 use crate::{NO_FLAGS, WHOLE_VOLUME};
 
 /// The largest digest marker read back (a hex SHA-256 and a newline fit).
@@ -133,28 +133,19 @@ fn download_small(c: &Connect, vol: &StorageVol) -> Result<Vec<u8>, virt::error:
 
 /// Deletes a volume by name; a missing one is fine.
 pub fn delete_if_exists(p: &StoragePool, name: &str) -> Result<bool, virt::error::Error> {
-    match rpc("virStorageVolLookupByName", || {
-        p.lookup_storage_vol_by_name(name)
-    }) {
-        Ok(v) => match rpc("virStorageVolDelete", || v.delete(NO_FLAGS)) {
-            Ok(()) => Ok(true),
-            Err(e) if code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
-            Err(e) => Err(e),
-        },
-        Err(e) if code_of(&e) == code::NO_STORAGE_VOL => Ok(false),
-        Err(e) => Err(e),
-    }
+    let Some(v) = lookup_volume(p, name)? else {
+        return Ok(false);
+    };
+    let deleted = rpc("virStorageVolDelete", || v.delete(NO_FLAGS));
+    Ok(absent(deleted, code::NO_STORAGE_VOL)?.is_some())
 }
 
 /// A volume by name, `None` when missing.
 fn lookup_volume(p: &StoragePool, name: &str) -> Result<Option<StorageVol>, virt::error::Error> {
-    match rpc("virStorageVolLookupByName", || {
+    let found = rpc("virStorageVolLookupByName", || {
         p.lookup_storage_vol_by_name(name)
-    }) {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if code_of(&e) == code::NO_STORAGE_VOL => Ok(None),
-        Err(e) => Err(e),
-    }
+    });
+    absent(found, code::NO_STORAGE_VOL)
 }
 
 /// The cached base volume's path when it and its marker are there and the

@@ -53,3 +53,16 @@ pub fn rpc<T>(
     });
     res
 }
+
+/// A call's answer with libvirt's "no such object" (`missing`, its code)
+/// read as `None`: what is already gone is not a failure.
+pub fn absent<T>(
+    r: Result<T, virt::error::Error>,
+    missing: i64,
+) -> Result<Option<T>, virt::error::Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if code_of(&e) == missing => Ok(None),
+        Err(e) => Err(e),
+    }
+}
