@@ -9,15 +9,18 @@ browser is Debian's (`apt-get install chromium`), not a downloaded one.
 
 Prints the page's text. Chromium drops a navigation when the host's
 network interfaces change (net::ERR_NETWORK_CHANGED, common on busy
-hosts and in containers); such a load is tried again, at most three times.
+hosts and in containers, where interfaces come and go in bursts); such a
+load is tried again after a pause that grows by a second each time, at
+most five times in all.
 """
 
 import argparse
 import sys
+import time
 
 from playwright.sync_api import Error, sync_playwright
 
-ATTEMPTS = 3
+ATTEMPTS = 5
 
 
 def main() -> int:
@@ -52,7 +55,8 @@ def goto(page, url):
         except Error as err:
             if "ERR_NETWORK_CHANGED" not in str(err) or attempt == ATTEMPTS:
                 raise
-            print(f"network changed, loading again ({attempt}/{ATTEMPTS})", file=sys.stderr)
+            print(f"network changed, loading again in {attempt} s ({attempt}/{ATTEMPTS})", file=sys.stderr)
+            time.sleep(attempt)
     return None
 
 
