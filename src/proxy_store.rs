@@ -49,25 +49,51 @@ pub fn strip_meta(meta: &mut ObjectMeta) {
     }
 }
 
-/// What a watch event asks of the controllers following the store.
+/// What a watch event asks of the readers following the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Touch {
     /// This Proxy was created or changed.
     One(ObjectRef<Proxy>),
+    /// This Proxy left the store. The controllers need nothing of it (a
+    /// Proxy with the operator's finalizer is seen as changed, its
+    /// deletion timestamp, before it goes); readers that keep something
+    /// per Proxy, such as the health engine, drop it.
+    Gone(ObjectRef<Proxy>),
     /// A (re)list finished: every Proxy is looked at again, as a fresh
     /// watch would.
     All,
 }
 
-/// The touch a watch event makes, if any. A deletion makes none: a Proxy
-/// with the operator's finalizer is seen as changed (its deletion
-/// timestamp) before it goes; relisted objects are announced together at
-/// the end of the list, once the store holds them.
+/// The touch a watch event makes, if any. Relisted objects are announced
+/// together at the end of the list, once the store holds them.
 pub fn touch_of(event: &watcher::Event<Proxy>) -> Option<Touch> {
     match event {
         watcher::Event::Apply(p) => Some(Touch::One(ObjectRef::from_obj(p))),
+        watcher::Event::Delete(p) => Some(Touch::Gone(ObjectRef::from_obj(p))),
         watcher::Event::InitDone => Some(Touch::All),
-        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::Delete(_) => None,
+        watcher::Event::Init | watcher::Event::InitApply(_) => None,
+    }
+}
+
+/// Tells the store's readers what a watch event did, once the reflector
+/// has applied it.
+#[derive(Clone)]
+struct Announcer {
+    touches: broadcast::Sender<Touch>,
+    synced: Arc<watch::Sender<bool>>,
+    changes: Arc<AtomicU64>,
+}
+
+impl Announcer {
+    fn applied(&self, ev: &watcher::Event<Proxy>) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        if let Some(t) = touch_of(ev) {
+            if t == Touch::All {
+                self.synced.send_replace(true);
+            }
+            // No follower (a replica that does not lead) is no error.
+            let _ = self.touches.send(t);
+        }
     }
 }
 
@@ -105,6 +131,12 @@ impl ProxyStore {
         let _ = rx.wait_for(|s| *s).await;
     }
 
+    /// The store's changes from now on, one [`Touch`] each; a reader that
+    /// lags is told so by the channel (then it must look at everything).
+    pub fn follow(&self) -> broadcast::Receiver<Touch> {
+        self.touches.subscribe()
+    }
+
     /// Every Proxy in the store once (when it has synced), then each Proxy
     /// the watch changes, then every Proxy again after each relist: the
     /// trigger stream a controller would get from its own watch, without
@@ -122,6 +154,7 @@ impl ProxyStore {
         let rest = futures::stream::unfold((rx, store), |(mut rx, store)| async move {
             let batch = match rx.recv().await {
                 Ok(Touch::One(r)) => store.get(&r).into_iter().collect(),
+                Ok(Touch::Gone(_)) => Vec::new(),
                 Ok(Touch::All) | Err(broadcast::error::RecvError::Lagged(_)) => store.state(),
                 Err(broadcast::error::RecvError::Closed) => return None,
             };
@@ -144,41 +177,72 @@ pub fn proxy_store(
         None => Api::all(client),
     };
     let (reader, writer) = reflector::store();
-    let (touches, _) = broadcast::channel(TOUCH_CAPACITY);
-    let synced = Arc::new(watch::Sender::new(false));
-    let (tx, listed) = (touches.clone(), synced.clone());
-    let changes = Arc::new(AtomicU64::new(0));
-    let counted = changes.clone();
+    let (store, announcer) = ProxyStore::over(reader);
     let fill = watcher(api, watcher::Config::default())
         .modify(strip)
         .default_backoff()
         .reflect(writer)
         .for_each(move |ev| {
             match ev {
-                // No follower (a replica that does not lead) is no error.
-                Ok(ev) => {
-                    // Counted after the reflector applied it.
-                    counted.fetch_add(1, Ordering::AcqRel);
-                    if let Some(t) = touch_of(&ev) {
-                        if t == Touch::All {
-                            listed.send_replace(true);
-                        }
-                        let _ = tx.send(t);
-                    }
-                }
+                Ok(ev) => announcer.applied(&ev),
                 Err(e) => {
                     tracing::warn!(error = %crate::provider::error::plain_message(&e), "Proxy store watch error");
                 }
             }
             std::future::ready(())
         });
-    let store = ProxyStore {
-        reader,
-        touches,
-        synced,
-        changes,
-    };
     (store, fill)
+}
+
+impl ProxyStore {
+    /// A store reading `reader`, not yet synced, and what announces the
+    /// events applied to it.
+    fn over(reader: Store<Proxy>) -> (ProxyStore, Announcer) {
+        let (touches, _) = broadcast::channel(TOUCH_CAPACITY);
+        let store = ProxyStore {
+            reader,
+            touches,
+            synced: Arc::new(watch::Sender::new(false)),
+            changes: Arc::new(AtomicU64::new(0)),
+        };
+        let announcer = Announcer {
+            touches: store.touches.clone(),
+            synced: store.synced.clone(),
+            changes: store.changes.clone(),
+        };
+        (store, announcer)
+    }
+
+    /// A store filled by hand with watch events, as the watch fills the
+    /// real one (tests of its readers, in this crate and beside it).
+    pub fn by_hand() -> (ProxyStore, HandFill) {
+        let (reader, writer) = reflector::store();
+        let (store, announcer) = ProxyStore::over(reader);
+        (store, HandFill { writer, announcer })
+    }
+}
+
+/// The writing end of [`ProxyStore::by_hand`].
+pub struct HandFill {
+    writer: reflector::store::Writer<Proxy>,
+    announcer: Announcer,
+}
+
+impl HandFill {
+    /// Applies `ev` to the store, then announces it.
+    pub fn apply(&mut self, ev: watcher::Event<Proxy>) {
+        self.writer.apply_watcher_event(&ev);
+        self.announcer.applied(&ev);
+    }
+
+    /// A first list of `proxies`, as a watch's start.
+    pub fn list(&mut self, proxies: impl IntoIterator<Item = Proxy>) {
+        self.apply(watcher::Event::Init);
+        for p in proxies {
+            self.apply(watcher::Event::InitApply(p));
+        }
+        self.apply(watcher::Event::InitDone);
+    }
 }
 
 #[cfg(test)]
@@ -248,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn watch_events_touch_one_proxy_or_all_after_a_list() {
+    fn watch_events_touch_one_proxy_or_all_after_a_list_and_a_delete_says_gone() {
         let p = proxy(&[]);
         let one = Some(Touch::One(ObjectRef::new("p").within("ns")));
         let cases = [
@@ -275,7 +339,7 @@ mod tests {
             TouchCase {
                 name: "delete",
                 event: watcher::Event::Delete(p),
-                touch: None,
+                touch: Some(Touch::Gone(ObjectRef::new("p").within("ns"))),
             },
         ];
         for c in cases {

@@ -5,22 +5,24 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
 use kube::runtime::reflector::Store;
 use rustls::ClientConfig;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, info, Instrument};
 
 use super::metrics::HealthMetrics;
 use super::notify::Notifier;
 use super::probe::{self, Depth, ProbeError, ProbeResult, Resolver};
-use super::probes::{key_of, Defaults, Folded, ProbeSpec, Probes};
+use super::probes::{key_of, Defaults, Dropped, Folded, ProbeSpec, Probes, SYNC_EVERY};
 use super::sizing::{pool_size, Latency};
 use crate::api::health::{HealthReport, HealthSource};
 use crate::api::Proxy;
+use crate::proxy_store::{ProxyStore, Touch};
 
 /// The health engine: the snapshot readers see, and the settings the loop
 /// runs with.
@@ -39,6 +41,8 @@ pub struct Engine {
     /// Per `namespace/name` (the key the schedule interned): the spec
     /// probed (its UID and proxy host) and the report.
     snapshot: RwLock<HashMap<Arc<str>, Published>>,
+    /// Walks of the whole Proxy cache so far.
+    walks: AtomicU64,
 }
 
 impl HealthSource for Engine {
@@ -62,6 +66,8 @@ impl HealthSource for Engine {
 /// A published verdict: the spec probed (its UID and proxy host) and
 /// the report.
 type Published = (Arc<ProbeSpec>, HealthReport);
+
+const SYNC_EVERY_MS: u64 = SYNC_EVERY.as_millis() as u64;
 
 /// How often a held engine looks at its switch again.
 const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -96,6 +102,7 @@ impl Engine {
             pause: None,
             hints: super::Hints::default(),
             snapshot: RwLock::new(HashMap::new()),
+            walks: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +116,12 @@ impl Engine {
     pub fn with_hints(mut self, hints: super::Hints) -> Self {
         self.hints = hints;
         self
+    }
+
+    /// Walks of the whole Proxy cache so far (the start, relists, missed
+    /// events, credentials changes and the once-a-minute safety net).
+    pub fn walks(&self) -> u64 {
+        self.walks.load(Ordering::Relaxed)
     }
 
     fn paused(&self) -> bool {
@@ -131,15 +144,24 @@ impl Engine {
         snap.remove(key);
     }
 
-    /// Runs until `shutdown` resolves, probing the Proxies in `cache`.
+    /// Runs until `shutdown` resolves, probing the Proxies in `store`: the
+    /// targets follow the store's watch events one Proxy at a time; the
+    /// whole store is walked only at the start, after a relist, when this
+    /// loop missed events or the credentials changed, and every
+    /// [`super::probes::WALK_EVERY`] as a safety net.
     pub async fn run(
         self: Arc<Self>,
-        cache: Store<Proxy>,
+        store: ProxyStore,
         mut notifier: Notifier,
         shutdown: impl Future<Output = ()>,
     ) {
         let epoch = Instant::now();
         let now_ms = || u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // Subscribed before the first walk: nothing changed after it is
+        // missed.
+        let mut follow = Some(store.follow());
+        let cache = store.reader();
+        let mut credentials = self.defaults.credentials.version();
         // At most `slots` in flight, each sending one result: unbounded
         // is bounded.
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
@@ -147,12 +169,24 @@ impl Engine {
         let mut slots = pool_size(0.0, latency.mean_ms(), self.workers);
         let mut in_flight = 0usize;
         let mut probes = Probes::new(self.defaults.clone()).with_slots(slots);
+        let mut next_tick = 0u64;
         tokio::pin!(shutdown);
         info!(max_in_flight = self.workers, "Health engine started");
         loop {
             let now = now_ms();
+            if let Some(rx) = follow.as_mut() {
+                self.follow_changes(rx, &mut probes, &cache, now);
+            }
+            let seen = self.defaults.credentials.version();
+            if seen != credentials || follow.is_none() {
+                credentials = seen;
+                probes.ask_walk();
+            }
             if probes.sync_due(now) {
                 self.sync(&mut probes, &cache, now);
+            }
+            if now >= next_tick {
+                next_tick = now + SYNC_EVERY_MS;
                 notifier.flush();
                 let size = pool_size(probes.rate(), latency.mean_ms(), self.workers);
                 if size != slots {
@@ -185,6 +219,12 @@ impl Engine {
             } else {
                 probes.wait(now, slots.saturating_sub(in_flight))
             };
+            let changed = async {
+                match follow.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(done) = done_rx.recv() => {
@@ -192,10 +232,49 @@ impl Engine {
                     latency.observe(done.result.latency);
                     self.fold(&mut probes, done, now_ms(), &mut notifier);
                 }
+                touch = changed => match touch {
+                    Ok(t) => self.follow_one(t, &mut probes, &cache, now_ms()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => probes.ask_walk(),
+                    // The store is gone (it outlives the engine but for a
+                    // bug): walk every second instead.
+                    Err(broadcast::error::RecvError::Closed) => follow = None,
+                },
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        info!("Health engine stopped");
+        info!(walks = probes.walks(), "Health engine stopped");
+    }
+
+    /// Takes every change already announced.
+    fn follow_changes(
+        &self,
+        rx: &mut broadcast::Receiver<Touch>,
+        probes: &mut Probes,
+        cache: &Store<Proxy>,
+        now: u64,
+    ) {
+        loop {
+            match rx.try_recv() {
+                Ok(t) => self.follow_one(t, probes, cache, now),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => probes.ask_walk(),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Brings the one Proxy a change names in step (a relist: all).
+    fn follow_one(&self, touch: Touch, probes: &mut Probes, cache: &Store<Proxy>, now: u64) {
+        let r = match touch {
+            Touch::One(r) | Touch::Gone(r) => r,
+            Touch::All => return probes.ask_walk(),
+        };
+        // The store as it is now, whatever the event said: a Proxy
+        // deleted and made again is there.
+        let current = cache.get(&r);
+        let namespace = r.namespace.as_deref().unwrap_or_default();
+        if let Some(d) = probes.sync_one((namespace, &r.name), current.as_deref(), now) {
+            self.dropped([d]);
+        }
     }
 
     /// Runs one probe and sends its result back.
@@ -243,11 +322,20 @@ impl Engine {
         });
     }
 
-    /// Syncs `probes` with the cache and withdraws the verdicts it drops
-    /// (and the series of Proxies that are gone).
+    /// Syncs `probes` with the whole cache and withdraws the verdicts it
+    /// drops (and the series of Proxies that are gone).
     fn sync(&self, probes: &mut Probes, cache: &Store<Proxy>, now: u64) {
         let proxies = cache.state();
-        for d in probes.sync(proxies.iter().map(|p| &**p), now) {
+        let dropped = probes.sync(proxies.iter().map(|p| &**p), now);
+        self.walks.store(probes.walks(), Ordering::Relaxed);
+        debug!(proxies = proxies.len(), walks = probes.walks(), "Walked the Proxy cache");
+        self.dropped(dropped);
+    }
+
+    /// Withdraws the verdicts of `dropped` (and the series of the Proxies
+    /// that are gone).
+    fn dropped(&self, dropped: impl IntoIterator<Item = Dropped>) {
+        for d in dropped {
             if d.gone {
                 self.metrics.forget_proxy(&d.key, &ProbeError::REASONS);
             } else {
@@ -304,6 +392,7 @@ impl Engine {
 mod tests {
     use super::super::probes::tests::{defaults, external, external_in};
     use super::*;
+    use crate::proxy_store::HandFill;
     use std::time::Duration;
 
     /// A "proxy" that answers 200 to every request.
@@ -336,31 +425,44 @@ mod tests {
         )
     }
 
-    /// `engine` running over a cache holding the External Proxy `a` (UID
-    /// `u1`) on `port`: the cache's writer, the reconcile triggers, the
-    /// stop and the task.
-    fn run_over_a(
+    /// `engine` running over a store listing `proxies`: the store's
+    /// filler, the reconcile triggers, the stop and the task.
+    fn run_over(
         engine: &Arc<Engine>,
-        port: u16,
+        proxies: Vec<Proxy>,
+        notify: usize,
     ) -> (
-        kube::runtime::reflector::store::Writer<Proxy>,
+        HandFill,
         mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     ) {
-        use kube::runtime::watcher::Event;
-        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
-        writer.apply_watcher_event(&Event::Apply(external("a", "u1", port)));
-        let (notifier, rx) = Notifier::channel(4);
+        let (store, mut fill) = ProxyStore::by_hand();
+        fill.list(proxies);
+        let (notifier, rx) = Notifier::channel(notify);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
+        let task = tokio::spawn(engine.clone().run(store, notifier, async move {
             let _ = stop_rx.await;
         }));
-        (writer, rx, stop_tx, task)
+        (fill, rx, stop_tx, task)
+    }
+
+    /// [`run_over`] a store holding the External Proxy `a` (UID `u1`) on
+    /// `port`.
+    fn run_over_a(
+        engine: &Arc<Engine>,
+        port: u16,
+    ) -> (
+        HandFill,
+        mpsc::Receiver<kube::runtime::reflector::ObjectRef<Proxy>>,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        run_over(engine, vec![external("a", "u1", port)], 4)
     }
 
     #[tokio::test]
-    async fn the_loop_probes_notifies_restarts_on_uid_change_and_prunes() {
+    async fn the_loop_follows_the_stores_events_probes_notifies_restarts_and_prunes() {
         use kube::runtime::watcher::Event;
         let port = answering_proxy().await;
         let mut registry = crate::metrics::Registrar::new();
@@ -389,7 +491,7 @@ mod tests {
         assert_eq!(engine.probed_host("ns", "a", "other-uid"), None);
         // Recreated under the same name: the old verdict is gone, a new
         // first verdict comes for the new UID.
-        writer.apply_watcher_event(&Event::Apply(external("a", "u2", port)));
+        writer.apply(Event::Apply(external("a", "u2", port)));
         let again = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .unwrap()
@@ -404,7 +506,7 @@ mod tests {
             "the fleet-wide series: {text}"
         );
         // Deleted: pruned, series forgotten.
-        writer.apply_watcher_event(&Event::Delete(external("a", "u2", port)));
+        writer.apply(Event::Delete(external("a", "u2", port)));
         let mut gone = false;
         for _ in 0..30 {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -416,6 +518,17 @@ mod tests {
             }
         }
         assert!(gone, "pruned");
+        // The change and the delete were followed from their events: the
+        // only walk of the store was the first.
+        assert_eq!(engine.walks(), 1, "walks of the store");
+        // A relist (the watch restarted) is walked.
+        writer.list([external("b", "u3", port)]);
+        let relisted = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(relisted.name, "b");
+        assert_eq!(engine.walks(), 2, "walks of the store");
         let _ = stop_tx.send(());
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
@@ -470,7 +583,6 @@ mod tests {
     /// every slot for the whole timeout.
     #[tokio::test]
     async fn a_namespace_of_tarpits_does_not_hold_back_the_others() {
-        use kube::runtime::watcher::Event;
         let (good, bad) = (answering_proxy().await, tarpit().await);
         let mut registry = crate::metrics::Registrar::new();
         let engine = Arc::new(Engine::new(
@@ -480,19 +592,13 @@ mod tests {
             false,
             HealthMetrics::register(&mut registry, false),
         ));
-        let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
-        for i in 0..40 {
+        let tarpits = (0..40).map(|i| {
             let name = format!("t{i}");
-            writer.apply_watcher_event(&Event::Apply(external_in("tarpit", &name, &name, bad, 30)));
-        }
-        for name in ["a", "b"] {
-            writer.apply_watcher_event(&Event::Apply(external_in("crawl", name, name, good, 30)));
-        }
-        let (notifier, mut rx) = Notifier::channel(64);
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
-            let _ = stop_rx.await;
-        }));
+            external_in("tarpit", &name, &name, bad, 30)
+        });
+        let crawl = ["a", "b"].map(|name| external_in("crawl", name, name, good, 30));
+        let (_fill, mut rx, stop_tx, task) =
+            run_over(&engine, tarpits.chain(crawl).collect(), 64);
         let mut seen = std::collections::BTreeSet::new();
         tokio::time::timeout(Duration::from_secs(10), async {
             while seen.len() < 2 {

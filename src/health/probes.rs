@@ -4,7 +4,7 @@
 //! folds each result through the thresholds into a verdict to publish.
 //! The engine (`engine.rs`) only runs what it is told and publishes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use crate::api::health::HealthReport;
 use crate::api::Proxy;
 
 pub use super::spec::{
-    probe_spec, Defaults, ProbeSpec, DEFAULT_INTERVAL, DEFAULT_TIMEOUT, SYNC_EVERY,
+    probe_spec, Defaults, ProbeSpec, DEFAULT_INTERVAL, DEFAULT_TIMEOUT, SYNC_EVERY, WALK_EVERY,
 };
 
 /// The key of a Proxy in the engine: `namespace/name`.
@@ -120,11 +120,14 @@ pub struct Probes {
     targets: Vec<Option<Target>>,
     free: Vec<u32>,
     syncs: u64,
+    /// The last walk of the whole cache.
     last_sync: Option<u64>,
+    /// A walk was asked for ([`Probes::ask_walk`]).
+    walk_asked: bool,
     /// Shares of the probe slots per namespace.
     fair: Fairness,
-    /// Namespaces with proxies to probe.
-    namespaces: usize,
+    /// Targets per namespace (its length is what [`Fairness`] shares by).
+    namespaces: HashMap<Box<str>, u32>,
     /// Probes a second the targets ask for.
     rate: f64,
     /// The budget of latency-only status writes.
@@ -132,6 +135,17 @@ pub struct Probes {
 }
 
 const SYNC_MS: u64 = SYNC_EVERY.as_millis() as u64;
+const WALK_MS: u64 = WALK_EVERY.as_millis() as u64;
+
+/// What [`Probes::upsert`] made of a Proxy.
+enum Upsert {
+    /// Probed, as it was or anew.
+    Kept(u32),
+    /// Probed, but its UID or target changed: it starts over.
+    Restarted(u32),
+    /// Nothing to probe now.
+    Nothing,
+}
 
 impl Probes {
     /// Nothing probed yet; Proxies are probed with `defaults` unless they
@@ -145,8 +159,9 @@ impl Probes {
             free: Vec::new(),
             syncs: 0,
             last_sync: None,
+            walk_asked: false,
             fair: Fairness::new(usize::MAX),
-            namespaces: 0,
+            namespaces: HashMap::new(),
             rate: 0.0,
             latency_writes: LatencyWrites::default(),
         }
@@ -166,14 +181,31 @@ impl Probes {
         self.fair.set_capacity(slots);
     }
 
-    /// Probes a second the targets ask for (as of the last sync).
+    /// Probes a second the targets ask for.
     pub fn rate(&self) -> f64 {
         self.rate
     }
 
-    /// Whether [`Probes::sync`] is due (at once, then every [`SYNC_EVERY`]).
+    /// Whether a walk of the whole cache ([`Probes::sync`]) is due: at
+    /// once, then once asked for ([`Probes::ask_walk`]) but at most every
+    /// [`SYNC_EVERY`], and every [`WALK_EVERY`] in any case. Between
+    /// walks the watch's events keep the targets in step
+    /// ([`Probes::sync_one`]).
     pub fn sync_due(&self, now: u64) -> bool {
-        self.last_sync.is_none_or(|t| now >= t + SYNC_MS)
+        self.last_sync.is_none_or(|t| {
+            now >= t + WALK_MS || (self.walk_asked && now >= t + SYNC_MS)
+        })
+    }
+
+    /// Asks for a walk of the whole cache: a relist, a follower that
+    /// missed events, or credentials that changed under unchanged Proxies.
+    pub fn ask_walk(&mut self) {
+        self.walk_asked = true;
+    }
+
+    /// Walks of the whole cache so far.
+    pub fn walks(&self) -> u64 {
+        self.syncs
     }
 
     fn target(&self, key: &str) -> Option<(u32, &Target)> {
@@ -202,11 +234,47 @@ impl Probes {
             }
         };
         self.ids.insert(key, id);
+        self.count(id, true);
         id
     }
 
-    /// Brings the targets in step with `proxies` (the cache's contents):
-    /// new Proxies are seeded (spread over their first interval), changed
+    /// Takes target `id` out of the set (the key found it); the dropped
+    /// verdict to withdraw.
+    fn remove(&mut self, id: u32) -> Option<Dropped> {
+        self.count(id, false);
+        let t = self.targets.get_mut(id as usize)?.take()?;
+        self.ids.remove(&t.key);
+        self.sched.remove(&id);
+        self.free.push(id);
+        Some(Dropped {
+            key: t.key.to_string(),
+            gone: true,
+        })
+    }
+
+    /// Counts target `id` in (or out of) the rate and its namespace.
+    fn count(&mut self, id: u32, add: bool) {
+        let Some(Some(t)) = self.targets.get(id as usize) else {
+            return;
+        };
+        let per_second = 1.0 / t.spec.interval.as_secs_f64().max(0.001);
+        let ns = namespace_of(&t.key);
+        if add {
+            self.rate += per_second;
+            *self.namespaces.entry(Box::from(ns)).or_default() += 1;
+        } else {
+            self.rate = (self.rate - per_second).max(0.0);
+            if let Some(n) = self.namespaces.get_mut(ns) {
+                *n -= 1;
+                if *n == 0 {
+                    self.namespaces.remove(ns);
+                }
+            }
+        }
+    }
+
+    /// Brings the targets in step with `proxies` (the whole cache): new
+    /// Proxies are seeded (spread over their first interval), changed
     /// ones (UID or target) start over, gone ones are pruned. Returns the
     /// Proxies whose published verdict must go.
     pub fn sync<'a>(
@@ -215,6 +283,7 @@ impl Probes {
         now: u64,
     ) -> Vec<Dropped> {
         self.last_sync = Some(now);
+        self.walk_asked = false;
         self.syncs += 1;
         let syncs = self.syncs;
         let mut dropped = Vec::new();
@@ -228,78 +297,108 @@ impl Probes {
                 namespace,
                 p.metadata.name.as_deref().unwrap_or_default(),
             );
-            if self.unchanged(&key, namespace, p) {
-                if let Some((_, t)) = self.target_mut(&key) {
-                    t.seen = syncs;
-                }
-                continue;
-            }
-            // A Proxy with nothing to probe now is not seen: pruned below.
-            let Some(spec) = probe_spec(p, &self.defaults) else {
-                continue;
-            };
-            let version = p.metadata.resource_version.as_deref().map(Box::from);
-            let interval = spec.interval.as_millis() as u64;
-            match self.target_mut(&key) {
-                Some((id, old)) if old.spec.uid == spec.uid && old.spec.target == spec.target => {
-                    old.seen = syncs;
-                    old.version = version;
-                    if *old.spec != spec {
-                        old.spec = Arc::new(spec);
-                        self.sched.upsert(&id, interval, now, 0);
-                    }
-                }
-                Some((id, old)) => {
-                    old.seen = syncs;
-                    old.version = version;
-                    old.spec = Arc::new(spec);
-                    old.state = None;
-                    old.light = None;
-                    self.sched.remove(&id);
-                    self.sched
-                        .upsert(&id, interval, now, spread(&key, interval));
+            let id = match self.upsert(&key, namespace, p, now) {
+                Upsert::Kept(id) => id,
+                Upsert::Restarted(id) => {
                     dropped.push(Dropped {
                         key: key.clone(),
                         gone: false,
                     });
+                    id
                 }
-                None => {
-                    let shared: Arc<str> = Arc::from(key.as_str());
-                    let id = self.insert(Target {
-                        key: shared,
-                        spec: Arc::new(spec),
-                        version,
-                        light: None,
-                        state: None,
-                        seen: syncs,
-                    });
-                    self.sched
-                        .upsert(&id, interval, now, spread(&key, interval));
-                }
+                // Not seen: pruned below.
+                Upsert::Nothing => continue,
+            };
+            if let Some(Some(t)) = self.targets.get_mut(id as usize) {
+                t.seen = syncs;
             }
         }
-        for (id, slot) in self.targets.iter_mut().enumerate() {
-            let Some(t) = slot.take_if(|t| t.seen != syncs) else {
-                continue;
-            };
-            let id = id as u32;
-            self.ids.remove(&t.key);
-            self.sched.remove(&id);
-            self.free.push(id);
-            dropped.push(Dropped {
-                key: t.key.to_string(),
-                gone: true,
-            });
+        let unseen: Vec<u32> = (0..self.targets.len())
+            .filter(|&i| matches!(&self.targets[i], Some(t) if t.seen != syncs))
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
+        dropped.extend(unseen.into_iter().filter_map(|id| self.remove(id)));
+        // Counted anew: the running sums of [`Probes::sync_one`] drift by
+        // float rounding.
+        self.rate = 0.0;
+        self.namespaces.clear();
+        for id in 0..self.targets.len() {
+            self.count(u32::try_from(id).unwrap_or(u32::MAX), true);
         }
-        let live = || self.targets.iter().flatten();
-        self.rate = live()
-            .map(|t| 1.0 / t.spec.interval.as_secs_f64().max(0.001))
-            .sum();
-        self.namespaces = live()
-            .map(|t| namespace_of(&t.key))
-            .collect::<HashSet<_>>()
-            .len();
         dropped
+    }
+
+    /// Brings the target of `namespace/name` in step with `proxy`, its
+    /// object in the cache now (`None`: gone), as a watch event asks.
+    /// Returns the verdict that must go, if any.
+    pub fn sync_one(
+        &mut self,
+        (namespace, name): (&str, &str),
+        proxy: Option<&Proxy>,
+        now: u64,
+    ) -> Option<Dropped> {
+        let key = key_of(namespace, name);
+        let upserted = proxy.map(|p| self.upsert(&key, namespace, p, now));
+        match upserted {
+            Some(Upsert::Kept(_)) => None,
+            Some(Upsert::Restarted(_)) => Some(Dropped { key, gone: false }),
+            Some(Upsert::Nothing) | None => {
+                let id = *self.ids.get(key.as_str())?;
+                self.remove(id)
+            }
+        }
+    }
+
+    /// Takes `p` (at `key`, in `namespace`) into the targets: a new
+    /// target, a changed one, or as it was.
+    fn upsert(&mut self, key: &str, namespace: &str, p: &Proxy, now: u64) -> Upsert {
+        if self.unchanged(key, namespace, p) {
+            if let Some((id, _)) = self.target(key) {
+                return Upsert::Kept(id);
+            }
+        }
+        let Some(spec) = probe_spec(p, &self.defaults) else {
+            return Upsert::Nothing;
+        };
+        let version = p.metadata.resource_version.as_deref().map(Box::from);
+        let interval = spec.interval.as_millis() as u64;
+        let Some((id, old)) = self.target_mut(key) else {
+            let shared: Arc<str> = Arc::from(key);
+            let id = self.insert(Target {
+                key: shared,
+                spec: Arc::new(spec),
+                version,
+                light: None,
+                state: None,
+                seen: self.syncs,
+            });
+            self.sched.upsert(&id, interval, now, spread(key, interval));
+            return Upsert::Kept(id);
+        };
+        old.version = version;
+        if old.spec.uid == spec.uid && old.spec.target == spec.target {
+            if *old.spec != spec {
+                let new = Arc::new(spec);
+                // Its interval may change the rate.
+                self.count(id, false);
+                if let Some(Some(t)) = self.targets.get_mut(id as usize) {
+                    t.spec = new;
+                }
+                self.count(id, true);
+                self.sched.upsert(&id, interval, now, 0);
+            }
+            return Upsert::Kept(id);
+        }
+        self.count(id, false);
+        if let Some(Some(t)) = self.targets.get_mut(id as usize) {
+            t.spec = Arc::new(spec);
+            t.state = None;
+            t.light = None;
+        }
+        self.count(id, true);
+        self.sched.remove(&id);
+        self.sched.upsert(&id, interval, now, spread(key, interval));
+        Upsert::Restarted(id)
     }
 
     /// Whether `p` is as its target was taken: the same resourceVersion
@@ -320,7 +419,7 @@ impl Probes {
     /// Up to `limit` probes due at `now`, each marked in flight until
     /// [`Probes::complete`] (or [`Probes::requeue`]), and how deep each is.
     pub fn due(&mut self, now: u64, limit: usize) -> Vec<(Arc<str>, Arc<ProbeSpec>, Depth)> {
-        let (fair, namespaces, targets) = (&mut self.fair, self.namespaces, &self.targets);
+        let (fair, namespaces, targets) = (&mut self.fair, self.namespaces.len(), &self.targets);
         let key_at = |id: &u32| targets.get(*id as usize).and_then(Option::as_ref);
         self.sched
             .pop_due_where(now, limit, |id| {

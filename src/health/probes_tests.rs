@@ -262,6 +262,7 @@ fn sync_table() {
         ),
     ];
     for (step, proxies, now, want) in steps {
+        p.ask_walk();
         assert!(p.sync_due(now), "{step}");
         let got = p.sync(proxies, now);
         let got: Vec<(&str, bool)> = got.iter().map(|d| (d.key.as_str(), d.gone)).collect();
@@ -279,6 +280,105 @@ fn sync_table() {
             failure: 1
         }
     );
+}
+
+/// The watch's events, one Proxy at a time, keep the targets as a walk
+/// of the same Proxies would: new ones seeded, an unchanged one left as
+/// it is, a recreated one started over, one with nothing to probe and a
+/// deleted one dropped as gone, the rate and the namespaces counted alike.
+#[test]
+fn events_one_proxy_at_a_time_keep_the_targets_as_a_walk_would() {
+    let mut p = Probes::new(defaults());
+    p.sync(std::iter::empty::<&Proxy>(), 0);
+    let a = tuned("a", "u1", 1, 2, 3);
+    let a2 = tuned("a", "u2", 1, 2, 3);
+    let a2_slower = tuned("a", "u2", 4, 2, 3);
+    let b = tuned("b", "u1", 2, 2, 3);
+    let other = external_in("other", "x", "u1", 1, 1);
+    let pending = proxy(
+        json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "b", "namespace": "ns", "uid": "u9"},
+        "spec": {"provider": "k", "port": 3128}, "status": {"phase": "Provisioning"}}),
+    );
+    // (step, namespace/name, the store's object now, dropped, the store after)
+    type Step<'a> = (
+        &'a str,
+        (&'a str, &'a str),
+        Option<&'a Proxy>,
+        Option<(&'a str, bool)>,
+        Vec<&'a Proxy>,
+    );
+    let steps: Vec<Step> = vec![
+        ("a appears", ("ns", "a"), Some(&a), None, vec![&a]),
+        ("b appears", ("ns", "b"), Some(&b), None, vec![&a, &b]),
+        (
+            "x in another namespace",
+            ("other", "x"),
+            Some(&other),
+            None,
+            vec![&a, &b, &other],
+        ),
+        ("a unchanged", ("ns", "a"), Some(&a), None, vec![&a, &b, &other]),
+        (
+            "a recreated: starts over",
+            ("ns", "a"),
+            Some(&a2),
+            Some(("ns/a", false)),
+            vec![&a2, &b, &other],
+        ),
+        (
+            "a probed less often: kept",
+            ("ns", "a"),
+            Some(&a2_slower),
+            None,
+            vec![&a2_slower, &b, &other],
+        ),
+        (
+            "b recreated with nothing to probe: gone",
+            ("ns", "b"),
+            Some(&pending),
+            Some(("ns/b", true)),
+            vec![&a2_slower, &other],
+        ),
+        (
+            "x deleted: gone",
+            ("other", "x"),
+            None,
+            Some(("other/x", true)),
+            vec![&a2_slower],
+        ),
+        ("x deleted again", ("other", "x"), None, None, vec![&a2_slower]),
+    ];
+    for (step, at, object, want, store) in steps {
+        let got = p.sync_one(at, object, 1000);
+        let got = got.as_ref().map(|d| (d.key.as_str(), d.gone));
+        assert_eq!(got, want, "{step}");
+        let mut walked = Probes::new(defaults());
+        walked.sync(store, 0);
+        assert_eq!(p.len(), walked.len(), "{step}");
+        assert!((p.rate() - walked.rate()).abs() < 1e-9, "{step}");
+        assert_eq!(p.namespaces, walked.namespaces, "{step}");
+    }
+    assert_eq!(p.walks(), 1, "only the first walk");
+    let due = p.due(10_000, 10);
+    assert_eq!(keys(&due), ["ns/a"]);
+    assert_eq!(due[0].1.uid, "u2");
+}
+
+/// A walk is due at once, then every minute, or a second after the last
+/// once one is asked for.
+#[test]
+fn a_walk_is_due_at_start_once_asked_or_each_minute() {
+    let mut p = Probes::new(defaults());
+    assert!(p.sync_due(0));
+    p.sync(std::iter::empty::<&Proxy>(), 0);
+    assert!(!p.sync_due(30_000), "nothing asked");
+    assert!(p.sync_due(WALK_EVERY.as_millis() as u64), "the safety net");
+    p.ask_walk();
+    assert!(!p.sync_due(999), "asked, within a second of the last");
+    assert!(p.sync_due(1000), "asked");
+    p.sync(std::iter::empty::<&Proxy>(), 1000);
+    assert!(!p.sync_due(2000), "the ask was met");
 }
 
 #[test]

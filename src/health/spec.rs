@@ -37,8 +37,14 @@ pub struct Defaults {
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// Default probe timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the schedule is brought in step with the Proxy cache.
+/// The shortest time between two walks of the whole Proxy cache, and the
+/// engine's longest sleep.
 pub const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// How often the whole Proxy cache is walked when nothing asks for it:
+/// the watch's events keep the schedule in step between walks, so this
+/// only bounds how long a change no event announced (a credentials
+/// lookup that changed by itself) can go unseen.
+pub const WALK_EVERY: Duration = Duration::from_secs(60);
 /// What the engine probes for one Proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSpec {

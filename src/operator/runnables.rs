@@ -311,7 +311,7 @@ pub fn credentials_watch(
 pub fn spawn_health_engine(
     tasks: &mut JoinSet<()>,
     settings: &HealthSettings,
-    cache: Store<Proxy>,
+    cache: crate::proxy_store::ProxyStore,
     metrics: &Metrics,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> (

@@ -42,7 +42,7 @@ impl Operator {
         let (engine, triggers) = runnables::spawn_health_engine(
             &mut engine_work,
             &s.health,
-            proxies.reader(),
+            proxies.clone(),
             &self.metrics,
             term.clone().cancelled_owned(),
         );

@@ -17,7 +17,6 @@ use egress_proxies_operator::api::Proxy;
 use egress_proxies_operator::health::{self, probe::tls_config, Defaults, Engine, Notifier};
 use egress_proxies_operator::operator::Metrics;
 use egress_proxies_operator::tenancy::{ExternalNamespaces, ProbeDenylist};
-use kube::runtime::watcher::Event;
 use support::squid;
 
 /// Two namespaces, so the fleet-wide series have more than one label set.
@@ -55,17 +54,13 @@ async fn exposition(n: usize, per_proxy: bool, squid: u16, target: SocketAddr) -
         false,
         metrics.health.clone(),
     ));
-    let (reader, mut writer) = kube::runtime::reflector::store::<Proxy>();
+    let (store, mut fill) = egress_proxies_operator::proxy_store::ProxyStore::by_hand();
     let proxies: Vec<_> = (0..n).map(|i| external(i, squid)).collect();
-    writer.apply_watcher_event(&Event::Init);
-    for (_, _, p) in &proxies {
-        writer.apply_watcher_event(&Event::InitApply(p.clone()));
-    }
-    writer.apply_watcher_event(&Event::InitDone);
+    fill.list(proxies.iter().map(|(_, _, p)| p.clone()));
     let (notifier, mut rx) = Notifier::channel(health::NOTIFY_CAPACITY);
     let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(engine.clone().run(reader, notifier, async move {
+    let task = tokio::spawn(engine.clone().run(store, notifier, async move {
         let _ = stop_rx.await;
     }));
     let started = Instant::now();
