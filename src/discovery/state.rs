@@ -2,11 +2,13 @@
 //! token digest, the API's metrics and the cached listing of eligible
 //! proxies.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kube::runtime::reflector::Store;
+use tokio::sync::broadcast;
 
 use super::forward::Forwarder;
 use super::metrics::DiscoveryMetrics;
@@ -15,6 +17,7 @@ use super::tokens::TokenSet;
 use crate::api::Proxy;
 use crate::credentials::CredentialsCache;
 use crate::lease::{Lease, LeaseStore, ProxyKey};
+use crate::proxy_store::Touch;
 use crate::tenancy::ExternalNamespaces;
 
 use super::freshness::{due, fresh, Stamp};
@@ -34,6 +37,21 @@ pub trait ProxySource: Send + Sync {
     fn version(&self) -> Option<u64> {
         None
     }
+
+    /// Its changes from now on, one Proxy each, when the source announces
+    /// them: a listing is then patched where they fall instead of built
+    /// from every Proxy.
+    fn follow(&self) -> Option<broadcast::Receiver<Touch>> {
+        None
+    }
+
+    /// The Proxy `namespace/name` now.
+    fn get(&self, namespace: &str, name: &str) -> Option<Arc<Proxy>> {
+        self.proxies().into_iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.metadata.name.as_deref() == Some(name)
+        })
+    }
 }
 
 impl ProxySource for crate::proxy_store::ProxyStore {
@@ -43,6 +61,15 @@ impl ProxySource for crate::proxy_store::ProxyStore {
 
     fn version(&self) -> Option<u64> {
         Some(crate::proxy_store::ProxyStore::version(self))
+    }
+
+    fn follow(&self) -> Option<broadcast::Receiver<Touch>> {
+        Some(crate::proxy_store::ProxyStore::follow(self))
+    }
+
+    fn get(&self, namespace: &str, name: &str) -> Option<Arc<Proxy>> {
+        self.reader()
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
     }
 }
 
@@ -115,7 +142,37 @@ pub struct ApiState {
     /// The health engine's hints, when this process runs one (it probes
     /// a failed upstream at once while this replica leads).
     pub(super) hints: Option<crate::health::Hints>,
+    /// The source's changes since the listing in force was built.
+    changes: Arc<Mutex<Changes>>,
 }
+
+/// The source's announced changes not yet in the listing, and when the
+/// whole source was last walked.
+struct Changes {
+    /// `None`: the source announces nothing (every build walks it).
+    follow: Option<broadcast::Receiver<Touch>>,
+    walked: Option<Instant>,
+    /// Walks of the whole source so far.
+    walks: u64,
+}
+
+/// What a rebuild starts from.
+enum Since {
+    /// Every Proxy: the first build, a relist, missed changes, changed
+    /// credentials, a source that announces nothing, or the safety net.
+    Walk,
+    /// The Proxies changed since the listing in force, sorted.
+    Touched(BTreeSet<Touched>),
+}
+
+/// A Proxy an event named: (namespace, name).
+type Touched = (String, String);
+
+/// How often a listing patched from events is built from every Proxy
+/// anyway: what no event announces (a credentials lookup that changes by
+/// itself when this process's write stops outranking the watch) is in
+/// the listing within this.
+pub const LISTING_WALK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ApiState {
     /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API),
@@ -145,7 +202,6 @@ impl ApiState {
         metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
         let metrics = metrics.clone();
         ApiState {
-            source,
             leases,
             tokens: Arc::new(TokenSet::new(tokens, false)),
             metrics,
@@ -167,6 +223,14 @@ impl ApiState {
             gateway: None,
             observer: false,
             hints: None,
+            changes: Arc::new(Mutex::new(Changes {
+                // Subscribed before the first build: nothing changed after
+                // it is missed.
+                follow: source.follow(),
+                walked: None,
+                walks: 0,
+            })),
+            source,
         }
     }
 
@@ -361,30 +425,16 @@ impl ApiState {
         }
         let _clear = Clear(&self.rebuilding);
         let fresh = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
-        // An entry whose Proxy and credentials are as when the listing in
-        // force made it is reused as it is: a rebuild during churn makes
-        // only the entries of the Proxies that changed.
         let previous = current.as_ref().map(|(_, _, l)| l);
         let credentials = self.credentials.version();
-        let mut items: Vec<Arc<Entry>> = self
-            .source
-            .proxies()
-            .iter()
-            .filter_map(|p| {
-                let rv = p.metadata.resource_version.as_deref();
-                let kept = previous.and_then(|l| {
-                    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-                    let name = p.metadata.name.as_deref().unwrap_or_default();
-                    l.entry(ns, name).filter(|e| e.made_from(rv, credentials))
-                });
-                match kept {
-                    Some(e) => Some(e.clone()),
-                    None => item_of(p, &self.external, &self.credentials)
-                        .map(|i| Arc::new(Entry::new(i, rv, credentials))),
-                }
-            })
-            .collect();
-        items.sort_by(|a, b| a.key.cmp(&b.key));
+        // Patched where the announced changes fall while the credentials
+        // are as the listing in force was stamped with.
+        let built_with = current.as_ref().and_then(|(_, s, _)| *s).map(|s| s.1);
+        let since = self.since(previous.is_some() && built_with == Some(credentials));
+        let items = match (since, previous) {
+            (Since::Touched(touched), Some(l)) => self.patched(l, touched, credentials),
+            _ => self.walked(previous, credentials),
+        };
         // The same proxies as the listing it replaces (a rebuild under
         // this request's flag, so no other rebuild ran since): the store
         // already holds that set under its generation, which the new
@@ -418,6 +468,127 @@ impl ApiState {
         {
             *held = Some((Instant::now(), stamp, items.clone()));
         }
+        items
+    }
+
+    /// What this rebuild starts from, taking the changes announced since
+    /// the last; `patchable`: a listing in force that only Proxy changes
+    /// made stale.
+    fn since(&self, patchable: bool) -> Since {
+        let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let Changes {
+            follow,
+            walked,
+            walks,
+        } = &mut *c;
+        let mut touched = BTreeSet::new();
+        let mut walk = !patchable
+            || follow.is_none()
+            || walked.is_none_or(|at| at.elapsed() >= LISTING_WALK_EVERY);
+        // Drained even when walking: the walk shows what they announced.
+        while let Some(rx) = follow.as_mut() {
+            match rx.try_recv() {
+                Ok(Touch::One(r) | Touch::Gone(r)) => {
+                    touched.insert((r.namespace.unwrap_or_default(), r.name));
+                }
+                Ok(Touch::All) | Err(broadcast::error::TryRecvError::Lagged(_)) => walk = true,
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(broadcast::error::TryRecvError::Closed) => *follow = None,
+            }
+        }
+        if walk {
+            *walked = Some(Instant::now());
+            *walks += 1;
+            Since::Walk
+        } else {
+            Since::Touched(touched)
+        }
+    }
+
+    /// Walks of the whole source so far (tests).
+    #[cfg(test)]
+    pub(super) fn walks(&self) -> u64 {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner()).walks
+    }
+
+    /// The entry of `p` made from `credentials`: `previous`'s while its
+    /// Proxy and the credentials are as when it was made.
+    fn entry_of(
+        &self,
+        p: &Proxy,
+        previous: Option<&ListingData>,
+        credentials: u64,
+    ) -> Option<Arc<Entry>> {
+        let rv = p.metadata.resource_version.as_deref();
+        let kept = previous.and_then(|l| {
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            l.entry(ns, name).filter(|e| e.made_from(rv, credentials))
+        });
+        match kept {
+            Some(e) => Some(e.clone()),
+            None => item_of(p, &self.external, &self.credentials)
+                .map(|i| Arc::new(Entry::new(i, rv, credentials))),
+        }
+    }
+
+    /// The listing's entries from every Proxy of the source, sorted. An
+    /// entry whose Proxy and credentials are as when the listing in force
+    /// made it is reused as it is: a rebuild during churn makes only the
+    /// entries of the Proxies that changed.
+    fn walked(&self, previous: Option<&Listing>, credentials: u64) -> Vec<Arc<Entry>> {
+        let mut items: Vec<Arc<Entry>> = self
+            .source
+            .proxies()
+            .iter()
+            .filter_map(|p| self.entry_of(p, previous.map(|l| &**l), credentials))
+            .collect();
+        items.sort_by(|a, b| a.key.cmp(&b.key));
+        items
+    }
+
+    /// `previous`'s entries with those of the `touched` Proxies (sorted)
+    /// made again from the source as it is now: a merge of two sorted
+    /// runs, no walk of the source, no sort.
+    fn patched(
+        &self,
+        previous: &ListingData,
+        touched: BTreeSet<Touched>,
+        credentials: u64,
+    ) -> Vec<Arc<Entry>> {
+        let made: Vec<(Touched, Option<Arc<Entry>>)> = touched
+            .into_iter()
+            .map(|(ns, name)| {
+                let entry = self
+                    .source
+                    .get(&ns, &name)
+                    .and_then(|p| self.entry_of(&p, Some(previous), credentials));
+                ((ns, name), entry)
+            })
+            .collect();
+        let mut items = Vec::with_capacity(previous.len() + made.len());
+        let mut made = made.into_iter().peekable();
+        for e in previous.iter() {
+            let at = (e.key.namespace.as_str(), e.key.name.as_str());
+            // The touched Proxies up to this entry: theirs (or none)
+            // stand; one at this entry replaces it.
+            let mut replaced = false;
+            while let Some(((ns, name), _)) = made.peek() {
+                let order = (ns.as_str(), name.as_str()).cmp(&at);
+                if order == std::cmp::Ordering::Greater {
+                    break;
+                }
+                replaced = order == std::cmp::Ordering::Equal;
+                items.extend(made.next().and_then(|(_, entry)| entry));
+                if replaced {
+                    break;
+                }
+            }
+            if !replaced {
+                items.push(e.clone());
+            }
+        }
+        items.extend(made.filter_map(|(_, entry)| entry));
         items
     }
 

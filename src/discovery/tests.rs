@@ -2082,3 +2082,78 @@ async fn an_upstream_a_followers_gateway_saw_fail_reaches_the_leaders_health_eng
     follower.stop().await;
     leader.stop().await;
 }
+
+/// A source that announces its changes (the Proxy store) has its listing
+/// patched where they fall: a changed Proxy, one no longer healthy, a
+/// deleted one and a new one reach the listing, the other entries stay
+/// the ones already made, and the store is walked only for the first
+/// listing and after a relist.
+#[tokio::test]
+async fn a_listing_follows_the_stores_events_without_a_walk() {
+    use kube::runtime::watcher::Event;
+    let at = |name: &str, zone: &str, healthy: &str, rv: &str| {
+        let mut p = (*proxy(name, zone, healthy, json!({}))).clone();
+        p.metadata.resource_version = Some(rv.into());
+        p
+    };
+    let (store, mut fill) = crate::proxy_store::ProxyStore::by_hand();
+    fill.list([
+        at("b", "z1", "True", "1"),
+        at("d", "z1", "True", "2"),
+        at("f", "z1", "True", "3"),
+        at("h", "z1", "True", "4"),
+    ]);
+    let leases = Arc::new(LeaseStore::new(LeaseConfig {
+        max_leases_per_proxy: 4,
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+        cooldown: Duration::from_secs(60),
+    }));
+    let mut registry = Registrar::new();
+    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
+    let api = ApiState::new(Arc::new(store), leases, None, &discovery);
+    let names = |l: &state::Listing| {
+        l.iter()
+            .map(|e| format!("{}:{}", e.key.name, e.item.zone.as_deref().unwrap_or("")))
+            .collect::<Vec<_>>()
+    };
+    let first = api.listing();
+    assert_eq!(names(&first), ["b:z1", "d:z1", "f:z1", "h:z1"]);
+    assert_eq!(api.walks(), 1);
+
+    // Before b, between d and f, at the end; d moves, f turns unhealthy,
+    // h is deleted.
+    for ev in [
+        Event::Apply(at("a", "z1", "True", "5")),
+        Event::Apply(at("e", "z1", "True", "6")),
+        Event::Apply(at("i", "z1", "True", "7")),
+        Event::Apply(at("d", "z2", "True", "8")),
+        Event::Apply(at("f", "z1", "False", "9")),
+        Event::Delete(at("h", "z1", "True", "4")),
+    ] {
+        fill.apply(ev);
+    }
+    tokio::time::sleep(LISTING_MAX_AGE * 2).await;
+    let patched = api.listing();
+    assert_eq!(
+        names(&patched),
+        ["a:z1", "b:z1", "d:z2", "e:z1", "i:z1"],
+        "every change in its place"
+    );
+    assert_eq!(api.walks(), 1, "patched, not walked");
+    assert!(
+        Arc::ptr_eq(&first[0], &patched[1]),
+        "b's entry is the one already made"
+    );
+    let keys: Vec<_> = patched.iter().map(|e| e.key.clone()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted, "still sorted for its binary searches");
+    assert!(patched.get(&test_proxy_key("e")).is_some());
+
+    // A relist (the watch restarted) is walked.
+    fill.list([at("a", "z3", "True", "10")]);
+    tokio::time::sleep(LISTING_MAX_AGE * 2).await;
+    assert_eq!(names(&api.listing()), ["a:z3"]);
+    assert_eq!(api.walks(), 2, "a relist is walked");
+}

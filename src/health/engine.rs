@@ -328,7 +328,11 @@ impl Engine {
         let proxies = cache.state();
         let dropped = probes.sync(proxies.iter().map(|p| &**p), now);
         self.walks.store(probes.walks(), Ordering::Relaxed);
-        debug!(proxies = proxies.len(), walks = probes.walks(), "Walked the Proxy cache");
+        debug!(
+            proxies = proxies.len(),
+            walks = probes.walks(),
+            "Walked the Proxy cache"
+        );
         self.dropped(dropped);
     }
 
@@ -597,8 +601,7 @@ mod tests {
             external_in("tarpit", &name, &name, bad, 30)
         });
         let crawl = ["a", "b"].map(|name| external_in("crawl", name, name, good, 30));
-        let (_fill, mut rx, stop_tx, task) =
-            run_over(&engine, tarpits.chain(crawl).collect(), 64);
+        let (_fill, mut rx, stop_tx, task) = run_over(&engine, tarpits.chain(crawl).collect(), 64);
         let mut seen = std::collections::BTreeSet::new();
         tokio::time::timeout(Duration::from_secs(10), async {
             while seen.len() < 2 {

@@ -192,9 +192,8 @@ impl Probes {
     /// walks the watch's events keep the targets in step
     /// ([`Probes::sync_one`]).
     pub fn sync_due(&self, now: u64) -> bool {
-        self.last_sync.is_none_or(|t| {
-            now >= t + WALK_MS || (self.walk_asked && now >= t + SYNC_MS)
-        })
+        self.last_sync
+            .is_none_or(|t| now >= t + WALK_MS || (self.walk_asked && now >= t + SYNC_MS))
     }
 
     /// Asks for a walk of the whole cache: a relist, a follower that

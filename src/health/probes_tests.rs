@@ -318,7 +318,13 @@ fn events_one_proxy_at_a_time_keep_the_targets_as_a_walk_would() {
             None,
             vec![&a, &b, &other],
         ),
-        ("a unchanged", ("ns", "a"), Some(&a), None, vec![&a, &b, &other]),
+        (
+            "a unchanged",
+            ("ns", "a"),
+            Some(&a),
+            None,
+            vec![&a, &b, &other],
+        ),
         (
             "a recreated: starts over",
             ("ns", "a"),
@@ -347,7 +353,13 @@ fn events_one_proxy_at_a_time_keep_the_targets_as_a_walk_would() {
             Some(("other/x", true)),
             vec![&a2_slower],
         ),
-        ("x deleted again", ("other", "x"), None, None, vec![&a2_slower]),
+        (
+            "x deleted again",
+            ("other", "x"),
+            None,
+            None,
+            vec![&a2_slower],
+        ),
     ];
     for (step, at, object, want, store) in steps {
         let got = p.sync_one(at, object, 1000);
