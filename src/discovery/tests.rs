@@ -1861,6 +1861,12 @@ fn counted_state() -> (Arc<Counted>, ApiState) {
         version: 1.into(),
         reads: 0.into(),
     });
+    let api = state_over(source.clone());
+    (source, api)
+}
+
+/// An open API's state over `source`, four leases a proxy.
+fn state_over(source: Arc<dyn ProxySource>) -> ApiState {
     let leases = Arc::new(LeaseStore::new(LeaseConfig {
         max_leases_per_proxy: 4,
         default_ttl: Duration::from_secs(60),
@@ -1869,8 +1875,7 @@ fn counted_state() -> (Arc<Counted>, ApiState) {
     }));
     let mut registry = Registrar::new();
     let discovery = metrics::DiscoveryMetrics::register(&mut registry);
-    let api = ApiState::new(source.clone(), leases, None, &discovery);
-    (source, api)
+    ApiState::new(source, leases, None, &discovery)
 }
 
 #[tokio::test]
@@ -2103,15 +2108,7 @@ async fn a_listing_follows_the_stores_events_without_a_walk() {
         at("f", "z1", "True", "3"),
         at("h", "z1", "True", "4"),
     ]);
-    let leases = Arc::new(LeaseStore::new(LeaseConfig {
-        max_leases_per_proxy: 4,
-        default_ttl: Duration::from_secs(60),
-        max_ttl: Duration::from_secs(600),
-        cooldown: Duration::from_secs(60),
-    }));
-    let mut registry = Registrar::new();
-    let discovery = metrics::DiscoveryMetrics::register(&mut registry);
-    let api = ApiState::new(Arc::new(store), leases, None, &discovery);
+    let api = state_over(Arc::new(store));
     let names = |l: &state::Listing| {
         l.iter()
             .map(|e| format!("{}:{}", e.key.name, e.item.zone.as_deref().unwrap_or("")))
