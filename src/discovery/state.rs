@@ -151,9 +151,42 @@ pub struct ApiState {
 struct Changes {
     /// `None`: the source announces nothing (every build walks it).
     follow: Option<broadcast::Receiver<Touch>>,
+    /// Announced changes the listing has not taken yet.
+    touched: BTreeSet<Touched>,
+    /// Announced deletes the sweep has not taken yet.
+    gone: BTreeSet<Touched>,
+    /// The listing, and the sweep, must walk the source: changes were
+    /// missed or a relist replaced it (and at the start).
+    listing_walk: bool,
+    sweep_walk: bool,
     walked: Option<Instant>,
-    /// Walks of the whole source so far.
+    /// Walks of the whole source so far (the listing's and the sweep's).
     walks: u64,
+}
+
+impl Changes {
+    /// Takes what the source announced since the last call.
+    fn drain(&mut self) {
+        while let Some(rx) = self.follow.as_mut() {
+            match rx.try_recv() {
+                Ok(Touch::One(r)) => {
+                    self.touched
+                        .insert((r.namespace.unwrap_or_default(), r.name));
+                }
+                Ok(Touch::Gone(r)) => {
+                    let at = (r.namespace.unwrap_or_default(), r.name);
+                    self.touched.insert(at.clone());
+                    self.gone.insert(at);
+                }
+                Ok(Touch::All) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    self.listing_walk = true;
+                    self.sweep_walk = true;
+                }
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(broadcast::error::TryRecvError::Closed) => self.follow = None,
+            }
+        }
+    }
 }
 
 /// What a rebuild starts from.
@@ -227,6 +260,10 @@ impl ApiState {
                 // Subscribed before the first build: nothing changed after
                 // it is missed.
                 follow: source.follow(),
+                touched: BTreeSet::new(),
+                gone: BTreeSet::new(),
+                listing_walk: true,
+                sweep_walk: true,
                 walked: None,
                 walks: 0,
             })),
@@ -476,29 +513,17 @@ impl ApiState {
     /// made stale.
     fn since(&self, patchable: bool) -> Since {
         let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        let Changes {
-            follow,
-            walked,
-            walks,
-        } = &mut *c;
-        let mut touched = BTreeSet::new();
-        let mut walk = !patchable
-            || follow.is_none()
-            || walked.is_none_or(|at| at.elapsed() >= LISTING_WALK_EVERY);
-        // Drained even when walking: the walk shows what they announced.
-        while let Some(rx) = follow.as_mut() {
-            match rx.try_recv() {
-                Ok(Touch::One(r) | Touch::Gone(r)) => {
-                    touched.insert((r.namespace.unwrap_or_default(), r.name));
-                }
-                Ok(Touch::All) | Err(broadcast::error::TryRecvError::Lagged(_)) => walk = true,
-                Err(broadcast::error::TryRecvError::Empty) => break,
-                Err(broadcast::error::TryRecvError::Closed) => *follow = None,
-            }
-        }
+        c.drain();
+        let touched = std::mem::take(&mut c.touched);
+        let walk = !patchable
+            || c.listing_walk
+            || c.follow.is_none()
+            || c.walked.is_none_or(|at| at.elapsed() >= LISTING_WALK_EVERY);
         if walk {
-            *walked = Some(Instant::now());
-            *walks += 1;
+            // The walk shows what the drained changes announced.
+            c.listing_walk = false;
+            c.walked = Some(Instant::now());
+            c.walks += 1;
             Since::Walk
         } else {
             Since::Touched(touched)
@@ -626,6 +651,9 @@ impl ApiState {
     /// deleted Proxies, when the source changed since `seen` (updated) or
     /// does not count its changes: no walk over every Proxy, under the
     /// store's lock, while the fleet stands still.
+    /// A source that announces its changes is walked only the first time,
+    /// after a relist or missed changes: otherwise the announced deletes
+    /// are forgotten one by one.
     pub(crate) fn forget_deleted(&self, seen: &mut Option<u64>) {
         let version = self.source.version();
         if version.is_some() && version == *seen {
@@ -633,7 +661,31 @@ impl ApiState {
         }
         // Read before the walk: a change during it is seen next time.
         *seen = version;
-        self.leases.retain_proxies(&self.present());
+        let gone = {
+            let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            c.drain();
+            let gone = std::mem::take(&mut c.gone);
+            if c.sweep_walk || c.follow.is_none() {
+                c.sweep_walk = false;
+                c.walks += 1;
+                None
+            } else {
+                Some(gone)
+            }
+        };
+        let Some(gone) = gone else {
+            self.leases.retain_proxies(&self.present());
+            return;
+        };
+        // Made again since its delete: not gone.
+        let gone: std::collections::HashSet<ProxyKey> = gone
+            .into_iter()
+            .filter(|(ns, name)| self.source.get(ns, name).is_none())
+            .map(|(namespace, name)| ProxyKey { namespace, name })
+            .collect();
+        if !gone.is_empty() {
+            self.leases.forget_proxies(&gone);
+        }
     }
 
     /// Every Proxy the source knows, as lease-store keys (the sweep

@@ -2092,7 +2092,8 @@ async fn an_upstream_a_followers_gateway_saw_fail_reaches_the_leaders_health_eng
 /// patched where they fall: a changed Proxy, one no longer healthy, a
 /// deleted one and a new one reach the listing, the other entries stay
 /// the ones already made, and the store is walked only for the first
-/// listing and after a relist.
+/// listing and after a relist; the sweep likewise forgets the cooldowns
+/// of the deleted Proxies it is told of.
 #[tokio::test]
 async fn a_listing_follows_the_stores_events_without_a_walk() {
     use kube::runtime::watcher::Event;
@@ -2148,9 +2149,35 @@ async fn a_listing_follows_the_stores_events_without_a_walk() {
     assert_eq!(keys, sorted, "still sorted for its binary searches");
     assert!(patched.get(&test_proxy_key("e")).is_some());
 
+    // The sweep walks the store once, then forgets the cooldowns of the
+    // Proxies whose deletes it was told of, and of no other.
+    let mut seen = None;
+    api.forget_deleted(&mut seen);
+    assert_eq!(api.walks(), 2, "the sweep's first look walks");
+    let me: Arc<str> = "default".into();
+    for name in ["a", "b", "e"] {
+        api.cool_down(&test_proxy_key(name), &me, None).await;
+    }
+    let cooling = |name: &str| {
+        !api.lease_store()
+            .lets_gateway_use("default", &test_proxy_key(name), None)
+    };
+    assert!(cooling("a") && cooling("b") && cooling("e"));
+    fill.apply(Event::Delete(at("e", "z1", "True", "6")));
+    fill.apply(Event::Delete(at("b", "z1", "True", "1")));
+    // b is made again before the sweep: it keeps its cooldown.
+    fill.apply(Event::Apply(at("b", "z1", "True", "11")));
+    api.forget_deleted(&mut seen);
+    assert!(!cooling("e"), "e's cooldown is forgotten");
+    assert!(cooling("a") && cooling("b"), "a's and b's stay");
+    assert_eq!(api.walks(), 2, "told, not walked");
+
     // A relist (the watch restarted) is walked.
     fill.list([at("a", "z3", "True", "10")]);
     tokio::time::sleep(LISTING_MAX_AGE * 2).await;
     assert_eq!(names(&api.listing()), ["a:z3"]);
-    assert_eq!(api.walks(), 2, "a relist is walked");
+    assert_eq!(api.walks(), 3, "a relist is walked");
+    api.forget_deleted(&mut seen);
+    assert_eq!(api.walks(), 4, "by the sweep too");
+    assert!(cooling("a") && !cooling("b"), "b is gone in the relist");
 }

@@ -170,6 +170,14 @@ impl StickyMap {
         self.retain(|p, _| present.contains(p));
     }
 
+    /// Forgets mappings to the proxies in `gone`; no pass over the map
+    /// unless one of them has a mapping.
+    pub fn forget_proxies(&mut self, gone: &HashSet<ProxyKey>) {
+        if gone.iter().any(|k| self.per_proxy.contains_key(k)) {
+            self.retain(|p, _| !gone.contains(p));
+        }
+    }
+
     fn retain(&mut self, keep: impl Fn(&ProxyKey, DateTime<Utc>) -> bool) -> usize {
         let before = self.map.len();
         let per_proxy = &mut self.per_proxy;
@@ -350,6 +358,15 @@ impl Cooldowns {
     pub fn retain_proxies(&mut self, present: &HashSet<ProxyKey>) {
         self.proxies.retain(|k, _| present.contains(k));
         self.sites = self.proxies.values().map(|c| c.sites.len()).sum();
+    }
+
+    /// Forgets the cooldowns of the proxies in `gone`.
+    pub fn forget_proxies(&mut self, gone: &HashSet<ProxyKey>) {
+        for k in gone {
+            if let Some(c) = self.proxies.remove(k) {
+                self.sites = self.sites.saturating_sub(c.sites.len());
+            }
+        }
     }
 }
 

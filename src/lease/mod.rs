@@ -474,6 +474,24 @@ impl LeaseStore {
         st.proxies
             .retain(|k, p| present.contains(&**k) || p.active() > 0 || p.eligible);
     }
+
+    /// Forgets everything about the proxies in `gone` (deleted Proxies),
+    /// as [`LeaseStore::retain_proxies`] does for those not present,
+    /// without a pass over every proxy.
+    pub fn forget_proxies(&self, gone: &std::collections::HashSet<ProxyKey>) {
+        let mut st = self.lock();
+        st.sticky.forget_proxies(gone);
+        st.cooldowns.forget_proxies(gone);
+        for k in gone {
+            if st
+                .proxies
+                .get(k)
+                .is_some_and(|p| p.active() == 0 && !p.eligible)
+            {
+                st.proxies.remove(k);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
