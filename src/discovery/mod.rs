@@ -23,6 +23,7 @@ mod middleware;
 pub mod model;
 mod openapi;
 mod pools;
+mod rebuild;
 mod replace;
 mod replay;
 pub mod replicas;

@@ -2,7 +2,6 @@
 //! token digest, the API's metrics and the cached listing of eligible
 //! proxies.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -12,11 +11,11 @@ use tokio::sync::broadcast;
 
 use super::forward::Forwarder;
 use super::metrics::DiscoveryMetrics;
-use super::model::{item_of, Filter, ProxyItem};
+use super::model::{Filter, ProxyItem};
 use super::tokens::TokenSet;
 use crate::api::Proxy;
 use crate::credentials::CredentialsCache;
-use crate::lease::{Lease, LeaseStore, ProxyKey};
+use crate::lease::{Lease, LeaseStore};
 use crate::proxy_store::Touch;
 use crate::tenancy::ExternalNamespaces;
 
@@ -24,7 +23,7 @@ use super::freshness::{due, fresh, Stamp};
 pub use super::freshness::{LISTING_MAX_AGE, REFRESH_EVERY};
 
 /// The listing held: when it was built, from what, and itself.
-type Held = Option<(Instant, Option<Stamp>, Listing)>;
+pub(super) type Held = Option<(Instant, Option<Stamp>, Listing)>;
 
 /// Where the API reads Proxies from (the shared cache in the operator, a
 /// fixed list in tests).
@@ -97,7 +96,7 @@ pub const DEFAULT_CLIENT: &str = "default";
 pub const ANONYMOUS: &str = "anonymous";
 
 pub use super::listing::Listing;
-use super::listing::{Entry, ListingData};
+use super::rebuild::Changes;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -107,17 +106,17 @@ pub struct ApiState {
     /// The named tokens in force (replaced when the tokens Secret changes).
     pub(super) tokens: Arc<TokenSet>,
     pub(super) metrics: DiscoveryMetrics,
-    listing: Arc<Mutex<Held>>,
-    rebuilding: Arc<AtomicBool>,
+    pub(super) listing: Arc<Mutex<Held>>,
+    pub(super) rebuilding: Arc<AtomicBool>,
     /// Whether a refresher keeps the listing fresh (requests then never
     /// rebuild it).
     refreshed: Arc<AtomicBool>,
     /// The generation of the last listing built.
-    generations: Arc<AtomicU64>,
+    pub(super) generations: Arc<AtomicU64>,
     /// Where External Proxies may be offered from.
-    external: Arc<ExternalNamespaces>,
+    pub(super) external: Arc<ExternalNamespaces>,
     /// The proxies' credentials, handed out with them.
-    credentials: Arc<CredentialsCache>,
+    pub(super) credentials: Arc<CredentialsCache>,
     /// Where lease calls go when this replica does not lead.
     pub(super) forward: Arc<Forwarder>,
     /// Forwarded acquires answered, by request key (`replay.rs`).
@@ -143,69 +142,8 @@ pub struct ApiState {
     /// a failed upstream at once while this replica leads).
     pub(super) hints: Option<crate::health::Hints>,
     /// The source's changes since the listing in force was built.
-    changes: Arc<Mutex<Changes>>,
+    pub(super) changes: Arc<Mutex<Changes>>,
 }
-
-/// The source's announced changes not yet in the listing, and when the
-/// whole source was last walked.
-struct Changes {
-    /// `None`: the source announces nothing (every build walks it).
-    follow: Option<broadcast::Receiver<Touch>>,
-    /// Announced changes the listing has not taken yet.
-    touched: BTreeSet<Touched>,
-    /// Announced deletes the sweep has not taken yet.
-    gone: BTreeSet<Touched>,
-    /// The listing, and the sweep, must walk the source: changes were
-    /// missed or a relist replaced it (and at the start).
-    listing_walk: bool,
-    sweep_walk: bool,
-    walked: Option<Instant>,
-    /// Walks of the whole source so far (the listing's and the sweep's).
-    walks: u64,
-}
-
-impl Changes {
-    /// Takes what the source announced since the last call.
-    fn drain(&mut self) {
-        while let Some(rx) = self.follow.as_mut() {
-            match rx.try_recv() {
-                Ok(Touch::One(r)) => {
-                    self.touched
-                        .insert((r.namespace.unwrap_or_default(), r.name));
-                }
-                Ok(Touch::Gone(r)) => {
-                    let at = (r.namespace.unwrap_or_default(), r.name);
-                    self.touched.insert(at.clone());
-                    self.gone.insert(at);
-                }
-                Ok(Touch::All) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                    self.listing_walk = true;
-                    self.sweep_walk = true;
-                }
-                Err(broadcast::error::TryRecvError::Empty) => break,
-                Err(broadcast::error::TryRecvError::Closed) => self.follow = None,
-            }
-        }
-    }
-}
-
-/// What a rebuild starts from.
-enum Since {
-    /// Every Proxy: the first build, a relist, missed changes, changed
-    /// credentials, a source that announces nothing, or the safety net.
-    Walk,
-    /// The Proxies changed since the listing in force, sorted.
-    Touched(BTreeSet<Touched>),
-}
-
-/// A Proxy an event named: (namespace, name).
-type Touched = (String, String);
-
-/// How often a listing patched from events is built from every Proxy
-/// anyway: what no event announces (a credentials lookup that changes by
-/// itself when this process's write stops outranking the watch) is in
-/// the listing within this.
-pub const LISTING_WALK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ApiState {
     /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API),
@@ -256,17 +194,9 @@ impl ApiState {
             gateway: None,
             observer: false,
             hints: None,
-            changes: Arc::new(Mutex::new(Changes {
-                // Subscribed before the first build: nothing changed after
-                // it is missed.
-                follow: source.follow(),
-                touched: BTreeSet::new(),
-                gone: BTreeSet::new(),
-                listing_walk: true,
-                sweep_walk: true,
-                walked: None,
-                walks: 0,
-            })),
+            // Subscribed before the first build: nothing changed after it
+            // is missed.
+            changes: Arc::new(Mutex::new(Changes::new(source.follow()))),
             source,
         }
     }
@@ -382,7 +312,7 @@ impl ApiState {
     /// `items`' eligible set: it just took over, and its table was the
     /// leader's copy (which carries no eligible set). A follower's store
     /// is not told: every copy would undo it, and it grants nothing.
-    fn untold(&self, items: &Listing) -> bool {
+    pub(super) fn untold(&self, items: &Listing) -> bool {
         // An observer (a gateway process) never leads: no lock, no seal
         // check on its connections' path.
         !self.observer
@@ -396,7 +326,7 @@ impl ApiState {
         self.refreshed.load(Ordering::Acquire)
     }
 
-    fn held(&self) -> Held {
+    pub(super) fn held(&self) -> Held {
         self.listing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -449,174 +379,6 @@ impl ApiState {
         self.refreshed.store(false, Ordering::Release);
     }
 
-    /// A new listing from the source, under the rebuild flag (taken by the
-    /// caller when `current` exists).
-    fn rebuild(&self, current: Held, stamp: Option<Stamp>) -> Listing {
-        // Built outside the lock so readers never wait for a rebuild; the
-        // flag is cleared however this ends.
-        struct Clear<'a>(&'a AtomicBool);
-        impl Drop for Clear<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _clear = Clear(&self.rebuilding);
-        let fresh = self.generations.fetch_add(1, Ordering::AcqRel) + 1;
-        let previous = current.as_ref().map(|(_, _, l)| l);
-        let credentials = self.credentials.version();
-        // Patched where the announced changes fall while the credentials
-        // are as the listing in force was stamped with.
-        let built_with = current.as_ref().and_then(|(_, s, _)| *s).map(|s| s.1);
-        let since = self.since(previous.is_some() && built_with == Some(credentials));
-        let items = match (since, previous) {
-            (Since::Touched(touched), Some(l)) => self.patched(l, touched, credentials),
-            _ => self.walked(previous, credentials),
-        };
-        // The same proxies as the listing it replaces (a rebuild under
-        // this request's flag, so no other rebuild ran since): the store
-        // already holds that set under its generation, which the new
-        // listing keeps, and nothing is merged under the store's lock.
-        let same = current.as_ref().map(|(_, _, l)| l).filter(|l| {
-            l.len() == items.len()
-                && l.iter().zip(&items).all(|(a, b)| a.key == b.key)
-                // Not when the store's table was replaced since (a
-                // follower's copy): it must be told the set again.
-                && self.leases.eligible_generation() == Some(l.generation())
-        });
-        let generation = match same {
-            Some(l) => l.generation(),
-            None => {
-                // Keys are unique (namespace/name), so the sorted keys are
-                // the store's form of the set. Told before the listing is
-                // published: a request holding an older listing is then
-                // checked against it.
-                self.leases
-                    .set_eligible(fresh, items.iter().map(|e| e.key.clone()).collect());
-                fresh
-            }
-        };
-        let items = Arc::new(ListingData::new(generation, items));
-        let mut held = self.listing.lock().unwrap_or_else(|p| p.into_inner());
-        // Two first builds may race: the newer listing stays (a rebuild of
-        // the same set keeps the generation it replaces).
-        if held
-            .as_ref()
-            .is_none_or(|(_, _, l)| l.generation() <= generation)
-        {
-            *held = Some((Instant::now(), stamp, items.clone()));
-        }
-        items
-    }
-
-    /// What this rebuild starts from, taking the changes announced since
-    /// the last; `patchable`: a listing in force that only Proxy changes
-    /// made stale.
-    fn since(&self, patchable: bool) -> Since {
-        let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        c.drain();
-        let touched = std::mem::take(&mut c.touched);
-        let walk = !patchable
-            || c.listing_walk
-            || c.follow.is_none()
-            || c.walked.is_none_or(|at| at.elapsed() >= LISTING_WALK_EVERY);
-        if walk {
-            // The walk shows what the drained changes announced.
-            c.listing_walk = false;
-            c.walked = Some(Instant::now());
-            c.walks += 1;
-            Since::Walk
-        } else {
-            Since::Touched(touched)
-        }
-    }
-
-    /// Walks of the whole source so far (tests).
-    #[cfg(test)]
-    pub(super) fn walks(&self) -> u64 {
-        self.changes.lock().unwrap_or_else(|p| p.into_inner()).walks
-    }
-
-    /// The entry of `p` made from `credentials`: `previous`'s while its
-    /// Proxy and the credentials are as when it was made.
-    fn entry_of(
-        &self,
-        p: &Proxy,
-        previous: Option<&ListingData>,
-        credentials: u64,
-    ) -> Option<Arc<Entry>> {
-        let rv = p.metadata.resource_version.as_deref();
-        let kept = previous.and_then(|l| {
-            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-            let name = p.metadata.name.as_deref().unwrap_or_default();
-            l.entry(ns, name).filter(|e| e.made_from(rv, credentials))
-        });
-        match kept {
-            Some(e) => Some(e.clone()),
-            None => item_of(p, &self.external, &self.credentials)
-                .map(|i| Arc::new(Entry::new(i, rv, credentials))),
-        }
-    }
-
-    /// The listing's entries from every Proxy of the source, sorted. An
-    /// entry whose Proxy and credentials are as when the listing in force
-    /// made it is reused as it is: a rebuild during churn makes only the
-    /// entries of the Proxies that changed.
-    fn walked(&self, previous: Option<&Listing>, credentials: u64) -> Vec<Arc<Entry>> {
-        let mut items: Vec<Arc<Entry>> = self
-            .source
-            .proxies()
-            .iter()
-            .filter_map(|p| self.entry_of(p, previous.map(|l| &**l), credentials))
-            .collect();
-        items.sort_by(|a, b| a.key.cmp(&b.key));
-        items
-    }
-
-    /// `previous`'s entries with those of the `touched` Proxies (sorted)
-    /// made again from the source as it is now: a merge of two sorted
-    /// runs, no walk of the source, no sort.
-    fn patched(
-        &self,
-        previous: &ListingData,
-        touched: BTreeSet<Touched>,
-        credentials: u64,
-    ) -> Vec<Arc<Entry>> {
-        let made: Vec<(Touched, Option<Arc<Entry>>)> = touched
-            .into_iter()
-            .map(|(ns, name)| {
-                let entry = self
-                    .source
-                    .get(&ns, &name)
-                    .and_then(|p| self.entry_of(&p, Some(previous), credentials));
-                ((ns, name), entry)
-            })
-            .collect();
-        let mut items = Vec::with_capacity(previous.len() + made.len());
-        let mut made = made.into_iter().peekable();
-        for e in previous.iter() {
-            let at = (e.key.namespace.as_str(), e.key.name.as_str());
-            // The touched Proxies up to this entry: theirs (or none)
-            // stand; one at this entry replaces it.
-            let mut replaced = false;
-            while let Some(((ns, name), _)) = made.peek() {
-                let order = (ns.as_str(), name.as_str()).cmp(&at);
-                if order == std::cmp::Ordering::Greater {
-                    break;
-                }
-                replaced = order == std::cmp::Ordering::Equal;
-                items.extend(made.next().and_then(|(_, entry)| entry));
-                if replaced {
-                    break;
-                }
-            }
-            if !replaced {
-                items.push(e.clone());
-            }
-        }
-        items.extend(made.filter_map(|(_, entry)| entry));
-        items
-    }
-
     /// The eligible proxies that match `f`.
     pub(super) fn eligible(&self, f: &Filter) -> Vec<ProxyItem> {
         self.listing()
@@ -645,59 +407,5 @@ impl ApiState {
     /// The listing entry of a lease's proxy, while it is eligible.
     pub(super) fn item_for(&self, lease: &Lease) -> Option<ProxyItem> {
         self.listing().get(&lease.proxy).cloned()
-    }
-
-    /// Makes the lease store forget the sticky keys and cooldowns of
-    /// deleted Proxies, when the source changed since `seen` (updated) or
-    /// does not count its changes: no walk over every Proxy, under the
-    /// store's lock, while the fleet stands still.
-    /// A source that announces its changes is walked only the first time,
-    /// after a relist or missed changes: otherwise the announced deletes
-    /// are forgotten one by one.
-    pub(crate) fn forget_deleted(&self, seen: &mut Option<u64>) {
-        let version = self.source.version();
-        if version.is_some() && version == *seen {
-            return;
-        }
-        // Read before the walk: a change during it is seen next time.
-        *seen = version;
-        let gone = {
-            let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-            c.drain();
-            let gone = std::mem::take(&mut c.gone);
-            if c.sweep_walk || c.follow.is_none() {
-                c.sweep_walk = false;
-                c.walks += 1;
-                None
-            } else {
-                Some(gone)
-            }
-        };
-        let Some(gone) = gone else {
-            self.leases.retain_proxies(&self.present());
-            return;
-        };
-        // Made again since its delete: not gone.
-        let gone: std::collections::HashSet<ProxyKey> = gone
-            .into_iter()
-            .filter(|(ns, name)| self.source.get(ns, name).is_none())
-            .map(|(namespace, name)| ProxyKey { namespace, name })
-            .collect();
-        if !gone.is_empty() {
-            self.leases.forget_proxies(&gone);
-        }
-    }
-
-    /// Every Proxy the source knows, as lease-store keys (the sweep
-    /// forgets the leases and cooldowns of the others).
-    pub(super) fn present(&self) -> std::collections::HashSet<ProxyKey> {
-        self.source
-            .proxies()
-            .iter()
-            .map(|p| ProxyKey {
-                namespace: kube::ResourceExt::namespace(p.as_ref()).unwrap_or_default(),
-                name: kube::ResourceExt::name_any(p.as_ref()),
-            })
-            .collect()
     }
 }

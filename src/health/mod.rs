@@ -31,6 +31,7 @@ pub mod probes;
 pub mod schedule;
 pub mod sizing;
 pub mod spec;
+mod targets;
 pub mod threshold;
 
 pub use engine::Engine;

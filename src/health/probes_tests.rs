@@ -1,6 +1,7 @@
 use super::super::probe::ProbeError;
 use super::super::threshold::Thresholds;
 use super::*;
+use crate::api::Proxy;
 use serde_json::json;
 
 pub(crate) fn defaults() -> Defaults {
