@@ -34,6 +34,7 @@ pub mod paged;
 pub mod pool;
 pub mod provider;
 pub mod providerhealth;
+pub mod proxy_ids;
 pub mod proxy_store;
 pub mod server;
 pub mod telemetry;

@@ -22,6 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::{broadcast, watch};
 
 use crate::api::Proxy;
+use crate::proxy_ids::{key_of, split_key, Holder, ProxyIds};
 
 /// The annotation `kubectl apply` writes: a copy of the whole applied
 /// object, never read by the operator.
@@ -82,17 +83,52 @@ struct Announcer {
     touches: broadcast::Sender<Touch>,
     synced: Arc<watch::Sender<bool>>,
     changes: Arc<AtomicU64>,
+    ids: ProxyIds,
+    reader: Store<Proxy>,
 }
 
 impl Announcer {
     fn applied(&self, ev: &watcher::Event<Proxy>) {
         self.changes.fetch_add(1, Ordering::AcqRel);
+        self.number(ev);
         if let Some(t) = touch_of(ev) {
             if t == Touch::All {
                 self.synced.send_replace(true);
             }
             // No follower (a replica that does not lead) is no error.
             let _ = self.touches.send(t);
+        }
+    }
+
+    /// Keeps the store's hold on the ids in step with the event: held
+    /// from a Proxy's first event, let go at its delete or at a relist
+    /// that no longer has it. Done before the event is announced, so a
+    /// follower finds the id of every Proxy it is told of.
+    fn number(&self, ev: &watcher::Event<Proxy>) {
+        let key = |p: &Proxy| {
+            key_of(
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default(),
+            )
+        };
+        match ev {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                self.ids.hold(&key(p), Holder::Store);
+            }
+            watcher::Event::Delete(p) => {
+                if let Some(id) = self.ids.get(&key(p)) {
+                    self.ids.release(id, Holder::Store);
+                }
+            }
+            watcher::Event::InitDone => {
+                for (id, k) in self.ids.held_by(Holder::Store) {
+                    let (ns, name) = split_key(&k);
+                    if self.reader.get(&ObjectRef::new(name).within(ns)).is_none() {
+                        self.ids.release(id, Holder::Store);
+                    }
+                }
+            }
+            watcher::Event::Init => {}
         }
     }
 }
@@ -109,6 +145,8 @@ pub struct ProxyStore {
     synced: Arc<watch::Sender<bool>>,
     /// Counts the watch's events: the store is as it was while this is.
     changes: Arc<AtomicU64>,
+    /// The id of every Proxy in the store ([`crate::proxy_ids`]).
+    ids: ProxyIds,
 }
 
 impl ProxyStore {
@@ -116,6 +154,11 @@ impl ProxyStore {
     /// need not build it again while this stays the same.
     pub fn version(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
+    }
+
+    /// The process's Proxy ids: every Proxy in the store has one.
+    pub fn ids(&self) -> ProxyIds {
+        self.ids.clone()
     }
 
     /// The cached Proxies (stripped).
@@ -204,11 +247,14 @@ impl ProxyStore {
             touches,
             synced: Arc::new(watch::Sender::new(false)),
             changes: Arc::new(AtomicU64::new(0)),
+            ids: ProxyIds::new(),
         };
         let announcer = Announcer {
             touches: store.touches.clone(),
             synced: store.synced.clone(),
             changes: store.changes.clone(),
+            ids: store.ids.clone(),
+            reader: store.reader.clone(),
         };
         (store, announcer)
     }
@@ -367,6 +413,7 @@ mod tests {
             touches: touches.clone(),
             synced: Arc::new(watch::Sender::new(true)),
             changes: Arc::default(),
+            ids: ProxyIds::new(),
         };
         let mut triggers = Box::pin(store.triggers());
         let first = triggers.next().await.map(|p| p.metadata.name.clone());
@@ -397,6 +444,7 @@ mod tests {
             touches: touches.clone(),
             synced: Arc::new(watch::Sender::new(false)),
             changes: Arc::default(),
+            ids: ProxyIds::new(),
         };
         let mut triggers = Box::pin(store.triggers());
         let early = futures::FutureExt::now_or_never(triggers.next());
@@ -413,5 +461,30 @@ mod tests {
         }
         let first = triggers.next().await.and_then(|p| p.metadata.name.clone());
         assert_eq!(first.as_deref(), Some("p"));
+    }
+
+    #[test]
+    fn the_store_holds_an_id_for_each_proxy_it_has_and_lets_go_of_the_gone() {
+        let named = |n: &str| {
+            let mut p = proxy(&[]);
+            p.metadata.name = Some(n.into());
+            p
+        };
+        let (store, mut fill) = ProxyStore::by_hand();
+        let ids = store.ids();
+        fill.list([named("a"), named("b")]);
+        let a = ids.get("ns/a").expect("a listed Proxy has an id");
+        assert!(ids.held(a, Holder::Store));
+        fill.apply(watcher::Event::Apply(named("a")));
+        assert_eq!(ids.get("ns/a"), Some(a), "an update keeps the id");
+        fill.apply(watcher::Event::Delete(named("a")));
+        assert_eq!(ids.key(a), None, "a delete frees it");
+        // A relist without b (deleted while the watch was down) lets go of
+        // b, and c, new, has one.
+        let b = ids.get("ns/b").expect("b");
+        fill.list([named("c")]);
+        assert_eq!(ids.key(b), None);
+        assert!(ids.get("ns/c").is_some());
+        assert_eq!(ids.len(), 1);
     }
 }

@@ -168,7 +168,9 @@ impl Engine {
         let mut latency = Latency::default();
         let mut slots = pool_size(0.0, latency.mean_ms(), self.workers);
         let mut in_flight = 0usize;
-        let mut probes = Probes::new(self.defaults.clone()).with_slots(slots);
+        let mut probes = Probes::new(self.defaults.clone())
+            .with_slots(slots)
+            .sharing(store.ids());
         let mut next_tick = 0u64;
         tokio::pin!(shutdown);
         info!(max_in_flight = self.workers, "Health engine started");

@@ -18,26 +18,14 @@ use super::probe::{Depth, ProbeResult};
 use super::schedule::Schedule;
 use super::threshold::{self, Change};
 use crate::api::health::HealthReport;
+use crate::proxy_ids::{ProxyId, ProxyIds};
 
 pub use super::spec::{
     probe_spec, Defaults, ProbeSpec, DEFAULT_INTERVAL, DEFAULT_TIMEOUT, SYNC_EVERY, WALK_EVERY,
 };
 
-/// The key of a Proxy in the engine: `namespace/name`.
-pub fn key_of(namespace: &str, name: &str) -> String {
-    let mut key = String::new();
-    write_key(&mut key, namespace, name);
-    key
-}
-
-/// Writes the [`key_of`] key into `buf` (cleared first), so a caller
-/// looking up many keys reuses one buffer.
-pub(super) fn write_key(buf: &mut String, namespace: &str, name: &str) {
-    buf.clear();
-    buf.push_str(namespace);
-    buf.push('/');
-    buf.push_str(name);
-}
+pub use crate::proxy_ids::key_of;
+pub(super) use crate::proxy_ids::write_key;
 
 /// The namespace part of a [`key_of`] key.
 pub(super) fn namespace_of(key: &str) -> &str {
@@ -86,10 +74,13 @@ pub enum Folded {
     Publish(Verdict),
 }
 
-/// One probed Proxy, at its interned id.
+/// One probed Proxy, at its slot of the process's Proxy ids.
 #[derive(Debug)]
 pub(super) struct Target {
-    /// `namespace/name`, shared with the engine's snapshot and probes.
+    /// The id the engine holds (its generation tells a reused slot).
+    pub(super) id: ProxyId,
+    /// `namespace/name`, the ids' own string, shared with the engine's
+    /// snapshot and probes.
     pub(super) key: Arc<str>,
     pub(super) spec: Arc<ProbeSpec>,
     /// The resourceVersion the spec was taken from: an unchanged Proxy
@@ -106,18 +97,20 @@ pub(super) struct Target {
 }
 
 /// The health engine's state machine: targets, schedule and thresholds.
-/// Each Proxy is interned once: its key is one shared string and
-/// everything else about it (spec, thresholds, schedule) is found by a
-/// small integer id, so 10,000 Proxies cost one map of keys and flat
-/// tables instead of six maps each holding a copy of every key.
+/// Each Proxy is found by its id in the process's table of Proxy ids
+/// ([`crate::proxy_ids`], shared with the Proxy store): its key is that
+/// table's one string and everything else about it (spec, thresholds,
+/// schedule) is a row of flat tables by the id's slot, so 10,000 Proxies
+/// cost no map of the engine's own.
 #[derive(Debug)]
 pub struct Probes {
     pub(super) defaults: Defaults,
     pub(super) sched: Schedule<u32>,
-    pub(super) ids: HashMap<Arc<str>, u32>,
-    /// By id; `None`: free (listed in `free`).
+    pub(super) ids: ProxyIds,
+    /// By slot; `None`: the engine holds no id there.
     pub(super) targets: Vec<Option<Target>>,
-    pub(super) free: Vec<u32>,
+    /// Rows that are `Some`.
+    pub(super) live: usize,
     pub(super) syncs: u64,
     /// The last walk of the whole cache.
     pub(super) last_sync: Option<u64>,
@@ -143,9 +136,9 @@ impl Probes {
         Probes {
             defaults,
             sched: Schedule::default(),
-            ids: HashMap::new(),
+            ids: ProxyIds::new(),
             targets: Vec::new(),
-            free: Vec::new(),
+            live: 0,
             syncs: 0,
             last_sync: None,
             walk_asked: false,
@@ -163,6 +156,12 @@ impl Probes {
             fair: Fairness::new(slots),
             ..self
         }
+    }
+
+    /// The same, numbering Proxies in `ids` (the Proxy store's), before
+    /// any is probed.
+    pub fn sharing(self, ids: ProxyIds) -> Self {
+        Probes { ids, ..self }
     }
 
     /// Shares `slots` probe slots from now on.
@@ -196,14 +195,17 @@ impl Probes {
         self.syncs
     }
 
+    /// The slot and row of `key`'s target.
     pub(super) fn target(&self, key: &str) -> Option<(u32, &Target)> {
-        let id = *self.ids.get(key)?;
-        Some((id, self.targets.get(id as usize)?.as_ref()?))
+        let id = self.ids.get(key)?;
+        let t = self.targets.get(id.slot())?.as_ref()?;
+        (t.id == id).then_some((u32::try_from(id.slot()).ok()?, t))
     }
 
     pub(super) fn target_mut(&mut self, key: &str) -> Option<(u32, &mut Target)> {
-        let id = *self.ids.get(key)?;
-        Some((id, self.targets.get_mut(id as usize)?.as_mut()?))
+        let id = self.ids.get(key)?;
+        let t = self.targets.get_mut(id.slot())?.as_mut()?;
+        (t.id == id).then_some((u32::try_from(id.slot()).ok()?, t))
     }
 
     /// Up to `limit` probes due at `now`, each marked in flight until
@@ -236,7 +238,7 @@ impl Probes {
     /// `key` was seen failing: probed at `now`, fully (not the light
     /// CONNECT-only probe). Whether it was due later.
     pub fn expedite(&mut self, key: &str, now: u64) -> bool {
-        let Some(&id) = self.ids.get(key) else {
+        let Some((id, _)) = self.target(key) else {
             return false;
         };
         if !self.sched.expedite(&id, now) {
@@ -284,7 +286,7 @@ impl Probes {
         result: &ProbeResult,
     ) -> Folded {
         self.fair.finish(namespace_of(key));
-        let Some(id) = self.ids.get(key).copied() else {
+        let Some((id, _)) = self.target(key) else {
             return Folded::Gone;
         };
         self.sched.complete(&id, started, now);
@@ -353,12 +355,12 @@ impl Probes {
 
     /// How many Proxies are probed.
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.live
     }
 
     /// Whether no Proxy is probed.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.live == 0
     }
 }
 

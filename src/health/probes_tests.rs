@@ -766,3 +766,33 @@ fn a_freed_id_taken_by_another_proxy_gets_none_of_the_old_results() {
     assert_eq!(p.len(), 2);
     assert_eq!(p.state("ns/a"), None);
 }
+
+/// The engine numbers its targets in the table it shares with the Proxy
+/// store: a probed Proxy has the store's id, the engine's hold keeps it
+/// while the store has let go (a delete seen first by the store), and the
+/// slot is free again only when both let go.
+#[test]
+fn targets_use_the_ids_the_store_gave_and_hold_them_while_probed() {
+    use crate::proxy_ids::{Holder, ProxyIds};
+    let ids = ProxyIds::new();
+    let (a_id, _) = ids.hold("ns/a", Holder::Store);
+    let mut p = Probes::new(defaults()).sharing(ids.clone());
+    let a = tuned("a", "u1", 1, 1, 1);
+    p.sync([&a], 0);
+    assert_eq!(ids.get("ns/a"), Some(a_id), "the store's id, not a new one");
+    assert!(ids.held(a_id, Holder::Engine));
+    assert_eq!(ids.len(), 1, "no second table of keys");
+    // The store lets go first: the engine still probes a under its id.
+    ids.release(a_id, Holder::Store);
+    assert_eq!(ids.key(a_id).as_deref(), Some("ns/a"));
+    let (key, _, _) = p.due(1000, 1).pop().expect("a due");
+    assert_eq!(&*key, "ns/a");
+    // The engine's event comes: the id is free.
+    assert_eq!(
+        p.sync_one(("ns", "a"), None, 1000).map(|d| d.gone),
+        Some(true)
+    );
+    assert_eq!(ids.key(a_id), None);
+    assert!(ids.is_empty());
+    assert!(p.is_empty());
+}

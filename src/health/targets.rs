@@ -6,8 +6,11 @@
 
 use std::sync::Arc;
 
-use super::probes::{key_of, namespace_of, probe_spec, spread, write_key, Dropped, Probes, Target};
+use super::probes::{
+    key_of, namespace_of, probe_spec, spread, write_key, Dropped, ProbeSpec, Probes, Target,
+};
 use crate::api::Proxy;
+use crate::proxy_ids::Holder;
 
 /// What [`Probes::upsert`] made of a Proxy.
 enum Upsert {
@@ -20,34 +23,44 @@ enum Upsert {
 }
 
 impl Probes {
-    /// Interns a new target; its id.
-    fn insert(&mut self, target: Target) -> u32 {
-        let key = target.key.clone();
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.targets[id as usize] = Some(target);
-                id
-            }
-            None => {
-                self.targets.push(Some(target));
-                // More Proxies than u32 ids is far beyond any fleet a
-                // process holds (each costs hundreds of bytes).
-                u32::try_from(self.targets.len() - 1).unwrap_or(u32::MAX)
-            }
+    /// Takes `key` into the targets, probed with `spec` taken from the
+    /// Proxy at `version`, holding its id; its slot.
+    fn insert(&mut self, key: &str, spec: Arc<ProbeSpec>, version: Option<Box<str>>) -> u32 {
+        let (id, key) = self.ids.hold(key, Holder::Engine);
+        let target = Target {
+            id,
+            key,
+            spec,
+            version,
+            light: None,
+            state: None,
+            seen: self.syncs,
         };
-        self.ids.insert(key, id);
-        self.count(id, true);
-        id
+        let slot = id.slot();
+        if self.targets.len() <= slot {
+            self.targets.resize_with(slot + 1, || None);
+        }
+        // The engine's hold kept the slot from being given again, so a
+        // row there is this Proxy's (never the case: `upsert` found none).
+        let slot32 = u32::try_from(slot).unwrap_or(u32::MAX);
+        if self.targets[slot].is_some() {
+            self.count(slot32, false);
+        } else {
+            self.live += 1;
+        }
+        self.targets[slot] = Some(target);
+        self.count(slot32, true);
+        slot32
     }
 
-    /// Takes target `id` out of the set (the key found it); the dropped
-    /// verdict to withdraw.
-    fn remove(&mut self, id: u32) -> Option<Dropped> {
-        self.count(id, false);
-        let t = self.targets.get_mut(id as usize)?.take()?;
-        self.ids.remove(&t.key);
-        self.sched.remove(&id);
-        self.free.push(id);
+    /// Takes the target at `slot` out of the set (its key found it) and
+    /// lets go of its id; the dropped verdict to withdraw.
+    fn remove(&mut self, slot: u32) -> Option<Dropped> {
+        self.count(slot, false);
+        let t = self.targets.get_mut(slot as usize)?.take()?;
+        self.live -= 1;
+        self.ids.release(t.id, Holder::Engine);
+        self.sched.remove(&slot);
         Some(Dropped {
             key: t.key.to_string(),
             gone: true,
@@ -145,8 +158,8 @@ impl Probes {
             Some(Upsert::Kept(_)) => None,
             Some(Upsert::Restarted(_)) => Some(Dropped { key, gone: false }),
             Some(Upsert::Nothing) | None => {
-                let id = *self.ids.get(key.as_str())?;
-                self.remove(id)
+                let (slot, _) = self.target(&key)?;
+                self.remove(slot)
             }
         }
     }
@@ -165,15 +178,7 @@ impl Probes {
         let version = p.metadata.resource_version.as_deref().map(Box::from);
         let interval = spec.interval.as_millis() as u64;
         let Some((id, old)) = self.target_mut(key) else {
-            let shared: Arc<str> = Arc::from(key);
-            let id = self.insert(Target {
-                key: shared,
-                spec: Arc::new(spec),
-                version,
-                light: None,
-                state: None,
-                seen: self.syncs,
-            });
+            let id = self.insert(key, Arc::new(spec), version);
             self.sched.upsert(&id, interval, now, spread(key, interval));
             return Upsert::Kept(id);
         };
