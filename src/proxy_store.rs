@@ -76,6 +76,20 @@ pub fn touch_of(event: &watcher::Event<Proxy>) -> Option<Touch> {
     }
 }
 
+/// Hands `f` each change `rx` holds now, a lag as [`Touch::All`] (the
+/// follower missed changes, so it must look at every Proxy). `false`:
+/// the store is gone and nothing more will come.
+pub fn drain(rx: &mut broadcast::Receiver<Touch>, mut f: impl FnMut(Touch)) -> bool {
+    loop {
+        match rx.try_recv() {
+            Ok(t) => f(t),
+            Err(broadcast::error::TryRecvError::Lagged(_)) => f(Touch::All),
+            Err(broadcast::error::TryRecvError::Empty) => return true,
+            Err(broadcast::error::TryRecvError::Closed) => return false,
+        }
+    }
+}
+
 /// Tells the store's readers what a watch event did, once the reflector
 /// has applied it.
 #[derive(Clone)]

@@ -39,24 +39,26 @@ pub(super) struct Changes {
 impl Changes {
     /// Takes what the source announced since the last call.
     fn drain(&mut self) {
-        while let Some(rx) = self.follow.as_mut() {
-            match rx.try_recv() {
-                Ok(Touch::One(r)) => {
-                    self.touched
-                        .insert((r.namespace.unwrap_or_default(), r.name));
-                }
-                Ok(Touch::Gone(r)) => {
-                    let at = (r.namespace.unwrap_or_default(), r.name);
-                    self.touched.insert(at.clone());
-                    self.gone.insert(at);
-                }
-                Ok(Touch::All) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                    self.listing_walk = true;
-                    self.sweep_walk = true;
-                }
-                Err(broadcast::error::TryRecvError::Empty) => break,
-                Err(broadcast::error::TryRecvError::Closed) => self.follow = None,
+        let Some(rx) = self.follow.as_mut() else {
+            return;
+        };
+        let open = crate::proxy_store::drain(rx, |t| match t {
+            Touch::One(r) => {
+                self.touched
+                    .insert((r.namespace.unwrap_or_default(), r.name));
             }
+            Touch::Gone(r) => {
+                let at = (r.namespace.unwrap_or_default(), r.name);
+                self.touched.insert(at.clone());
+                self.gone.insert(at);
+            }
+            Touch::All => {
+                self.listing_walk = true;
+                self.sweep_walk = true;
+            }
+        });
+        if !open {
+            self.follow = None;
         }
     }
 }

@@ -255,16 +255,12 @@ impl Engine {
         cache: &Store<Proxy>,
         now: u64,
     ) {
-        loop {
-            match rx.try_recv() {
-                Ok(t) => self.follow_one(t, probes, cache, now),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => probes.ask_walk(),
-                Err(_) => return,
-            }
-        }
+        // A store gone is the process ending: the engine stops with it.
+        crate::proxy_store::drain(rx, |t| self.follow_one(t, probes, cache, now));
     }
 
-    /// Brings the one Proxy a change names in step (a relist: all).
+    /// Brings the one Proxy a change names in step (a relist or missed
+    /// changes: all).
     fn follow_one(&self, touch: Touch, probes: &mut Probes, cache: &Store<Proxy>, now: u64) {
         let r = match touch {
             Touch::One(r) | Touch::Gone(r) => r,

@@ -76,7 +76,14 @@ impl Probes {
         let ns = namespace_of(&t.key);
         if add {
             self.rate += per_second;
-            *self.namespaces.entry(Box::from(ns)).or_default() += 1;
+            // Looked up first: a walk recounts every target, and `entry`
+            // would copy the namespace for each.
+            match self.namespaces.get_mut(ns) {
+                Some(n) => *n += 1,
+                None => {
+                    self.namespaces.insert(Box::from(ns), 1);
+                }
+            }
         } else {
             self.rate = (self.rate - per_second).max(0.0);
             if let Some(n) = self.namespaces.get_mut(ns) {
