@@ -40,14 +40,11 @@ impl Probes {
         if self.targets.len() <= slot {
             self.targets.resize_with(slot + 1, || None);
         }
-        // The engine's hold kept the slot from being given again, so a
-        // row there is this Proxy's (never the case: `upsert` found none).
+        // The row is empty: a row of another id would hold its slot (the
+        // engine's hold keeps it from being given again), and one of this
+        // id is what `upsert` looked for before inserting.
         let slot32 = u32::try_from(slot).unwrap_or(u32::MAX);
-        if self.targets[slot].is_some() {
-            self.count(slot32, false);
-        } else {
-            self.live += 1;
-        }
+        self.live += 1;
         self.targets[slot] = Some(target);
         self.count(slot32, true);
         slot32
