@@ -18,6 +18,13 @@ pub struct GatewayFlags {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub gateway_max_connections: u32,
 
+    /// Connections (tunnels included) one source address may hold open
+    /// through the gateway at once, signed in or not; 0, and any larger
+    /// value, is held to half of --gateway-max-connections, so one
+    /// address always leaves room for others.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub gateway_max_connections_per_address: u32,
+
     /// Connections one client (one token name) may hold open through the
     /// gateway at once.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -26,6 +33,13 @@ pub struct GatewayFlags {
     /// Connections the gateway sends through one upstream proxy at once.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub gateway_max_connections_per_upstream: u32,
+
+    /// The most upstreams the gateway passes over at once for failing a
+    /// connection (refused, timed out, or an error of the upstream
+    /// itself), as a percentage of the eligible ones; at least one. Past
+    /// it, a failing upstream is left to its health probe alone.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100), value_name = "PERCENT")]
+    pub gateway_max_suspect_percent: u32,
 
     /// How long the gateway remembers a session after its last connection,
     /// when its username asks no `ttl-<minutes>`.

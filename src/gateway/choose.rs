@@ -37,37 +37,41 @@ pub fn weight(session: u64, proxy: u64) -> u64 {
     mix(session ^ mix(proxy))
 }
 
-/// The session's proxy: of the `candidates` (by stable hash) that `usable`
-/// accepts, the one of highest weight. `usable` is asked in order of
-/// weight, so a usable winner costs one call.
+/// The session's proxy: of the `candidates` (by stable hash) that may
+/// take it, the one of highest weight. The winner is asked first, alone
+/// (`one`: most often it is usable, and that costs one look); when it is
+/// not, every candidate is asked at once (`all`, one pass under one lock)
+/// and the best usable one taken: O(candidates) either way.
 pub fn rendezvous<T>(
     session: u64,
     candidates: &[T],
     hash: impl Fn(&T) -> u64,
-    mut usable: impl FnMut(&T) -> bool,
+    one: impl FnOnce(&T) -> bool,
+    all: impl FnOnce(&[T]) -> Vec<bool>,
 ) -> Option<usize> {
-    let mut ranked: Vec<(u64, usize)> = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (weight(session, hash(c)), i))
-        .collect();
-    // Most often the first is usable: find it without sorting them all.
-    loop {
-        let (pos, &(_, best)) = ranked
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, (w, i))| (*w, std::cmp::Reverse(*i)))?;
-        if usable(&candidates[best]) {
-            return Some(best);
-        }
-        ranked.swap_remove(pos);
+    let rank = |i: &usize| {
+        (
+            weight(session, hash(&candidates[*i])),
+            std::cmp::Reverse(*i),
+        )
+    };
+    let best = (0..candidates.len()).max_by_key(rank)?;
+    if one(&candidates[best]) {
+        return Some(best);
     }
+    let usable = all(candidates);
+    (0..candidates.len())
+        .filter(|&i| i != best && usable.get(i).copied().unwrap_or(false))
+        .max_by_key(rank)
 }
 
 /// A new rotating connection's proxy: of two candidates drawn at random
 /// (`draw(n)` gives an index below `n`), the one `load` says is less
-/// loaded; candidates `usable` refuses are drawn again, a few times,
-/// then looked for in order so a usable one is never missed.
+/// loaded; candidates `one` refuses are drawn again, a few times; when
+/// none of those draws is usable, every candidate is asked at once
+/// (`all`, by index, one pass) and the first usable from a random start
+/// taken, so a usable one is never missed and a full fleet costs
+/// O(candidates), not a look per candidate.
 ///
 /// The `n` candidates are reached by index (`at`), so a draw costs no walk
 /// over a large fleet.
@@ -75,24 +79,32 @@ pub fn two_choices<'a, T: 'a>(
     (n, at): (usize, impl Fn(usize) -> &'a T),
     mut draw: impl FnMut(usize) -> usize,
     load: impl Fn(&T) -> u32,
-    mut usable: impl FnMut(&T) -> bool,
+    (mut one, all): (impl FnMut(&T) -> bool, impl FnOnce() -> Vec<bool>),
 ) -> Option<usize> {
     if n == 0 {
         return None;
     }
-    let mut pick =
-        |draw: &mut dyn FnMut(usize) -> usize| (0..8).map(|_| draw(n) % n).find(|&i| usable(at(i)));
+    let mut pick = |draw: &mut dyn FnMut(usize) -> usize| {
+        (0..DRAWS).map(|_| draw(n) % n).find(|&i| one(at(i)))
+    };
     let first = pick(&mut draw);
     let second = pick(&mut draw);
     match (first, second) {
         (Some(a), Some(b)) => Some(if load(at(b)) < load(at(a)) { b } else { a }),
         (Some(a), None) | (None, Some(a)) => Some(a),
         (None, None) => {
+            let usable = all();
             let start = draw(n) % n;
-            (0..n).map(|k| (start + k) % n).find(|&i| usable(at(i)))
+            (0..n)
+                .map(|k| (start + k) % n)
+                .find(|&i| usable.get(i).copied().unwrap_or(false))
         }
     }
 }
+
+/// Random draws for each of the two choices before every candidate is
+/// asked at once.
+const DRAWS: usize = 4;
 
 #[cfg(test)]
 #[path = "choose_tests.rs"]

@@ -8,10 +8,26 @@ fn proxies(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("crawl/proxy-{i}")).collect()
 }
 
+/// [`rendezvous`] with `usable` asked alike of one and of all.
+fn rv(session: u64, set: &[String], usable: impl Fn(&String) -> bool + Copy) -> Option<usize> {
+    let all = |cs: &[String]| cs.iter().map(usable).collect();
+    rendezvous(session, set, |p| stable_hash(&[p]), usable, all)
+}
+
+/// [`two_choices`] over `set` with `usable` asked alike of one and of all.
+fn tc(
+    set: &[String],
+    draw: impl FnMut(usize) -> usize,
+    load: impl Fn(&String) -> u32,
+    usable: impl Fn(&String) -> bool + Copy,
+) -> Option<usize> {
+    let all = || set.iter().map(usable).collect();
+    two_choices((set.len(), |i| &set[i]), draw, load, (usable, all))
+}
+
 fn pick(session: &str, set: &[String]) -> String {
     let s = stable_hash(&["client", session]);
-    let i = rendezvous(s, set, |p| stable_hash(&[p]), |_| true).unwrap();
-    set[i].clone()
+    set[rv(s, set, |_| true).unwrap()].clone()
 }
 
 #[test]
@@ -73,21 +89,15 @@ fn a_session_keeps_its_proxy_and_only_a_leaving_proxys_sessions_move() {
     // where the session goes once the winner leaves.
     for s in sessions.iter().filter(|s| before[*s] == gone) {
         let h = stable_hash(&["client", s]);
-        let i = rendezvous(h, &all, |p| stable_hash(&[p]), |p| *p != gone).unwrap();
+        let i = rv(h, &all, |p| *p != gone).unwrap();
         assert_eq!(all[i], pick(s, &rest));
     }
 }
 
 #[test]
 fn rendezvous_with_nothing_usable_is_none() {
-    assert_eq!(
-        rendezvous(1, &proxies(3), |p| stable_hash(&[p]), |_| false),
-        None
-    );
-    assert_eq!(
-        rendezvous(1, &Vec::<String>::new(), |p| stable_hash(&[p]), |_| true),
-        None
-    );
+    assert_eq!(rv(1, &proxies(3), |_| false), None);
+    assert_eq!(rv(1, &[], |_| true), None);
 }
 
 #[test]
@@ -96,35 +106,16 @@ fn two_choices_takes_the_less_loaded_and_never_misses_a_usable_one() {
     let load = |p: &String| if p.ends_with('1') { 0 } else { 5 };
     // Draws 0 then 1: proxy-1 is less loaded.
     let mut draws = [0, 1].into_iter().cycle();
-    let got = two_choices(
-        (set.len(), |i| &set[i]),
-        |_| draws.next().unwrap(),
-        load,
-        |_| true,
-    );
+    let got = tc(&set, |_| draws.next().unwrap(), load, |_| true);
     assert_eq!(got, Some(1));
     // Draws 2 then 3, equal load: the first.
     let mut draws = [2, 3].into_iter().cycle();
-    assert_eq!(
-        two_choices(
-            (set.len(), |i| &set[i]),
-            |_| draws.next().unwrap(),
-            load,
-            |_| true
-        ),
-        Some(2)
-    );
+    assert_eq!(tc(&set, |_| draws.next().unwrap(), load, |_| true), Some(2));
     // Only proxy-3 usable, the draws never land on it: found anyway.
     let only3 = |p: &String| p.ends_with('3');
-    assert_eq!(
-        two_choices((set.len(), |i| &set[i]), |_| 0, load, only3),
-        Some(3)
-    );
-    assert_eq!(
-        two_choices((set.len(), |i| &set[i]), |_| 0, load, |_| false),
-        None
-    );
-    assert_eq!(two_choices((0, |i| &set[i]), |_| 0, load, |_| true), None);
+    assert_eq!(tc(&set, |_| 0, load, only3), Some(3));
+    assert_eq!(tc(&set, |_| 0, load, |_| false), None);
+    assert_eq!(tc(&[], |_| 0, load, |_| true), None);
 }
 
 #[test]
@@ -133,8 +124,8 @@ fn rotation_spreads_connections_over_every_proxy() {
     let mut loads = [0u32; 3];
     let mut seed = 7u64;
     for _ in 0..30 {
-        let i = two_choices(
-            (set.len(), |i| &set[i]),
+        let i = tc(
+            &set,
             |n| {
                 seed = stable_hash(&[&seed.to_string()]);
                 (seed % n as u64) as usize
@@ -146,4 +137,44 @@ fn rotation_spreads_connections_over_every_proxy() {
         loads[i] += 1;
     }
     assert!(loads.iter().all(|&l| l >= 5), "{loads:?}");
+}
+
+/// With 10,000 candidates and only the last usable, a choice asks a few
+/// alone and then all of them once: no look per candidate (each look is
+/// a lock of the lease store), no quadratic walk.
+#[test]
+fn a_full_fleet_is_asked_once_not_once_per_candidate() {
+    use std::cell::Cell;
+    let set = proxies(10_000);
+    let last = set.len() - 1;
+    let (ones, alls) = (Cell::new(0), Cell::new(0));
+    let one = |p: &String| {
+        ones.set(ones.get() + 1);
+        *p == set[last]
+    };
+    let all = |cs: &[String]| {
+        alls.set(alls.get() + 1);
+        cs.iter().map(|p| *p == set[last]).collect()
+    };
+    assert_eq!(
+        rendezvous(5, &set, |p| stable_hash(&[p]), one, all),
+        Some(last)
+    );
+    assert!(ones.get() == 1 && alls.get() == 1, "{ones:?} {alls:?}");
+
+    let (ones, alls) = (Cell::new(0), Cell::new(0));
+    let one = |p: &String| {
+        ones.set(ones.get() + 1);
+        *p == set[last]
+    };
+    let all = || {
+        alls.set(alls.get() + 1);
+        set.iter().map(|p| *p == set[last]).collect()
+    };
+    let got = two_choices((set.len(), |i| &set[i]), |_| 0, |_| 0, (one, all));
+    assert_eq!(got, Some(last));
+    assert!(
+        ones.get() <= 2 * DRAWS && alls.get() == 1,
+        "{ones:?} {alls:?}"
+    );
 }

@@ -96,6 +96,10 @@ pub trait Fleet: Send + Sync + 'static {
     /// may use `key` now: no exclusive lease holds it and no report
     /// cooled it down for them.
     fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool;
+    /// [`Fleet::shared`] for each of `keys`, in order, in one look.
+    fn shared_all(&self, client: &str, keys: &[&ProxyKey], site: Option<&str>) -> Vec<bool> {
+        keys.iter().map(|k| self.shared(client, k, site)).collect()
+    }
     /// `key` is banned by `site` (or failed `client` everywhere): the
     /// cooldown of a lease report.
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>);
@@ -198,6 +202,12 @@ impl Fleet for ApiFleet {
 
     fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
         self.state.lease_store().lets_gateway_use(client, key, site)
+    }
+
+    fn shared_all(&self, client: &str, keys: &[&ProxyKey], site: Option<&str>) -> Vec<bool> {
+        self.state
+            .lease_store()
+            .lets_gateway_use_all(client, keys, site)
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {

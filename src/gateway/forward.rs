@@ -12,6 +12,7 @@ use hyper::client::conn::http1 as client_http1;
 use hyper_util::rt::TokioIo;
 use tracing::{debug, info, warn};
 
+use super::blame::{self, Failure};
 use super::route::{ClientSlot, Gateway, Slot};
 use super::serve::{answer, exhausted, moved, no_upstream, Ask};
 use super::upstream::{self, UpstreamError};
@@ -112,16 +113,47 @@ pub(super) async fn forward(
         .send_request(Request::from_parts(parts, Body::new(body)))
         .await;
     let key = k.up.key.clone();
+    // Squid's own error page (`X-Squid-Error`) speaks for the upstream,
+    // not the site: about the target, relayed and marked so; about the
+    // upstream itself, its failure.
+    let squid = |r: &Response<Incoming>| {
+        r.headers()
+            .get("x-squid-error")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let whose = sent.as_ref().ok().and_then(|r| {
+        let squid = squid(r);
+        let status = r.status().as_u16();
+        (status == 407 || squid.is_some()).then(|| blame::of_answer(status, squid.as_deref()))
+    });
     match sent {
-        Ok(resp) if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
-            warn!(upstream = %key, "The upstream proxy refused the gateway's credentials");
-            gw.metrics.upstream_error("credentials");
+        Ok(resp) if whose == Some(Failure::Proxy) => {
+            let credentials = resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+            let (class, what) = match credentials {
+                true => (
+                    "credentials",
+                    "refused the gateway's credentials".to_string(),
+                ),
+                false => (
+                    "refused",
+                    format!("failed: {}", squid(&resp).unwrap_or_default()),
+                ),
+            };
+            warn!(upstream = %key, "The upstream proxy {what}");
+            gw.metrics.upstream_error(class);
             gw.suspect(&key);
             *kept = None;
             answer(
                 StatusCode::BAD_GATEWAY,
-                "the upstream proxy refused the gateway's credentials",
+                &format!("the upstream proxy {what}"),
             )
+        }
+        Ok(resp) if whose == Some(Failure::Target) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_headers(&mut parts.headers);
+            let r = Failure::Target.mark(Response::from_parts(parts, Body::new(body)));
+            moved(r, was_moved)
         }
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();

@@ -23,13 +23,19 @@ pub struct RequestLabels {
     /// (otherwise empty).
     pub pool: String,
     /// `ok`, `unauthenticated`, `bad_request`, `client_limit`,
-    /// `no_upstream` or `upstream_failed`.
+    /// `no_upstream`, `upstream_failed` or `target_failed` (the upstream
+    /// said the target failed: relayed).
     pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +49,7 @@ pub struct GatewayMetrics {
     requests: Family<RequestLabels, Counter>,
     setup: Histogram,
     upstream_errors: Family<ClassLabel, Counter>,
+    refused: Family<ReasonLabel, Counter>,
     tunnels_open: Gauge,
     tunnel_duration: Histogram,
     bytes: Family<DirectionLabel, Counter>,
@@ -59,6 +66,7 @@ impl GatewayMetrics {
             // network takes a few milliseconds.
             setup: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             upstream_errors: Family::default(),
+            refused: Family::default(),
             tunnels_open: Gauge::default(),
             // 10 ms .. ~11.7 h.
             tunnel_duration: Histogram::new(exponential_buckets(0.01, 4.0, 12)),
@@ -80,6 +88,11 @@ impl GatewayMetrics {
             "proxy_operator_gateway_upstream_errors",
             "Upstream failures seen by the gateway, by class (connect, timeout, refused, protocol, credentials)",
             m.upstream_errors.clone(),
+        );
+        registry.register(
+            "proxy_operator_gateway_connections_refused",
+            "Gateway connections closed unread, by reason (gateway_full, address_full, failed_sign_ins, sign_in_wait)",
+            m.refused.clone(),
         );
         registry.register(
             "proxy_operator_gateway_tunnels_open",
@@ -124,6 +137,11 @@ impl GatewayMetrics {
         self.upstream_errors
             .get_or_create(&ClassLabel { class })
             .inc();
+    }
+
+    /// A connection was closed unread, for `reason`.
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// A tunnel opened.

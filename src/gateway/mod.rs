@@ -11,6 +11,8 @@
 //! `serve` (the HTTP/1.1 front: sign-in and CONNECT), `forward`
 //! (absolute-form requests), `metrics` (its series).
 
+mod admission;
+mod blame;
 mod choose;
 mod fleet;
 mod forward;
@@ -33,10 +35,16 @@ pub use serve::serve;
 pub struct Settings {
     /// Connections open at once; one more is closed when accepted.
     pub max_connections: usize,
+    /// Connections one source address may hold open at once (0: half of
+    /// `max_connections`, which also bounds any value given).
+    pub max_per_address: usize,
     /// Connections one client (token) may hold open at once.
     pub max_per_client: u32,
     /// Connections the gateway sends through one upstream at once.
     pub max_per_upstream: u32,
+    /// The most upstreams passed over at once for failing a connection,
+    /// as a percentage of the eligible ones (at least one).
+    pub max_suspect_percent: u32,
     /// How long a session is remembered after its last use, unless its
     /// username says `ttl-<minutes>`.
     pub session_ttl: Duration,
@@ -66,8 +74,10 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             max_connections: 10_000,
+            max_per_address: 512,
             max_per_client: 4096,
             max_per_upstream: 256,
+            max_suspect_percent: 10,
             session_ttl: Duration::from_secs(30 * 60),
             max_session_ttl: Duration::from_secs(24 * 3600),
             max_sessions: 1_000_000,

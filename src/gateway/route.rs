@@ -152,13 +152,22 @@ impl Gateway {
         self.suspect(key);
     }
 
-    /// `key` failed a connection: passed over for [`SUSPECT_FOR`], and
-    /// probed by the health engine at once.
+    /// `key` failed a connection: probed by the health engine at once,
+    /// and passed over for [`SUSPECT_FOR`] unless the suspects already
+    /// make up their bounded share of the fleet (then the probe alone
+    /// decides: a fault of the gateway's own path, or a burst that is
+    /// not the upstreams', never takes the whole fleet out).
     pub fn suspect(&self, key: &ProxyKey) {
         self.fleet.failed(key);
         let now = Instant::now();
+        let eligible = self.fleet.upstreams(&Filter::default()).len();
+        let cap = suspect_cap(eligible, self.settings.max_suspect_percent);
         let mut s = lock(&self.suspects);
         s.retain(|_, until| *until > now);
+        if !s.contains_key(key) && s.len() >= cap {
+            tracing::debug!(upstream = %key, suspects = s.len(), "Gateway suspects at their share of the fleet; leaving this one to its probe");
+            return;
+        }
         s.insert(key.clone(), now + SUSPECT_FOR);
     }
 
@@ -197,8 +206,14 @@ impl Gateway {
             // holding every match, is not empty).
             let at = |i| matching.get(i).unwrap_or(&matching.all[0]);
             let load = |u: &Upstream| self.load_of(&u.key);
-            let i = two_choices((matching.len(), at), |n| self.draw(n), load, |u| usable(&u))
-                .ok_or_else(busy)?;
+            let all = || self.usable_all((client, site), avoid, matching.iter());
+            let i = two_choices(
+                (matching.len(), at),
+                |n| self.draw(n),
+                load,
+                (|u: &Upstream| usable(&u), all),
+            )
+            .ok_or_else(busy)?;
             return Ok(Chosen {
                 upstream: at(i).clone(),
                 moved: false,
@@ -212,7 +227,9 @@ impl Gateway {
             Some(i) => i,
             None => {
                 let h = super::choose::stable_hash(&[client, id]);
-                rendezvous(h, &candidates, |u| u.hash, &usable).ok_or_else(busy)?
+                let all =
+                    |cs: &[&Upstream]| self.usable_all((client, site), avoid, cs.iter().copied());
+                rendezvous(h, &candidates, |u| u.hash, &usable, all).ok_or_else(busy)?
             }
         };
         let ttl = wanted.ttl.unwrap_or(self.settings.session_ttl);
@@ -257,6 +274,31 @@ impl Gateway {
         }
     }
 
+    /// [`Gateway::usable`] of each of `upstreams`, in order, in one pass:
+    /// the suspects, the loads and the lease store each looked at once.
+    fn usable_all<'u>(
+        &self,
+        (client, site): (&str, Option<&str>),
+        avoid: Option<&ProxyKey>,
+        upstreams: impl Iterator<Item = &'u Upstream>,
+    ) -> Vec<bool> {
+        let now = Instant::now();
+        let keys: Vec<&ProxyKey> = upstreams.map(|u| &u.key).collect();
+        let shared = self.fleet.shared_all(client, &keys, site);
+        let suspects = lock(&self.suspects);
+        let load = lock(&self.load);
+        let max = self.settings.max_per_upstream;
+        keys.iter()
+            .zip(shared)
+            .map(|(k, shared)| {
+                shared
+                    && Some(*k) != avoid
+                    && suspects.get(*k).is_none_or(|until| *until <= now)
+                    && load.get(*k).copied().unwrap_or(0) < max
+            })
+            .collect()
+    }
+
     /// The upstream a new connection of `client`'s session `id` to `site`
     /// would get here, asking `filter`, without remembering the session:
     /// the rendezvous winner among the usable matches.
@@ -270,7 +312,8 @@ impl Gateway {
         let candidates = matching.list();
         let h = super::choose::stable_hash(&[client, id]);
         let usable = self.usable((client, site), None);
-        rendezvous(h, &candidates, |u| u.hash, &usable).map(|i| candidates[i].key.clone())
+        let all = |cs: &[&Upstream]| self.usable_all((client, site), None, cs.iter().copied());
+        rendezvous(h, &candidates, |u| u.hash, &usable, all).map(|i| candidates[i].key.clone())
     }
 
     /// Whether a connection through `key` may go on serving `client`'s
@@ -303,6 +346,14 @@ impl Gateway {
         self.metrics.set_sessions(sessions.len());
         gone
     }
+}
+
+/// How many upstreams may be suspected at once: `percent` of the
+/// `eligible` ones, rounded down, and always at least one (so a fleet of
+/// one can still pass over its failing upstream), as Envoy's outlier
+/// detection bounds ejections with `max_ejection_percent`.
+fn suspect_cap(eligible: usize, percent: u32) -> usize {
+    (eligible.saturating_mul(percent as usize) / 100).max(1)
 }
 
 /// The draws a sampling decision is made from.
@@ -359,6 +410,29 @@ impl crate::discovery::GatewaySessions for Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn suspects_are_bounded_by_a_share_of_the_fleet_and_at_least_one() {
+        let cases = [
+            (0, 10, 1),
+            (1, 10, 1),
+            (3, 10, 1),
+            (3, 34, 1),
+            (3, 67, 2),
+            (10, 10, 1),
+            (20, 10, 2),
+            (1000, 10, 100),
+            (1000, 100, 1000),
+            (1000, 0, 1),
+        ];
+        for (eligible, percent, want) in cases {
+            assert_eq!(
+                suspect_cap(eligible, percent),
+                want,
+                "{eligible} eligible at {percent}%"
+            );
+        }
+    }
 
     #[test]
     fn the_traced_share_of_draws_is_the_ratio() {

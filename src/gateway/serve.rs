@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -15,12 +15,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tracing::{debug, info, info_span, warn, Instrument};
 
+use super::admission::{Admission, Bounds, Places, SigningIn};
+use super::blame::Failure;
 use super::metrics::RequestLabels;
 use super::route::Gateway;
-use super::upstream::{self, UpstreamError};
+use super::upstream::{self, Opened, TargetAnswer, UpstreamError};
 use super::username::{self, Wanted};
 use crate::discovery::Filter;
 
@@ -41,7 +42,10 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(gateway.settings.max_connections));
+    let admission = Admission::new(Bounds {
+        max_connections: gateway.settings.max_connections,
+        max_per_address: gateway.settings.max_per_address,
+    });
     let (closing, closed) = tokio::sync::watch::channel(false);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     tokio::pin!(stop);
@@ -50,6 +54,7 @@ pub async fn serve(
             () = &mut stop => break,
             _ = sweep.tick() => {
                 gateway.sweep();
+                admission.sweep();
                 continue;
             }
             r = listener.accept() => match r {
@@ -62,22 +67,66 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "Gateway at its connection cap; closing a new connection");
-            continue;
+        let places = match admission.admit(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                debug!(%peer, reason = why.word(), "Gateway closing a new connection");
+                gateway.metrics.connection_refused(why.word());
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let (gw, closed) = (gateway.clone(), closed.clone());
+        let (admission, ip) = (admission.clone(), peer.ip());
         tokio::spawn(async move {
-            connection(gw, stream, closed).await;
-            drop(permit);
+            let Some(signing_in) = admission
+                .signing_in(ip, gw.settings.header_read_timeout)
+                .await
+            else {
+                debug!(%ip, "No sign-in place came free in time; closing the connection unread");
+                gw.metrics.connection_refused("sign_in_wait");
+                return;
+            };
+            let conn = Arc::new(Conn {
+                ip,
+                admission,
+                places: Mutex::new(Some(places)),
+                signing_in: Mutex::new(Some(signing_in)),
+            });
+            connection(gw, stream, conn, closed).await;
         });
     }
     drop(listener);
     let _ = closing.send(true);
-    let max = gateway.settings.max_connections;
-    drain(&gateway, || max - slots.available_permits()).await;
+    drain(&gateway, || admission.open()).await;
     Ok(())
+}
+
+/// One client connection's standing: its address, its places in the
+/// counts (moved into its tunnel, if it opens one), and its sign-in
+/// places until its first signed-in request.
+pub(super) struct Conn {
+    ip: std::net::IpAddr,
+    admission: Arc<Admission>,
+    places: Mutex<Option<Places>>,
+    signing_in: Mutex<Option<SigningIn>>,
+}
+
+impl Conn {
+    /// The connection's places, taken by the tunnel it became.
+    fn take_places(&self) -> Option<Places> {
+        self.places.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// A request of it signed in: its sign-in places go back.
+    fn signed_in(&self) {
+        drop(
+            self.signing_in
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+    }
 }
 
 /// Waits until no client connection (`connections()`) and no upstream
@@ -112,13 +161,14 @@ pub(super) use super::forward::KeptCell;
 async fn connection(
     gw: Arc<Gateway>,
     stream: TcpStream,
+    conn: Arc<Conn>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
     let kept: KeptCell = Arc::default();
     let timeout = gw.settings.header_read_timeout;
     let service = service_fn(move |req| {
-        let (gw, kept) = (gw.clone(), kept.clone());
-        async move { Ok::<_, Infallible>(handle(gw, kept, req).await) }
+        let (gw, kept, conn) = (gw.clone(), kept.clone(), conn.clone());
+        async move { Ok::<_, Infallible>(handle(gw, kept, conn, req).await) }
     });
     let served = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -143,10 +193,17 @@ async fn connection(
     }
 }
 
-/// A refusal: `status` with `reason` as its body.
+/// A refusal of the gateway's own: `status` with `reason` as its body,
+/// marked with whose failure the status stands for.
 pub(super) fn answer(status: StatusCode, reason: &str) -> Response<Body> {
     let mut r = Response::new(Body::from(format!("{reason}\n")));
     *r.status_mut() = status;
+    let whose = match status {
+        StatusCode::BAD_GATEWAY => Failure::Proxy,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Failure::Gateway,
+        _ => Failure::Client,
+    };
+    let mut r = whose.mark(r);
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -188,7 +245,12 @@ fn authenticate<B>(gw: &Gateway, req: &Request<B>) -> Result<(Arc<str>, Wanted, 
     Ok((client, wanted, filter))
 }
 
-async fn handle(gw: Arc<Gateway>, kept: KeptCell, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    gw: Arc<Gateway>,
+    kept: KeptCell,
+    conn: Arc<Conn>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let kind = if req.method() == Method::CONNECT {
         "connect"
     } else {
@@ -203,9 +265,17 @@ async fn handle(gw: Arc<Gateway>, kept: KeptCell, req: Request<Incoming>) -> Res
                 pool: String::new(),
                 result: "unauthenticated",
             });
-            return answer(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &why);
+            // A failed sign-in costs its address, and its connection:
+            // guesses cannot be made on a kept connection, nor can one
+            // hold a place after being refused.
+            conn.admission.failed_sign_in(conn.ip);
+            let mut r = answer(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &why);
+            r.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
         }
     };
+    conn.signed_in();
     // Sampled: a span for each of hundreds of connections a second would
     // cost more than their relay.
     let span = match gw.traced() {
@@ -225,11 +295,11 @@ async fn handle(gw: Arc<Gateway>, kept: KeptCell, req: Request<Incoming>) -> Res
         filter,
     };
     let answer = if kind == "connect" {
-        connect(gw.clone(), ask, req).instrument(span).await
+        connect(gw.clone(), ask, &conn, req).instrument(span).await
     } else {
         forward(gw.clone(), kept, ask, req).instrument(span).await
     };
-    let result = result_of(answer.status());
+    let result = result_of(&answer);
     gw.metrics.request(RequestLabels {
         client: client.to_string(),
         kind,
@@ -239,15 +309,19 @@ async fn handle(gw: Arc<Gateway>, kept: KeptCell, req: Request<Incoming>) -> Res
     answer
 }
 
-/// The metrics' result of an answer (the gateway's own refusals have
-/// these statuses; any other is the target's, relayed).
-fn result_of(status: StatusCode) -> &'static str {
-    match status {
-        StatusCode::BAD_REQUEST => "bad_request",
-        StatusCode::TOO_MANY_REQUESTS => "client_limit",
-        StatusCode::SERVICE_UNAVAILABLE => "no_upstream",
-        StatusCode::BAD_GATEWAY => "upstream_failed",
-        _ => "ok",
+/// The metrics' result of an answer: its failure's, as [`answer`] or the
+/// relay marked it; an unmarked answer is the target's own, relayed.
+fn result_of<B>(r: &Response<B>) -> &'static str {
+    let Some(whose) = r.extensions().get::<Failure>() else {
+        return "ok";
+    };
+    match (whose, r.status()) {
+        (Failure::Target, _) => "target_failed",
+        (_, StatusCode::BAD_REQUEST) => "bad_request",
+        (_, StatusCode::PROXY_AUTHENTICATION_REQUIRED) => "unauthenticated",
+        (_, StatusCode::TOO_MANY_REQUESTS) => "client_limit",
+        (_, StatusCode::SERVICE_UNAVAILABLE) => "no_upstream",
+        _ => "upstream_failed",
     }
 }
 
@@ -287,7 +361,12 @@ pub(super) fn moved(mut r: Response<Body>, moved: bool) -> Response<Body> {
 
 /// A `CONNECT`: a tunnel through the first upstream that grants one (a
 /// second is tried when the first fails), then the relay.
-async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response<Body> {
+async fn connect(
+    gw: Arc<Gateway>,
+    ask: Ask,
+    client_conn: &Conn,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let Some(authority) = req.uri().authority().map(|a| a.to_string()) else {
         return answer(StatusCode::BAD_REQUEST, "CONNECT needs host:port");
     };
@@ -310,13 +389,22 @@ async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response
         let up = chosen.upstream;
         tracing::Span::current().record("upstream", tracing::field::display(&up.key));
         match upstream::tunnel(&up, &authority, gw.settings.upstream_timeout).await {
-            Ok((conn, early)) => {
+            Ok(Opened::Target(refused)) => {
+                // The site's failure, the same through any upstream: told
+                // to the crawler as the upstream said it, and the upstream
+                // (and the session on it) left as they are.
+                debug!(upstream = %up.key, status = refused.status, "The target refused a gateway tunnel");
+                gw.metrics.set_up(started.elapsed());
+                return moved(relay_refusal(refused), chosen.moved || failed.is_some());
+            }
+            Ok(Opened::Tunnel(conn, early)) => {
                 gw.metrics.set_up(started.elapsed());
                 let slot = gw.occupy(&up.key);
                 let key = up.key.clone();
                 let gw = gw.clone();
+                let places = client_conn.take_places();
                 tokio::spawn(async move {
-                    let _held = (slot, client_slot);
+                    let _held = (slot, client_slot, places);
                     relay_upgraded(&gw, req, conn, early, &key).await;
                 });
                 return moved(
@@ -332,6 +420,14 @@ async fn connect(gw: Arc<Gateway>, ask: Ask, req: Request<Incoming>) -> Response
         }
     }
     exhausted(failed)
+}
+
+/// The upstream's answer about the target, as the crawler gets it.
+fn relay_refusal(refused: TargetAnswer) -> Response<Body> {
+    let mut r = Response::new(Body::from(refused.body));
+    *r.status_mut() = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    r.headers_mut().extend(refused.headers);
+    Failure::Target.mark(r)
 }
 
 /// The `502` once every upstream tried failed, naming the last failure.

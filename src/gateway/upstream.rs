@@ -12,6 +12,33 @@ use super::fleet::Upstream;
 /// The longest answer head to a CONNECT an upstream may send.
 const MAX_HEAD: usize = 16 * 1024;
 
+/// The most of a refused CONNECT's body (Squid's error page, about 4 KiB)
+/// kept to relay to the crawler; the rest is cut.
+const MAX_ERROR_BODY: usize = 16 * 1024;
+
+/// A CONNECT the upstream answered with an error about the target
+/// ([`super::blame::of_answer`]): relayed to the crawler as it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetAnswer {
+    pub status: u16,
+    /// Its `Content-Type`, `X-Squid-Error` and `Retry-After`, when given.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Its body, up to [`MAX_ERROR_BODY`].
+    pub body: Bytes,
+}
+
+/// What a CONNECT through an upstream gave.
+#[derive(Debug)]
+pub enum Opened {
+    /// The tunnel, and any bytes the upstream sent after its answer.
+    Tunnel(TcpStream, Bytes),
+    /// The upstream is fine; the target is not.
+    Target(TargetAnswer),
+}
+
+/// The headers of a refused CONNECT worth relaying.
+const RELAYED: [&str; 3] = ["content-type", "x-squid-error", "retry-after"];
+
 /// Why an upstream gave no connection or tunnel.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -52,12 +79,14 @@ pub async fn dial(up: &Upstream, limit: Duration) -> Result<TcpStream, UpstreamE
 }
 
 /// A tunnel through `up` to `authority`, within `limit`: the connection
-/// and any bytes the upstream sent after its answer's head.
+/// and any bytes the upstream sent after its answer's head, or the
+/// upstream's answer when it speaks of the target. An answer that speaks
+/// of the upstream itself is its error.
 pub async fn tunnel(
     up: &Upstream,
     authority: &str,
     limit: Duration,
-) -> Result<(TcpStream, Bytes), UpstreamError> {
+) -> Result<Opened, UpstreamError> {
     let work = async {
         let mut conn = dial(up, limit).await?;
         let mut head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
@@ -85,10 +114,37 @@ pub async fn tunnel(
             match answer.parse(&buf) {
                 Ok(httparse::Status::Complete(len)) => {
                     let code = answer.code.unwrap_or(0);
-                    if !(200..300).contains(&code) {
+                    if (200..300).contains(&code) {
+                        return Ok(Opened::Tunnel(conn, Bytes::copy_from_slice(&buf[len..])));
+                    }
+                    let header = |name: &str| {
+                        answer
+                            .headers
+                            .iter()
+                            .find(|h| h.name.eq_ignore_ascii_case(name))
+                            .map(|h| h.value)
+                    };
+                    let squid = header("x-squid-error").and_then(|v| std::str::from_utf8(v).ok());
+                    if super::blame::of_answer(code, squid) == super::blame::Failure::Proxy {
                         return Err(UpstreamError::Refused(code));
                     }
-                    return Ok((conn, Bytes::copy_from_slice(&buf[len..])));
+                    let length = header("content-length")
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.trim().parse::<usize>().ok());
+                    let headers = RELAYED
+                        .iter()
+                        .filter_map(|&n| {
+                            let v = http::HeaderValue::from_bytes(header(n)?).ok()?;
+                            Some((http::HeaderName::from_static(n), v))
+                        })
+                        .collect();
+                    let mut body = buf.split_off(len);
+                    read_body(&mut conn, &mut body, length).await;
+                    return Ok(Opened::Target(TargetAnswer {
+                        status: code,
+                        headers,
+                        body: body.into(),
+                    }));
                 }
                 Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
                 Ok(httparse::Status::Partial) => {
@@ -103,4 +159,20 @@ pub async fn tunnel(
     tokio::time::timeout(limit, work)
         .await
         .map_err(|_| UpstreamError::Timeout(limit))?
+}
+
+/// Reads a refused CONNECT's body into `body` (which holds what came with
+/// the head): `length` bytes when the answer said, else to the end; at
+/// most [`MAX_ERROR_BODY`]. A read that fails ends it: the body is a
+/// courtesy to the crawler, the status is the answer.
+async fn read_body(conn: &mut TcpStream, body: &mut Vec<u8>, length: Option<usize>) {
+    let want = length.unwrap_or(MAX_ERROR_BODY).min(MAX_ERROR_BODY);
+    let mut chunk = [0u8; 4096];
+    while body.len() < want {
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+        }
+    }
+    body.truncate(want);
 }

@@ -246,8 +246,11 @@ impl Settings {
             gateway: crate::gateway::Settings {
                 max_connections: usize::try_from(flags.gateway.gateway_max_connections)
                     .unwrap_or(usize::MAX),
+                max_per_address: usize::try_from(flags.gateway.gateway_max_connections_per_address)
+                    .unwrap_or(usize::MAX),
                 max_per_client: flags.gateway.gateway_max_connections_per_client,
                 max_per_upstream: flags.gateway.gateway_max_connections_per_upstream,
+                max_suspect_percent: flags.gateway.gateway_max_suspect_percent,
                 session_ttl: flags.gateway.gateway_session_ttl,
                 max_session_ttl: flags.gateway.gateway_max_session_ttl,
                 idle_timeout: flags.gateway.gateway_idle_timeout,

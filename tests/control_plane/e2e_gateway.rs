@@ -21,26 +21,26 @@ use tokio::io::AsyncWriteExt;
 use crate::support::squid::{self, Squid};
 use crate::support::{self, api_call, eventually, phase, Ground, Operator};
 
-const TOKEN: &str = "gateway-token";
+pub(crate) const TOKEN: &str = "gateway-token";
 
 /// Upstream `i`'s outgoing address.
-fn exit_of(i: usize) -> Ipv4Addr {
+pub(crate) fn exit_of(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, 11 + i as u8)
 }
 
 /// What curl saw.
 #[derive(Debug)]
-struct Seen {
+pub(crate) struct Seen {
     /// The target's (or the gateway's) status; for a refused CONNECT, the
     /// CONNECT's.
-    status: u16,
-    body: String,
-    headers: String,
+    pub(crate) status: u16,
+    pub(crate) body: String,
+    pub(crate) headers: String,
 }
 
 /// `url` fetched by curl through the gateway at `gw`, signed in as
 /// `user` (with the test's token unless `token` says otherwise).
-fn curl(gw: SocketAddr, user: Option<(&str, &str)>, url: &str) -> Seen {
+pub(crate) fn curl(gw: SocketAddr, user: Option<(&str, &str)>, url: &str) -> Seen {
     let dir = tempfile::tempdir().unwrap();
     let (head, body) = (dir.path().join("head"), dir.path().join("body"));
     let mut cmd = Command::new("curl");
@@ -76,7 +76,7 @@ fn curl(gw: SocketAddr, user: Option<(&str, &str)>, url: &str) -> Seen {
     }
 }
 
-async fn curl_async(gw: SocketAddr, user: &str, url: &str) -> Seen {
+pub(crate) async fn curl_async(gw: SocketAddr, user: &str, url: &str) -> Seen {
     let (user, url) = (user.to_string(), url.to_string());
     tokio::task::spawn_blocking(move || curl(gw, Some((&user, TOKEN)), &url))
         .await
@@ -202,12 +202,12 @@ fn gateway_process(
 }
 
 /// The operator with its gateway, three upstream Proxies Ready.
-struct World {
-    ground: Ground,
+pub(crate) struct World {
+    pub(crate) ground: Ground,
     api: SocketAddr,
-    gw: SocketAddr,
-    http: SocketAddr,
-    https: SocketAddr,
+    pub(crate) gw: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) https: SocketAddr,
     squids: Vec<Option<Squid>>,
     /// Every replica's gateway (the first is `gw`).
     gws: Vec<SocketAddr>,
@@ -231,7 +231,11 @@ impl World {
     /// `replicas` gateway processes (`egress-proxies-operator gateway`, as
     /// the gateway Deployment runs them), each with its discovery API.
     /// The in-process operator also gets `extra` flags and env.
-    async fn build(prefix: &str, replicas: usize, extra: (&[&str], &[(&str, &str)])) -> World {
+    pub(crate) async fn build(
+        prefix: &str,
+        replicas: usize,
+        extra: (&[&str], &[(&str, &str)]),
+    ) -> World {
         squid::require();
         let ground = support::ground_without_pods(prefix).await;
         let (http, https) = echo_targets().await;
@@ -376,7 +380,7 @@ impl World {
     }
 
     /// The upstream whose exit address is `ip`.
-    fn upstream_of(&self, ip: &str) -> usize {
+    pub(crate) fn upstream_of(&self, ip: &str) -> usize {
         (0..3)
             .find(|&i| exit_of(i).to_string() == ip)
             .unwrap_or_else(|| panic!("{ip:?} is no upstream's exit address"))
