@@ -61,8 +61,10 @@ pub struct Limits {
 
 /// The discovery API: crawlers keep connections alive and send small
 /// bodies (the body itself is capped by the API's router, at 64 KiB).
+/// 1,024 connections, with the probe and metrics servers', fit half the
+/// manager's 128Mi at worst (`edge_budget`).
 pub const DISCOVERY_LIMITS: Limits = Limits {
-    max_connections: 4096,
+    max_connections: 1024,
     max_per_address: 512,
     reserved: 64,
     header_read_timeout: Duration::from_secs(10),
@@ -73,7 +75,7 @@ pub const DISCOVERY_LIMITS: Limits = Limits {
 /// `/healthz`, `/readyz` and `/metrics`: a kubelet and a scraper or two.
 /// Their handlers read no body, so none is ever buffered.
 pub const PROBE_LIMITS: Limits = Limits {
-    max_connections: 256,
+    max_connections: 128,
     // One kubelet and a scraper or two: their addresses are few.
     max_per_address: 0,
     reserved: 0,

@@ -18,7 +18,7 @@ pub mod metrics;
 mod route;
 mod serve;
 mod sessions;
-mod tunnel;
+pub(crate) mod tunnel;
 mod upstream;
 pub mod username;
 
@@ -65,7 +65,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            max_connections: 10_000,
+            max_connections: 512,
             max_per_client: 4096,
             max_per_upstream: 256,
             session_ttl: Duration::from_secs(30 * 60),

@@ -12,7 +12,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 /// One direction's buffer while it copies.
-const BUF: usize = 64 * 1024;
+pub(crate) const BUF: usize = 64 * 1024;
 
 /// How long a quiet direction keeps its buffer.
 const KEEP: Duration = Duration::from_secs(1);
