@@ -2,10 +2,13 @@
 //! API, the probe and metrics servers): a cap on open connections, hyper's
 //! timer-backed header-read timeout (which also closes a connection that
 //! waits idle for its next request), tower-http's request-body timeout and
-//! a whole-request timeout (unless the app bounds its requests itself). A half-sent or idle connection therefore holds a
-//! slot for a bounded time, and the number of slots is bounded, so no
-//! client can grow the process's memory by opening connections. The
-//! metrics server may run it over TLS.
+//! a whole-request timeout (unless the app bounds its requests itself),
+//! and a bounded request head ([`MAX_HEAD`], [`MAX_HEADERS`]: past them
+//! hyper answers 431 and closes). A half-sent or idle connection therefore
+//! holds a slot for a bounded time and a bounded buffer, and the number of
+//! slots is bounded, so no client can grow the process's memory by opening
+//! connections (`edge_budget` adds the worst case up). The metrics server
+//! may run it over TLS.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -58,8 +61,10 @@ pub struct Limits {
 
 /// The discovery API: crawlers keep connections alive and send small
 /// bodies (the body itself is capped by the API's router, at 64 KiB).
+/// 1,024 connections, with the probe and metrics servers', fit half the
+/// manager's 128Mi at worst (`edge_budget`).
 pub const DISCOVERY_LIMITS: Limits = Limits {
-    max_connections: 4096,
+    max_connections: 1024,
     max_per_address: 512,
     reserved: 64,
     header_read_timeout: Duration::from_secs(10),
@@ -70,7 +75,7 @@ pub const DISCOVERY_LIMITS: Limits = Limits {
 /// `/healthz`, `/readyz` and `/metrics`: a kubelet and a scraper or two.
 /// Their handlers read no body, so none is ever buffered.
 pub const PROBE_LIMITS: Limits = Limits {
-    max_connections: 256,
+    max_connections: 128,
     // One kubelet and a scraper or two: their addresses are few.
     max_per_address: 0,
     reserved: 0,
@@ -78,6 +83,55 @@ pub const PROBE_LIMITS: Limits = Limits {
     body_read_timeout: Duration::from_secs(10),
     request_timeout: Some(Duration::from_secs(30)),
 };
+
+/// The largest request head (request line and header fields) a server
+/// of the operator buffers, the gateway's too; a longer one is answered
+/// 431 and the connection closed before any handler (or sign-in) runs.
+/// hyper's default (about 408 KiB) let ~300 unfinished heads fill the
+/// 128Mi manager. The longest legitimate heads are far below 16 KiB: a
+/// signed lease id in a path is under 1 KiB (its Proxy's namespace and
+/// name, the client name, 62 bytes of expiry, nonce, lengths and tag, in
+/// base64), a bearer token or a gateway `Proxy-Authorization` (a client
+/// name with `-<key>-<value>` filters) a few hundred bytes, the replicas'
+/// signed forwarding headers (a signature, a client name, a 256-byte key
+/// at most) and a `traceparent` less still. 16 KiB is also
+/// twice hyper's first read buffer, so the buffer grows once, to exactly
+/// this ([`read_buffer_bound`]).
+pub const MAX_HEAD: usize = 16 * 1024;
+
+/// The most header fields a request may carry (hyper answers 431 past
+/// them); hyper's default is 100, no client of these servers sends more
+/// than a dozen.
+pub const MAX_HEADERS: usize = 64;
+
+/// hyper refuses (panics on) a smaller `max_buf_size`.
+const HYPER_MIN_BUF: usize = 8192;
+const _: () = assert!(MAX_HEAD >= HYPER_MIN_BUF);
+
+/// The most bytes hyper 1.x's read buffer holds under a `max_buf_size`
+/// of `max` (hyper's `proto/h1/io.rs`): it first reserves 8 KiB and then
+/// asks for at most `max` minus what it holds, but a `Vec` grows to at
+/// least twice its capacity, so past twice the first buffer it may
+/// overshoot `max` (never twice it).
+pub const fn read_buffer_bound(max: usize) -> usize {
+    if max <= 2 * HYPER_MIN_BUF {
+        max
+    } else {
+        2 * max
+    }
+}
+
+/// The HTTP/1 connection builder of every server of the operator (the
+/// gateway's too): a timer-backed header-read timeout (also the idle
+/// timeout between requests) and the bounded head above.
+pub fn http1_server(header_read_timeout: Duration) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(MAX_HEAD)
+        .max_headers(MAX_HEADERS);
+    b
+}
 
 /// How long in-flight requests get to finish once `shutdown` resolves.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -287,10 +341,7 @@ where
         // only it), so `call` needs no `poll_ready` first.
         tower::Service::call(&mut s, req)
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .serve_connection(TokioIo::new(io), service);
+    let conn = http1_server(limits.header_read_timeout).serve_connection(TokioIo::new(io), service);
     if let Err(e) = watcher.watch(conn).await {
         debug!(error = %e, "Connection ended with an error");
     }

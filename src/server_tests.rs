@@ -323,3 +323,124 @@ fn trust_lasts_a_minute_per_address() {
         "an IPv4-mapped address is the same address"
     );
 }
+
+/// Sends a request line and `header` bytes of one header field that never
+/// ends; returns what came back before the server closed (`None`: it kept
+/// the connection past the deadline).
+pub(crate) async fn unfinished_head(addr: std::net::SocketAddr, header: usize) -> Option<String> {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let line = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+    c.write_all(line).await.unwrap();
+    let pad = vec![b'a'; 16 * 1024];
+    let mut sent = 0;
+    while sent < header {
+        // The server may answer and close before all is sent.
+        if c.write_all(&pad[..pad.len().min(header - sent)])
+            .await
+            .is_err()
+        {
+            break;
+        }
+        sent += pad.len();
+    }
+    until_closed(&mut c).await
+}
+
+/// Whether `answer` (what a client read) is a 431 or nothing at all (the
+/// connection closed or reset before the answer got through).
+pub(crate) fn refused_as_too_large(answer: &str) -> bool {
+    answer.is_empty() || answer.starts_with("HTTP/1.1 431 ")
+}
+
+#[tokio::test]
+async fn an_oversized_head_is_answered_431_and_closed_never_served() {
+    let s = Server::start(SHORT).await;
+    // All sent before the server answers: the 431 gets through (hyper's
+    // default buffer would wait for the rest until the header timeout).
+    let answer = unfinished_head(s.addr, MAX_HEAD + 1024).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
+    // Still sending when the server closes: a reset may beat the 431.
+    let answer = unfinished_head(s.addr, 400 * 1000)
+        .await
+        .expect("the server closes the connection");
+    assert!(refused_as_too_large(&answer), "{answer:?}");
+    // Too many header fields, each small: 431 as well.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let mut req = String::from("GET / HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..=MAX_HEADERS {
+        req.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    req.push_str("\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    let answer = until_closed(&mut c).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
+    // A head just under the bound is served.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let pad = "a".repeat(MAX_HEAD - 200);
+    let req = format!("GET / HTTP/1.1\r\nHost: x\r\nX-Pad: {pad}\r\nConnection: close\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    let answer = until_closed(&mut c).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    s.stop().await;
+}
+
+#[test]
+fn the_read_buffer_bound_follows_hypers_growth() {
+    for (max, bound) in [
+        (8192, 8192),
+        (16 * 1024, 16 * 1024),
+        (24 * 1024, 48 * 1024),
+        (408 * 1024, 816 * 1024),
+    ] {
+        assert_eq!(read_buffer_bound(max), bound, "{max}");
+    }
+}
+
+/// The gateway's front, built by the same [`http1_server`]: an unfinished
+/// 400 KB header line never reaches its sign-in (no 407, no relay).
+#[tokio::test]
+async fn the_gateway_answers_an_oversized_head_431_before_sign_in() {
+    use crate::discovery::ApiState;
+    use crate::gateway::{ApiFleet, Gateway, Settings};
+    use crate::lease::{LeaseConfig, LeaseStore};
+    let config = LeaseConfig {
+        max_leases_per_proxy: 1,
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(3600),
+        cooldown: Duration::from_secs(300),
+    };
+    let mut registry = crate::metrics::Registrar::new();
+    let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
+    let state = ApiState::new(
+        Arc::new(Vec::new()),
+        Arc::new(LeaseStore::new(config)),
+        Some("t"),
+        &metrics,
+    );
+    let gateway_metrics = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
+    let fleet = Arc::new(ApiFleet::new(state));
+    let gw = Arc::new(Gateway::new(fleet, Settings::default(), gateway_metrics));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(crate::gateway::serve(listener, gw, async move {
+        let _ = rx.await;
+    }));
+    let answer = unfinished_head(addr, MAX_HEAD + 1024).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
+    let answer = unfinished_head(addr, 400 * 1000)
+        .await
+        .expect("the gateway closes the connection");
+    assert!(refused_as_too_large(&answer), "{answer:?}");
+    // A connection with a finished, small head gets the sign-in's 407.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(
+        b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let answer = until_closed(&mut c).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 407 "), "{answer:?}");
+    let _ = tx.send(());
+    served.await.unwrap().unwrap();
+}

@@ -1,7 +1,7 @@
 //! Discovery abuse, against the API served in a process of its own (this
 //! test binary re-run as `serve_for_abuse`: the real router, lease store
 //! and accept loop on 127.0.0.1, ten healthy Proxies, a bearer token):
-//! 5,000 idle connections (4,096 admitted: the cap, counted), a client
+//! 5,000 idle connections (1,024 admitted: the cap, counted), a client
 //! sending its header a byte a second (dropped at the 10 s header
 //! timeout), 20,000 distinct cooldown sites and 120,000 sticky keys, both
 //! beyond the lease store's caps, so that a site or key past a cap is
@@ -34,7 +34,7 @@ const SITES: usize = 20_000;
 /// Beyond the total cap (100,000) and the per-proxy cap (10,000) on ten.
 const STICKY: usize = 120_000;
 /// The discovery API's connection cap (`server::DISCOVERY_LIMITS`).
-const CAP: usize = 4096;
+const CAP: usize = egress_proxies_operator::server::DISCOVERY_LIMITS.max_connections;
 /// The discovery API's header timeout, in seconds (`DISCOVERY_LIMITS`).
 const HEADER_TIMEOUT_S: usize = 10;
 const POD_LIMIT_KIB: u64 = 128 * 1024;

@@ -14,8 +14,10 @@ pub struct GatewayFlags {
     #[arg(long, default_value = "0", value_name = "ADDR")]
     pub gateway_bind_address: String,
 
-    /// Connections the gateway holds open at once.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    /// Connections the gateway holds open at once, tunnels included (each
+    /// may hold a full request head or a busy tunnel's two buffers: 1,536
+    /// fit half the gateway Pod's 256Mi at worst).
+    #[arg(long, default_value_t = 1536, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub gateway_max_connections: u32,
 
     /// Connections (tunnels included) one source address may hold open

@@ -179,7 +179,7 @@ pub struct Flags {
     pub discovery_advertise_url: Option<String>,
 
     /// Connections the discovery API holds open at once.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub discovery_max_connections: u32,
 
     /// Connections one source address may hold open on the discovery API

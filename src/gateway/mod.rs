@@ -20,7 +20,7 @@ pub mod metrics;
 mod route;
 mod serve;
 mod sessions;
-mod tunnel;
+pub(crate) mod tunnel;
 mod upstream;
 pub mod username;
 
@@ -73,7 +73,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            max_connections: 10_000,
+            max_connections: 1536,
             max_per_address: 512,
             max_per_client: 4096,
             max_per_upstream: 256,

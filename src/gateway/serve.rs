@@ -11,9 +11,8 @@ use axum::body::Body;
 use http::header::{HeaderName, HeaderValue, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
@@ -170,9 +169,7 @@ async fn connection(
         let (gw, kept, conn) = (gw.clone(), kept.clone(), conn.clone());
         async move { Ok::<_, Infallible>(handle(gw, kept, conn, req).await) }
     });
-    let served = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeout)
+    let served = crate::server::http1_server(timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(served);

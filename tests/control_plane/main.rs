@@ -38,6 +38,7 @@ mod lease_logs;
 mod manifests;
 mod metrics_auth;
 mod otlp_grpc;
+mod oversized_heads;
 mod providerhealth_writer;
 mod replica_trust;
 mod scale_small;
