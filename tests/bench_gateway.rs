@@ -95,6 +95,7 @@ async fn gateway_server() {
                 host: "127.0.0.1".into(),
                 port: port.parse().unwrap(),
                 authorization: None,
+                pin: Default::default(),
             }
         })
         .collect();

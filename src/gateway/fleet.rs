@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::discovery::{ApiState, Filter, Listing, ProxyItem};
 use crate::lease::ProxyKey;
+use crate::tenancy::ProbeDenylist;
 
 /// One upstream proxy as the gateway dials it.
 #[derive(Clone)]
@@ -22,6 +23,56 @@ pub struct Upstream {
     pub port: u16,
     /// `Proxy-Authorization` for it (`Basic …`); none: it takes none.
     pub authorization: Option<String>,
+    /// Where a `host` that is a name is dialled: resolved once, checked
+    /// against the deny list, then kept for as long as the upstream stays
+    /// eligible with this endpoint (carried from listing to listing), so
+    /// a name that resolves elsewhere after its probe passed (DNS
+    /// rebinding) is not followed; the health probe, which resolves it
+    /// again, takes the upstream out if the new address fails or is
+    /// denied, and a new pin is made only once it passes again.
+    pub pin: Pin,
+}
+
+/// An upstream's pinned address (see [`Upstream::pin`]).
+#[derive(Clone, Default)]
+pub struct Pin(
+    Arc<tokio::sync::OnceCell<Result<std::net::SocketAddr, String>>>,
+    Option<Arc<ProbeDenylist>>,
+);
+
+impl Pin {
+    /// A pin checked against `deny`.
+    pub fn checked(deny: Option<Arc<ProbeDenylist>>) -> Self {
+        Pin(Arc::default(), deny)
+    }
+
+    /// The address to dial for `host:port`: `host` itself when it is an
+    /// address; else the name's first address the deny list allows,
+    /// resolved once. An error says why none may be dialled.
+    pub async fn address(&self, host: &str, port: u16) -> Result<std::net::SocketAddr, String> {
+        if let Ok(ip) = host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+            return Ok(std::net::SocketAddr::new(ip, port));
+        }
+        let deny = self.1.clone();
+        let resolve = || async move {
+            let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("{host} did not resolve: {e}"))?
+                .collect();
+            if let Some(deny) = &deny {
+                if addrs.iter().any(|a| deny.denies(a.ip())) {
+                    return Err(format!(
+                        "{host} resolves to an address in --probe-deny-cidrs; not dialled"
+                    ));
+                }
+            }
+            addrs
+                .first()
+                .copied()
+                .ok_or_else(|| format!("{host} has no address"))
+        };
+        self.0.get_or_init(resolve).await.clone()
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -113,6 +164,8 @@ pub trait Fleet: Send + Sync + 'static {
 /// lookup and a walk over references, not a copy of every proxy.
 pub struct ApiFleet {
     state: ApiState,
+    /// What an upstream's name must not resolve to (`--probe-deny-cidrs`).
+    deny: Option<Arc<ProbeDenylist>>,
     /// The listing the upstreams were made from (held, so its address is
     /// not reused while it is compared), and them.
     made: Mutex<Option<(Listing, Arc<[Upstream]>)>>,
@@ -123,8 +176,15 @@ impl ApiFleet {
     pub fn new(state: ApiState) -> Self {
         ApiFleet {
             state,
+            deny: None,
             made: Mutex::new(None),
         }
+    }
+
+    /// Upstream names are checked against `deny` before they are dialled.
+    pub fn with_deny(mut self, deny: Arc<ProbeDenylist>) -> Self {
+        self.deny = Some(deny);
+        self
     }
 
     /// Makes the upstreams of the listing in force, if not made yet: run
@@ -139,15 +199,29 @@ impl ApiFleet {
     /// make the same, once).
     fn made_from(&self, listing: &Listing) -> Arc<[Upstream]> {
         let made = || self.made.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((from, all)) = &*made() {
-            if Arc::ptr_eq(from, listing) {
-                return all.clone();
-            }
-        }
+        let before = match &*made() {
+            Some((from, all)) if Arc::ptr_eq(from, listing) => return all.clone(),
+            Some((_, all)) => Some(all.clone()),
+            None => None,
+        };
+        // Pins carry over while an upstream keeps its endpoint.
+        let pins: std::collections::HashMap<(&ProxyKey, &str, u16), &Pin> = before
+            .iter()
+            .flat_map(|all| all.iter())
+            .map(|u| ((&u.key, u.host.as_str(), u.port), &u.pin))
+            .collect();
         let all: Arc<[Upstream]> = listing
             .iter()
-            .map(|e| upstream_of(&e.key, &e.item))
+            .map(|e| {
+                let mut u = upstream_of(&e.key, &e.item);
+                u.pin = match pins.get(&(&u.key, u.host.as_str(), u.port)) {
+                    Some(pin) => (*pin).clone(),
+                    None => Pin::checked(self.deny.clone()),
+                };
+                u
+            })
             .collect();
+        drop(pins);
         *made() = Some((listing.clone(), all.clone()));
         all
     }
@@ -176,6 +250,7 @@ fn upstream_of(key: &ProxyKey, item: &ProxyItem) -> Upstream {
         key: key.clone(),
         host: item.ip.clone(),
         port: item.port,
+        pin: Pin::default(),
         authorization: item.username.as_ref().map(|u| {
             let pass = item.password.as_ref().map_or("", |p| p.expose());
             format!(
@@ -300,6 +375,24 @@ mod tests {
         let later = fleet.upstreams(&all);
         assert!(!Arc::ptr_eq(&first.all, &later.all));
         assert_eq!(names(&later), ["a", "b", "c"]);
+    }
+
+    /// A name is resolved once, checked against the deny list and kept;
+    /// an address is dialled as given (the probe checked it).
+    #[tokio::test]
+    async fn a_name_is_resolved_once_checked_and_kept() {
+        let loopback = || Some(Arc::new(ProbeDenylist::parse("127.0.0.0/8,::1").unwrap()));
+        let denied = Pin::checked(loopback()).address("localhost", 3128).await;
+        assert!(
+            denied.as_ref().unwrap_err().contains("--probe-deny-cidrs"),
+            "{denied:?}"
+        );
+        let open = Pin::checked(None);
+        let first = open.address("localhost", 3128).await.unwrap();
+        assert!(first.ip().is_loopback() && first.port() == 3128, "{first}");
+        assert_eq!(open.address("localhost", 3128).await.unwrap(), first);
+        let ip = Pin::checked(loopback()).address("127.0.0.9", 81).await;
+        assert_eq!(ip, Ok("127.0.0.9:81".parse().unwrap()));
     }
 
     /// A session's report may reach a gateway replica that never carried

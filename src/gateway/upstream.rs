@@ -52,13 +52,15 @@ pub enum UpstreamError {
     Malformed(String),
     #[error("the upstream proxy closed the connection: {0}")]
     Closed(std::io::Error),
+    #[error("the upstream proxy cannot be dialled: {0}")]
+    Denied(String),
 }
 
 impl UpstreamError {
     /// The metrics' class of the error.
     pub fn class(&self) -> &'static str {
         match self {
-            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Connect(_) | UpstreamError::Denied(_) => "connect",
             UpstreamError::Timeout(_) => "timeout",
             UpstreamError::Refused(407) => "credentials",
             UpstreamError::Refused(_) => "refused",
@@ -67,12 +69,21 @@ impl UpstreamError {
     }
 }
 
-/// A TCP connection to `up`, within `limit`.
+/// A TCP connection to `up` (at its pinned address), within `limit`.
 pub async fn dial(up: &Upstream, limit: Duration) -> Result<TcpStream, UpstreamError> {
-    let conn = tokio::time::timeout(limit, TcpStream::connect((up.host.as_str(), up.port)))
+    let work = async {
+        let addr = up
+            .pin
+            .address(&up.host, up.port)
+            .await
+            .map_err(UpstreamError::Denied)?;
+        TcpStream::connect(addr)
+            .await
+            .map_err(UpstreamError::Connect)
+    };
+    let conn = tokio::time::timeout(limit, work)
         .await
-        .map_err(|_| UpstreamError::Timeout(limit))?
-        .map_err(UpstreamError::Connect)?;
+        .map_err(|_| UpstreamError::Timeout(limit))??;
     // Tunnels carry interactive traffic (TLS handshakes): no Nagle delay.
     let _ = conn.set_nodelay(true);
     Ok(conn)

@@ -177,7 +177,14 @@ pub fn spawn_discovery(
     let state = match settings.gateway_bind {
         Some(at) => {
             let fed = (state.clone(), metrics.gateway.clone());
-            let gateway = spawn_gateway(tasks, at, settings.gateway.clone(), fed, stop.clone());
+            let deny = settings.health.defaults.deny.clone();
+            let gateway = spawn_gateway(
+                tasks,
+                at,
+                (settings.gateway.clone(), deny),
+                fed,
+                stop.clone(),
+            );
             state.with_gateway(gateway)
         }
         None => state,
@@ -199,11 +206,11 @@ pub fn spawn_discovery(
 fn spawn_gateway(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
-    settings: crate::gateway::Settings,
+    (settings, deny): (crate::gateway::Settings, Arc<crate::tenancy::ProbeDenylist>),
     (state, metrics): (discovery::ApiState, crate::gateway::metrics::GatewayMetrics),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Arc<crate::gateway::Gateway> {
-    let fleet = Arc::new(crate::gateway::ApiFleet::new(state));
+    let fleet = Arc::new(crate::gateway::ApiFleet::new(state).with_deny(deny));
     let gateway = crate::gateway::Gateway::new(fleet.clone(), settings, metrics);
     let gateway = Arc::new(gateway);
     let serving = gateway.clone();

@@ -85,7 +85,7 @@ pub(crate) async fn curl_async(gw: SocketAddr, user: &str, url: &str) -> Seen {
 
 /// Targets that answer with the address of their client: plain http, and
 /// https with a self-signed certificate (on `/slow`, after 3 s).
-async fn echo_targets() -> (SocketAddr, SocketAddr) {
+pub(crate) async fn echo_targets() -> (SocketAddr, SocketAddr) {
     let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tls = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addrs = (plain.local_addr().unwrap(), tls.local_addr().unwrap());

@@ -8,6 +8,8 @@
 //!   is passed over for it, so rotation and sessions go on as before.
 //! - Failed sign-ins from one address cannot keep another address's
 //!   signed-in client out.
+//! - A host name that resolves elsewhere after its probe passed (DNS
+//!   rebinding) is not followed by the gateway.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -17,8 +19,11 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::e2e_gateway::{curl_async, Seen, World};
-use crate::support;
+use std::process::Command;
+
+use crate::e2e_gateway::{curl_async, echo_targets, Seen, World, TOKEN};
+use crate::support::squid;
+use crate::support::{self, api_call, eventually, Operator};
 
 /// Whether curl's dump of the headers carries `name: value` (any case).
 fn has_header(seen: &Seen, name: &str, value: &str) -> bool {
@@ -210,4 +215,137 @@ async fn failed_sign_ins_from_one_address_leave_a_signed_in_client_served() {
         "the flood reached the gateway (else the test proves nothing)"
     );
     drop(w.ground);
+}
+
+/// `cmd` run in a mount namespace of its own where `hosts` is mounted
+/// over /etc/hosts: its host names are the test's to change (the system
+/// resolver reads the file at each lookup), and no other process sees
+/// them. Root only, as the test cluster is.
+fn with_hosts_file(cmd: &Command, hosts: &std::path::Path) -> Command {
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+        .arg(hosts)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    wrapped
+}
+
+/// Writes `hosts` with `name` at `ip`, in place (the same file, so the
+/// bind mount sees it).
+fn point(hosts: &std::path::Path, name: &str, ip: Ipv4Addr) {
+    let base = "127.0.0.1 localhost\n::1 localhost\n";
+    std::fs::write(hosts, format!("{base}{ip} {name}\n")).unwrap();
+}
+
+/// An External Proxy whose endpoint is a host name (`rebind.test`, a
+/// Squid on 127.0.0.7) passes its probe and serves gateway requests;
+/// then the name is pointed at 127.0.0.1, where a listener on the same
+/// port records every request. The probe follows the name (the recorder
+/// sees it, and the Proxy leaves the fleet), but the gateway never
+/// dials the new address: none of its requests reach the recorder, each
+/// is answered through the Squid the probe passed or refused `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_resolves_elsewhere_after_its_probe_passed_is_not_dialled() {
+    squid::require();
+    let ground = support::ground_without_pods("gwrebind").await;
+    let (http, _) = echo_targets().await;
+    let port = support::free_port();
+    let squid_ip = Ipv4Addr::new(127, 0, 0, 7);
+    let _squid = squid::start(squid_ip, port, "gwrebind", "http_access allow me").await;
+    // The recorder: where the name points after the rebinding.
+    let recorder = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .unwrap();
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = recorder.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let head = support::read_head(&mut c).await;
+                log.lock()
+                    .unwrap()
+                    .push(head.lines().next().unwrap_or("").to_string());
+                let _ = c
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    point(&hosts, "rebind.test", squid_ip);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let spec = serde_json::json!({"mode": "External",
+        "endpoint": {"host": "rebind.test", "port": port},
+        "healthCheck": {"url": format!("http://{http}/"), "expectedStatus": 200,
+            "intervalSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 3, "successThreshold": 1}});
+    ground
+        .proxies()
+        .create(&Default::default(), &support::proxy("rebind", spec))
+        .await
+        .unwrap();
+    let (api, gw) = (support::loopback(), support::loopback());
+    let mut cmd = ground.discovery_operator(dir.path(), "providers: []\n", api, TOKEN);
+    cmd.args(["--gateway-bind-address", &gw.to_string()])
+        .args(["--probe-dns-ttl", "1s"])
+        .args(["--max-leases-per-proxy", "1"]);
+    let _op = Operator::spawn(
+        with_hosts_file(&cmd, &hosts),
+        &dir.path().join("operator.log"),
+    );
+    let proxies = ground.proxies();
+    eventually("the proxy Ready", Duration::from_secs(90), || async {
+        let p = proxies.get("rebind").await.ok()?;
+        (support::phase(&p) == Some("Ready")).then_some(())
+    })
+    .await;
+    eventually("the proxy listed", Duration::from_secs(30), || async {
+        let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        (s == 200 && v["items"].as_array().map(Vec::len) == Some(1)).then_some(())
+    })
+    .await;
+    let before = curl_async(gw, "default", &format!("http://{http}/before")).await;
+    assert_eq!(
+        before.status, 200,
+        "through the Squid the probe passed: {before:?}"
+    );
+
+    point(&hosts, "rebind.test", Ipv4Addr::LOCALHOST);
+    let mut answers = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        let n = answers.len();
+        let seen = curl_async(gw, "default", &format!("http://{http}/gw-marker-{n}")).await;
+        answers.push(seen.status);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let recorded = seen.lock().unwrap().clone();
+    println!(
+        "rebinding: gateway answers after it {answers:?}; the address the name moved to saw {recorded:?}"
+    );
+    assert!(
+        !recorded.is_empty(),
+        "the probe follows the name to 127.0.0.1 (else the rebinding did not happen)"
+    );
+    assert!(
+        recorded.iter().all(|line| !line.contains("gw-marker")),
+        "the gateway dialled the address the name moved to: {recorded:?}"
+    );
+    assert!(
+        answers.iter().all(|s| *s == 200 || *s == 503),
+        "each answered through the checked Squid or refused for want of one: {answers:?}"
+    );
+    drop(ground);
 }
