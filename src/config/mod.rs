@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub use gcp::{allowed, FirewallConfig, GcpConfig};
-pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
+pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED, NEVER_REACHED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use limits::{
     CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT,
