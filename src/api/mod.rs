@@ -7,6 +7,7 @@ pub mod constants;
 pub mod crd;
 pub mod health;
 pub mod instances;
+pub mod limits;
 pub mod pool;
 pub mod provider_health;
 pub mod proxy;

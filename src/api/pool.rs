@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::condition::Condition;
+use super::limits;
 use super::proxy::ProxySpec;
 
 /// The most Proxies one pool may ask for: far above a crawl's fleet, low
@@ -104,12 +105,14 @@ pub struct Autoscale {
     /// (the default); at most `24h`. The pool shrinks to the largest size
     /// demand asked for within it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = limits::DURATION_MAX))]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
     pub scale_down_stabilization: Option<String>,
     /// Scale to zero after this long without a lease or an acquire naming
     /// the pool, e.g. `30m`; off when unset. An acquire naming a pool at
     /// zero is answered `503` with a Retry-After and brings it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = limits::DURATION_MAX))]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
     pub scale_to_zero_after: Option<String>,
 }
@@ -144,14 +147,30 @@ pub struct ProxyTemplate {
 }
 
 /// The metadata a pool's template may set.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateMetadata {
-    /// Labels of each Proxy.
+    /// Labels of each Proxy: at most 32, keys at most 317 characters,
+    /// values at most 63.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = limits::TEMPLATE_METADATA_MAX,
+        "additionalProperties" = {"type": "string", "maxLength": limits::LABEL_VALUE_MAX}
+    ))]
+    #[x_kube(validation = Rule::new(format!("self.all(k, size(k) <= {})", limits::METADATA_KEY_MAX))
+        .message(format!("label keys must be at most {} characters", limits::METADATA_KEY_MAX).as_str())
+        .reason(Reason::FieldValueInvalid))]
     pub labels: BTreeMap<String, String>,
-    /// Annotations of each Proxy.
+    /// Annotations of each Proxy: at most 32, keys at most 317
+    /// characters, values at most 4,096.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = limits::TEMPLATE_METADATA_MAX,
+        "additionalProperties" = {"type": "string", "maxLength": limits::ANNOTATION_VALUE_MAX}
+    ))]
+    #[x_kube(validation = Rule::new(format!("self.all(k, size(k) <= {})", limits::METADATA_KEY_MAX))
+        .message(format!("annotation keys must be at most {} characters", limits::METADATA_KEY_MAX).as_str())
+        .reason(Reason::FieldValueInvalid))]
     pub annotations: BTreeMap<String, String>,
 }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::condition::Condition;
 use super::instances::{RetiringStatus, SurgeStatus};
+use super::limits;
 
 /// Desired state of a forward proxy. Managed Proxies are provisioned by the
 /// named provider; External Proxies already exist at `endpoint` and are only
@@ -128,9 +129,16 @@ pub struct ProxySpec {
     pub cloud_init: Option<CloudInit>,
 
     /// Free-form key/values advertised by the discovery API and usable as
-    /// lease filters (e.g. `geo: home`). Changing them never replaces the
-    /// instance.
+    /// lease filters (e.g. `geo: home`): at most 32, each key and value at
+    /// most 256 characters. Changing them never replaces the instance.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = limits::ATTRIBUTES_MAX,
+        "additionalProperties" = {"type": "string", "maxLength": limits::ATTRIBUTE_MAX}
+    ))]
+    #[x_kube(validation = Rule::new(format!("self.all(k, size(k) <= {})", limits::ATTRIBUTE_MAX))
+        .message(format!("attribute keys must be at most {} characters", limits::ATTRIBUTE_MAX).as_str())
+        .reason(Reason::FieldValueInvalid))]
     pub attributes: BTreeMap<String, String>,
 
     /// Who may use the proxy: credentials (the default) or none.
@@ -161,23 +169,28 @@ pub enum ProxyMode {
     External,
 }
 
-/// Provider-agnostic placement hints; each provider documents which it uses.
+/// Provider-agnostic placement hints; each provider documents which it
+/// uses. Each is at most 253 characters.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
     /// Region, e.g. `europe-west1` (gcp ignores it; kvm ignores it).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = limits::PLACEMENT_MAX))]
     pub region: String,
     /// Zone: a GCP zone such as `europe-west1-b`, or a kvm host name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = limits::PLACEMENT_MAX))]
     pub zone: String,
     /// Machine type: a GCE machine type, or a key of the kvm provider's
     /// `machineTypes` catalogue.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = limits::PLACEMENT_MAX))]
     pub machine_type: String,
     /// Image: a GCE image path, or a key of the kvm provider's `images`
     /// catalogue (or an http(s) URL).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = limits::PLACEMENT_MAX))]
     pub image: String,
 }
 
@@ -189,8 +202,10 @@ pub struct Placement {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CloudInit {
-    /// The user-data document itself.
+    /// The user-data document itself, at most 65,536 characters (64 KiB);
+    /// a larger one goes in a Secret (`secretRef`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = limits::CLOUD_INIT_INLINE_MAX))]
     pub inline: Option<String>,
     /// A Secret in the Proxy's namespace holding the user-data. The Secret
     /// must carry the label `crawl.example.com/cloud-init: "true"`.
@@ -212,7 +227,7 @@ pub struct SecretKeyRef {
     pub name: String,
     /// Key within the Secret's data; defaults to `user-data`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = limits::SECRET_KEY_MAX))]
     pub key: Option<String>,
 }
 

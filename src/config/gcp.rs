@@ -41,12 +41,73 @@ pub struct GcpConfig {
     /// Images a Proxy may ask for; empty allows any.
     #[serde(default)]
     pub allowed_images: Vec<String>,
+    /// Ports (`spec.port`) a Proxy may serve on, each a port or a range
+    /// `"A-B"`. Never empty: a tenant's port becomes a firewall rule (with
+    /// `firewall`) and a listening socket on a public address, so it is
+    /// the installation's choice, not the tenant's. Default
+    /// [`DEFAULT_ALLOWED_PORTS`].
+    #[serde(default = "default_allowed_ports")]
+    pub allowed_ports: Vec<PortEntry>,
     /// `gcp.firewall`: when set, the provider keeps one firewall rule per
     /// port its instances serve on, admitting `allowedSourceRanges` to
     /// instances with `networkTag`, and deletes it once no instance of
     /// this installation serves on that port.
     #[serde(default)]
     pub firewall: Option<FirewallConfig>,
+}
+
+/// The ports a forward proxy is expected on: Squid's 3128 (the samples'),
+/// its usual second port 3129, and the common HTTP proxy ports 8080 and
+/// 8888.
+pub const DEFAULT_ALLOWED_PORTS: [u16; 4] = [3128, 3129, 8080, 8888];
+
+/// [`DEFAULT_ALLOWED_PORTS`] as `gcp.allowedPorts` entries.
+pub fn default_allowed_ports() -> Vec<PortEntry> {
+    DEFAULT_ALLOWED_PORTS
+        .iter()
+        .map(|p| PortEntry::Port(i64::from(*p)))
+        .collect()
+}
+
+/// An entry of `gcp.allowedPorts`: `3128` or `"8000-8100"`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum PortEntry {
+    /// One port.
+    Port(i64),
+    /// A range `"A-B"` (both included), or one port written as a string.
+    Range(String),
+}
+
+impl PortEntry {
+    /// The ports the entry covers, or why it covers none.
+    fn ports(&self) -> Result<std::ops::RangeInclusive<u16>, String> {
+        let port = |v: i64| {
+            u16::try_from(v)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{v} is not a port (1-65535)"))
+        };
+        let text = |t: &str| {
+            t.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("{t:?} is not a port or a range such as \"8000-8100\""))
+                .and_then(port)
+        };
+        match self {
+            PortEntry::Port(v) => port(*v).map(|p| p..=p),
+            PortEntry::Range(r) => match r.split_once('-') {
+                None => text(r).map(|p| p..=p),
+                Some((a, b)) => {
+                    let (a, b) = (text(a)?, text(b)?);
+                    if a > b {
+                        return Err(format!("{r:?} is a range whose start is past its end"));
+                    }
+                    Ok(a..=b)
+                }
+            },
+        }
+    }
 }
 
 /// `gcp.firewall`.
@@ -133,6 +194,16 @@ impl GcpConfig {
                 }
             }
         }
+        if self.allowed_ports.is_empty() {
+            return Err(format!(
+                "gcp.allowedPorts must list at least one port or range (leave it out for the default, {DEFAULT_ALLOWED_PORTS:?})"
+            ));
+        }
+        for (i, entry) in self.allowed_ports.iter().enumerate() {
+            entry
+                .ports()
+                .map_err(|why| format!("gcp.allowedPorts[{i}]: {why}"))?;
+        }
         if let Some(fw) = &self.firewall {
             fw.validate(&self.network_tag)?;
         }
@@ -141,6 +212,26 @@ impl GcpConfig {
                 .map_err(|why| format!("gcp.endpoint {why} (got {ep:?})"))?;
         }
         Ok(())
+    }
+
+    /// Whether a Proxy may serve on `port`. An entry the load-time check
+    /// would refuse (a config built in code) allows nothing.
+    pub fn port_allowed(&self, port: u16) -> bool {
+        self.allowed_ports
+            .iter()
+            .any(|e| e.ports().is_ok_and(|r| r.contains(&port)))
+    }
+
+    /// `gcp.allowedPorts` as written, for messages: `3128, 8000-8100`.
+    pub fn allowed_ports_shown(&self) -> String {
+        self.allowed_ports
+            .iter()
+            .map(|e| match e {
+                PortEntry::Port(p) => p.to_string(),
+                PortEntry::Range(r) => r.trim().to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Boot disk size with the default applied.
@@ -263,5 +354,79 @@ mod tests {
             .firewall
             .unwrap()
             .admits_everyone());
+    }
+
+    #[test]
+    fn allowed_ports_are_checked_naming_the_key_and_decide_the_port() {
+        let cfg = |yaml: &str| -> Result<GcpConfig, String> {
+            let c: GcpConfig = serde_norway::from_str(&format!("project: p\n{yaml}"))
+                .map_err(|e| e.to_string())?;
+            c.validate().map(|()| c)
+        };
+        // (what, yaml, the error's words, or the ports allowed and refused)
+        type Want = Result<(&'static [u16], &'static [u16]), &'static str>;
+        let cases: [(&str, &str, Want); 9] = [
+            (
+                "the default",
+                "",
+                Ok((&[3128, 3129, 8080, 8888], &[22, 80, 443, 3127, 65535])),
+            ),
+            (
+                "ports and a range",
+                "allowedPorts: [3128, \"8000-8100\", \"9000\"]",
+                Ok((&[3128, 8000, 8050, 8100, 9000], &[3129, 7999, 8101, 22])),
+            ),
+            (
+                "every port",
+                "allowedPorts: [\"1-65535\"]",
+                Ok((&[1, 22, 65535], &[])),
+            ),
+            (
+                "an empty list",
+                "allowedPorts: []",
+                Err("gcp.allowedPorts must list at least one port or range"),
+            ),
+            (
+                "port 0",
+                "allowedPorts: [3128, 0]",
+                Err("gcp.allowedPorts[1]: 0 is not a port (1-65535)"),
+            ),
+            (
+                "past 65535",
+                "allowedPorts: [70000]",
+                Err("gcp.allowedPorts[0]: 70000 is not a port (1-65535)"),
+            ),
+            (
+                "a range past 65535",
+                "allowedPorts: [\"8000-70000\"]",
+                Err("gcp.allowedPorts[0]: 70000 is not a port (1-65535)"),
+            ),
+            (
+                "a reversed range",
+                "allowedPorts: [\"9000-8000\"]",
+                Err("gcp.allowedPorts[0]: \"9000-8000\" is a range whose start is past its end"),
+            ),
+            (
+                "a word",
+                "allowedPorts: [squid]",
+                Err(
+                    "gcp.allowedPorts[0]: \"squid\" is not a port or a range such as \"8000-8100\"",
+                ),
+            ),
+        ];
+        for (what, yaml, want) in cases {
+            match (cfg(yaml), want) {
+                (Ok(c), Ok((allowed, refused))) => {
+                    for p in allowed {
+                        assert!(c.port_allowed(*p), "{what}: {p} is allowed");
+                    }
+                    for p in refused {
+                        assert!(!c.port_allowed(*p), "{what}: {p} is refused");
+                    }
+                }
+                (Err(e), Err(words)) => assert!(e.contains(words), "{what}: {e}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

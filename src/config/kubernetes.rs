@@ -24,6 +24,22 @@ pub const DEFAULT_DENIED: &[&str] = &[
     "fc00::/7",
 ];
 
+/// Destinations no generated Squid reaches, whatever `deny` and `allow`
+/// say: "this network" and the unspecified address (a connection to them
+/// lands on the proxy's own host), link-local (the cloud metadata servers
+/// at 169.254.169.254 and fe80::/10 among them), AWS's IPv6 and Alibaba's
+/// metadata addresses. None is a crawl target, so an `allow` as wide as
+/// `0.0.0.0/0` cannot open them. Loopback is refused by Squid's
+/// `to_localhost`, which an `allow` entry may still open.
+pub const NEVER_REACHED: &[&str] = &[
+    "0.0.0.0/8",
+    "::/128",
+    "169.254.0.0/16",
+    "fe80::/10",
+    "fd00:ec2::254/128",
+    "100.100.100.200/32",
+];
+
 /// `kubernetes.destinations`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -17,8 +17,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-pub use gcp::{allowed, FirewallConfig, GcpConfig};
-pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED};
+pub use gcp::{
+    allowed, default_allowed_ports, FirewallConfig, GcpConfig, PortEntry, DEFAULT_ALLOWED_PORTS,
+};
+pub use kubernetes::{DestinationRules, Destinations, DEFAULT_DENIED, NEVER_REACHED};
 pub use kvm::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 pub use limits::{
     CreateLimits, DEFAULT_CREATES_PER_MINUTE, DEFAULT_MAX_CREATES_IN_FLIGHT,

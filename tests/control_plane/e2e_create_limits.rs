@@ -28,7 +28,7 @@ pub(crate) fn providers(standin: &StandIn, limits: &str) -> String {
 /// names its provider after itself).
 pub(crate) fn providers_named(name: &str, standin: &StandIn, limits: &str) -> String {
     format!(
-        "providers:\n  - name: {name}\n    type: gcp\n{limits}    gcp:\n      project: my-project\n      endpoint: {}\n      anonymous: true\n",
+        "providers:\n  - name: {name}\n    type: gcp\n{limits}    gcp:\n      project: my-project\n      endpoint: {}\n      anonymous: true\n      allowedPorts: [\"1-65535\"]\n",
         standin.url
     )
 }

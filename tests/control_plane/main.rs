@@ -28,6 +28,7 @@ mod e2e_reload;
 mod e2e_replace_gcp;
 mod e2e_startup_gcp;
 mod e2e_surge_crash_gcp;
+mod field_limits;
 mod gateway_edge;
 mod gc_sweep;
 mod idle_memory;

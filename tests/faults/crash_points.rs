@@ -69,7 +69,7 @@ impl Backend {
                 "providers:\n  - name: kubernetes\n    type: kubernetes\n".into()
             }
             Backend::Gcp(s) => format!(
-                "providers:\n  - name: gcp\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+                "providers:\n  - name: gcp\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n      allowedPorts: [\"1-65535\"]\n",
                 s.url
             ),
             #[cfg(feature = "kvm")]

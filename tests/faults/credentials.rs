@@ -194,7 +194,7 @@ async fn e2e_gcp_credentials_revoked_and_restored_lose_no_ready_proxy() {
     let dir = tempfile::tempdir().unwrap();
     let api: SocketAddr = support::loopback();
     let providers = format!(
-        "providers:\n  - name: gcp\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+        "providers:\n  - name: gcp\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n      allowedPorts: [\"1-65535\"]\n",
         standin.url
     );
     let cmd = serving(&ground, dir.path(), &providers, api, target);

@@ -34,6 +34,7 @@ pub fn config(endpoint: &str) -> egress_proxies_operator::config::GcpConfig {
         allowed_zones: Vec::new(),
         allowed_machine_types: Vec::new(),
         allowed_images: Vec::new(),
+        allowed_ports: egress_proxies_operator::config::default_allowed_ports(),
         firewall: None,
         destinations: Default::default(),
     }
@@ -308,10 +309,11 @@ impl StandIn {
 
     /// A providers file of one gcp provider `gcp-eu` (project
     /// `my-project`, network tag `egress-proxy`) on this stand-in, without
-    /// credentials.
+    /// credentials; every port allowed, as the stand-in's instances serve on
+    /// the free ports of their host Squids.
     pub fn providers_yaml(&self) -> String {
         format!(
-            "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n",
+            "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp:\n      project: my-project\n      networkTag: egress-proxy\n      endpoint: {}\n      anonymous: true\n      allowedPorts: [\"1-65535\"]\n",
             self.url
         )
     }

@@ -536,3 +536,125 @@ fn proxy_round_trips_through_json() {
     assert_eq!(back["status"]["providerID"], "default/proxy-x");
     assert_eq!(back["spec"]["mode"], "Managed");
 }
+
+/// Where `node` (under `path`) lets a tenant write something of unbounded
+/// size: a string with neither `maxLength` nor `enum` nor the date-time
+/// format, a map without `maxProperties`, or
+/// whose keys no CEL rule bounds, a list without `maxItems`.
+fn unbounded(node: &Value, path: &str, found: &mut Vec<String>) {
+    let has = |k: &str| node.get(k).is_some();
+    match node["type"].as_str() {
+        Some("string")
+            if !has("maxLength") && !has("enum") && node["format"] != json!("date-time") =>
+        {
+            found.push(format!("{path}: a string without maxLength"))
+        }
+        Some("array") => {
+            if !has("maxItems") {
+                found.push(format!("{path}: a list without maxItems"));
+            }
+            unbounded(&node["items"], &format!("{path}[]"), found);
+        }
+        Some("object") => {
+            if let Some(values) = node.get("additionalProperties") {
+                if !has("maxProperties") {
+                    found.push(format!("{path}: a map without maxProperties"));
+                }
+                let keys_bounded = node["x-kubernetes-validations"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r["rule"].as_str().is_some_and(|s| s.contains("size(k) <=")));
+                if !keys_bounded {
+                    found.push(format!("{path}: a map whose keys no rule bounds"));
+                }
+                unbounded(values, &format!("{path}.*"), found);
+            }
+            for (name, child) in node["properties"].as_object().into_iter().flatten() {
+                unbounded(child, &format!("{path}.{name}"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every free-form field a tenant writes into a Proxy or a ProxyPool (the
+/// spec; status is the operator's) has a size bound the API server
+/// enforces, so a new unbounded field fails here before it ships; and the
+/// bounds docs/api-reference.md promises are the ones in the schema.
+#[test]
+fn every_field_a_tenant_writes_is_bounded() {
+    use egress_proxies_operator::api::limits;
+    for (file, def) in crd::all() {
+        for (schema, _) in version_schemas(&def) {
+            let Some(spec) = schema["properties"].get("spec") else {
+                continue;
+            };
+            let mut found = Vec::new();
+            unbounded(spec, "spec", &mut found);
+            assert!(found.is_empty(), "{file}: {found:#?}");
+        }
+    }
+    let px = serde_json::to_value(crd::proxy_crd()).unwrap();
+    let spec =
+        &px["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        spec["cloudInit"]["properties"]["inline"]["maxLength"],
+        json!(65536)
+    );
+    assert_eq!(limits::CLOUD_INIT_INLINE_MAX, 65536);
+    assert_eq!(spec["attributes"]["maxProperties"], json!(32));
+    assert_eq!(
+        spec["attributes"]["additionalProperties"]["maxLength"],
+        json!(256)
+    );
+    assert_eq!(
+        spec["attributes"]["x-kubernetes-validations"][0]["rule"],
+        json!("self.all(k, size(k) <= 256)")
+    );
+    for key in ["region", "zone", "machineType", "image"] {
+        assert_eq!(
+            spec["placement"]["properties"][key]["maxLength"],
+            json!(253),
+            "placement.{key}"
+        );
+    }
+    // A pool's template is a Proxy spec: the same bounds, one level down.
+    let pool = serde_json::to_value(crd::proxy_pool_crd()).unwrap();
+    let template = &pool["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["template"]["properties"];
+    assert_eq!(
+        template["spec"]["properties"]["attributes"],
+        spec["attributes"]
+    );
+    assert_eq!(
+        template["spec"]["properties"]["cloudInit"],
+        spec["cloudInit"]
+    );
+}
+
+/// The walk above finds each kind of unbounded field, so its passing
+/// means something.
+#[test]
+fn the_bound_checker_finds_unbounded_fields() {
+    let spec = json!({"type": "object", "properties": {
+        "s": {"type": "string"},
+        "ok": {"type": "string", "maxLength": 3},
+        "e": {"type": "string", "enum": ["A"]},
+        "t": {"type": "string", "format": "date-time"},
+        "l": {"type": "array", "items": {"type": "string", "maxLength": 1}},
+        "m": {"type": "object", "additionalProperties": {"type": "string"}},
+    }});
+    let mut found = Vec::new();
+    unbounded(&spec, "spec", &mut found);
+    assert_eq!(
+        found,
+        [
+            "spec.l: a list without maxItems",
+            "spec.m: a map without maxProperties",
+            "spec.m: a map whose keys no rule bounds",
+            "spec.m.*: a string without maxLength",
+            "spec.s: a string without maxLength",
+        ]
+    );
+}

@@ -130,7 +130,8 @@ async fn a_squid_that_denies_everything_is_unhealthy() {
 /// The kubernetes provider's destination rules, in a real Squid: by default
 /// a tenant's crawl cannot reach loopback (nor link-local, where the cloud
 /// metadata server is) through the proxy; `allow` lets a named address
-/// through again.
+/// through again, but even `allow: [0.0.0.0/0]` leaves "this network"
+/// (0.0.0.0, the same host) refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_generated_destination_rules_refuse_loopback_unless_allowed() {
     use egress_proxies_operator::config::Destinations;
@@ -169,6 +170,32 @@ async fn the_generated_destination_rules_refuse_loopback_unless_allowed() {
     let r = probe(&target(squid.port, &url, 204), &tls).await;
     assert!(r.ok, "{r:?}");
     assert_eq!(seen.lock().unwrap().len(), 1);
+    drop(squid);
+
+    // An allow as wide as the whole address space opens loopback, but not
+    // "this network": 0.0.0.0 lands on the same listener, and is refused.
+    let everything = Destinations {
+        allow: vec!["0.0.0.0/0".into()],
+        ..Destinations::default()
+    }
+    .rules()
+    .unwrap();
+    let squid = start_squid(
+        "dstnever",
+        &format!("{}http_access allow me", destination_access(&everything)),
+    )
+    .await;
+    let r = probe(&target(squid.port, &url, 204), &tls).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    let unspecified = format!("http://0.0.0.0:{}/", http.port());
+    let r = probe(&target(squid.port, &unspecified, 204), &tls).await;
+    assert!(!r.ok, "{r:?}");
+    assert!(
+        r.error.as_ref().unwrap().to_string().contains("403"),
+        "{r:?}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 2, "the target was reached");
 }
 
 #[tokio::test]

@@ -233,6 +233,17 @@ fn gcp_block() {
         &["gcp.allowedZones"],
     );
     assert_err(
+        &gcp("    gcp: {project: p, allowedPorts: [3128, \"9000-8000\"]}\n"),
+        &[
+            "providers[0] \"gcp-eu\"",
+            "gcp.allowedPorts[1]: \"9000-8000\" is a range whose start is past its end",
+        ],
+    );
+    assert_err(
+        &gcp("    gcp: {project: p, allowedPorts: []}\n"),
+        &["gcp.allowedPorts must list at least one port or range"],
+    );
+    assert_err(
         &gcp("    gcp: {project: p, diskSizeGb: ten}\n"),
         &["gcp", "diskSizeGb"],
     );

@@ -67,9 +67,19 @@ pub fn parse_id(id: &str) -> Result<InstanceRef, String> {
     }
 }
 
-/// Refuses a placement GCE cannot build, naming the field (C7). The zone
-/// ends up in the providerID, so it must be one clean path segment (C4).
+/// Refuses a placement GCE cannot build, or a port or placement the
+/// provider's allowlists do not list, naming the field and value (C7). The
+/// zone ends up in the providerID, so it must be one clean path segment
+/// (C4). Runs before any call, the firewall rule's included, so a refused
+/// port is never opened.
 pub fn validate_placement(req: &CreateRequest, cfg: &GcpConfig) -> Result<(), String> {
+    if !cfg.port_allowed(req.port) {
+        return Err(format!(
+            "spec.port {} is not allowed by this provider's allowedPorts ({})",
+            req.port,
+            cfg.allowed_ports_shown()
+        ));
+    }
     let p = &req.placement;
     if p.zone.trim().is_empty() {
         return Err("placement.zone is required".into());
@@ -281,6 +291,7 @@ mod tests {
             allowed_zones: Vec::new(),
             allowed_machine_types: Vec::new(),
             allowed_images: Vec::new(),
+            allowed_ports: crate::config::default_allowed_ports(),
             firewall: None,
             destinations: Default::default(),
         }
@@ -401,6 +412,26 @@ mod tests {
                 name: "machine type not listed",
                 edit: |c| c.allowed_machine_types = vec!["e2-small".into(), "e2-medium".into()],
                 want: Some("placement.machineType \"e2-micro\" is not allowed by this provider's allowedMachineTypes (e2-small, e2-medium)"),
+            },
+            Case {
+                name: "a default port",
+                edit: |c| c.allowed_ports = crate::config::default_allowed_ports(),
+                want: None,
+            },
+            Case {
+                name: "port not listed",
+                edit: |c| {
+                    c.allowed_ports = vec![
+                        crate::config::PortEntry::Port(8080),
+                        crate::config::PortEntry::Range("9000-9100".into()),
+                    ]
+                },
+                want: Some("spec.port 3128 is not allowed by this provider's allowedPorts (8080, 9000-9100)"),
+            },
+            Case {
+                name: "port in a listed range",
+                edit: |c| c.allowed_ports = vec![crate::config::PortEntry::Range("3000-4000".into())],
+                want: None,
             },
             Case {
                 name: "image not listed",

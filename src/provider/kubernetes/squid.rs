@@ -2,7 +2,7 @@
 //! Pods (they have no cloud-init, so the operator writes the proxy's
 //! config itself), and for VMs of `cloudInit.builtin: squid`.
 
-use crate::config::DestinationRules;
+use crate::config::{DestinationRules, NEVER_REACHED};
 
 /// File descriptors Squid may use: each proxied connection takes two.
 pub const MAX_FILE_DESCRIPTORS: u32 = 16384;
@@ -111,9 +111,12 @@ http_access deny !authenticated\n"
     )
 }
 
-/// The `acl` and `http_access` lines of the destination rules: an allowed
-/// destination is let through before a denied range refuses it. Each
-/// entry was parsed as an address, so nothing else reaches the config.
+/// The `acl` and `http_access` lines of the destination rules: the
+/// destinations never reached ([`NEVER_REACHED`]) are refused first, so no
+/// `allow` opens them; then an allowed destination is let through before
+/// loopback (Squid's predefined `to_localhost`) and the denied ranges
+/// refuse it. Each entry was parsed as an address, so nothing else reaches
+/// the config.
 pub fn destination_access(rules: &DestinationRules) -> String {
     let line = |nets: &[ipnet::IpNet]| {
         nets.iter()
@@ -121,13 +124,17 @@ pub fn destination_access(rules: &DestinationRules) -> String {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let mut out = String::new();
+    let mut out = format!(
+        "acl never_dst dst {}\nhttp_access deny never_dst\n",
+        NEVER_REACHED.join(" ")
+    );
     if !rules.allow.is_empty() {
         out.push_str(&format!(
             "acl allowed_dst dst {}\nhttp_access allow clients allowed_dst\n",
             line(&rules.allow)
         ));
     }
+    out.push_str("http_access deny to_localhost\n");
     if !rules.deny.is_empty() {
         out.push_str(&format!(
             "acl denied_dst dst {}\nhttp_access deny denied_dst\n",
@@ -185,5 +192,167 @@ mod tests {
                 < c.find("http_access allow clients allowed_dst").unwrap(),
             "an allowed destination is no way around the credentials"
         );
+    }
+
+    /// What Squid decides for a plain GET on port 80 to `dst` by an
+    /// authenticated client in the `clients` range: the first
+    /// `http_access` line whose ACLs all match wins, as in Squid.
+    /// `to_localhost` is Squid's predefined ACL.
+    fn allows(conf: &str, dst: std::net::IpAddr) -> bool {
+        use std::collections::HashMap;
+        let mut dst_acls: HashMap<&str, Vec<ipnet::IpNet>> = HashMap::new();
+        dst_acls.insert(
+            "to_localhost",
+            ["127.0.0.0/8", "0.0.0.0/32", "::1/128", "::/128"]
+                .iter()
+                .map(|n| n.parse().unwrap())
+                .collect(),
+        );
+        for line in conf.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["acl", name, "dst", nets @ ..] => {
+                    let nets = nets.iter().map(|n| n.parse().unwrap()).collect();
+                    assert!(dst_acls.insert(name, nets).is_none(), "{name} twice");
+                }
+                ["http_access", verdict, acls @ ..] => {
+                    let matches = acls.iter().all(|acl| {
+                        let (negated, name) = match acl.strip_prefix('!') {
+                            Some(name) => (true, name),
+                            None => (false, *acl),
+                        };
+                        let hit = match name {
+                            "all" | "clients" | "authenticated" | "Safe_ports" => true,
+                            "CONNECT" | "SSL_ports" => false,
+                            dst_acl => dst_acls
+                                .get(dst_acl)
+                                .unwrap_or_else(|| panic!("unknown acl {dst_acl}"))
+                                .iter()
+                                .any(|n| n.contains(&dst)),
+                        };
+                        hit != negated
+                    });
+                    if matches {
+                        return *verdict == "allow";
+                    }
+                }
+                _ => {}
+            }
+        }
+        panic!("no http_access line decided {dst}:\n{conf}")
+    }
+
+    #[test]
+    fn generated_configs_refuse_unspecified_link_local_metadata_and_loopback() {
+        struct Case {
+            name: &'static str,
+            dst: &'static str,
+            allow: &'static [&'static str],
+            deny: Option<&'static [&'static str]>,
+            reached: bool,
+        }
+        let case = |name, dst, allow, reached| Case {
+            name,
+            dst,
+            allow,
+            deny: None,
+            reached,
+        };
+        let cases = [
+            case("a public address", "93.184.216.34", &[], true),
+            case("a public IPv6 address", "2606:4700::1111", &[], true),
+            case("this network", "0.0.0.0", &[], false),
+            case("this network, not only 0.0.0.0", "0.1.2.3", &[], false),
+            case("the unspecified IPv6 address", "::", &[], false),
+            case("the metadata server", "169.254.169.254", &[], false),
+            case("link-local", "169.254.3.3", &[], false),
+            case("IPv6 link-local", "fe80::1", &[], false),
+            case("loopback", "127.0.0.1", &[], false),
+            case("loopback, not only .1", "127.8.9.10", &[], false),
+            case("IPv6 loopback", "::1", &[], false),
+            case("a private address", "10.1.2.3", &[], false),
+            case("a private address allowed", "10.1.2.3", &["10.1.2.3"], true),
+            case("loopback allowed", "127.0.0.1", &["127.0.0.1"], true),
+            case(
+                "the metadata server, whatever allow says",
+                "169.254.169.254",
+                &["0.0.0.0/0", "169.254.169.254"],
+                false,
+            ),
+            case(
+                "this network, whatever allow says",
+                "0.0.0.0",
+                &["0.0.0.0/0"],
+                false,
+            ),
+            case(
+                "the unspecified IPv6 address, whatever allow says",
+                "::",
+                &["::/0"],
+                false,
+            ),
+            case(
+                "AWS's IPv6 metadata address, whatever allow says",
+                "fd00:ec2::254",
+                &["fc00::/7"],
+                false,
+            ),
+            case(
+                "Alibaba's metadata address, whatever allow says",
+                "100.100.100.200",
+                &["100.64.0.0/10"],
+                false,
+            ),
+            case(
+                "a private range allowed, beside the metadata",
+                "100.64.0.9",
+                &["100.64.0.0/10"],
+                true,
+            ),
+            Case {
+                name: "loopback, with a deny list that leaves it out",
+                dst: "127.0.0.1",
+                allow: &[],
+                deny: Some(&["10.0.0.0/8"]),
+                reached: false,
+            },
+            Case {
+                name: "link-local, with a deny list that leaves it out",
+                dst: "169.254.169.254",
+                allow: &[],
+                deny: Some(&[]),
+                reached: false,
+            },
+        ];
+        for c in cases {
+            let destinations = crate::config::Destinations {
+                allow: c.allow.iter().map(|s| s.to_string()).collect(),
+                deny: c
+                    .deny
+                    .map(|d| d.iter().map(|s| s.to_string()).collect())
+                    .unwrap_or_else(|| crate::config::Destinations::default().deny),
+            };
+            let rules = destinations.rules().unwrap();
+            let dst = c.dst.parse().unwrap();
+            // Every config the operator writes: a Pod's with and without
+            // credentials, a VM's with and without.
+            for (which, conf) in [
+                ("pod", squid_conf(3128, &rules, false)),
+                ("pod with auth", squid_conf(3128, &rules, true)),
+                ("vm", vm_squid_conf(3128, &rules, None)),
+                (
+                    "vm with auth",
+                    vm_squid_conf(3128, &rules, Some("/etc/squid/htpasswd")),
+                ),
+            ] {
+                assert_eq!(
+                    allows(&conf, dst),
+                    c.reached,
+                    "{} ({which}): {}",
+                    c.name,
+                    c.dst
+                );
+            }
+        }
     }
 }
