@@ -80,7 +80,11 @@ impl Default for Settings {
             max_suspect_percent: 10,
             session_ttl: Duration::from_secs(30 * 60),
             max_session_ttl: Duration::from_secs(24 * 3600),
-            max_sessions: 1_000_000,
+            // About 250 bytes a session (its client and id, its upstream's
+            // key, a deadline, the map's slot; estimated from the types,
+            // not measured): 25 MB at the cap, where a million took ~230
+            // MB of the gateway Pod's 256Mi.
+            max_sessions: 100_000,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             upstream_timeout: Duration::from_secs(10),

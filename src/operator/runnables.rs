@@ -141,6 +141,10 @@ pub fn spawn_discovery(
         crate::cli::Role::Operator => settings.generate_discovery_token.clone(),
         crate::cli::Role::Gateway => None,
     };
+    let min_len = match settings.gateway_bind {
+        Some(_) => super::tokens::GATEWAY_MIN_TOKEN,
+        None => 0,
+    };
     if let Some(name) = secret {
         let (client, namespace) = (client.clone(), settings.operator_namespace.clone());
         let (m, stop) = (metrics.discovery.clone(), stop.clone());
@@ -149,7 +153,7 @@ pub fn spawn_discovery(
                 client.clone(),
                 &namespace,
                 &name,
-                fixed,
+                (fixed, min_len),
                 tokens,
                 m,
                 stop.clone(),

@@ -155,6 +155,14 @@ impl Settings {
         )
         .map_err(|e| problems.push(format!("--discovery-tokens-dir: {e}")))
         .unwrap_or_default();
+        if matches!(
+            cli::parse_bind(&flags.gateway.gateway_bind_address),
+            Ok(Some(_))
+        ) {
+            if let Err(e) = tokens::long_enough(&discovery_tokens, tokens::GATEWAY_MIN_TOKEN) {
+                problems.push(format!("DISCOVERY_TOKEN or --discovery-tokens-dir: {e}"));
+            }
+        }
         if let Some(client) = &flags.generate_discovery_token {
             if let Err(e) = tokens::check(&[(client.clone(), "-".into())]) {
                 problems.push(format!("--generate-discovery-token: {e}"));
@@ -512,8 +520,14 @@ mod tests {
             Case {
                 name: "the gateway with a token",
                 args: &["--gateway-bind-address", "127.0.0.1:3128"],
-                token: Some("t"),
+                token: Some("a-token-of-16-bytes"),
                 problems: &[],
+            },
+            Case {
+                name: "with the gateway on a short token is refused naming its client",
+                args: &["--gateway-bind-address", "127.0.0.1:3128"],
+                token: Some("t"),
+                problems: &["the token of client default is 1 bytes; with the gateway on every token must be at least 16"],
             },
             Case {
                 name: "the gateway without tokens would be an open proxy",
@@ -533,7 +547,7 @@ mod tests {
                     "--discovery-bind-address",
                     "0",
                 ],
-                token: Some("t"),
+                token: Some("a-token-of-16-bytes"),
                 problems: &["--gateway-bind-address needs the discovery API on"],
             },
             Case {
@@ -546,7 +560,7 @@ mod tests {
                     "--gateway-max-session-ttl",
                     "1h",
                 ],
-                token: Some("t"),
+                token: Some("a-token-of-16-bytes"),
                 problems: &["--gateway-session-ttl (2h) must be at least 1m and at most --gateway-max-session-ttl (1h)"],
             },
             Case {
@@ -557,13 +571,13 @@ mod tests {
                     "--gateway-ban-statuses",
                     "403,forbidden",
                 ],
-                token: Some("t"),
+                token: Some("a-token-of-16-bytes"),
                 problems: &["--gateway-ban-statuses: \"forbidden\" is not an HTTP status (100-599)"],
             },
             Case {
                 name: "a bad gateway address",
                 args: &["--gateway-bind-address", "nowhere"],
-                token: Some("t"),
+                token: Some("a-token-of-16-bytes"),
                 problems: &["--gateway-bind-address:"],
             },
             Case {

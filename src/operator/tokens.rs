@@ -53,6 +53,25 @@ pub fn check(pairs: &[(String, String)]) -> Result<(), String> {
     Ok(())
 }
 
+/// The shortest token a client may have while the gateway serves: there
+/// it is a proxy password, which a pod of the cluster may guess at line
+/// rate (the gateway's failed sign-in budget slows one address, not a
+/// fleet of them).
+pub const GATEWAY_MIN_TOKEN: usize = 16;
+
+/// Checks that every token is at least `min` bytes (0: any), naming the
+/// first client whose token is not. The message never shows a token.
+pub fn long_enough(pairs: &[(String, String)], min: usize) -> Result<(), String> {
+    match pairs.iter().find(|(_, t)| t.len() < min) {
+        None => Ok(()),
+        Some((name, token)) => Err(format!(
+            "the token of client {name} is {} bytes; with the gateway on every token \
+             must be at least {min} (it is also a proxy password)",
+            token.len()
+        )),
+    }
+}
+
 /// `DISCOVERY_TOKEN` as `default`, then every file of `dir` (names
 /// starting with `.` skipped: the Secret volume's own entries), sorted.
 pub fn gather(env: Option<&str>, dir: Option<&Path>) -> Result<Vec<(String, String)>, String> {
@@ -128,7 +147,7 @@ pub async fn watch_secret(
     client: kube::Client,
     namespace: &str,
     name: &str,
-    fixed: Vec<(String, String)>,
+    (fixed, min_len): (Vec<(String, String)>, usize),
     set: Arc<TokenSet>,
     metrics: DiscoveryMetrics,
     stop: impl Future<Output = ()>,
@@ -155,7 +174,9 @@ pub async fn watch_secret(
         let Some(data) = data else { continue };
         let span = info_span!("discovery_tokens_reload", secret = %name, keys = data.len());
         async {
-            match with_secret(&fixed, &data) {
+            let checked =
+                with_secret(&fixed, &data).and_then(|p| long_enough(&p, min_len).map(|()| p));
+            match checked {
                 Ok(pairs) => {
                     let before = set.clients();
                     if set.replace(&pairs) {
@@ -253,6 +274,19 @@ pub async fn ensure_generated(
 mod tests {
     use super::*;
     use crate::discovery::tokens::tests::pairs;
+
+    #[test]
+    fn with_the_gateway_on_a_short_token_is_refused_naming_its_client() {
+        let p = pairs(&[("a", "0123456789abcdef"), ("b", "short")]);
+        assert_eq!(long_enough(&p, 0), Ok(()));
+        assert_eq!(long_enough(&p[..1], GATEWAY_MIN_TOKEN), Ok(()));
+        let e = long_enough(&p, GATEWAY_MIN_TOKEN).unwrap_err();
+        assert!(
+            e.contains("client b is 5 bytes") && e.contains("at least 16"),
+            "{e}"
+        );
+        assert!(!e.contains("short"), "never the token: {e}");
+    }
 
     #[test]
     fn a_generated_token_secret_holds_one_fresh_token_for_its_client() {

@@ -21,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use crate::support::squid::{self, Squid};
 use crate::support::{self, api_call, eventually, phase, Ground, Operator};
 
-pub(crate) const TOKEN: &str = "gateway-token";
+pub(crate) const TOKEN: &str = "gateway-token-of-the-tests";
 
 /// Upstream `i`'s outgoing address.
 pub(crate) fn exit_of(i: usize) -> Ipv4Addr {

@@ -21,7 +21,7 @@ mod cgroup;
 
 use crate::support::{self, eventually, Operator};
 
-const TOKEN: &str = "heads-token";
+const TOKEN: &str = "heads-token-of-the-tests";
 /// Bytes of the one header line each attacker sends.
 const HEADER: usize = 400 * 1000;
 const MIB: u64 = 1024 * 1024;

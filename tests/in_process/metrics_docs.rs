@@ -55,6 +55,7 @@ fn populated() -> Metrics {
         });
     m.gateway.set_up(took);
     m.gateway.upstream_error("connect");
+    m.gateway.connection_refused("address_full");
     m.gateway.tunnel_opened();
     m.gateway.tunnel_closed(took, 10, 20);
     m.gateway.session_moved();
@@ -158,6 +159,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_gateway_requests",
             "proxy_operator_gateway_setup_seconds",
             "proxy_operator_gateway_upstream_errors",
+            "proxy_operator_gateway_connections_refused",
             "proxy_operator_gateway_tunnels_open",
             "proxy_operator_gateway_tunnel_duration_seconds",
             "proxy_operator_gateway_tunnel_bytes",
