@@ -19,7 +19,6 @@ pub mod controller;
 pub mod crashpoint;
 pub mod credentials;
 pub mod discovery;
-pub mod edge_budget;
 pub mod events;
 pub mod fleet;
 pub mod gateway;

@@ -2,10 +2,13 @@
 //! crawler. Each connection is relayed through one healthy proxy of the
 //! fleet, chosen by the session and filters the crawler writes in its
 //! proxy username; the crawler authenticates with its discovery token and
-//! never sees the upstreams' credentials. By job: `username` (the
+//! never sees the upstreams' credentials. By job: `admission` (who gets
+//! a connection, before a byte is read), `blame` (whose failure an
+//! answer is), `username` (the
 //! grammar), `choose` (rendezvous hashing and two random choices),
 //! `sessions` (what this replica remembers of each session), `fleet`
-//! (the eligible upstreams, as the lease API sees them), `route` (the
+//! (the eligible upstreams, as the lease API sees them, their names
+//! pinned), `route` (the
 //! upstream of one connection, with the connection caps), `upstream`
 //! (dialing an upstream and its CONNECT), `tunnel` (bounded copying),
 //! `serve` (the HTTP/1.1 front: sign-in and CONNECT), `forward`

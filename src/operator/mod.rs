@@ -9,6 +9,7 @@
 mod campaign;
 pub(crate) use campaign::leader_identity;
 pub mod client;
+pub mod edge_budget;
 pub mod handover;
 mod horizon;
 pub mod lease_key;
@@ -122,7 +123,7 @@ impl Operator {
     /// [`SHUTDOWN_GRACE`] to finish and hands the leader Lease over.
     pub async fn run(self, stop: CancellationToken) -> Result<(), StartError> {
         let s = &self.settings;
-        crate::edge_budget::warn_if_over(s);
+        edge_budget::warn_if_over(s);
         let mut tasks = JoinSet::new();
         let ready = http::Readiness::new();
         self.spawn_servers(&mut tasks, &stop, &ready);
