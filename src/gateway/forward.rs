@@ -211,7 +211,12 @@ async fn open(gw: &Gateway, ask: &Ask, site: Option<&str>) -> Result<(Kept, bool
         tracing::Span::current().record("upstream", tracing::field::display(&up.key));
         let conn = upstream::dial(&up, gw.settings.upstream_timeout).await;
         let handshake = match conn {
-            Ok(c) => client_http1::handshake(TokioIo::new(c))
+            // An upstream's (or a site's) answer head is bounded as the
+            // crawlers' request heads are: hyper's default would buffer
+            // about 408 KiB of an unfinished one per kept connection.
+            Ok(c) => client_http1::Builder::new()
+                .max_buf_size(crate::server::MAX_HEAD)
+                .handshake(TokioIo::new(c))
                 .await
                 .map_err(|e| UpstreamError::Closed(std::io::Error::other(e))),
             Err(e) => Err(e),
