@@ -232,9 +232,9 @@ pub struct Flags {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub max_leases_per_client: u32,
 
-    /// Distinct clients whose reports put a proxy in cooldown for every site
-    /// and every client; a client's own report always withholds the proxy
-    /// from itself.
+    /// Distinct clients whose reports (for every site, or for the same
+    /// site) put a proxy in cooldown for every client; a client's own
+    /// report always withholds the proxy from itself.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub global_cooldown_min_clients: u16,
 

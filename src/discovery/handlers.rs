@@ -228,7 +228,7 @@ pub(super) async fn acquire(
     }
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
-            super::pools::asked(&s, &filter, None);
+            super::pools::asked(&s, &filter, &client_name, None);
             if let Some(k) = request_key {
                 let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
                 r.put(client_name, k, lease.id.clone(), std::time::Instant::now());

@@ -1,5 +1,5 @@
 //! The discovery API's series: requests by route, lease events, and the
-//! active leases read from the store at scrape time.
+//! active leases and site cooldowns read from the store at scrape time.
 
 use std::time::Duration;
 
@@ -54,6 +54,7 @@ fn request_histogram() -> Histogram {
 }
 
 const LEASES_ACTIVE: &str = "proxy_operator_leases_active";
+const SITE_COOLDOWNS: &str = "proxy_operator_lease_site_cooldowns";
 
 /// Series written by the discovery and lease API.
 #[derive(Clone)]
@@ -63,6 +64,7 @@ pub struct DiscoveryMetrics {
     lease_events: Family<EventLabel, Counter>,
     forwarded: Family<OutcomeLabel, Counter>,
     leases_active: Scraped<i64>,
+    site_cooldowns: Scraped<i64>,
     token_reload_failures: Counter,
     tokens_last_reload_successful: Gauge,
     token_clients: Gauge,
@@ -79,6 +81,7 @@ impl DiscoveryMetrics {
             lease_events: Family::default(),
             forwarded: Family::default(),
             leases_active: Scraped::default(),
+            site_cooldowns: Scraped::default(),
             token_reload_failures: Counter::default(),
             tokens_last_reload_successful: Gauge::default(),
             token_clients: Gauge::default(),
@@ -126,7 +129,18 @@ impl DiscoveryMetrics {
         );
         // No Secret, or none read yet: nothing was refused.
         m.tokens_last_reload_successful.set(1);
-        registry.register_collector(&[LEASES_ACTIVE], LeasesActive(m.leases_active.clone()));
+        registry.register_collector(
+            &[LEASES_ACTIVE],
+            ScrapedGauge(LEASES_ACTIVE, LEASES_ACTIVE_HELP, m.leases_active.clone()),
+        );
+        registry.register_collector(
+            &[SITE_COOLDOWNS],
+            ScrapedGauge(
+                SITE_COOLDOWNS,
+                SITE_COOLDOWNS_HELP,
+                m.site_cooldowns.clone(),
+            ),
+        );
         m
     }
 
@@ -134,6 +148,12 @@ impl DiscoveryMetrics {
     /// it reads 0 until set.
     pub fn set_leases(&self, f: impl Fn() -> i64 + Send + Sync + 'static) {
         self.leases_active.set(f);
+    }
+
+    /// Where `proxy_operator_lease_site_cooldowns` is read from (the lease
+    /// store); it reads 0 until set.
+    pub fn set_site_cooldowns(&self, f: impl Fn() -> i64 + Send + Sync + 'static) {
+        self.site_cooldowns.set(f);
     }
 
     /// Records one request.
@@ -192,15 +212,18 @@ impl DiscoveryMetrics {
     }
 }
 
-/// `proxy_operator_leases_active`, asked of the lease store at each scrape.
-#[derive(Debug)]
-struct LeasesActive(Scraped<i64>);
+const LEASES_ACTIVE_HELP: &str = "Leases currently held by clients";
+const SITE_COOLDOWNS_HELP: &str = "Site cooldown entries the lease store holds (a proxy and a site each, withheld from the clients that reported it or from everyone once enough clients agreed); bounded by 50,000, 1,000 per proxy and 1,000 reports per client";
 
-impl Collector for LeasesActive {
+/// A gauge asked of the lease store at each scrape: (name, help, source).
+#[derive(Debug)]
+struct ScrapedGauge(&'static str, &'static str, Scraped<i64>);
+
+impl Collector for ScrapedGauge {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        ConstGauge::new(self.0.read().unwrap_or(0)).encode(encoder.encode_descriptor(
-            LEASES_ACTIVE,
-            "Leases currently held by clients",
+        ConstGauge::new(self.2.read().unwrap_or(0)).encode(encoder.encode_descriptor(
+            self.0,
+            self.1,
             None,
             MetricType::Gauge,
         )?)

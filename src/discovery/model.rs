@@ -12,6 +12,7 @@ use crate::api::condition::ConditionStatus;
 use crate::api::proxy::conditions::HEALTHY;
 use crate::api::{Proxy, ProxyMode, ProxyPhase};
 use crate::credentials::{CredentialsCache, Sensitive};
+use crate::lease::demand::Shape;
 use crate::lease::ProxyKey;
 use crate::tenancy::ExternalNamespaces;
 
@@ -387,23 +388,60 @@ impl Filter {
 
     /// Whether `item` passes every filter.
     pub fn matches(&self, item: &ProxyItem) -> bool {
+        self.matches_fields(Fields {
+            provider: item.provider.as_ref(),
+            zone: item.zone.as_ref(),
+            region: item.region.as_ref(),
+            namespace: &item.namespace,
+            pool: item.pool.as_ref(),
+            attributes: &item.attributes,
+            labels: &item.labels,
+        })
+    }
+
+    /// Whether a new Proxy of a pool (`shape`, from its template) would
+    /// pass every filter: only then is a refusal demand on that pool.
+    pub fn could_match(&self, shape: &Shape) -> bool {
+        self.matches_fields(Fields {
+            provider: shape.provider.as_ref(),
+            zone: shape.zone.as_ref(),
+            region: shape.region.as_ref(),
+            namespace: &shape.namespace,
+            pool: Some(&shape.pool),
+            attributes: &shape.attributes,
+            labels: &shape.labels,
+        })
+    }
+
+    fn matches_fields(&self, item: Fields<'_>) -> bool {
         let f = &self.f;
         let eq = |want: &Option<String>, have: Option<&String>| {
             want.as_ref().is_none_or(|w| have == Some(w))
         };
-        eq(&f.provider, item.provider.as_ref())
-            && eq(&f.zone, item.zone.as_ref())
-            && eq(&f.region, item.region.as_ref())
-            && eq(&f.namespace, Some(&item.namespace))
-            && eq(&f.pool, item.pool.as_ref())
+        eq(&f.provider, item.provider)
+            && eq(&f.zone, item.zone)
+            && eq(&f.region, item.region)
+            && eq(&f.namespace, Some(item.namespace))
+            && eq(&f.pool, item.pool)
             && f.attributes
                 .iter()
                 .all(|(k, v)| item.attributes.get(k) == Some(v))
             && self
                 .selector
                 .as_ref()
-                .is_none_or(|s| s.matches(&item.labels))
+                .is_none_or(|s| s.matches(item.labels))
     }
+}
+
+/// What the filters look at, of a proxy or of a pool's next one.
+struct Fields<'a> {
+    provider: Option<&'a String>,
+    zone: Option<&'a String>,
+    region: Option<&'a String>,
+    namespace: &'a String,
+    pool: Option<&'a String>,
+    attributes: &'a BTreeMap<String, String>,
+    labels: &'a BTreeMap<String, String>,
 }
 
 /// Parses the list query: `provider`, `zone`, `region` once each, `attr`

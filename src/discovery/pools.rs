@@ -3,6 +3,8 @@
 //! answered as the pool controller asked: `503 pool_scaling_up` while the
 //! pool comes back from zero, a short Retry-After while it grows.
 
+use std::time::Instant;
+
 use axum::http::StatusCode;
 
 use super::error::ApiError;
@@ -12,9 +14,15 @@ use super::state::ApiState;
 use crate::lease::demand::Answer;
 use crate::lease::{AcquireError, Candidates};
 
-/// Counts an acquire naming a pool as its demand (a refusal for want of
-/// proxies, `refusal`, as unmet demand); how a refusal is answered.
-pub(super) fn asked(s: &ApiState, filter: &Filter, refusal: Option<&AcquireError>) -> Answer {
+/// Counts `client`'s acquire naming a pool as its demand (a refusal for
+/// want of proxies, `refusal`, as unmet demand when a new Proxy of the
+/// pool would match `filter`); how a refusal is answered.
+pub(super) fn asked(
+    s: &ApiState,
+    filter: &Filter,
+    client: &str,
+    refusal: Option<&AcquireError>,
+) -> Answer {
     let f = filter.filters();
     let Some(pool) = f.pool.as_deref() else {
         return Answer::Plain;
@@ -23,7 +31,13 @@ pub(super) fn asked(s: &ApiState, filter: &Filter, refusal: Option<&AcquireError
         refusal,
         Some(AcquireError::NoProxy | AcquireError::NoCapacity { .. })
     );
-    s.leases.demand().asked(f.namespace.as_deref(), pool, short)
+    s.leases.demand().asked(
+        (f.namespace.as_deref(), pool),
+        client,
+        short,
+        |shape| filter.could_match(shape),
+        Instant::now(),
+    )
 }
 
 /// The answer to an acquire the store refused, the pool it names having
@@ -35,7 +49,7 @@ pub(super) fn refused(
     client: &str,
     e: AcquireError,
 ) -> ApiError {
-    match asked(s, filter, Some(&e)) {
+    match asked(s, filter, client, Some(&e)) {
         Answer::Waking(wait) => {
             s.metrics.lease_event("refused", 1);
             ApiError::new(

@@ -171,6 +171,8 @@ impl ApiState {
     ) -> Self {
         let (l, l2) = (leases.clone(), leases.clone());
         metrics.set_leases(move || i64::try_from(l.active()).unwrap_or(i64::MAX));
+        let sites = leases.clone();
+        metrics.set_site_cooldowns(move || i64::try_from(sites.held().1).unwrap_or(i64::MAX));
         let metrics = metrics.clone();
         ApiState {
             leases,

@@ -128,10 +128,11 @@ fn sticky_keys_are_bounded_and_swept() {
 #[test]
 fn site_cooldowns_are_bounded_and_swept() {
     for c in CASES {
-        let mut m = Cooldowns::new(SMALL, 2);
+        let mut m = Cooldowns::new(SMALL, 100, 2);
+        let me: Arc<str> = Arc::from("c");
         for (i, p) in c.puts.iter().enumerate() {
             assert_eq!(
-                m.put_site(&k(p.proxy), p.key, at(p.until)),
+                m.put_site(&k(p.proxy), p.key, &me, at(p.until)),
                 p.want,
                 "{}: put {i}",
                 c.name
@@ -168,8 +169,8 @@ fn ended_entries_answer_no_before_any_sweep() {
     m.remember("a", &k("p"), at(10)).unwrap();
     assert_eq!(m.get("a", at(9)), Some(&k("p")));
     assert_eq!(m.get("a", at(10)), None);
-    let mut c = Cooldowns::new(SMALL, 1);
-    c.put_site(&k("p"), "site", at(10)).unwrap();
+    let mut c = Cooldowns::new(SMALL, 100, 1);
+    c.put_site(&k("p"), "site", &"a".into(), at(10)).unwrap();
     c.put_global(&k("q"), &"a".into(), at(10));
     let site = digest("site");
     assert!(c.blocks(&k("p"), Some(&site), "a", at(9)));
@@ -254,7 +255,7 @@ fn a_global_cooldown_for_everyone_needs_reports_from_enough_clients() {
         },
     ];
     for c in cases {
-        let mut m = Cooldowns::new(SMALL, c.min_clients);
+        let mut m = Cooldowns::new(SMALL, 100, c.min_clients);
         for (who, until) in c.reports {
             m.put_global(&k("p"), &Arc::from(*who), at(*until));
         }
@@ -267,4 +268,227 @@ fn a_global_cooldown_for_everyone_needs_reports_from_enough_clients() {
             );
         }
     }
+}
+
+#[test]
+fn a_site_report_withholds_the_proxy_from_its_client_until_enough_clients_agree() {
+    struct Case {
+        name: &'static str,
+        min_clients: usize,
+        /// (client, proxy, site, until) reports.
+        reports: &'static [(&'static str, &'static str, &'static str, i64)],
+        /// (client, proxy, site, at second, withheld?).
+        checks: &'static [(&'static str, &'static str, &'static str, i64, bool)],
+    }
+    let cases = [
+        Case {
+            name: "one client's report is that client's",
+            min_clients: 2,
+            reports: &[("a", "p", "s", 10)],
+            checks: &[
+                ("a", "p", "s", 0, true),
+                ("b", "p", "s", 0, false),
+                ("a", "p", "t", 0, false),
+                ("a", "q", "s", 0, false),
+                ("a", "p", "s", 10, false),
+            ],
+        },
+        Case {
+            name: "the same client twice is still one client",
+            min_clients: 2,
+            reports: &[("a", "p", "s", 10), ("a", "p", "s", 20)],
+            checks: &[("a", "p", "s", 15, true), ("b", "p", "s", 0, false)],
+        },
+        Case {
+            name: "two clients on the same proxy and site withhold it from everyone",
+            min_clients: 2,
+            reports: &[("a", "p", "s", 10), ("b", "p", "s", 20)],
+            checks: &[
+                ("c", "p", "s", 0, true),
+                ("c", "p", "t", 0, false),
+                ("c", "p", "s", 10, false),
+                ("b", "p", "s", 10, true),
+                ("a", "p", "s", 10, false),
+            ],
+        },
+        Case {
+            name: "two clients on different sites or proxies are no agreement",
+            min_clients: 2,
+            reports: &[
+                ("a", "p", "s", 10),
+                ("b", "p", "t", 10),
+                ("c", "q", "s", 10),
+            ],
+            checks: &[("d", "p", "s", 0, false), ("d", "p", "t", 0, false)],
+        },
+        Case {
+            name: "with a quorum of one, any report counts for everyone",
+            min_clients: 1,
+            reports: &[("a", "p", "s", 10)],
+            checks: &[("b", "p", "s", 0, true), ("b", "p", "t", 0, false)],
+        },
+        Case {
+            name: "a site report is no global report",
+            min_clients: 2,
+            reports: &[("a", "p", "s", 10), ("b", "p", "s", 10)],
+            checks: &[("a", "p", "", 0, false)],
+        },
+    ];
+    for c in cases {
+        let mut m = Cooldowns::new(SMALL, 100, c.min_clients);
+        for (who, p, site, until) in c.reports {
+            m.put_site(&k(p), site, &Arc::from(*who), at(*until))
+                .unwrap();
+        }
+        for (who, p, site, t, want) in c.checks {
+            let d = (!site.is_empty()).then(|| digest(site));
+            assert_eq!(
+                m.blocks(&k(p), d.as_ref(), who, at(*t)),
+                *want,
+                "{}: {who} on {p} for {site:?} at {t}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn one_client_keeps_at_most_its_cap_and_its_newest_reports_stay() {
+    struct Case {
+        name: &'static str,
+        per_client: usize,
+        /// (client, site, until) reports on proxy p.
+        reports: &'static [(&'static str, &'static str, i64)],
+        /// Then held: site entries, reports of a, reports of b.
+        held: (usize, usize, usize),
+        /// Sites a is still withheld from at second 0.
+        a_withheld: &'static [&'static str],
+    }
+    let big = Caps {
+        total: 100,
+        per_proxy: 100,
+    };
+    let cases = [
+        Case {
+            name: "under the cap everything is kept",
+            per_client: 3,
+            reports: &[("a", "s1", 10), ("a", "s2", 11)],
+            held: (2, 2, 0),
+            a_withheld: &["s1", "s2"],
+        },
+        Case {
+            name: "past the cap the report ending first makes room",
+            per_client: 2,
+            reports: &[("a", "s1", 10), ("a", "s2", 11), ("a", "s3", 12)],
+            held: (2, 2, 0),
+            a_withheld: &["s2", "s3"],
+        },
+        Case {
+            name: "renewing a report takes no new room",
+            per_client: 2,
+            reports: &[("a", "s1", 10), ("a", "s2", 11), ("a", "s1", 30)],
+            held: (2, 2, 0),
+            a_withheld: &["s1", "s2"],
+        },
+        Case {
+            name: "a renewed report ends last, so it is kept",
+            per_client: 2,
+            reports: &[
+                ("a", "s1", 10),
+                ("a", "s2", 11),
+                ("a", "s1", 30),
+                ("a", "s3", 12),
+            ],
+            held: (2, 2, 0),
+            a_withheld: &["s1", "s3"],
+        },
+        Case {
+            name: "one client's cap leaves another's reports alone",
+            per_client: 2,
+            reports: &[
+                ("b", "s1", 10),
+                ("a", "s1", 10),
+                ("a", "s2", 11),
+                ("a", "s3", 12),
+            ],
+            held: (3, 2, 1),
+            a_withheld: &["s2", "s3"],
+        },
+    ];
+    for c in cases {
+        let mut m = Cooldowns::new(big, c.per_client, 2);
+        for (who, site, until) in c.reports {
+            m.put_site(&k("p"), site, &Arc::from(*who), at(*until))
+                .unwrap();
+        }
+        let held = (m.sites(), m.site_reports_of("a"), m.site_reports_of("b"));
+        assert_eq!(held, c.held, "{}", c.name);
+        for site in ["s1", "s2", "s3"] {
+            assert_eq!(
+                m.blocks(&k("p"), Some(&digest(site)), "a", t0()),
+                c.a_withheld.contains(&site),
+                "{}: {site}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn ten_thousand_reports_from_one_client_keep_its_cap() {
+    let caps = Caps {
+        total: MAX_COOLDOWN_SITES,
+        per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
+    };
+    let mut m = Cooldowns::new(caps, MAX_SITE_REPORTS_PER_CLIENT, 2);
+    let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+    m.put_site(&k("p0"), "kept.example", &b, at(60)).unwrap();
+    for i in 0..10_000 {
+        let proxy = k(&format!("p{}", i % 20));
+        let site = format!("site-{i}.example");
+        // Past the per-proxy cap a report is not kept; the client's own
+        // cap is what bounds it here.
+        let _ = m.put_site(&proxy, &site, &a, at(60 + i));
+        assert!(m.site_reports_of("a") <= MAX_SITE_REPORTS_PER_CLIENT);
+    }
+    assert_eq!(m.site_reports_of("a"), MAX_SITE_REPORTS_PER_CLIENT);
+    assert_eq!(m.sites(), MAX_SITE_REPORTS_PER_CLIENT + 1);
+    assert_eq!(m.site_reports(), MAX_SITE_REPORTS_PER_CLIENT + 1);
+    assert!(
+        m.blocks(&k("p0"), Some(&digest("kept.example")), "b", t0()),
+        "another client's report stays"
+    );
+    assert!(m.blocks(&k("p19"), Some(&digest("site-9999.example")), "a", t0()));
+    assert!(!m.blocks(&k("p0"), Some(&digest("site-0.example")), "a", t0()));
+    m.sweep(at(100_000));
+    assert_eq!((m.sites(), m.site_reports()), (0, 0));
+    assert!(m.is_empty());
+}
+
+#[test]
+fn the_hand_over_lists_reports_and_what_everyone_is_withheld_from() {
+    let mut m = Cooldowns::new(SMALL, 100, 2);
+    let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+    m.put_site(&k("p"), "s", &a, at(10)).unwrap();
+    m.put_site(&k("p"), "t", &a, at(10)).unwrap();
+    m.put_site(&k("p"), "s", &b, at(20)).unwrap();
+    m.put_site_everyone(&k("q"), digest("u"), at(30)).unwrap();
+    let mut live: Vec<_> = m.live(t0()).collect();
+    live.sort_by(|x, y| x.proxy.cmp(y.proxy));
+    let p = &live[0];
+    assert_eq!(
+        p.sites,
+        vec![(&digest("s"), at(10))],
+        "agreed until the first ends"
+    );
+    assert_eq!(p.site_reports.len(), 3);
+    let q = &live[1];
+    assert_eq!(q.sites, vec![(&digest("u"), at(30))]);
+    assert!(q.site_reports.is_empty());
+    assert!(m.blocks(&k("q"), Some(&digest("u")), "anyone", at(29)));
+    // Forgetting a proxy forgets its clients' reports too.
+    m.forget_proxies(&HashSet::from([k("p")]));
+    assert_eq!((m.sites(), m.site_reports()), (1, 0));
+    m.retain_proxies(&HashSet::new());
+    assert!(m.is_empty());
 }

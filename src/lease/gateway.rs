@@ -45,8 +45,8 @@ impl LeaseStore {
 
     /// A bad outcome of `proxy` seen outside a lease (the gateway's bans
     /// and session reports): the cooldown a lease report would give, for
-    /// `site` when given, else for `client` (and for every client once
-    /// enough reported it).
+    /// `site` when given, else for every site; for `client` (and for every
+    /// client once enough distinct clients reported it).
     pub fn cool_down(&self, proxy: &ProxyKey, client: &Arc<str>, site: Option<&str>) {
         let now = self.clock.now();
         let until = later(now, self.config.cooldown);
@@ -55,8 +55,9 @@ impl LeaseStore {
     }
 }
 
-/// Puts `proxy` in cooldown until `until`: for `site` when given, else
-/// for `client`.
+/// Puts `proxy` in cooldown until `until`, for `site` when given, else
+/// for every site: for `client`, and for everyone once enough distinct
+/// clients reported the same.
 pub(super) fn cool(
     st: &mut State,
     proxy: &ProxyKey,
@@ -67,7 +68,7 @@ pub(super) fn cool(
     match site {
         // Bounded: past the caps the site cooldown is not kept.
         Some(s) => {
-            let _ = st.cooldowns.put_site(proxy, s, until);
+            let _ = st.cooldowns.put_site(proxy, s, client, until);
         }
         None => st.cooldowns.put_global(proxy, client, until),
     }

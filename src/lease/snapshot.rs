@@ -44,8 +44,15 @@ pub struct Snapshot {
     pub sticky: Vec<(String, u32, u64)>,
     /// Global cooldown reports: (proxy, client, ms left).
     pub global: Vec<(u32, String, u64)>,
-    /// Site cooldowns: (proxy, site digest, ms left).
+    /// Site cooldowns withheld from every client (enough clients agreed):
+    /// (proxy, site digest, ms left).
     pub sites: Vec<(u32, String, u64)>,
+    /// Clients' own site reports: (proxy, site digest, client, ms left).
+    /// Added within version 1: an importer that does not know the field
+    /// ignores it and still withholds the agreed sites (`sites`) from
+    /// everyone; one that knows it reads its absence as none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub site_reports: Vec<(u32, String, String, u64)>,
     /// The longest TTL granted recently and ms left of its count, so the
     /// next leader's horizons still cover it.
     pub longest: Option<(u64, u64)>,
@@ -181,15 +188,19 @@ impl LeaseStore {
                 s.sticky.push((encode_digest(d), t.of(p), left));
             }
         }
-        for (p, global, sites) in st.cooldowns.live(now) {
-            let i = t.of(p);
-            for (who, until) in global {
+        for c in st.cooldowns.live(now) {
+            let i = t.of(c.proxy);
+            for (who, until) in c.global {
                 s.global
                     .extend(ms_left(now, until).map(|l| (i, who.to_string(), l)));
             }
-            for (d, until) in sites {
+            for (d, until) in c.sites {
                 s.sites
                     .extend(ms_left(now, until).map(|l| (i, encode_digest(d), l)));
+            }
+            for (d, who, until) in c.site_reports {
+                let entry = ms_left(now, until).map(|l| (i, encode_digest(d), who.to_string(), l));
+                s.site_reports.extend(entry);
             }
         }
         s.longest = st.recovery.longest_left(now);
@@ -278,8 +289,14 @@ impl LeaseStore {
             // Bounded as a grant is: a key past the caps loses stickiness.
             let _ = st.sticky.remember_digest(*d, p, after(now, *left));
         }
+        // Bounded as a report is: past the caps an entry is not kept.
         for (p, d, left) in &plan.sites {
-            let _ = st.cooldowns.put_site_digest(p, *d, after(now, *left));
+            let _ = st.cooldowns.put_site_everyone(p, *d, after(now, *left));
+        }
+        for (p, d, client, left) in &plan.site_reports {
+            let _ = st
+                .cooldowns
+                .put_site_digest(p, *d, client, after(now, *left));
         }
         for (p, client, left) in &plan.global {
             st.cooldowns.put_global(p, client, after(now, *left));
@@ -302,6 +319,7 @@ struct Plan<'a> {
     released: Vec<(Nonce, u64)>,
     sticky: Vec<(KeyDigest, ProxyKey, u64)>,
     sites: Vec<(ProxyKey, KeyDigest, u64)>,
+    site_reports: Vec<(ProxyKey, KeyDigest, Arc<str>, u64)>,
     global: Vec<(ProxyKey, Arc<str>, u64)>,
 }
 
@@ -324,6 +342,7 @@ impl<'a> Plan<'a> {
             released: Vec::with_capacity(s.released.len()),
             sticky: Vec::with_capacity(s.sticky.len()),
             sites: Vec::with_capacity(s.sites.len()),
+            site_reports: Vec::with_capacity(s.site_reports.len()),
             global: Vec::with_capacity(s.global.len()),
         };
         for (d, p, left) in &s.sticky {
@@ -331,6 +350,11 @@ impl<'a> Plan<'a> {
         }
         for (p, d, left) in &s.sites {
             plan.sites.push((proxy(*p)?, decode_digest(d)?, *left));
+        }
+        for (p, d, client, left) in &s.site_reports {
+            let client = Arc::from(client.as_str());
+            plan.site_reports
+                .push((proxy(*p)?, decode_digest(d)?, client, *left));
         }
         let nonce = |slot: &str| {
             nonce_of(slot).ok_or(SnapshotError::Inconsistent("a lease slot is malformed"))

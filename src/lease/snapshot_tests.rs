@@ -286,3 +286,44 @@ fn a_warm_take_over_with_no_window_grants_at_once() {
     let got = follower.acquire(&[k("c")], &req("team-c", None, None));
     assert!(got.is_ok(), "{got:?}");
 }
+
+#[test]
+fn clients_own_site_reports_travel_and_an_older_importer_still_reads_the_agreed_ones() {
+    let clock = at(12);
+    let limits = super::super::ClientLimits {
+        max_leases: 0,
+        global_cooldown_min_clients: 2,
+    };
+    let two = || store(&clock).with_client_limits(limits);
+    let old = two();
+    let (x, y) = (Arc::<str>::from("team-x"), Arc::<str>::from("team-y"));
+    // b: team-x alone said shop.example bans it; c: team-x and team-y
+    // agreed on news.example.
+    old.cool_down(&k("b"), &x, Some("shop.example"));
+    old.cool_down(&k("c"), &x, Some("news.example"));
+    old.cool_down(&k("c"), &y, Some("news.example"));
+    let snap = old.export();
+    assert_eq!(snap.site_reports.len(), 3, "{snap:?}");
+    assert_eq!(snap.sites.len(), 1, "only the agreed site is everyone's");
+    let json = serde_json::to_value(&snap).unwrap();
+
+    let new = two();
+    new.import(&serde_json::from_value(json.clone()).unwrap())
+        .unwrap();
+    let on = |client: &str, p: &str, site: &str| new.lets_gateway_use(client, &k(p), Some(site));
+    assert!(!on("team-x", "b", "shop.example"), "team-x's own word");
+    assert!(on("team-z", "b", "shop.example"), "not team-z's");
+    assert!(!on("team-z", "c", "news.example"), "agreed: everyone's");
+    assert_eq!(new.site_reports("team-x"), (3, 2));
+
+    // A snapshot from before site_reports (or read by an importer that
+    // ignores the field): the agreed site stays everyone's, nothing else.
+    let mut older = json;
+    older.as_object_mut().unwrap().remove("site_reports");
+    let new = two();
+    new.import(&serde_json::from_value(older).unwrap()).unwrap();
+    let on = |client: &str, p: &str, site: &str| new.lets_gateway_use(client, &k(p), Some(site));
+    assert!(!on("team-z", "c", "news.example"));
+    assert!(on("team-x", "b", "shop.example"));
+    assert_eq!(new.site_reports("team-x"), (0, 0));
+}

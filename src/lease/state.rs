@@ -16,7 +16,7 @@ use super::index::{ceil_second, Ends, Index, ProxyState};
 use super::signed::NONCE_LEN;
 use super::{
     ClientLimits, Lease, ProxyKey, MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY,
-    MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
+    MAX_SITE_REPORTS_PER_CLIENT, MAX_STICKY_KEYS, MAX_STICKY_KEYS_PER_PROXY,
 };
 
 /// What names a lease in the store: the nonce its ids carry.
@@ -196,6 +196,7 @@ impl State {
                     total: MAX_COOLDOWN_SITES,
                     per_proxy: MAX_COOLDOWN_SITES_PER_PROXY,
                 },
+                MAX_SITE_REPORTS_PER_CLIENT,
                 limits.global_cooldown_min_clients,
             ),
             sticky: StickyMap::new(Caps {

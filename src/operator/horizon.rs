@@ -59,7 +59,7 @@ pub struct Horizon {
 enum TakeOver {
     /// With the previous leader's state, or with the window until its
     /// horizon when the state does not import.
-    HandOver(Snapshot, Option<DateTime<Utc>>),
+    HandOver(Box<Snapshot>, Option<DateTime<Utc>>),
     /// With the window until the previous leader's horizon.
     Window(Option<DateTime<Utc>>),
     /// With this replica's copy of the previous leader's table, which
@@ -196,7 +196,7 @@ impl Publisher for Horizon {
                 in_sync(read, key, r.me(), self.store.copied_from().as_deref())
             });
             *pending = Some(match lock(&self.loaded).take() {
-                Some(s) => TakeOver::HandOver(s, previous),
+                Some(s) => TakeOver::HandOver(Box::new(s), previous),
                 None if warm => TakeOver::Warm,
                 None => TakeOver::Window(previous),
             });
@@ -226,7 +226,7 @@ impl Publisher for Horizon {
                 self.store.take_over(None);
                 match self.store.import(&s) {
                     Ok(()) => {
-                        info!(leases = s.leases.len(), sticky_keys = s.sticky.len(), cooldowns = s.global.len() + s.sites.len(), "Took over the previous leader's leases, cooldowns and sticky keys from its hand-over; granting at once")
+                        info!(leases = s.leases.len(), sticky_keys = s.sticky.len(), cooldowns = s.global.len() + s.sites.len() + s.site_reports.len(), "Took over the previous leader's leases, cooldowns and sticky keys from its hand-over; granting at once")
                     }
                     Err(e) => {
                         warn!(error = %e, "Cannot take in the previous leader's hand-over; new grants wait for its recovery window instead");

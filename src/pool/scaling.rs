@@ -18,7 +18,7 @@ use super::plan::Counts;
 use super::{api_error, PoolContext, PoolError};
 use crate::api::{ProxyPool, ScaleRecord};
 use crate::events::{Note, Severity};
-use crate::lease::demand::Answer;
+use crate::lease::demand::{Answer, Shape};
 
 /// The Retry-After of an acquire naming a pool that is coming back from
 /// zero: about what a first proxy takes on a fast provider; a crawler
@@ -154,7 +154,7 @@ pub async fn run(
         } else {
             Answer::Plain
         };
-        d.register(&ns, &name, answer, Instant::now());
+        d.register(&ns, &name, answer, shape(pool), Instant::now());
     }
     Ok(out)
 }
@@ -198,4 +198,21 @@ async fn write_replicas(
     .await
     .map_err(|e| api_error("writing the pool's replicas", &e))?;
     Ok(())
+}
+
+/// What a new Proxy of `pool` would be, as lease filters see it: the
+/// Proxy its template makes, read as the discovery API lists one.
+fn shape(pool: &ProxyPool) -> Shape {
+    let p = super::from_template(pool, "", "");
+    let placement = p.spec.placement.unwrap_or_default();
+    let non_empty = |s: String| (!s.is_empty()).then_some(s);
+    Shape {
+        provider: p.spec.provider.filter(|s| !s.is_empty()),
+        zone: non_empty(placement.zone),
+        region: non_empty(placement.region),
+        namespace: p.metadata.namespace.unwrap_or_default(),
+        pool: pool.name_any(),
+        attributes: p.spec.attributes,
+        labels: p.metadata.labels.unwrap_or_default(),
+    }
 }

@@ -329,3 +329,75 @@ async fn forty_crawlers_grow_a_pool_to_its_max_it_shrinks_after_the_window_sleep
         "no Proxy for a provider that is not configured"
     );
 }
+
+/// A refusal is demand only when a new Proxy of the pool could serve it:
+/// 1,000 acquires naming an autoscaled pool (min 1, max 4) with a zone its
+/// template does not place in are refused and the pool stays at 1 (no
+/// instance made); then one acquire the template could serve, refused
+/// while the pool's only Proxy is leased, grows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_asked_1000_times_for_what_it_cannot_make_does_not_grow() {
+    squid::require();
+    let w = PoolWorld::start("pool-impossible", TOKEN, "60s").await;
+    let (ground, standin, target, port, api) = (&w.ground, &w.standin, w.target, w.port, w.api);
+    let pools: Api<ProxyPool> = ground.api();
+    let autoscale = json!({"minReplicas": 1, "maxReplicas": 4});
+    pools
+        .create(
+            &PostParams::default(),
+            &pool("imp", pool_spec(port, target, "gcp-eu", autoscale)),
+        )
+        .await
+        .unwrap();
+    ground.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "proxypool/imp",
+        "--timeout=120s",
+    ]);
+    let ask = |filters: serde_json::Value| async move {
+        let body = json!({"ttlSeconds": 60, "filters": filters}).to_string();
+        support::api_call(api, "POST", "/v1/leases", Some(TOKEN), body.into_bytes()).await
+    };
+    let started = Instant::now();
+    for _ in 0..1_000 {
+        let (s, v) = ask(json!({"pool": "imp", "zone": "us-nowhere1-a"})).await;
+        assert_eq!(s, 409, "nothing matches: {v}");
+    }
+    let asked = started.elapsed();
+    // Three looks of the controller (every 3 s) and then some.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let p = pools.get("imp").await.unwrap();
+    println!(
+        "1,000 impossible acquires in {asked:?}, every one 409; 12 s later replicas {}, last scale {:?}, instances made {}",
+        p.spec.replicas,
+        p.status.as_ref().and_then(|s| s.last_scale.clone()),
+        standin.calls_of("insert")
+    );
+    assert_eq!(p.spec.replicas, 1, "stayed at min: {}", w.log());
+    assert!(
+        p.status
+            .as_ref()
+            .and_then(|s| s.last_scale.as_ref())
+            .is_none(),
+        "never scaled: {p:?}"
+    );
+    assert_eq!(standin.calls_of("insert"), 1, "one instance, min's");
+
+    // The control: the pool's only Proxy leased, one acquire it could
+    // serve is refused and grows it.
+    let (s, v) = ask(json!({"pool": "imp", "zone": ZONE})).await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = ask(json!({"pool": "imp", "zone": ZONE})).await;
+    assert_eq!(s, 409, "{v}");
+    let grown = eventually(
+        "the pool grown for a possible ask",
+        Duration::from_secs(30),
+        || async {
+            let p = pools.get("imp").await.ok()?;
+            (p.spec.replicas > 1).then_some(p.spec.replicas)
+        },
+    )
+    .await;
+    println!("one possible refused acquire: replicas 1 -> {grown}");
+}

@@ -7,6 +7,7 @@ mod gcp_standin;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod client_reports;
 mod cluster_kubectl;
 mod connection_fairness;
 mod crawler_example;

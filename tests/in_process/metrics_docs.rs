@@ -170,6 +170,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_creates_in_flight",
             "proxy_operator_creates_waiting",
             "proxy_operator_leases_active",
+            "proxy_operator_lease_site_cooldowns",
             "proxy_operator_provider_target_up",
             "proxy_operator_provider_check_duration_seconds",
             "proxy_operator_provider_check_timestamp_seconds",
