@@ -43,6 +43,16 @@ impl LeaseStore {
             .collect()
     }
 
+    /// Clients' site reports held, in all and from `client` (the
+    /// per-client bound's figures, `/metrics`).
+    pub fn site_reports(&self, client: &str) -> (usize, usize) {
+        let st = self.lock();
+        (
+            st.cooldowns.site_reports(),
+            st.cooldowns.site_reports_of(client),
+        )
+    }
+
     /// A bad outcome of `proxy` seen outside a lease (the gateway's bans
     /// and session reports): the cooldown a lease report would give, for
     /// `site` when given, else for every site; for `client` (and for every

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 mod bounds;
+mod cooldowns;
 use bounds::{digest, later};
 pub use bounds::{
     MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY, MAX_SITE_REPORTS_PER_CLIENT, MAX_STICKY_KEYS,
@@ -449,16 +450,6 @@ impl LeaseStore {
     pub fn held(&self) -> (usize, usize) {
         let st = self.lock();
         (st.sticky.len(), st.cooldowns.sites())
-    }
-
-    /// Clients' site reports held, in all and from `client` (the
-    /// per-client bound's figures, `/metrics`).
-    pub fn site_reports(&self, client: &str) -> (usize, usize) {
-        let st = self.lock();
-        (
-            st.cooldowns.site_reports(),
-            st.cooldowns.site_reports_of(client),
-        )
     }
 
     /// Live leases (expired ones not yet swept are not counted).
