@@ -6,7 +6,7 @@
 //! request only compares an entry's end with the clock. Pure: time is an
 //! argument.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -195,7 +195,7 @@ impl StickyMap {
     }
 }
 
-pub use super::cooldowns::{Cooldowns, LiveCooldown, MAX_SITE_REPORTS_PER_CLIENT};
+pub use super::cooldowns::{Cooldowns, MAX_SITE_REPORTS_PER_CLIENT};
 
 #[cfg(test)]
 #[path = "bounds_tests.rs"]
