@@ -3,9 +3,9 @@
 //! and accept loop on 127.0.0.1, ten healthy Proxies, a bearer token):
 //! 5,000 idle connections (1,024 admitted: the cap, counted), a client
 //! sending its header a byte a second (dropped at the 10 s header
-//! timeout), 20,000 distinct cooldown sites and 120,000 sticky keys, both
-//! beyond the lease store's caps, so that a site or key past a cap is
-//! seen not to be kept. The server's peak RSS must stay under the pod's
+//! timeout), 20,000 distinct cooldown sites from one client (past its
+//! 1,000: its oldest reports are seen to make room) and 120,000 sticky
+//! keys (past the store's caps: a key past a cap is seen not to be kept). The server's peak RSS must stay under the pod's
 //! 128 MiB limit and the API must go on answering. It prints what was
 //! injected and what was measured (the "Discovery abuse" table of
 //! docs/reliability.md). A second test serves with no connection cap and
@@ -416,10 +416,14 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
         ),
     ));
 
-    // 3. 20,000 distinct cooldown sites, reported on ten leases: twice
-    // what the proxies may hold. Then one more site, reported on all ten:
-    // every proxy is full, so it is kept on none, and an acquire for it is
-    // still granted (without the cap every proxy would be cooling for it).
+    // 3. One client reports a first site on all ten leases, then 20,000
+    // distinct sites (twice what the proxies may hold), then one last site
+    // on all ten. One client keeps at most MAX_SITE_REPORTS_PER_CLIENT
+    // (1,000) site reports, its oldest making room: the first site is kept
+    // nowhere any more (an acquire for it is granted; without the bound
+    // every proxy would still be cooling for it), while its newest word
+    // counts (an acquire for the last site is refused: every proxy cools
+    // down for it, for this client).
     let mut ids = Vec::new();
     for _ in 0..PROXIES {
         let (status, v) = one(
@@ -432,6 +436,19 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
         assert_eq!(status, 201, "{v}");
         ids.push(v["id"].as_str().unwrap().to_string());
     }
+    let on_every_lease = |site: String| {
+        let ids = ids.clone();
+        async move {
+            for id in &ids {
+                let body = json!({"result": "blocked", "site": site});
+                let (status, v) =
+                    one(addr, "POST", &format!("/v1/leases/{id}/report"), Some(body)).await;
+                assert_eq!(status, 204, "{v}");
+            }
+        }
+    };
+    let first_site = padded("first", 0);
+    on_every_lease(first_site.clone()).await;
     let reports: Vec<Vec<u8>> = (0..SITES)
         .map(|i| {
             let id = &ids[i % ids.len()];
@@ -448,26 +465,30 @@ async fn discovery_abuse_stays_within_the_pod_limit() {
     assert!(answers_3.iter().all(|(s, _)| *s == 204));
     let took_3 = start.elapsed();
     let last_site = padded("site", SITES);
-    for id in &ids {
-        let body = json!({"result": "blocked", "site": last_site});
-        let (status, v) = one(addr, "POST", &format!("/v1/leases/{id}/report"), Some(body)).await;
-        assert_eq!(status, 204, "{v}");
-    }
-    let (status, v) = one(
-        addr,
-        "POST",
-        "/v1/leases",
-        Some(json!({"ttlSeconds": 3600, "site": last_site})),
-    )
-    .await;
+    on_every_lease(last_site.clone()).await;
+    let acquire = |site: String| async move {
+        one(
+            addr,
+            "POST",
+            "/v1/leases",
+            Some(json!({"ttlSeconds": 3600, "site": site})),
+        )
+        .await
+    };
+    let (status, v) = acquire(first_site).await;
     assert_eq!(
         status, 201,
-        "a site reported past every proxy's cap is kept nowhere, so it still gets a proxy: {v}"
+        "the client's oldest site reports made room for its newer ones, so the first site is kept nowhere: {v}"
+    );
+    let (status, v) = acquire(last_site).await;
+    assert_eq!(
+        status, 409,
+        "the client's newest report counts: every proxy cools down for the last site: {v}"
     );
     rows.push((
-        format!("{SITES} distinct cooldown sites (200 bytes each), then one more on every proxy"),
+        format!("{SITES} distinct cooldown sites (200 bytes each) from one client, between a first and a last site on every proxy"),
         format!(
-            "all answered 204 in {:.1} s; RSS {} KiB; the one past the caps kept nowhere (its acquire granted)",
+            "all answered 204 in {:.1} s; RSS {} KiB; the first site kept nowhere (its acquire granted), the last one kept (refused for this client)",
             took_3.as_secs_f64(),
             rss()
         ),
