@@ -61,6 +61,11 @@ async fn report(api: SocketAddr, client: &str, which: &str, site: &str) {
     )
     .await;
     assert!(s == 200 || s == 204, "{client}'s report: {s}");
+    release(api, client, id).await;
+}
+
+/// `client` releases its lease `id`.
+async fn release(api: SocketAddr, client: &str, id: &str) {
     let s = call(
         api,
         client,
@@ -76,16 +81,7 @@ async fn report(api: SocketAddr, client: &str, which: &str, site: &str) {
 async fn gets(api: SocketAddr, client: &str, which: &str, site: &str) -> bool {
     let (s, lease) = acquire(api, client, which, site).await;
     if s == 201 {
-        let id = lease["id"].as_str().unwrap();
-        let s = call(
-            api,
-            client,
-            "DELETE",
-            &format!("/v1/leases/{id}"),
-            Value::Null,
-        )
-        .await;
-        assert_eq!(s, 204);
+        release(api, client, lease["id"].as_str().unwrap()).await;
         return true;
     }
     assert_eq!(s, 409, "refused as any acquire: {lease}");
