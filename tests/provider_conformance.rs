@@ -135,11 +135,7 @@ pub fn plain_request(tag: &str, namespace: &str) -> CreateRequest {
 
 /// A loopback port nothing listens on.
 pub fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    test_cluster::process::free_port().expect("a free loopback port")
 }
 
 // ---------------------------------------------------------------------------

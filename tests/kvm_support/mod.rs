@@ -42,10 +42,7 @@ pub fn virsh(args: &[&str]) -> (bool, String) {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    test_cluster::process::free_port().unwrap_or(0)
 }
 
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> bool {

@@ -331,13 +331,10 @@ pub fn repo_yaml(rel: &str) -> serde_norway::Value {
     serde_norway::from_str(&repo_file(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"))
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, below the ephemeral
+/// range so no outgoing connection can be given it meanwhile.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    test_cluster::process::free_port().expect("a free loopback port")
 }
 
 /// A free address on 127.0.0.1, for a server a test starts.

@@ -117,8 +117,44 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a program
+/// that binds it itself.
+///
+/// The port is drawn below the kernel's ephemeral range. A port from
+/// `bind(:0)` lies inside that range, and between our close and the
+/// program's bind, any outgoing connection on the machine may be given
+/// it as its local port (CI once lost kube-controller-manager that way).
+/// Below the range, only another caller of this function can take it,
+/// and the bind check below catches ports already held.
 pub fn free_port() -> anyhow::Result<u16> {
+    let (low, _) = ephemeral_range();
+    let floor: u16 = 10_000;
+    let span = u32::from(low.saturating_sub(floor).max(1));
+    let seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    for i in 0..span.min(4096) {
+        // Knuth's multiplicative step spreads tries over the span.
+        let off = (seed as u32).wrapping_add(i.wrapping_mul(2_654_435_761)) % span;
+        let port = floor + off as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The kernel's ephemeral port range (Linux's default when unreadable).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|w| w.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
 }
