@@ -109,6 +109,18 @@ fn normalized(v: &Value) -> Value {
         }
     }
     let mut v = strip(v);
+    // kustomize does not know these kinds are cluster-scoped and gives
+    // them its namespace, which the API server drops.
+    if [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    .contains(&v["kind"].as_str().unwrap_or_default())
+    {
+        if let Some(meta) = v["metadata"].as_object_mut() {
+            meta.remove("namespace");
+        }
+    }
     if v["kind"] == "ConfigMap" {
         if let Some(Value::String(text)) = v["data"].get("providers.yaml").cloned() {
             let parsed: Value = serde_norway::from_str(&text).unwrap();

@@ -24,6 +24,23 @@ pub struct CredentialsCache {
     written: Mutex<HashMap<(String, String), (Credentials, Instant)>>,
     /// Counts writes and the watch's events ([`CredentialsCache::version`]).
     changes: Arc<AtomicU64>,
+    /// A gateway's copy of the leader's credentials, in place of a watch
+    /// (its ServiceAccount reads no Secret): `None` until the first copy.
+    fed: Mutex<Option<Arc<HashMap<(String, String), Credentials>>>>,
+}
+
+/// One usable credentials Secret, as the leader hands it to gateways.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Entry {
+    /// The Secret's namespace.
+    pub namespace: String,
+    /// The Secret's name.
+    pub name: String,
+    /// Its username.
+    pub username: String,
+    /// Its password (never in a log: this type is only serialized into a
+    /// signed replica answer).
+    pub password: String,
 }
 
 /// How long a write of this process outranks the watch's copy: far longer
@@ -38,6 +55,7 @@ impl Default for CredentialsCache {
             writer: Mutex::new(Some(writer)),
             written: Mutex::default(),
             changes: Arc::default(),
+            fed: Mutex::default(),
         }
     }
 }
@@ -59,6 +77,16 @@ pub enum Lookup {
     Invalid(CredentialsError),
     /// Its credentials.
     Found(Credentials),
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Entry({}/{}, {})",
+            self.namespace, self.name, self.username
+        )
+    }
 }
 
 impl CredentialsCache {
@@ -100,6 +128,13 @@ impl CredentialsCache {
     /// What the watch alone shows of `namespace/name` (this process's own
     /// recent writes not counted): whether the Secret exists now.
     pub fn watched(&self, namespace: &str, name: &str) -> Lookup {
+        if let Some(fed) = self.fed() {
+            let key = (namespace.to_string(), name.to_string());
+            return match fed.get(&key) {
+                Some(c) => Lookup::Found(c.clone()),
+                None => Lookup::Missing,
+            };
+        }
         if !self.synced() {
             return Lookup::NotSynced;
         }
@@ -139,8 +174,67 @@ impl CredentialsCache {
         }
     }
 
-    /// Whether the watch has listed once.
+    /// Every usable credentials Secret this cache knows (this process's
+    /// recent writes outranking the watch), for the gateways' copy.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut all: HashMap<(String, String), Credentials> = HashMap::new();
+        for secret in self.store.state() {
+            if let (Some(ns), Some(name)) = (&secret.metadata.namespace, &secret.metadata.name) {
+                if let Ok(c) = Credentials::from_secret(&secret) {
+                    all.insert((ns.clone(), name.clone()), c);
+                }
+            }
+        }
+        let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, (c, at)) in w.iter() {
+            if at.elapsed() < WRITTEN_FOR {
+                all.insert(key.clone(), c.clone());
+            }
+        }
+        drop(w);
+        let mut out: Vec<Entry> = all
+            .into_iter()
+            .map(|((namespace, name), c)| Entry {
+                namespace,
+                name,
+                password: c.expose().to_string(),
+                username: c.username,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
+    }
+
+    /// Makes `entries` (the leader's, over its signed feed) what this
+    /// cache holds, in place of a watch of its own.
+    pub fn take_fed(&self, entries: Vec<Entry>) {
+        let map: HashMap<(String, String), Credentials> = entries
+            .into_iter()
+            .map(|e| {
+                (
+                    (e.namespace, e.name),
+                    Credentials::new(e.username, e.password),
+                )
+            })
+            .collect();
+        let mut fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
+        if fed.as_deref() == Some(&map) {
+            return;
+        }
+        *fed = Some(Arc::new(map));
+        drop(fed);
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn fed(&self) -> Option<Arc<HashMap<(String, String), Credentials>>> {
+        self.fed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the watch has listed once, or a copy came from the leader.
     pub fn synced(&self) -> bool {
+        if self.fed().is_some() {
+            return true;
+        }
         self.store
             .wait_until_ready()
             .now_or_never()
@@ -149,6 +243,9 @@ impl CredentialsCache {
 
     /// Waits (at most `limit`) for the first list.
     pub async fn ready_within(&self, limit: std::time::Duration) -> bool {
+        if self.fed().is_some() {
+            return true;
+        }
         tokio::time::timeout(limit, self.store.wait_until_ready())
             .await
             .is_ok_and(|r| r.is_ok())

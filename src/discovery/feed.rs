@@ -69,16 +69,8 @@ pub(super) async fn lease_state(
     replica: Option<Extension<Replica>>,
     ask: Result<Query<Ask>, QueryRejection>,
 ) -> Response {
-    if replica.is_none() {
-        return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response();
-    }
-    if (s.forward.leader)() != Leader::Me {
-        return ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "leader_unavailable",
-            "this replica does not lead",
-        )
-        .into_response();
+    if let Err(e) = super::to_leader::leader_for_replica(&s, replica.is_some()) {
+        return e.into_response();
     }
     // A malformed ask (only a replica's, signed) is a first one.
     let ask = ask.map(|Query(a)| a).unwrap_or_default();
@@ -190,10 +182,22 @@ fn ask_path(me: &str, observer: bool, held: &Held) -> String {
 /// One ask: `None` when the copy is current, else the table and the
 /// store's term when it was asked for.
 async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64)>, String> {
-    let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let term = s.leases.term();
     let path = ask_path(s.replicas.me(), s.observer, held);
-    let req = signed_call(key, ("GET", base, &path), FEED_CLIENT, Vec::new())?;
+    let fed: Option<Fed> = ask_leader(s, base, &path, FEED_LIMIT).await?;
+    Ok(fed.map(|f| (f, term)))
+}
+
+/// A signed `GET path` of the leader at `base`, held up to [`FEED_HOLD`]:
+/// `None` for `304`, else the JSON answer (at most `limit` bytes).
+pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
+    s: &ApiState,
+    base: &str,
+    path: &str,
+    limit: usize,
+) -> Result<Option<T>, String> {
+    let key = s.forward.key.as_ref().ok_or("no shared key")?;
+    let req = signed_call(key, ("GET", base, path), FEED_CLIENT, Vec::new())?;
     let call = async {
         let resp = s
             .forward
@@ -202,7 +206,7 @@ async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64
             .await
             .map_err(|e| e.to_string())?;
         let status = resp.status();
-        let bytes = axum::body::to_bytes(Body::new(resp.into_body()), FEED_LIMIT)
+        let bytes = axum::body::to_bytes(Body::new(resp.into_body()), limit)
             .await
             .map_err(|e| e.to_string())?;
         Ok::<_, String>((status, bytes))
@@ -212,10 +216,9 @@ async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64
         .map_err(|_| "timed out".to_string())??;
     match status {
         StatusCode::NOT_MODIFIED => Ok(None),
-        StatusCode::OK => {
-            let fed: Fed = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-            Ok(Some((fed, term)))
-        }
+        StatusCode::OK => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| e.to_string()),
         other => Err(format!("answered {other}")),
     }
 }

@@ -8,9 +8,11 @@
 //! chooses from, with the matches of recent filters), `error` (the JSON error answer), `forward`
 //! (lease calls on a follower go to the leader), `bench` (the
 //! benchmark's routes, hidden behind `--bench-routes`), `sessions` (the
-//! gateway's session reports).
+//! gateway's session reports), `credentials_feed` (the upstreams'
+//! credentials handed to gateway processes).
 
 mod bench;
+pub mod credentials_feed;
 mod error;
 pub mod feed;
 mod forward;

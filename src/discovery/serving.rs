@@ -48,6 +48,11 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
         // Replicas only (a signed call): the leader's table for warm
         // followers. Not in the OpenAPI document: not for crawlers.
         .route(super::feed::FEED_PATH, get(super::feed::lease_state))
+        // Replicas only: the upstreams' credentials for gateway processes.
+        .route(
+            super::credentials_feed::CREDENTIALS_PATH,
+            get(super::credentials_feed::upstream_credentials),
+        )
         // Replicas only: what a gateway replica tells the leader.
         .route(
             super::to_leader::COOLDOWNS_PATH,
@@ -136,27 +141,20 @@ pub async fn serve_within(
         );
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let stop = {
+    // The background work beside the server, each stopped with it.
+    let stopped = || {
         let mut rx = rx.clone();
         async move {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let sweeper = tokio::spawn(sweep(state.clone(), stop));
-    let follower = {
-        let mut rx = rx.clone();
-        let stop = async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        tokio::spawn(super::feed::follow(state.clone(), stop))
-    };
-    let refresher = {
-        let mut rx = rx.clone();
-        let stop = async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        tokio::spawn(state.clone().refresh_listing(stop))
-    };
+    let sweeper = tokio::spawn(sweep(state.clone(), stopped()));
+    let follower = tokio::spawn(super::feed::follow(state.clone(), stopped()));
+    let credentials = tokio::spawn(super::credentials_feed::follow_credentials(
+        state.clone(),
+        stopped(),
+    ));
+    let refresher = tokio::spawn(state.clone().refresh_listing(stopped()));
     // The router bounds each request itself (its JSON 408 is logged and
     // counted); the accept loop keeps the connection bounds.
     let peers = state.peers.clone();
@@ -173,6 +171,7 @@ pub async fn serve_within(
     drop(rx);
     let _ = sweeper.await;
     let _ = follower.await;
+    let _ = credentials.await;
     let _ = refresher.await;
     res
 }

@@ -47,6 +47,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long handing the Lease over may take at shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a gateway's readiness waits for the leader's credentials.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(10);
+
 /// Why the operator could not start. Each message is for the person
 /// reading the log: it says what failed, in the upstream's own words.
 #[derive(Debug, thiserror::Error)]
@@ -165,7 +168,11 @@ impl Operator {
                 _ = cache_stop.cancelled() => {}
             }
         });
-        runnables::watch_credentials(&mut tasks, s, &self.client, &stop);
+        // A gateway reads no Secret: the leader hands it the credentials
+        // (discovery::credentials_feed).
+        if !gateway_only {
+            runnables::watch_credentials(&mut tasks, s, &self.client, &stop);
+        }
         // The operator's replicas count phases; a gateway's would count twice.
         if !gateway_only {
             runnables::count_phases(
@@ -222,10 +229,20 @@ impl Operator {
         // Ready once the cache has synced (before that the discovery API
         // would list nothing) and the lease key is settled (before that it
         // does not listen).
+        // A gateway also waits a while for the leader's credentials, so a
+        // rollout does not send crawlers to a gateway that has none yet;
+        // not for ever: with no leader it still serves what needs none.
         let (synced, ready_stop) = (proxies.clone(), stop.clone());
+        let credentials = gateway_only.then(|| s.health.defaults.credentials.clone());
         tasks.spawn(async move {
+            let synced = async {
+                synced.synced().await;
+                if let Some(c) = credentials {
+                    runnables::credentials_copied(&c, CREDENTIALS_WAIT).await;
+                }
+            };
             tokio::select! {
-                () = synced.synced() => {
+                () = synced => {
                     ready.set_ready();
                     info!("Proxy cache synced; ready");
                 },

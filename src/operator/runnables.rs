@@ -280,6 +280,15 @@ pub fn watch_credentials(
     });
 }
 
+/// Waits (at most `limit`) for a gateway's first copy of the leader's
+/// credentials.
+pub async fn credentials_copied(cache: &crate::credentials::CredentialsCache, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cache.synced() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The watch that fills `cache` with the labelled credentials Secrets (of
 /// `namespace`, or all), to be polled for as long as it should run; `None`
 /// when the cache already has its watch.

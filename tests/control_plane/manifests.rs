@@ -967,13 +967,12 @@ fn the_gateway_gets_least_privilege_rbac() {
     for r in &cluster {
         assert!(r.non_resource_urls.is_none(), "{r:?}");
     }
-    // Cluster-wide: the Proxy cache, the credentials Secrets' labelled
-    // watch (which also follows --discovery-tokens-secret), and the two
-    // reviews of secure /metrics. No write of any object.
+    // Cluster-wide: the Proxy cache and the two reviews of secure
+    // /metrics. No Secret (the leader hands over the credentials), no
+    // write of any object.
     assert_eq!(
         granted(&cluster),
         [
-            rule("", "secrets", &["list", "watch"], &[]),
             rule("authentication.k8s.io", "tokenreviews", &["create"], &[]),
             rule(
                 "authorization.k8s.io",
@@ -1015,6 +1014,128 @@ fn the_gateway_gets_least_privilege_rbac() {
             "{b}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_policy_confines_the_managers_secret_writes_to_labelled_ones() {
+    // RBAC grants the manager Secret writes in every namespace; the
+    // shipped ValidatingAdmissionPolicy, enforced by the real API server,
+    // lets through only the labelled credentials Secrets outside the
+    // manager's own namespace. The calls are made as the manager's
+    // ServiceAccount (a token from `kubectl create token`).
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let ground = support::ground_without_pods("secret-policy").await;
+    let c = ground.cluster;
+    support::shipped::apply_rbac(c, rendered());
+    let token = c.kubectl_ok(&["create", "token", SA, "-n", NS]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("manager.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        support::shipped::token_kubeconfig(c, token.trim()),
+    )
+    .unwrap();
+    let manager = test_cluster::launch::client(&kubeconfig).await.unwrap();
+    let ns = ground.ns.as_str();
+    let (theirs_api, own_api): (Api<Secret>, Api<Secret>) = (
+        Api::namespaced(manager.clone(), ns),
+        Api::namespaced(manager, NS),
+    );
+    let secret = |name: &str, labelled: bool| -> Secret {
+        let labels = match labelled {
+            true => serde_json::json!({"crawl.example.com/proxy-credentials": "true"}),
+            false => serde_json::json!({}),
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "stringData": {"username": "u", "password": "p"}}))
+        .unwrap()
+    };
+    let said = |r: Result<Secret, kube::Error>| match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) => Err(e.message),
+        Err(e) => panic!("not an answer of the API server: {e}"),
+    };
+    let pp = PostParams::default();
+    // A policy takes effect once the API server compiled it: wait for its
+    // first refusal.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match said(theirs_api.create(&pp, &secret("unlabelled", false)).await) {
+            Err(message) => break message,
+            Ok(()) => c.kubectl_ok(&["-n", ns, "delete", "secret", "unlabelled"]),
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the manager created an unlabelled Secret in {ns} for 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        refused.contains("secret-writes")
+            && refused.contains("crawl.example.com/proxy-credentials=true")
+            && refused.contains(&format!("CREATE of Secret {ns}/unlabelled")),
+        "{refused}"
+    );
+    // The credentials Secrets it makes go through, and stay labelled.
+    said(theirs_api.create(&pp, &secret("labelled", true)).await).unwrap();
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let unlabel =
+        serde_json::json!({"metadata": {"labels": {"crawl.example.com/proxy-credentials": null}}});
+    let label = serde_json::json!({"metadata": {"labels": {"crawl.example.com/proxy-credentials": "true"}}});
+    let pa = PatchParams::default();
+    let message = said(theirs_api.patch("labelled", &pa, &merge(unlabel)).await).unwrap_err();
+    assert!(message.contains("UPDATE of Secret"), "{message}");
+    let changed = serde_json::json!({"stringData": {"password": "new"}});
+    said(
+        theirs_api
+            .patch("labelled", &pa, &merge(changed.clone()))
+            .await,
+    )
+    .unwrap();
+    theirs_api
+        .delete("labelled", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Another application's Secret: the manager cannot touch it.
+    ground.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "theirs",
+        "--from-literal=k=v",
+    ]);
+    let refusals = [
+        said(theirs_api.patch("theirs", &pa, &merge(label)).await),
+        said(theirs_api.patch("theirs", &pa, &merge(changed)).await),
+        match theirs_api.delete("theirs", &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) => Err(e.message),
+            Err(e) => panic!("{e}"),
+        },
+    ];
+    for r in refusals {
+        let message = r.expect_err("the manager wrote another application's Secret");
+        assert!(message.contains("secret-writes"), "{message}");
+    }
+    let kept = ground.kubectl(&["get", "secret", "theirs", "-o", "jsonpath={.data.k}"]);
+    assert_eq!(kept, "dg==", "base64 of v");
+    // Its own namespace holds its lease key and hand-over Secrets.
+    let own = format!("policy-test-{}", ground.ns);
+    said(own_api.create(&pp, &secret(&own, false)).await).unwrap();
+    own_api
+        .delete(&own, &DeleteParams::default())
+        .await
+        .unwrap();
+    // Anyone else is not this policy's business.
+    ground.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "admins",
+        "--from-literal=k=v",
+    ]);
 }
 
 /// What one audited request of a user asked for: (verb, group, resource,
@@ -1106,6 +1227,24 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
         lease_key,
         "--ignore-not-found",
     ]);
+    // The API server's own answer: the gateway reads no Secret outside
+    // its namespace, and there only the lease key.
+    let user = format!("system:serviceaccount:{NS}:{GATEWAY}");
+    for (args, want) in [
+        (vec!["list", "secrets", "-A"], "no"),
+        (vec!["get", "secrets", "-n", "default"], "no"),
+        (vec!["list", "secrets", "-n", NS], "no"),
+        (vec!["get", &format!("secret/{lease_key}"), "-n", NS], "yes"),
+    ] {
+        let out = c
+            .kubectl()
+            .args(["auth", "can-i", "--as", &user])
+            .args(&args)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(said, want, "can-i {args:?} as the gateway");
+    }
     let token = c.kubectl_ok(&["create", "token", GATEWAY, "-n", NS]);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("gateway.kubeconfig");
@@ -1171,7 +1310,6 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
     let _gateway = support::Operator::spawn(cmd, &log);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    let user = format!("system:serviceaccount:{NS}:{GATEWAY}");
     let refused = || audited(&c.audit_events(), &user).1;
     let probes = addrs["--health-probe-bind-address"];
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -22,7 +22,8 @@ pub fn apply_kinds(c: &test_cluster::TestCluster, docs: &[Value], kinds: &[&str]
     ]);
 }
 
-/// The rendered namespace, then the ServiceAccount and its RBAC.
+/// The rendered namespace, then the ServiceAccount and its RBAC, and the
+/// shipped admission policy on the manager's Secret writes.
 pub fn apply_rbac(c: &test_cluster::TestCluster, docs: &[Value]) {
     apply_kinds(c, docs, &["Namespace"]);
     apply_kinds(
@@ -34,6 +35,14 @@ pub fn apply_rbac(c: &test_cluster::TestCluster, docs: &[Value]) {
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+        ],
+    );
+    apply_kinds(
+        c,
+        docs,
+        &[
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ],
     );
 }

@@ -189,6 +189,11 @@ follow the names; the manager's ServiceAccount gets serviceAccount.annotations
 {{- with $obj.roleRef -}}
 {{- $_ := set . "name" (printf "%s-%s" $prefix .name | trunc 63 | trimSuffix "-") -}}
 {{- end -}}
+{{- if eq $obj.kind "ValidatingAdmissionPolicyBinding" -}}
+{{- $_ := set $obj.spec "policyName" (printf "%s-%s" $prefix $obj.spec.policyName | trunc 63 | trimSuffix "-") -}}
+{{- $_ := set $obj.spec.paramRef "name" (printf "%s-%s" $prefix $obj.spec.paramRef.name | trunc 63 | trimSuffix "-") -}}
+{{- $_ := set $obj.spec.paramRef "namespace" $root.Release.Namespace -}}
+{{- end -}}
 {{- range $obj.subjects -}}
 {{- $_ := set . "name" (printf "%s-%s" $prefix .name | trunc 63 | trimSuffix "-") -}}
 {{- $_ := set . "namespace" $root.Release.Namespace -}}
