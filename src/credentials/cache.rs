@@ -26,8 +26,11 @@ pub struct CredentialsCache {
     changes: Arc<AtomicU64>,
     /// A gateway's copy of the leader's credentials, in place of a watch
     /// (its ServiceAccount reads no Secret): `None` until the first copy.
-    fed: Mutex<Option<Arc<HashMap<(String, String), Credentials>>>>,
+    fed: Mutex<Option<Arc<Fed>>>,
 }
+
+/// The leader's credentials, by Secret namespace and name.
+type Fed = HashMap<(String, String), Credentials>;
 
 /// One usable credentials Secret, as the leader hands it to gateways.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -208,7 +211,7 @@ impl CredentialsCache {
     /// Makes `entries` (the leader's, over its signed feed) what this
     /// cache holds, in place of a watch of its own.
     pub fn take_fed(&self, entries: Vec<Entry>) {
-        let map: HashMap<(String, String), Credentials> = entries
+        let map: Fed = entries
             .into_iter()
             .map(|e| {
                 (
@@ -226,7 +229,7 @@ impl CredentialsCache {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn fed(&self) -> Option<Arc<HashMap<(String, String), Credentials>>> {
+    fn fed(&self) -> Option<Arc<Fed>> {
         self.fed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 

@@ -165,10 +165,11 @@ pub(super) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Lists healthy proxies matching the filters.
+/// Lists healthy proxies matching the filters, without their passwords
+/// (a lease hands those to its client).
 #[utoipa::path(get, path = "/v1/proxies", params(ListQuery),
     responses(
-        (status = 200, body = ProxyList),
+        (status = 200, description = "The proxies; url and password carry no password: lease one for its credentials", body = ProxyList),
         (status = 400, description = "Unknown or malformed query parameter", body = ErrorBody),
         (status = 401, body = ErrorBody)))]
 pub(super) async fn list_proxies(

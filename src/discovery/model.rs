@@ -28,15 +28,16 @@ pub struct ProxyItem {
     pub ip: String,
     /// Port to connect to.
     pub port: u16,
-    /// `http://ip:port`, with `username:password@` when the proxy takes
-    /// credentials: ready for a client's proxy setting.
+    /// `http://ip:port`; in a lease's answer, with `username:password@`
+    /// when the proxy takes credentials: ready for a client's proxy
+    /// setting. `GET /v1/proxies` never carries a password.
     #[schema(value_type = String)]
     pub url: Sensitive,
     /// The username the proxy asks for (HTTP Basic, `Proxy-Authorization`);
     /// absent when it takes none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    /// Its password; absent when it takes none.
+    /// Its password, in a lease's answer only; absent when it takes none.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub password: Option<Sensitive>,
@@ -322,11 +323,7 @@ pub fn item_of(
     .filter(|p| *p > 0)?;
     let placement = p.spec.placement.clone().unwrap_or_default();
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
-    let host = if ip.contains(':') {
-        format!("[{ip}]")
-    } else {
-        ip.clone()
-    };
+    let host = url_host(&ip);
     let namespace = p.namespace().unwrap_or_default();
     let creds = match crate::credentials::secret_of(p) {
         Some(secret) => Some(credentials.get(&namespace, secret)?),
@@ -355,6 +352,28 @@ pub fn item_of(
         labels: p.labels().clone(),
         latency_millis: st.latency_millis,
     })
+}
+
+/// `ip` as a URL's host (an IPv6 address in brackets).
+fn url_host(ip: &str) -> String {
+    match ip.contains(':') {
+        true => format!("[{ip}]"),
+        false => ip.to_string(),
+    }
+}
+
+impl ProxyItem {
+    /// This proxy as `GET /v1/proxies` shows it to any client: its
+    /// username but no password, and a URL without credentials. The
+    /// password goes only to the client a lease names (and to the
+    /// gateway, which holds the listing itself).
+    pub fn without_password(&self) -> ProxyItem {
+        ProxyItem {
+            url: Sensitive::new(format!("http://{}:{}", url_host(&self.ip), self.port)),
+            password: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// [`Filters`] ready to match: the label selector parsed once a request.

@@ -386,7 +386,7 @@ impl ApiState {
         self.listing()
             .iter()
             .filter(|e| f.matches(&e.item))
-            .map(|e| e.item.clone())
+            .map(|e| e.item.without_password())
             .collect()
     }
 

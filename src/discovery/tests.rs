@@ -1509,6 +1509,67 @@ async fn a_follower_keeps_a_copy_of_the_leaders_table_and_crawlers_cannot_read_i
 }
 
 #[tokio::test]
+async fn a_gateway_copies_the_leaders_credentials_and_keeps_them_without_a_leader() {
+    use crate::credentials::Credentials;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::watcher::Event;
+    let leader = Api::start_routed(5, Leader::Me, FORWARD_TIMEOUT).await;
+    let url = format!("http://{}", leader.addr);
+    let gateway = Api::start_routed(5, Leader::At(url), FORWARD_TIMEOUT).await;
+    // The credentials are for replicas: a crawler's token meets an
+    // unknown route.
+    let path = credentials_feed::CREDENTIALS_PATH;
+    let (s, v) = leader.call("GET", path, Some("t0k"), None).await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    // The leader's watch listed one credentials Secret.
+    let at_leader = leader.state.credentials.clone();
+    let mut writer = at_leader.take_writer().unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "creds-a", "namespace": "ns",
+            "labels": {"crawl.example.com/proxy-credentials": "true"}},
+        "data": {"username": "dXNlci1h", "password": "cGFzcy1h"}}))
+    .unwrap();
+    writer.apply_watcher_event(&Event::Init);
+    writer.apply_watcher_event(&Event::InitApply(secret));
+    writer.apply_watcher_event(&Event::InitDone);
+    at_leader
+        .change_counter()
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    // A gateway process (an observer) asks for them, signed.
+    let copy = gateway.state.credentials.clone();
+    assert!(!copy.synced(), "nothing before the first copy");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let follow = tokio::spawn(credentials_feed::follow_credentials(
+        gateway.state.clone().as_observer(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let has = |name: &str, user: &str, pass: &str| {
+        copy.get("ns", name) == Some(Credentials::new(user, pass))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !has("creds-a", "user-a", "pass-a") {
+        assert!(tokio::time::Instant::now() < deadline, "no copy in 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What the leader writes next reaches the copy.
+    at_leader.wrote("ns", "creds-b", &Credentials::new("user-b", "pass-b"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !has("creds-b", "user-b", "pass-b") {
+        assert!(tokio::time::Instant::now() < deadline, "no change in 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Without a leader, the gateway keeps what it has.
+    leader.stop().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(has("creds-a", "user-a", "pass-a") && has("creds-b", "user-b", "pass-b"));
+    let _ = stop.send(());
+    follow.await.unwrap();
+    gateway.stop().await;
+}
+
+#[tokio::test]
 async fn a_grant_is_answered_only_once_the_in_sync_follower_holds_it() {
     let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
     let url = format!("http://{}", leader.addr);
