@@ -37,9 +37,15 @@ const FEED_RETRY: Duration = Duration::from_millis(500);
 /// The client name a follower's feed calls are signed for.
 const FEED_CLIENT: &str = "replica";
 
-/// A call signed by another replica (set by the auth middleware).
+/// A call signed by another replica (set by the auth middleware): a
+/// manager's, with the lease key, or a gateway process's, with the
+/// gateway key.
 #[derive(Debug, Clone, Copy)]
-pub struct Replica;
+pub struct Replica {
+    /// Signed with the gateway key: never counted among the followers
+    /// grants wait for.
+    pub gateway: bool,
+}
 
 /// The leader's answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,7 +81,9 @@ pub(super) async fn lease_state(
     // A malformed ask (only a replica's, signed) is a first one.
     let ask = ask.map(|Query(a)| a).unwrap_or_default();
     let feed = s.replicas.feed();
-    if let Some(who) = &ask.replica {
+    // Only a manager replica is counted among the followers in sync.
+    let gateway = replica.is_some_and(|Extension(r)| r.gateway);
+    if let (Some(who), false) = (&ask.replica, gateway) {
         s.replicas.saw(who, ask.feed.as_deref(), ask.after);
     }
     let current = ask.feed.as_deref() == Some(feed.as_str());

@@ -152,6 +152,9 @@ pub struct Forwarder {
     /// Signs forwards and checks those that arrive; `None`: none are sent
     /// signed or taken (a replica without an election).
     pub(super) key: Option<LeaseKey>,
+    /// A manager's: checks the calls gateway processes sign with the
+    /// gateway key (replica calls, never a full replica's).
+    pub(super) gateway_key: Option<LeaseKey>,
     /// The test hook's hold ([`HOLD_ENV`]).
     hold: Option<Duration>,
 }
@@ -180,6 +183,7 @@ impl Forwarder {
             timeout,
             retry_after,
             key: None,
+            gateway_key: None,
             hold,
         }
     }
@@ -188,6 +192,15 @@ impl Forwarder {
     pub fn with_key(self, key: LeaseKey) -> Self {
         Forwarder {
             key: Some(key),
+            ..self
+        }
+    }
+
+    /// Also takes calls signed with `key`, the gateway key, as a
+    /// gateway's.
+    pub fn with_gateway_key(self, key: Option<LeaseKey>) -> Self {
+        Forwarder {
+            gateway_key: key,
             ..self
         }
     }

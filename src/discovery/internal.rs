@@ -27,6 +27,9 @@ pub const REQUEST_KEY_HEADER: &str = "x-egress-request-key";
 pub const DEADLINE_HEADER: &str = "x-egress-deadline-ms";
 /// The seal of the discovery URL on the election Lease.
 pub const URL_SEAL_ANNOTATION: &str = "crawl.example.com/discovery-url-seal";
+/// The same URL's seal with the gateway key, which gateway processes check
+/// (they do not hold the lease key).
+pub const GATEWAY_URL_SEAL_ANNOTATION: &str = "crawl.example.com/discovery-url-gateway-seal";
 
 /// How far a forward's time may be from the leader's clock.
 pub const MAX_SKEW_MS: i64 = 60_000;

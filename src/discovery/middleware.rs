@@ -220,21 +220,35 @@ async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
         body: &body,
     };
     let now = chrono::Utc::now().timestamp_millis();
-    if let Err(e) = verify_forward(s.forward.key.as_ref(), h(FORWARD_HEADER), &f, now) {
-        warn!(reason = %e, "Refused a forwarded lease call");
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            format!("forwarded call refused: {e}"),
-        )
-        .into_response();
-    }
+    let signed = h(FORWARD_HEADER);
+    // A gateway's key is tried only when the lease key does not match.
+    let caller = match verify_forward(s.forward.key.as_ref(), signed, &f, now) {
+        Ok(()) => Ok(super::feed::Replica { gateway: false }),
+        Err(e) => match s.forward.gateway_key.as_ref() {
+            Some(g) if verify_forward(Some(g), signed, &f, now).is_ok() => {
+                Ok(super::feed::Replica { gateway: true })
+            }
+            _ => Err(e),
+        },
+    };
+    let caller = match caller {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(reason = %e, "Refused a forwarded lease call");
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                format!("forwarded call refused: {e}"),
+            )
+            .into_response();
+        }
+    };
     if let Some(peer) = parts.extensions.get::<crate::server::Peer>() {
         s.peers.trust(peer.0);
     }
     let client = Client(client.into());
     let mut req = Request::from_parts(parts, Body::from(body));
-    req.extensions_mut().insert(super::feed::Replica);
+    req.extensions_mut().insert(caller);
     with_client(req, client, next).await
 }
 

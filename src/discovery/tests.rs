@@ -64,12 +64,23 @@ impl Api {
     /// With token `t0k`, `max` leases per proxy, lease calls routed by
     /// `leader`.
     async fn start_routed(max: u32, leader: Leader, timeout: Duration) -> Api {
+        Api::start_keyed(max, (leader, timeout), (shared_key(), None)).await
+    }
+
+    /// [`Api::start_routed`] signing with `own`, taking gateway calls
+    /// signed with `gateway`.
+    async fn start_keyed(
+        max: u32,
+        (leader, timeout): (Leader, Duration),
+        (own, gateway): (LeaseKey, Option<LeaseKey>),
+    ) -> Api {
         let forwarder = Forwarder::new(
             Arc::new(move || leader.clone()),
             timeout,
             Duration::from_secs(3),
         )
-        .with_key(shared_key());
+        .with_key(own)
+        .with_gateway_key(gateway);
         let limits = (ClientLimits::default(), crate::server::DISCOVERY_LIMITS);
         Api::start_full(&[("default", "t0k")], max, limits.0, limits.1, forwarder).await
     }
@@ -1506,6 +1517,78 @@ async fn a_follower_keeps_a_copy_of_the_leaders_table_and_crawlers_cannot_read_i
     assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
     follower.stop().await;
     leader.stop().await;
+}
+
+#[tokio::test]
+async fn a_gateway_key_forwards_and_follows_but_is_never_a_replica_in_sync() {
+    let gateway_key = LeaseKey::from_bytes(&[7; crate::lease::signed::KEY_LEN]).unwrap();
+    let stranger_key = LeaseKey::from_bytes(&[5; crate::lease::signed::KEY_LEN]).unwrap();
+    let leader = Api::start_keyed(
+        5,
+        (Leader::Me, FORWARD_TIMEOUT),
+        (shared_key(), Some(gateway_key.clone())),
+    )
+    .await;
+    let url = format!("http://{}", leader.addr);
+    let gateway = Api::start_keyed(
+        5,
+        (Leader::At(url.clone()), FORWARD_TIMEOUT),
+        (gateway_key, None),
+    )
+    .await;
+    let stranger = Api::start_keyed(
+        5,
+        (Leader::At(url.clone()), FORWARD_TIMEOUT),
+        (stranger_key, None),
+    )
+    .await;
+    let manager = Api::start_keyed(
+        5,
+        (Leader::At(url.clone()), FORWARD_TIMEOUT),
+        (shared_key(), None),
+    )
+    .await;
+    // A lease call a gateway forwards is the leader's to answer.
+    let (s, v) = gateway.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(leader.leases.active(), 1);
+    // One signed with any other key is refused.
+    let (s, v) = stranger.json("POST", "/v1/leases", json!({})).await;
+    assert_ne!(s, 201, "{v}");
+    assert_eq!(leader.leases.active(), 1);
+    // Asking for the table naming itself, a gateway is still an observer;
+    // a manager replica joins the followers grants wait for.
+    let ask = |who: &str| format!("{}?replica={who}", feed::FEED_PATH);
+    let fed: Option<Value> = feed::ask_leader(&gateway.state, &url, &ask("gw-1"), 1 << 20)
+        .await
+        .unwrap();
+    assert!(fed.is_some_and(|f| f["state"].is_object()));
+    let fed: Option<Value> = feed::ask_leader(&manager.state, &url, &ask("mgr-1"), 1 << 20)
+        .await
+        .unwrap();
+    assert!(fed.is_some());
+    let refused: Result<Option<Value>, String> =
+        feed::ask_leader(&stranger.state, &url, &ask("x-1"), 1 << 20).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Each Api also follows the leader in the background, naming itself:
+    // once the manager's and the gateway's copies hold the lease, the
+    // manager is named in sync, the gateway never.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let named = loop {
+        let (_, named) = leader.replicas.publish(&shared_key(), false);
+        let copied = gateway.leases.active() == 1 && manager.leases.active() == 1;
+        if copied && named.contains(manager.replicas.me()) {
+            break named;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{named:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for not in [gateway.replicas.me(), "gw-1", stranger.replicas.me()] {
+        assert!(!named.contains(not), "{not} in {named:?}");
+    }
+    for api in [gateway, stranger, manager, leader] {
+        api.stop().await;
+    }
 }
 
 #[tokio::test]

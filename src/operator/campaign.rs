@@ -97,26 +97,31 @@ impl Operator {
         }
     }
 
-    /// Where this replica's discovery API is reached, sealed with `key`
-    /// (the lease key), for the Lease while it leads.
+    /// Where this replica's discovery API is reached, sealed with the
+    /// lease key and, for the gateway processes, with the gateway key, for
+    /// the Lease while it leads.
     pub(super) fn discovery_annotations(
         &self,
-        key: Option<&crate::lease::LeaseKey>,
+        keys: Option<&super::runnables::Keys>,
     ) -> std::collections::BTreeMap<String, String> {
+        use crate::discovery::internal::{
+            seal_url, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION,
+        };
         let s = &self.settings;
-        let (Some(url), Some(key)) = (&s.discovery_advertise, key) else {
+        let (Some(url), Some(keys)) = (&s.discovery_advertise, keys) else {
             if s.discovery_bind.is_some() {
                 warn!("No --discovery-advertise-url and no POD_IP: while this replica leads, the others cannot forward lease calls to it and answer 503");
             }
             return Default::default();
         };
-        std::collections::BTreeMap::from([
+        let mut published = std::collections::BTreeMap::from([
             (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()),
-            (
-                crate::discovery::internal::URL_SEAL_ANNOTATION.to_string(),
-                crate::discovery::internal::seal_url(key, url),
-            ),
-        ])
+            (URL_SEAL_ANNOTATION.to_string(), seal_url(&keys.own, url)),
+        ]);
+        if let Some(g) = &keys.gateway {
+            published.insert(GATEWAY_URL_SEAL_ANNOTATION.to_string(), seal_url(g, url));
+        }
+        published
     }
 
     /// Leader-only work has stopped: hand the Lease over now rather than

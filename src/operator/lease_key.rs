@@ -1,6 +1,9 @@
-//! The lease signing key, shared by every replica through a Secret in the
-//! operator namespace: the first replica that finds it missing creates it;
-//! a create conflict means another replica won the race, whose key is read.
+//! The keys replicas share through Secrets in the operator namespace: the
+//! lease signing key (every manager replica: lease ids, forwards, the
+//! leader's URL seal, hand-overs) and the gateway key (the gateway
+//! processes' calls to the leader, and the seal of its URL they check;
+//! never lease ids). The first process that finds one missing creates it;
+//! a create conflict means another won the race, whose key is read.
 
 use std::collections::BTreeMap;
 
@@ -14,38 +17,76 @@ use crate::lease::signed::{random_bytes, KEY_LEN};
 use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
 
-/// The Secret's name.
+/// The lease signing key Secret's name.
 pub const SECRET_NAME: &str = "egress-proxies-operator-lease-key";
+
+/// The gateway key Secret's name.
+pub const GATEWAY_SECRET_NAME: &str = "egress-proxies-operator-gateway-key";
 
 /// The key of the Secret's data that holds the key bytes.
 pub const DATA_KEY: &str = "key";
+
+/// Which shared key: its Secret and how the log names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Which {
+    /// The Secret's name.
+    pub secret: &'static str,
+    /// Its name in the log.
+    pub what: &'static str,
+    /// The warning when only a key of this process can be had.
+    alone: &'static str,
+    /// `/readyz`'s words then.
+    detail: &'static str,
+}
+
+/// The lease signing key.
+pub const LEASE_KEY: Which = Which {
+    secret: SECRET_NAME,
+    what: "the lease signing key",
+    alone: "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change, and this replica's forwards are refused. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)",
+    detail: "lease ids are signed with a key of this process only (the lease key Secret is forbidden or absent): leases do not survive a restart or a leader change",
+};
+
+/// The gateway key.
+pub const GATEWAY_KEY: Which = Which {
+    secret: GATEWAY_SECRET_NAME,
+    what: "the gateway key",
+    alone: "Signing calls to the leader with a gateway key of this process only: the leader refuses them, so this gateway forwards no lease call and copies no lease table or credentials. Give the gateway create and get on this Secret in its namespace (config/components/gateway/follower_role.yaml)",
+    detail: "the gateway key is a key of this process only (its Secret is forbidden or absent): the leader refuses this gateway's calls",
+};
 
 /// Why the key could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// Reading or creating the Secret is forbidden, or its namespace does
     /// not exist: asking again will not help.
-    #[error("cannot read or create Secret {namespace}/{SECRET_NAME}: {message}")]
+    #[error("cannot read or create Secret {namespace}/{secret}: {message}")]
     Unavailable {
         /// Operator namespace.
         namespace: String,
+        /// The Secret.
+        secret: &'static str,
         /// The API server's words.
         message: String,
     },
     /// Reading or creating the Secret failed for now (the API server
     /// unreachable, overloaded, timing out): worth asking again.
-    #[error("cannot read or create Secret {namespace}/{SECRET_NAME} yet: {message}")]
+    #[error("cannot read or create Secret {namespace}/{secret} yet: {message}")]
     Api {
         /// Operator namespace.
         namespace: String,
+        /// The Secret.
+        secret: &'static str,
         /// The API server's words.
         message: String,
     },
     /// The Secret exists but holds no usable key.
-    #[error("Secret {namespace}/{SECRET_NAME}: data key {DATA_KEY:?} {reason}; delete the Secret to have a new key created")]
+    #[error("Secret {namespace}/{secret}: data key {DATA_KEY:?} {reason}; delete the Secret to have a new key created")]
     Bad {
         /// Operator namespace.
         namespace: String,
+        /// The Secret.
+        secret: &'static str,
         /// What is wrong.
         reason: String,
     },
@@ -54,13 +95,19 @@ pub enum KeyError {
 /// What a failed read or create of the Secret in `namespace` means:
 /// forbidden (403) or no such namespace (404) will not change by asking
 /// again; anything else (unreachable, 5xx, 429, a timeout) may.
-pub fn classify(namespace: &str, e: &kube::Error) -> KeyError {
+pub fn classify(namespace: &str, secret: &'static str, e: &kube::Error) -> KeyError {
     let (namespace, message) = (namespace.to_string(), plain_message(e));
     match e {
-        kube::Error::Api(s) if s.code == 403 || s.code == 404 => {
-            KeyError::Unavailable { namespace, message }
-        }
-        _ => KeyError::Api { namespace, message },
+        kube::Error::Api(s) if s.code == 403 || s.code == 404 => KeyError::Unavailable {
+            namespace,
+            secret,
+            message,
+        },
+        _ => KeyError::Api {
+            namespace,
+            secret,
+            message,
+        },
     }
 }
 
@@ -74,20 +121,26 @@ pub fn key_of(secret: &Secret) -> Result<LeaseKey, String> {
     LeaseKey::from_bytes(&bytes.0).map_err(|e| format!("is unusable: {e}"))
 }
 
-/// Reads the key Secret in `namespace`, creating it when missing.
-pub async fn load_or_create(client: Client, namespace: &str) -> Result<LeaseKey, KeyError> {
+/// Reads `which` key's Secret in `namespace`, creating it when missing.
+pub async fn load_or_create(
+    client: Client,
+    namespace: &str,
+    which: Which,
+) -> Result<LeaseKey, KeyError> {
     let api: Api<Secret> = Api::namespaced(client, namespace);
-    let api_err = |e: kube::Error| classify(namespace, &e);
+    let name = which.secret;
+    let api_err = |e: kube::Error| classify(namespace, name, &e);
     let bad = |reason| KeyError::Bad {
         namespace: namespace.to_string(),
+        secret: name,
         reason,
     };
-    if let Some(s) = api.get_opt(SECRET_NAME).await.map_err(api_err)? {
+    if let Some(s) = api.get_opt(name).await.map_err(api_err)? {
         return key_of(&s).map_err(bad);
     }
     let fresh = Secret {
         metadata: ObjectMeta {
-            name: Some(SECRET_NAME.to_string()),
+            name: Some(name.to_string()),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/name".to_string(),
                 "egress-proxies-operator".to_string(),
@@ -102,16 +155,12 @@ pub async fn load_or_create(client: Client, namespace: &str) -> Result<LeaseKey,
     };
     match api.create(&PostParams::default(), &fresh).await {
         Ok(s) => {
-            info!(
-                namespace,
-                secret = SECRET_NAME,
-                "Created the lease signing key"
-            );
+            info!(namespace, secret = name, "Created {}", which.what);
             key_of(&s).map_err(bad)
         }
-        // Another replica created it first: use theirs.
+        // Another process created it first: use theirs.
         Err(kube::Error::Api(s)) if s.code == 409 => {
-            let s = api.get(SECRET_NAME).await.map_err(api_err)?;
+            let s = api.get(name).await.map_err(api_err)?;
             key_of(&s).map_err(bad)
         }
         Err(e) => Err(api_err(e)),
@@ -125,33 +174,40 @@ const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// (signing with a key of this process only would strand its leases at
 /// the next restart or leader change), until `stop` fires (`Ok(None)`).
 /// Only when the Secret is forbidden or its namespace absent, a key of
-/// this process: said in the log, as `proxy_operator_lease_key_shared 0`
-/// and on `/readyz`. `(key, shared)`.
+/// this process: said in the log and, given them, on `/readyz` and as
+/// `proxy_operator_lease_key_shared 0`. `(key, shared)`.
 pub async fn shared_or_own(
     client: &Client,
-    namespace: &str,
+    (namespace, which): (&str, Which),
     stop: &tokio_util::sync::CancellationToken,
-    metrics: &crate::discovery::metrics::DiscoveryMetrics,
-    ready: &crate::http::Readiness,
+    metrics: Option<&crate::discovery::metrics::DiscoveryMetrics>,
+    ready: Option<&crate::http::Readiness>,
 ) -> Result<Option<(LeaseKey, bool)>, KeyError> {
+    let shared = |yes: bool| {
+        if let Some(m) = metrics {
+            m.lease_key(yes);
+        }
+    };
     let mut wait = std::time::Duration::from_secs(1);
     loop {
-        match load_or_create(client.clone(), namespace).await {
+        match load_or_create(client.clone(), namespace, which).await {
             Ok(key) => {
-                metrics.lease_key(true);
+                shared(true);
                 return Ok(Some((key, true)));
             }
             // No Secret to share (no RBAC for it, no such namespace, as
             // under `make run`): serve with a key of this process. Lease
             // ids stay unforgeable; only taking them in elsewhere is lost.
             Err(e @ KeyError::Unavailable { .. }) => {
-                tracing::warn!(error = %e, "Signing lease ids with a key of this process only: leases will not survive a restart or a leader change, and this replica's forwards are refused. Give the operator create and get on this Secret in its namespace (config/rbac/leader_election_role.yaml)");
-                metrics.lease_key(false);
-                ready.set_detail("lease ids are signed with a key of this process only (the lease key Secret is forbidden or absent): leases do not survive a restart or a leader change");
+                tracing::warn!(error = %e, "{}", which.alone);
+                shared(false);
+                if let Some(r) = ready {
+                    r.set_detail(which.detail);
+                }
                 return Ok(Some((LeaseKey::random(), false)));
             }
             Err(e @ KeyError::Api { .. }) => {
-                tracing::warn!(error = %e, retry_in = ?wait, "Cannot read the lease signing key yet; asking again");
+                tracing::warn!(error = %e, retry_in = ?wait, key = which.what, "Cannot read a shared key yet; asking again");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.cancelled() => return Ok(None),
@@ -161,6 +217,39 @@ pub async fn shared_or_own(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The keys of this process (see [`super::runnables::Keys`]): a gateway
+/// signs with the gateway key alone; a manager with the lease key, and
+/// takes gateway calls with the gateway key. `shared`: whether its own
+/// key is the one its Secret holds. `Ok(None)`: stopped meanwhile.
+pub async fn keys_for(
+    client: &Client,
+    (namespace, gateway_only): (&str, bool),
+    stop: &tokio_util::sync::CancellationToken,
+    metrics: &crate::discovery::metrics::DiscoveryMetrics,
+    ready: &crate::http::Readiness,
+) -> Result<Option<(super::runnables::Keys, bool)>, KeyError> {
+    let own = match gateway_only {
+        true => GATEWAY_KEY,
+        false => LEASE_KEY,
+    };
+    let Some((key, shared)) =
+        shared_or_own(client, (namespace, own), stop, Some(metrics), Some(ready)).await?
+    else {
+        return Ok(None);
+    };
+    let gateway = match gateway_only {
+        true => None,
+        // Without it (no RBAC for it yet), gateways are refused, nothing
+        // else: a key of this process stands in.
+        false => match shared_or_own(client, (namespace, GATEWAY_KEY), stop, None, None).await? {
+            Some((g, _)) => Some(g),
+            None => return Ok(None),
+        },
+    };
+    let keys = super::runnables::Keys { own: key, gateway };
+    Ok(Some((keys, shared)))
 }
 
 #[cfg(test)]
@@ -189,7 +278,7 @@ mod tests {
             (status(504, "Timeout"), false),
         ];
         for (e, permanent) in cases {
-            let got = classify("ops", &e);
+            let got = classify("ops", SECRET_NAME, &e);
             assert_eq!(
                 matches!(got, KeyError::Unavailable { .. }),
                 permanent,

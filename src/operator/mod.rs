@@ -188,31 +188,31 @@ impl Operator {
         });
         let mut leases = None;
         if let Some(addr) = s.discovery_bind {
-            // Every replica signs with the one shared key, so any of them
-            // can take in the leases another granted (docs/architecture.md).
-            let key = lease_key::shared_or_own(
+            let keys = lease_key::keys_for(
                 &self.client,
-                &s.operator_namespace,
+                (&s.operator_namespace, gateway_only),
                 &stop,
                 &self.metrics.discovery,
                 &ready,
             )
             .await
             .map_err(|e| StartError::LeaseKey(e.to_string()))?;
-            let Some((key, shared)) = key else {
+            let Some((keys, shared)) = keys else {
                 return Ok(()); // stopped while the API server was away
             };
+            let key = keys.own.clone();
             let (store, replicas, served) = runnables::spawn_discovery(
                 &mut tasks,
                 addr,
                 s,
-                (&self.client, proxies.clone(), key.clone()),
+                (&self.client, proxies.clone(), keys.clone()),
                 (&self.metrics, self.replacer.clone()),
                 seen,
                 stop.clone().cancelled_owned(),
             );
-            // A key of this process only seals nothing another could open.
-            let handover = shared.then(|| {
+            // A key of this process only seals nothing another could open;
+            // a gateway never leads, so it hands nothing over.
+            let handover = (shared && !gateway_only).then(|| {
                 Arc::new(handover::HandOver {
                     store: store.clone(),
                     key: key.clone(),
@@ -224,7 +224,7 @@ impl Operator {
             let _ = self.lease_store.set(store.clone());
             // Only a shared key seals an in-sync set another replica can read.
             let replicas = shared.then_some(replicas);
-            leases = Some((store, handover, replicas, key));
+            leases = Some((store, handover, replicas, keys));
         }
         // Ready once the cache has synced (before that the discovery API
         // would list nothing) and the lease key is settled (before that it
@@ -277,21 +277,21 @@ impl Operator {
                     Ok(())
                 }
                 Some(timing) => {
-                    let (inner, key): (Arc<dyn leader::Publisher>, _) = match leases {
-                        Some((store, handover, replicas, key)) => {
+                    let (inner, keys): (Arc<dyn leader::Publisher>, _) = match leases {
+                        Some((store, handover, replicas, keys)) => {
                             let h = horizon::Horizon::new(store, timing.retry_period * 2, handover);
                             let h = match replicas {
-                                Some(r) => h.with_replicas(r, key.clone()),
+                                Some(r) => h.with_replicas(r, keys.own.clone()),
                                 None => h,
                             };
-                            (Arc::new(h), Some(key))
+                            (Arc::new(h), Some(keys))
                         }
                         None => (Arc::new(horizon::Nothing), None),
                     };
                     // Followers forward lease calls to the URL the leader
                     // publishes, and only when its seal checks.
                     let publisher = Arc::new(leader::WithFixed {
-                        fixed: self.discovery_annotations(key.as_ref()),
+                        fixed: self.discovery_annotations(keys.as_ref()),
                         inner,
                     });
                     self.lead_in_terms(timing, observed, &stop, proxies, installation_id, publisher)

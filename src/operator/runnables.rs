@@ -18,7 +18,7 @@ use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::constants::DISCOVERY_URL_ANNOTATION;
 use crate::api::{Proxy, ProxyPhase};
 use crate::discovery;
-use crate::discovery::internal::{url_sealed, URL_SEAL_ANNOTATION};
+use crate::discovery::internal::{url_sealed, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION};
 use crate::discovery::replicas::Replicas;
 use crate::fleet::Fleet;
 use crate::health;
@@ -84,6 +84,18 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
     counts
 }
 
+/// The keys a process signs and checks replica calls with.
+#[derive(Clone)]
+pub struct Keys {
+    /// Signs this process's calls to the leader and checks the leader's
+    /// URL seal: the lease key on a manager (which also signs lease ids
+    /// with it), the gateway key on a gateway.
+    pub own: LeaseKey,
+    /// A manager's: the gateway key, to take the gateway processes' calls
+    /// and seal its URL for them; none on a gateway.
+    pub gateway: Option<LeaseKey>,
+}
+
 /// The discovery and lease API (every replica) with its lease sweeper and,
 /// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
 /// calls are served here only while `leader` says this replica leads, and
@@ -94,7 +106,7 @@ pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     settings: &Settings,
-    (client, cache, key): (&kube::Client, crate::proxy_store::ProxyStore, LeaseKey),
+    (client, cache, keys): (&kube::Client, crate::proxy_store::ProxyStore, Keys),
     (metrics, replacer): (&Metrics, Arc<dyn discovery::Replacer>),
     leader: tokio::sync::watch::Receiver<Observed>,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -104,18 +116,26 @@ pub fn spawn_discovery(
         .leader
         .map(|t| Duration::from_secs(t.retry_period.as_secs_f64().ceil() as u64))
         .unwrap_or(Duration::from_secs(1));
-    let trusted = key.clone();
+    let gateway_only = settings.role == crate::cli::Role::Gateway;
+    // A gateway checks the seal made with its own key.
+    let seal = match gateway_only {
+        true => GATEWAY_URL_SEAL_ANNOTATION,
+        false => URL_SEAL_ANNOTATION,
+    };
+    let trusted = keys.own.clone();
     let forwarder = discovery::Forwarder::new(
-        Arc::new(move || leader_of(&leader.borrow(), &trusted)),
+        Arc::new(move || leader_of(&leader.borrow(), (&trusted, seal))),
         discovery::FORWARD_TIMEOUT,
         retry_after,
     )
-    .with_key(key.clone());
-    let leases = Arc::new(
-        LeaseStore::new(settings.leases)
-            .with_client_limits(settings.client_limits)
-            .with_key(key),
-    );
+    .with_key(keys.own.clone())
+    .with_gateway_key(keys.gateway.clone());
+    let leases = LeaseStore::new(settings.leases).with_client_limits(settings.client_limits);
+    // A gateway never leads, so it signs no lease id: it has no key to.
+    let leases = Arc::new(match gateway_only {
+        true => leases,
+        false => leases.with_key(keys.own),
+    });
     let fixed = settings.discovery_tokens.clone();
     let secret = settings.discovery_tokens_secret.clone();
     let tokens = Arc::new(discovery::TokenSet::new(&fixed, secret.is_some()));
@@ -239,15 +259,13 @@ fn spawn_gateway(
 /// Where lease calls go, from what the election last saw: here, to the
 /// URL the leader publishes on its Lease when it carries the seal of
 /// `key` (the shared lease key), or nowhere.
-pub fn leader_of(observed: &Observed, key: &LeaseKey) -> discovery::Leader {
+pub fn leader_of(observed: &Observed, (key, annotation): (&LeaseKey, &str)) -> discovery::Leader {
     match observed {
         Observed::Me => discovery::Leader::Me,
         Observed::Other(published) => match published.get(DISCOVERY_URL_ANNOTATION) {
             None => discovery::Leader::Unknown,
             Some(url) => {
-                let seal = published
-                    .get(URL_SEAL_ANNOTATION)
-                    .map_or("", |s| s.as_str());
+                let seal = published.get(annotation).map_or("", |s| s.as_str());
                 if url_sealed(key, url, seal) {
                     discovery::Leader::At(url.clone())
                 } else {
@@ -476,6 +494,38 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_trusts_the_url_its_own_key_sealed_only() {
+        let url = "http://10.0.0.7:8090";
+        let (lease, gateway) = (key(1), key(3));
+        let published = Observed::Other(
+            [
+                (DISCOVERY_URL_ANNOTATION, url.to_string()),
+                (URL_SEAL_ANNOTATION, seal_url(&lease, url)),
+                (GATEWAY_URL_SEAL_ANNOTATION, seal_url(&gateway, url)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        );
+        let at = discovery::Leader::At(url.into());
+        assert_eq!(
+            leader_of(&published, (&gateway, GATEWAY_URL_SEAL_ANNOTATION)),
+            at
+        );
+        assert_eq!(leader_of(&published, (&lease, URL_SEAL_ANNOTATION)), at);
+        // The lease key's seal is no gateway's, and the reverse.
+        let unverified = discovery::Leader::Unverified;
+        assert_eq!(
+            leader_of(&published, (&gateway, URL_SEAL_ANNOTATION)),
+            unverified
+        );
+        assert_eq!(
+            leader_of(&published, (&lease, GATEWAY_URL_SEAL_ANNOTATION)),
+            unverified
+        );
+    }
+
+    #[test]
     fn lease_calls_go_where_the_election_says() {
         struct Case {
             name: &'static str,
@@ -547,7 +597,8 @@ mod tests {
             },
         ];
         for c in cases {
-            assert_eq!(leader_of(&c.observed, &key(1)), c.want, "{}", c.name);
+            let got = leader_of(&c.observed, (&key(1), URL_SEAL_ANNOTATION));
+            assert_eq!(got, c.want, "{}", c.name);
         }
     }
 

@@ -511,7 +511,10 @@ fn the_manager_gets_least_privilege_rbac() {
             let names: Vec<String> = if resources == ["leases"] {
                 vec!["egress-proxies-operator.crawl.example.com".into()]
             } else if r.verbs == ["get"] {
-                vec!["egress-proxies-operator-lease-key".into()]
+                vec![
+                    "egress-proxies-operator-lease-key".into(),
+                    "egress-proxies-operator-gateway-key".into(),
+                ]
             } else {
                 assert_eq!(r.verbs, ["get", "update"], "{resources:?}");
                 state.clone()
@@ -984,19 +987,19 @@ fn the_gateway_gets_least_privilege_rbac() {
         ]
     );
     // In the install namespace: the election Lease read (never written:
-    // the gateway never campaigns) and the lease key Secret read and, by
+    // the gateway never campaigns) and the gateway key Secret read and, by
     // the first replica to start, created (create cannot be limited to a
     // name). No lease hand-over Secrets.
     assert_eq!(namespaced.len(), 1, "{namespaced:?}");
     let (ns, rules) = &namespaced[0];
     assert_eq!(ns, NS);
-    let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
+    let gateway_key = egress_proxies_operator::operator::lease_key::GATEWAY_SECRET_NAME;
     let election = egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
     assert_eq!(
         granted(rules),
         [
             rule("", "secrets", &["create"], &[]),
-            rule("", "secrets", &["get"], &[lease_key]),
+            rule("", "secrets", &["get"], &[gateway_key]),
             rule("coordination.k8s.io", "leases", &["get"], &[election]),
         ]
     );
@@ -1177,7 +1180,7 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
     // only its ports move to free loopback ones, as parallel tests share
     // this host. It must serve as crawlers use it, and the audit log must
     // show no request refused, every granted verb used, and no write but
-    // the lease key and the metrics reviews.
+    // the gateway key and the metrics reviews.
     const TOKEN: &str = "gateway-manifest-token";
     let ground = support::ground_without_pods("gateway-rbac").await;
     let c = ground.cluster;
@@ -1218,23 +1221,29 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
     ]);
     assert_eq!(dry.matches("(server dry run)").count(), rest.len(), "{dry}");
     let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
+    let gateway_key = egress_proxies_operator::operator::lease_key::GATEWAY_SECRET_NAME;
     // Absent, as at a first install, so the gateway's create is exercised.
     c.kubectl_ok(&[
         "-n",
         NS,
         "delete",
         "secret",
-        lease_key,
+        gateway_key,
         "--ignore-not-found",
     ]);
     // The API server's own answer: the gateway reads no Secret outside
-    // its namespace, and there only the lease key.
+    // its namespace, and there only the gateway key (never the lease
+    // signing key: it cannot sign a lease id).
     let user = format!("system:serviceaccount:{NS}:{GATEWAY}");
     for (args, want) in [
         (vec!["list", "secrets", "-A"], "no"),
         (vec!["get", "secrets", "-n", "default"], "no"),
         (vec!["list", "secrets", "-n", NS], "no"),
-        (vec!["get", &format!("secret/{lease_key}"), "-n", NS], "yes"),
+        (vec!["get", &format!("secret/{lease_key}"), "-n", NS], "no"),
+        (
+            vec!["get", &format!("secret/{gateway_key}"), "-n", NS],
+            "yes",
+        ),
     ] {
         let out = c
             .kubectl()
@@ -1397,7 +1406,7 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
         let reads = ["get", "list", "watch"].contains(&verb.as_str());
         let allowed_write = verb == "create"
             && match resource.as_str() {
-                "secrets" => name.as_deref() == Some(lease_key),
+                "secrets" => name.as_deref() == Some(gateway_key),
                 "tokenreviews" | "subjectaccessreviews" => true,
                 _ => false,
             };
@@ -1413,6 +1422,6 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
             .any(|(v, _, r, _, n)| v == "get" && r == "leases" && n.as_deref() == Some(election)),
         "it follows the election Lease"
     );
-    c.kubectl_ok(&["-n", NS, "get", "secret", lease_key]);
+    c.kubectl_ok(&["-n", NS, "get", "secret", gateway_key]);
     assert!(!log_text().contains(TOKEN), "the token reached the log");
 }
