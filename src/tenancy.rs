@@ -13,12 +13,13 @@ use ipnet::IpNet;
 /// `--external-proxy-namespaces`' wildcard: every namespace.
 pub const ANY_NAMESPACE: &str = "*";
 
-/// Destinations the health engine never dials for an External Proxy unless
-/// `--probe-deny-cidrs` says otherwise: link-local (the cloud metadata
-/// servers at 169.254.169.254 and fe80::/10 among them), AWS's IPv6
-/// metadata address, Alibaba's metadata address, "this network",
-/// multicast, broadcast and the unspecified address.
-pub const DEFAULT_PROBE_DENY: &str = "169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,224.0.0.0/4,255.255.255.255/32,::/128,ff00::/8";
+/// Destinations the health engine never dials for an External Proxy (and
+/// the gateway never pins) unless `--probe-deny-cidrs` says otherwise:
+/// loopback (the operator's own servers, and a node's), link-local (the
+/// cloud metadata servers at 169.254.169.254 and fe80::/10 among them),
+/// AWS's IPv6 metadata address, Alibaba's metadata address, "this
+/// network", multicast, broadcast and the unspecified address.
+pub const DEFAULT_PROBE_DENY: &str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,224.0.0.0/4,255.255.255.255/32,::/128,ff00::/8";
 
 /// The namespaces whose External Proxies the operator serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,10 +264,28 @@ mod tests {
                 denied: false,
             },
             Case {
-                name: "loopback is not in the default",
+                name: "loopback",
                 flag: DEFAULT_PROBE_DENY,
                 addr: "127.0.0.1",
-                denied: false,
+                denied: true,
+            },
+            Case {
+                name: "loopback anywhere in 127/8",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "127.3.4.5",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 loopback",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "::1",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 loopback mapped to IPv4 loopback",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "::ffff:127.0.0.1",
+                denied: true,
             },
             Case {
                 name: "a private range added",

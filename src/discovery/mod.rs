@@ -4,7 +4,7 @@
 //! span and a request log line per request named by the matched route,
 //! incoming `traceparent` honoured; body cap; bearer auth), `openapi` (the
 //! document), `serving` (router and server), `model` (wire types and the
-//! listing/filter rules), `listing` (the eligible proxies a request
+//! listing/filter rules), `item` (a Proxy as listed, and who sees its password), `listing` (the eligible proxies a request
 //! chooses from, with the matches of recent filters), `error` (the JSON error answer), `forward`
 //! (lease calls on a follower go to the leader), `bench` (the
 //! benchmark's routes, hidden behind `--bench-routes`), `sessions` (the
@@ -19,6 +19,7 @@ mod forward;
 mod freshness;
 mod handlers;
 pub mod internal;
+pub mod item;
 mod listing;
 pub mod metrics;
 mod middleware;

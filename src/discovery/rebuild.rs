@@ -11,8 +11,8 @@ use std::time::Instant;
 use tokio::sync::broadcast;
 
 use super::freshness::Stamp;
+use super::item::item_of;
 use super::listing::{Entry, Listing, ListingData};
-use super::model::item_of;
 use super::state::{ApiState, Held};
 use crate::api::Proxy;
 use crate::lease::ProxyKey;

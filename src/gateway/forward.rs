@@ -12,9 +12,10 @@ use hyper::client::conn::http1 as client_http1;
 use hyper_util::rt::TokioIo;
 use tracing::{debug, info, warn};
 
+use super::answers::{answer, exhausted, moved, no_upstream};
 use super::blame::{self, Failure};
-use super::route::{ClientSlot, Gateway, Slot};
-use super::serve::{answer, exhausted, moved, no_upstream, Ask};
+use super::counts::{ClientSlot, Slot};
+use super::route::{Ask, Gateway};
 use super::upstream::{self, UpstreamError};
 use super::username::Wanted;
 use super::Upstream;

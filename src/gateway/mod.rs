@@ -2,21 +2,24 @@
 //! crawler. Each connection is relayed through one healthy proxy of the
 //! fleet, chosen by the session and filters the crawler writes in its
 //! proxy username; the crawler authenticates with its discovery token and
-//! never sees the upstreams' credentials. By job: `admission` (who gets
-//! a connection, before a byte is read), `blame` (whose failure an
-//! answer is), `username` (the
+//! never sees the upstreams' credentials. By job, in the order a
+//! request passes them: `admission` (who gets a connection, before a
+//! byte is read), `serve` (the HTTP/1.1 front: sign-in, then CONNECT or
+//! `forward` for absolute-form requests), `username` (the
 //! grammar), `choose` (rendezvous hashing and two random choices),
 //! `sessions` (what this replica remembers of each session), `fleet`
 //! (the eligible upstreams, as the lease API sees them, their names
 //! pinned), `route` (the
-//! upstream of one connection, with the connection caps), `upstream`
+//! upstream of one connection, within the caps `counts` keeps), `upstream`
 //! (dialing an upstream and its CONNECT), `tunnel` (bounded copying),
-//! `serve` (the HTTP/1.1 front: sign-in and CONNECT), `forward`
-//! (absolute-form requests), `metrics` (its series).
+//! `metrics` (its series); beside them `blame` (whose failure an answer
+//! is) and `answers` (every answer a crawler gets, marked so).
 
 mod admission;
+mod answers;
 mod blame;
 mod choose;
+mod counts;
 mod fleet;
 mod forward;
 pub mod metrics;

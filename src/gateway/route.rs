@@ -1,7 +1,7 @@
-//! The upstream of one new connection, and the counts that bound the
-//! gateway: connections per client and per upstream, and the upstreams
-//! that just failed a connection (passed over until the health engine's
-//! verdict catches up).
+//! The upstream of one new connection: chosen within the caps on
+//! connections per client and per upstream (`counts.rs` keeps them),
+//! passing over the upstreams that just failed a connection (until the
+//! health engine's verdict catches up).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -11,12 +11,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::choose::{rendezvous, two_choices};
+use super::counts::{ClientSlot, Counts, Slot};
 use super::fleet::{Fleet, Upstream};
 use super::sessions::Sessions;
 use super::username::Wanted;
 use super::Settings;
 use crate::discovery::Filter;
 use crate::lease::ProxyKey;
+
+/// What one authenticated request asks.
+pub(super) struct Ask {
+    pub(super) client: Arc<str>,
+    pub(super) wanted: Wanted,
+    pub(super) filter: Filter,
+}
 
 /// How long an upstream that failed a connection is passed over.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(15);
@@ -28,9 +36,9 @@ pub struct Gateway {
     pub(super) metrics: super::metrics::GatewayMetrics,
     sessions: Mutex<Sessions>,
     /// Open connections per upstream.
-    load: Arc<Mutex<HashMap<ProxyKey, u32>>>,
+    load: Counts<ProxyKey>,
     /// Open connections per client.
-    clients: Arc<Mutex<HashMap<Arc<str>, u32>>>,
+    clients: Counts<Arc<str>>,
     /// Upstreams that failed a connection, and until when they are
     /// passed over.
     suspects: Mutex<HashMap<ProxyKey, Instant>>,
@@ -54,43 +62,9 @@ pub enum NoUpstream {
     AllBusy(usize, String),
 }
 
-/// One open connection's place in the counts; released when dropped.
-pub struct Slot {
-    counts: Arc<Mutex<HashMap<ProxyKey, u32>>>,
-    key: ProxyKey,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        release(&self.counts, &self.key);
-    }
-}
-
-/// One client connection's place in its client's count.
-pub struct ClientSlot {
-    counts: Arc<Mutex<HashMap<Arc<str>, u32>>>,
-    client: Arc<str>,
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        release(&self.counts, &self.client);
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Counters only: a panic mid-update loses at most one count.
+    // Plain values: a panic mid-update leaves them usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn release<K: std::hash::Hash + Eq>(counts: &Mutex<HashMap<K, u32>>, key: &K) {
-    let mut c = lock(counts);
-    if let Some(n) = c.get_mut(key) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            c.remove(key);
-        }
-    }
 }
 
 /// An upstream chosen for a connection.
@@ -113,8 +87,8 @@ impl Gateway {
             sessions: Mutex::new(Sessions::new(settings.max_sessions)),
             settings,
             metrics,
-            load: Arc::default(),
-            clients: Arc::default(),
+            load: Counts::default(),
+            clients: Counts::default(),
             suspects: Mutex::default(),
             seed: RandomState::new().hash_one(0u8),
             draws: AtomicU64::new(0),
@@ -123,25 +97,13 @@ impl Gateway {
 
     /// Counts a connection of `client`; none when it holds its cap.
     pub fn admit(&self, client: &Arc<str>) -> Option<ClientSlot> {
-        let mut c = lock(&self.clients);
-        let n = c.entry(client.clone()).or_default();
-        if *n >= self.settings.max_per_client {
-            return None;
-        }
-        *n += 1;
-        Some(ClientSlot {
-            counts: self.clients.clone(),
-            client: client.clone(),
-        })
+        self.clients
+            .take_below(client, self.settings.max_per_client)
     }
 
     /// Counts a connection through `key`.
     pub fn occupy(&self, key: &ProxyKey) -> Slot {
-        *lock(&self.load).entry(key.clone()).or_default() += 1;
-        Slot {
-            counts: self.load.clone(),
-            key: key.clone(),
-        }
+        self.load.take(key)
     }
 
     /// `key` failed a connection with `e`: said, counted, and the upstream
@@ -245,11 +207,11 @@ impl Gateway {
 
     /// Upstream connections open (tunnels and kept connections).
     pub fn upstream_connections(&self) -> usize {
-        lock(&self.load).values().map(|&n| n as usize).sum()
+        self.load.total()
     }
 
     fn load_of(&self, key: &ProxyKey) -> u32 {
-        lock(&self.load).get(key).copied().unwrap_or(0)
+        self.load.of(key)
     }
 
     /// Whether an upstream may take a new connection of `client` to
@@ -286,7 +248,7 @@ impl Gateway {
         let keys: Vec<&ProxyKey> = upstreams.map(|u| &u.key).collect();
         let shared = self.fleet.shared_all(client, &keys, site);
         let suspects = lock(&self.suspects);
-        let load = lock(&self.load);
+        let load = self.load.held();
         let max = self.settings.max_per_upstream;
         keys.iter()
             .zip(shared)

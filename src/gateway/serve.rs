@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use http::header::{HeaderName, HeaderValue, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION};
+use http::header::{HeaderValue, PROXY_AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -17,18 +17,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::admission::{Admission, Bounds, Places, SigningIn};
+use super::answers::{answer, exhausted, moved, no_upstream, relay_refusal};
 use super::blame::Failure;
 use super::metrics::RequestLabels;
-use super::route::Gateway;
-use super::upstream::{self, Opened, TargetAnswer, UpstreamError};
+use super::route::{Ask, Gateway};
+use super::upstream::{self, Opened, UpstreamError};
 use super::username::{self, Wanted};
 use crate::discovery::Filter;
-
-/// Set on an answer whose session moved to another upstream.
-pub const SESSION_MOVED: &str = "x-gateway-session-moved";
-
-/// The realm of the gateway's `407`s.
-const REALM: &str = "Basic realm=\"egress-proxies-operator gateway\"";
 
 /// How often expired sessions are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
@@ -190,28 +185,6 @@ async fn connection(
     }
 }
 
-/// A refusal of the gateway's own: `status` with `reason` as its body,
-/// marked with whose failure the status stands for.
-pub(super) fn answer(status: StatusCode, reason: &str) -> Response<Body> {
-    let mut r = Response::new(Body::from(format!("{reason}\n")));
-    *r.status_mut() = status;
-    let whose = match status {
-        StatusCode::BAD_GATEWAY => Failure::Proxy,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Failure::Gateway,
-        _ => Failure::Client,
-    };
-    let mut r = whose.mark(r);
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-        r.headers_mut()
-            .insert(PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
-    }
-    r
-}
-
 /// The client, what its username asks and its compiled filter; or why
 /// not (the body of a `407`).
 fn authenticate<B>(gw: &Gateway, req: &Request<B>) -> Result<(Arc<str>, Wanted, Filter), String> {
@@ -322,40 +295,6 @@ fn result_of<B>(r: &Response<B>) -> &'static str {
     }
 }
 
-/// What one authenticated request asks.
-pub(super) struct Ask {
-    pub(super) client: Arc<str>,
-    pub(super) wanted: Wanted,
-    pub(super) filter: Filter,
-}
-
-/// The answer when no upstream is left to try: `503` with a Retry-After
-/// when none was usable, `502` naming the last upstream failure.
-pub(super) fn no_upstream(
-    err: super::route::NoUpstream,
-    failed: Option<UpstreamError>,
-) -> Response<Body> {
-    match failed {
-        Some(e) => answer(StatusCode::BAD_GATEWAY, &e.to_string()),
-        None => {
-            let mut r = answer(StatusCode::SERVICE_UNAVAILABLE, &err.to_string());
-            r.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("5"));
-            r
-        }
-    }
-}
-
-pub(super) fn moved(mut r: Response<Body>, moved: bool) -> Response<Body> {
-    if moved {
-        r.headers_mut().insert(
-            HeaderName::from_static(SESSION_MOVED),
-            HeaderValue::from_static("true"),
-        );
-    }
-    r
-}
-
 /// A `CONNECT`: a tunnel through the first upstream that grants one (a
 /// second is tried when the first fails), then the relay.
 async fn connect(
@@ -417,20 +356,6 @@ async fn connect(
         }
     }
     exhausted(failed)
-}
-
-/// The upstream's answer about the target, as the crawler gets it.
-fn relay_refusal(refused: TargetAnswer) -> Response<Body> {
-    let mut r = Response::new(Body::from(refused.body));
-    *r.status_mut() = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    r.headers_mut().extend(refused.headers);
-    Failure::Target.mark(r)
-}
-
-/// The `502` once every upstream tried failed, naming the last failure.
-pub(super) fn exhausted(failed: Option<UpstreamError>) -> Response<Body> {
-    let e = failed.map_or_else(|| "no upstream".to_string(), |e| e.to_string());
-    answer(StatusCode::BAD_GATEWAY, &e)
 }
 
 /// Waits for the client's side of the tunnel (after the `200` is sent),

@@ -9,10 +9,20 @@ pub(crate) fn defaults() -> Defaults {
         url: Url::parse("https://www.gstatic.com/generate_204").unwrap(),
         expected_status: 204,
         external: std::sync::Arc::new(crate::tenancy::ExternalNamespaces::Any),
-        deny: std::sync::Arc::new(crate::tenancy::ProbeDenylist::default_list()),
+        deny: std::sync::Arc::new(deny_but_loopback()),
         credentials: std::sync::Arc::default(),
         full_every: 1,
     }
+}
+
+/// The default deny list less loopback: these tests' External Proxies
+/// listen on 127.0.0.1.
+pub(crate) fn deny_but_loopback() -> crate::tenancy::ProbeDenylist {
+    let kept: Vec<&str> = crate::tenancy::DEFAULT_PROBE_DENY
+        .split(',')
+        .filter(|c| !c.starts_with("127.") && *c != "::1/128")
+        .collect();
+    crate::tenancy::ProbeDenylist::parse(&kept.join(",")).unwrap()
 }
 
 pub(crate) fn proxy(v: serde_json::Value) -> Proxy {

@@ -180,6 +180,7 @@ fn gateway_process(
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
     cmd.arg("gateway")
         .args(["--health-probe-bind-address", "0", "--metrics-secure=false"])
+        .args(["--probe-deny-cidrs", &support::deny_but_loopback()])
         .args(["--discovery-bind-address", &api.to_string()])
         .args(["--gateway-bind-address", &gw.to_string()])
         .args([

@@ -285,9 +285,12 @@ async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
         probe(&t, &tls).await.error.map(|e| e.reason()),
         Some("denied")
     );
-    // Outside the list the same Squid is probed as usual.
+    // Outside the list (the default less loopback) the same Squid is
+    // probed as usual.
     let t = ProbeTarget {
-        deny: Some(Arc::new(ProbeDenylist::default_list())),
+        deny: Some(Arc::new(
+            ProbeDenylist::parse(&support::deny_but_loopback()).unwrap(),
+        )),
         ..target(squid.port, &url, 204)
     };
     let r = probe(&t, &tls).await;

@@ -43,7 +43,7 @@ async fn exposition(n: usize, per_proxy: bool, squid: u16, target: SocketAddr) -
         url: url::Url::parse(&format!("http://{target}/")).unwrap(),
         expected_status: 200,
         external: Arc::new(ExternalNamespaces::Any),
-        deny: Arc::new(ProbeDenylist::default_list()),
+        deny: Arc::new(ProbeDenylist::parse(&support::deny_but_loopback()).unwrap()),
         credentials: Arc::default(),
         full_every: 1,
     };

@@ -45,6 +45,7 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
     cmd.arg("--providers-config")
         .arg(&path)
+        .args(["--probe-deny-cidrs", &deny_but_loopback()])
         .args([
             "--health-probe-bind-address",
             "0",
@@ -58,6 +59,16 @@ pub fn operator(dir: &Path, providers: &str, kubeconfig: &Path) -> Command {
         .env("TMPDIR", dir)
         .env_remove("KUBERNETES_SERVICE_HOST");
     cmd
+}
+
+/// The default `--probe-deny-cidrs` less loopback: the tests' External
+/// Proxies are real Squids on 127.0.0.x, which the default refuses.
+pub fn deny_but_loopback() -> String {
+    egress_proxies_operator::tenancy::DEFAULT_PROBE_DENY
+        .split(',')
+        .filter(|c| !c.starts_with("127.") && *c != "::1/128")
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A providers file of one kubernetes provider named `name`, with `keys`
