@@ -1031,14 +1031,8 @@ async fn the_shipped_policy_confines_the_managers_secret_writes_to_labelled_ones
     let ground = support::ground_without_pods("secret-policy").await;
     let c = ground.cluster;
     support::shipped::apply_rbac(c, rendered());
-    let token = c.kubectl_ok(&["create", "token", SA, "-n", NS]);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("manager.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        support::shipped::token_kubeconfig(c, token.trim()),
-    )
-    .unwrap();
+    let kubeconfig = support::shipped::service_account_kubeconfig(c, (NS, SA), dir.path());
     let manager = test_cluster::launch::client(&kubeconfig).await.unwrap();
     let ns = ground.ns.as_str();
     let (theirs_api, own_api): (Api<Secret>, Api<Secret>) = (
@@ -1254,14 +1248,8 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
         let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
         assert_eq!(said, want, "can-i {args:?} as the gateway");
     }
-    let token = c.kubectl_ok(&["create", "token", GATEWAY, "-n", NS]);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("gateway.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        support::shipped::token_kubeconfig(c, token.trim()),
-    )
-    .unwrap();
+    let kubeconfig = support::shipped::service_account_kubeconfig(c, (NS, GATEWAY), dir.path());
     // A scraper bound to the shipped metrics-reader role.
     ground.kubectl(&["create", "serviceaccount", "scraper"]);
     c.kubectl_ok(&[

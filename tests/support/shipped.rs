@@ -47,6 +47,19 @@ pub fn apply_rbac(c: &test_cluster::TestCluster, docs: &[Value]) {
     );
 }
 
+/// A kubeconfig file in `dir` for ServiceAccount `namespace/name` (a token
+/// from `kubectl create token`); its path.
+pub fn service_account_kubeconfig(
+    c: &test_cluster::TestCluster,
+    (namespace, name): (&str, &str),
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let token = c.kubectl_ok(&["create", "token", name, "-n", namespace]);
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, token_kubeconfig(c, token.trim())).unwrap();
+    path
+}
+
 /// A kubeconfig for the admin kubeconfig's server and CA, authenticating
 /// with `token`.
 pub fn token_kubeconfig(c: &test_cluster::TestCluster, token: &str) -> String {

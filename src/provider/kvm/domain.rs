@@ -21,13 +21,30 @@ pub fn is_active(state: u32) -> bool {
     state == state::DOMAIN_RUNNING || state == state::DOMAIN_BLOCKED
 }
 
+/// The address a guest reported, unless it is one the operator never
+/// dials (the default `--probe-deny-cidrs`: loopback, link-local and the
+/// metadata servers, "this network", multicast, broadcast): a guest runs
+/// what its cloud-init says, and its guest agent can report anything.
+/// Such a guest has no address: Provisioning, then replaced after its
+/// startup timeout. Private ranges are the guests' own networks.
+pub fn usable_address(ip: String) -> String {
+    let denied = ip
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|a| crate::tenancy::ProbeDenylist::default_list().denies(a));
+    match denied {
+        true => String::new(),
+        false => ip,
+    }
+}
+
 /// The instance `id` as observed.
 pub fn to_instance(id: String, obs: Observed) -> Instance {
     let mark = obs.mark.unwrap_or_default();
+    let ip = usable_address(obs.ip);
     Instance {
         id,
-        state: map_state(obs.state, &obs.ip),
-        ip: obs.ip,
+        state: map_state(obs.state, &ip),
+        ip,
         uid: mark.uid,
         installation_id: mark.installation,
         created_at: mark.created_at,
@@ -37,6 +54,31 @@ pub fn to_instance(id: String, obs: Observed) -> Instance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_the_operator_never_dials_is_no_address() {
+        for (reported, kept) in [
+            ("10.0.0.5", "10.0.0.5"),
+            ("192.168.122.40", "192.168.122.40"),
+            ("127.0.0.1", ""),
+            ("169.254.169.254", ""),
+            ("100.100.100.200", ""),
+            ("0.0.0.7", ""),
+            ("224.0.0.1", ""),
+            ("255.255.255.255", ""),
+            ("", ""),
+        ] {
+            assert_eq!(usable_address(reported.to_string()), kept, "{reported}");
+        }
+        let obs = Observed {
+            mark: None,
+            state: state::DOMAIN_RUNNING,
+            ip: "169.254.169.254".into(),
+            macs: Vec::new(),
+        };
+        let i = to_instance("h/d".into(), obs);
+        assert_eq!((i.state, i.ip.as_str()), (InstanceState::Provisioning, ""));
+    }
 
     #[test]
     fn state_table() {
