@@ -471,6 +471,28 @@ fn the_chart_lints_and_its_toggles_render_their_objects() {
         "--discovery-tokens-secret=egress-proxies-operator-discovery-token"
     )));
     assert!(!gateway_args.contains(&json!("--generate-discovery-token=default")));
+    // Reading no Secret cluster-wide, the gateway gets list and watch of
+    // that one Secret, bound to its ServiceAccount.
+    let role = object(&on, "Role", "egress-proxies-operator-gateway-tokens-role");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": ["egress-proxies-operator-discovery-token"],
+            "verbs": ["list", "watch"]}])
+    );
+    let binding = object(
+        &on,
+        "RoleBinding",
+        "egress-proxies-operator-gateway-tokens-rolebinding",
+    );
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "egress-proxies-operator-gateway-tokens-role"
+    );
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        "egress-proxies-operator-gateway"
+    );
     let ssh = object(&on, "Secret", "egress-proxies-operator-kvm-ssh");
     assert_eq!(ssh["data"]["known_hosts"], "SE9TVFM="); // base64 of HOSTS
 
@@ -527,6 +549,103 @@ fn two_renders_with_a_generated_token_are_the_same() {
 /// priority class, topology spread, and an extra
 /// volume mounted into the manager (a probe CA, as `--probe-ca-file`
 /// would read it).
+#[tokio::test]
+async fn the_charts_gateway_reads_its_tokens_secret_and_no_other() {
+    // The chart's gateway, watching a generated tokens Secret, under the
+    // RBAC the chart renders for it, on the real API server: a list and a
+    // watch of that Secret by name go through; any other Secret read is
+    // refused.
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{ListParams, WatchParams};
+    let ground = ground_without_pods("gw-tokens").await;
+    let c = ground.cluster;
+    let home = tempfile::tempdir().unwrap();
+    let ns = ground.ns.as_str();
+    let args = [
+        "template",
+        "tok",
+        CHART,
+        "--namespace",
+        ns,
+        "--set",
+        "gateway.enabled=true",
+        "--set",
+        "discoveryToken.generate=true",
+    ];
+    let docs = yaml_docs(&helm_ok(home.path(), None, &args));
+    let gateway = "tok-egress-proxies-operator-gateway";
+    let wanted = |d: &&Value| match d["kind"].as_str() {
+        Some("ServiceAccount") => d["metadata"]["name"] == gateway,
+        Some("Role" | "RoleBinding") => d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("tok-egress-proxies-operator-gateway-tokens")),
+        _ => false,
+    };
+    let items: Vec<&Value> = docs.iter().filter(wanted).collect();
+    assert_eq!(
+        items.len(),
+        3,
+        "the gateway's ServiceAccount, tokens Role and binding"
+    );
+    let file = home.path().join("rbac.json");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    std::fs::write(&file, list.to_string()).unwrap();
+    c.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
+    let tokens = "tok-egress-proxies-operator-discovery-token";
+    ground.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        tokens,
+        "--from-literal=default=t0k",
+    ]);
+    ground.kubectl(&["create", "secret", "generic", "other", "--from-literal=k=v"]);
+    let kubeconfig = shipped::service_account_kubeconfig(c, (ns, gateway), home.path());
+    let client = test_cluster::launch::client(&kubeconfig).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client, ns);
+    let by_name = format!("metadata.name={tokens}");
+    let listed = secrets
+        .list(&ListParams::default().fields(&by_name))
+        .await
+        .expect("its tokens Secret, listed by name");
+    assert_eq!(listed.items.len(), 1);
+    let events = secrets
+        .watch(&WatchParams::default().fields(&by_name).timeout(5), "0")
+        .await
+        .expect("its tokens Secret, watched by name");
+    let mut events = std::pin::pin!(events);
+    match futures::StreamExt::next(&mut events).await {
+        Some(Ok(kube::api::WatchEvent::Added(s))) => {
+            assert_eq!(s.metadata.name.as_deref(), Some(tokens))
+        }
+        other => panic!("the watch's first event: {other:?}"),
+    }
+    let forbidden = |r: Result<(), kube::Error>, what: &str| match r {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{what}: {e:?}"),
+        other => panic!("{what} was not refused: {other:?}"),
+    };
+    forbidden(
+        secrets.list(&ListParams::default()).await.map(drop),
+        "a list of every Secret",
+    );
+    forbidden(secrets.get("other").await.map(drop), "another Secret");
+    let other = "metadata.name=other";
+    forbidden(
+        secrets
+            .list(&ListParams::default().fields(other))
+            .await
+            .map(drop),
+        "another Secret by name",
+    );
+    forbidden(
+        secrets
+            .watch(&WatchParams::default().fields(other).timeout(1), "0")
+            .await
+            .map(drop),
+        "a watch of another Secret",
+    );
+}
+
 fn escape_hatches(dir: &Path) -> std::path::PathBuf {
     let v = json!({
         "image": {"repository": "registry.example/epo", "digest": format!("sha256:{}", "ab".repeat(32))},
