@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::{Deserialize, Serialize};
@@ -83,11 +83,7 @@ pub(super) async fn upstream_credentials(
         version,
         secrets: s.credentials.entries(),
     };
-    match serde_json::to_vec(&handed) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            .into_response(),
-    }
+    super::feed::json_answer(&handed)
 }
 
 /// The copy a gateway holds: from which leader, feed and version.

@@ -98,7 +98,12 @@ pub(super) async fn lease_state(
         feed,
         state: s.leases.export(),
     };
-    match serde_json::to_vec(&fed) {
+    json_answer(&fed)
+}
+
+/// `value` as a JSON answer to another replica.
+pub(super) fn json_answer(value: &impl Serialize) -> Response {
+    match serde_json::to_vec(value) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             .into_response(),

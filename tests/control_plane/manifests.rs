@@ -1049,10 +1049,16 @@ async fn the_shipped_policy_confines_the_managers_secret_writes_to_labelled_ones
             "stringData": {"username": "u", "password": "p"}}))
         .unwrap()
     };
-    let said = |r: Result<Secret, kube::Error>| match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) => Err(e.message),
-        Err(e) => panic!("not an answer of the API server: {e}"),
+    fn said<T>(r: Result<T, kube::Error>) -> Result<(), String> {
+        match r {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) => Err(e.message),
+            Err(e) => panic!("not an answer of the API server: {e}"),
+        }
+    }
+    let create_generic = |name: &str| {
+        let literal = "--from-literal=k=v";
+        ground.kubectl(&["create", "secret", "generic", name, literal]);
     };
     let pp = PostParams::default();
     // A policy takes effect once the API server compiled it: wait for its
@@ -1096,21 +1102,11 @@ async fn the_shipped_policy_confines_the_managers_secret_writes_to_labelled_ones
         .await
         .unwrap();
     // Another application's Secret: the manager cannot touch it.
-    ground.kubectl(&[
-        "create",
-        "secret",
-        "generic",
-        "theirs",
-        "--from-literal=k=v",
-    ]);
+    create_generic("theirs");
     let refusals = [
         said(theirs_api.patch("theirs", &pa, &merge(label)).await),
         said(theirs_api.patch("theirs", &pa, &merge(changed)).await),
-        match theirs_api.delete("theirs", &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) => Err(e.message),
-            Err(e) => panic!("{e}"),
-        },
+        said(theirs_api.delete("theirs", &DeleteParams::default()).await),
     ];
     for r in refusals {
         let message = r.expect_err("the manager wrote another application's Secret");
@@ -1126,13 +1122,7 @@ async fn the_shipped_policy_confines_the_managers_secret_writes_to_labelled_ones
         .await
         .unwrap();
     // Anyone else is not this policy's business.
-    ground.kubectl(&[
-        "create",
-        "secret",
-        "generic",
-        "admins",
-        "--from-literal=k=v",
-    ]);
+    create_generic("admins");
 }
 
 /// What one audited request of a user asked for: (verb, group, resource,

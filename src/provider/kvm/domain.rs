@@ -28,9 +28,10 @@ pub fn is_active(state: u32) -> bool {
 /// Such a guest has no address: Provisioning, then replaced after its
 /// startup timeout. Private ranges are the guests' own networks.
 pub fn usable_address(ip: String) -> String {
-    let denied = ip
-        .parse::<std::net::IpAddr>()
-        .is_ok_and(|a| crate::tenancy::ProbeDenylist::default_list().denies(a));
+    // Parsed once: this runs for every domain of every listing.
+    static DENY: std::sync::LazyLock<crate::tenancy::ProbeDenylist> =
+        std::sync::LazyLock::new(crate::tenancy::ProbeDenylist::default_list);
+    let denied = ip.parse::<std::net::IpAddr>().is_ok_and(|a| DENY.denies(a));
     match denied {
         true => String::new(),
         false => ip,
