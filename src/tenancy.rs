@@ -14,12 +14,16 @@ use ipnet::IpNet;
 pub const ANY_NAMESPACE: &str = "*";
 
 /// Destinations the health engine never dials for an External Proxy (and
-/// the gateway never pins) unless `--probe-deny-cidrs` says otherwise:
-/// loopback (the operator's own servers, and a node's), link-local (the
-/// cloud metadata servers at 169.254.169.254 and fe80::/10 among them),
-/// AWS's IPv6 metadata address, Alibaba's metadata address, "this
-/// network", multicast, broadcast and the unspecified address.
-pub const DEFAULT_PROBE_DENY: &str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,224.0.0.0/4,255.255.255.255/32,::/128,ff00::/8";
+/// the gateway never pins) unless `--probe-deny-cidrs` says otherwise or
+/// `--probe-allow-cidrs` opens them: loopback (the operator's own servers,
+/// and a node's), link-local (the cloud metadata servers at
+/// 169.254.169.254 and fe80::/10 among them), AWS's IPv6 metadata address,
+/// Alibaba's metadata address, "this network", multicast, broadcast, the
+/// unspecified address, and the private ranges a cluster's Pods, Services
+/// and nodes live in (RFC 1918, the 100.64.0.0/10 shared range, IPv6
+/// unique-local fc00::/7): a tenant's endpoint must not make the operator
+/// or the gateway reach into the cluster.
+pub const DEFAULT_PROBE_DENY: &str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,0.0.0.0/8,224.0.0.0/4,255.255.255.255/32,::/128,ff00::/8,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7";
 
 /// The namespaces whose External Proxies the operator serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,32 +97,50 @@ fn is_namespace_name(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Addresses the health engine never dials for an External Proxy.
+/// Addresses the health engine never dials for an External Proxy: those
+/// in a denied range and not in an allowed one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProbeDenylist(Vec<IpNet>);
+pub struct ProbeDenylist {
+    deny: Vec<IpNet>,
+    allow: Vec<IpNet>,
+}
+
+/// The addresses and CIDRs of `flag`'s comma-separated `value` (empty:
+/// none). An error names the flag, the entry and the reason.
+pub fn parse_cidrs(flag: &str, value: &str) -> Result<Vec<IpNet>, String> {
+    let mut nets = Vec::new();
+    for (i, raw) in value.split(',').enumerate() {
+        let s = raw.trim();
+        if s.is_empty() {
+            continue;
+        }
+        let net = s
+            .parse::<IpNet>()
+            .ok()
+            .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
+            .ok_or_else(|| {
+                format!("{flag}: entry {i} {s:?} is not an IP address or CIDR (e.g. 10.20.0.0/16)")
+            })?;
+        nets.push(net);
+    }
+    Ok(nets)
+}
 
 impl ProbeDenylist {
-    /// The list of the flag's value (comma-separated addresses or CIDRs;
-    /// empty: none). An error names the flag, the entry and the reason.
+    /// The list of `--probe-deny-cidrs`' value, allowing nothing back.
     pub fn parse(flag: &str) -> Result<Self, String> {
-        let mut nets = Vec::new();
-        for (i, raw) in flag.split(',').enumerate() {
-            let s = raw.trim();
-            if s.is_empty() {
-                continue;
-            }
-            let net = s
-                .parse::<IpNet>()
-                .ok()
-                .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
-                .ok_or_else(|| {
-                    format!(
-                        "--probe-deny-cidrs: entry {i} {s:?} is not an IP address or CIDR (e.g. 169.254.0.0/16)"
-                    )
-                })?;
-            nets.push(net);
-        }
-        Ok(ProbeDenylist(nets))
+        Ok(ProbeDenylist {
+            deny: parse_cidrs("--probe-deny-cidrs", flag)?,
+            allow: Vec::new(),
+        })
+    }
+
+    /// The list with `allow` (`--probe-allow-cidrs`, or a kvm provider's
+    /// `allowedAddresses`) dialled even inside a denied range: an office
+    /// proxy on 10.20.0.0/16 without the rest of 10.0.0.0/8.
+    pub fn allowing(mut self, allow: Vec<IpNet>) -> Self {
+        self.allow = allow;
+        self
     }
 
     /// [`DEFAULT_PROBE_DENY`].
@@ -127,7 +149,10 @@ impl ProbeDenylist {
         // nothing more than it says, never less than link-local.
         Self::parse(DEFAULT_PROBE_DENY).unwrap_or_else(|_| {
             let link_local = ipnet::Ipv4Net::new([169, 254, 0, 0].into(), 16).map(IpNet::V4);
-            ProbeDenylist(link_local.into_iter().collect())
+            ProbeDenylist {
+                deny: link_local.into_iter().collect(),
+                allow: Vec::new(),
+            }
         })
     }
 
@@ -142,12 +167,12 @@ impl ProbeDenylist {
                 .unwrap_or(IpAddr::V6(v6)),
             v4 => v4,
         };
-        self.0.iter().any(|n| n.contains(&addr))
+        self.deny.iter().any(|n| n.contains(&addr)) && !self.allow.iter().any(|n| n.contains(&addr))
     }
 
     /// Whether nothing is denied.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.deny.is_empty()
     }
 }
 
@@ -288,6 +313,36 @@ mod tests {
                 denied: true,
             },
             Case {
+                name: "a cluster's Pod range",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "10.244.1.7",
+                denied: true,
+            },
+            Case {
+                name: "a Service address in 172.16/12",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "172.20.0.10",
+                denied: true,
+            },
+            Case {
+                name: "a node on 192.168/16",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "192.168.1.20",
+                denied: true,
+            },
+            Case {
+                name: "the shared range",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "100.72.0.1",
+                denied: true,
+            },
+            Case {
+                name: "IPv6 unique-local",
+                flag: DEFAULT_PROBE_DENY,
+                addr: "fd12:3456::1",
+                denied: true,
+            },
+            Case {
                 name: "a private range added",
                 flag: "10.0.0.0/8, 192.0.2.9",
                 addr: "10.1.2.3",
@@ -311,6 +366,17 @@ mod tests {
             let addr: IpAddr = c.addr.parse().unwrap();
             assert_eq!(list.denies(addr), c.denied, "{}", c.name);
         }
+        // An allowed range opens only itself inside a denied one.
+        let office = parse_cidrs("--probe-allow-cidrs", "10.20.0.0/16").unwrap();
+        let list = ProbeDenylist::default_list().allowing(office);
+        for (addr, denied) in [
+            ("10.20.3.4", false),
+            ("::ffff:10.20.3.4", false),
+            ("10.21.0.1", true),
+            ("169.254.169.254", true),
+        ] {
+            assert_eq!(list.denies(addr.parse().unwrap()), denied, "{addr}");
+        }
         assert_eq!(
             ProbeDenylist::default_list(),
             ProbeDenylist::parse(DEFAULT_PROBE_DENY).unwrap()
@@ -324,5 +390,7 @@ mod tests {
             e.contains("--probe-deny-cidrs: entry 1 \"10.0.0.0/33\""),
             "{e}"
         );
+        let e = parse_cidrs("--probe-allow-cidrs", "10.0.0.0/8,office").unwrap_err();
+        assert!(e.contains("--probe-allow-cidrs: entry 1 \"office\""), "{e}");
     }
 }

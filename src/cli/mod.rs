@@ -157,10 +157,16 @@ pub struct Flags {
     pub external_proxy_namespaces: Option<String>,
 
     /// Addresses and CIDRs an External Proxy's endpoint must not be (or
-    /// resolve to): the health engine does not dial them. Comma-separated;
-    /// empty turns the check off.
+    /// resolve to): the health engine does not dial them, nor the gateway.
+    /// Comma-separated; empty turns the check off.
     #[arg(long, default_value = crate::tenancy::DEFAULT_PROBE_DENY, value_name = "CIDR,...")]
     pub probe_deny_cidrs: String,
+
+    /// Addresses and CIDRs an External Proxy's endpoint may be even inside
+    /// a range of --probe-deny-cidrs (an office proxy on 10.20.0.0/16
+    /// without the rest of 10.0.0.0/8). Comma-separated; default none.
+    #[arg(long, default_value = "", value_name = "CIDR,...")]
+    pub probe_allow_cidrs: String,
 
     /// Give every health probe its own root trace span (off by default:
     /// one probe per proxy per second is a lot of spans).

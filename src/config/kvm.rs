@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::validate::{http_url, is_identifier};
 
 /// Settings of a `kvm` provider entry.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KvmConfig {
     /// Which addresses the built-in Squid setup (`cloudInit.builtin:
@@ -33,6 +33,14 @@ pub struct KvmConfig {
     /// Ship the vendor-data script that installs qemu-guest-agent (absent = true).
     #[serde(default)]
     pub install_guest_agent: Option<bool>,
+    /// Addresses and CIDRs a guest's address may be in even inside the
+    /// ranges the operator otherwise never dials (the default
+    /// `--probe-deny-cidrs`, private ranges among them): the guests'
+    /// network, e.g. `192.168.122.0/24`. A guest reporting any other such
+    /// address has none (a guest runs what its cloud-init says, and its
+    /// agent can report the cluster's Service range).
+    #[serde(default)]
+    pub allowed_addresses: Vec<String>,
     /// URL prefixes a direct `placement.image` URL must fall under; empty
     /// (the default) refuses direct URLs, only catalogue keys work.
     #[serde(default)]
@@ -163,6 +171,28 @@ fn default_pool() -> String {
     DEFAULT_POOL.into()
 }
 
+impl KvmConfig {
+    /// The addresses a guest may report: the default `--probe-deny-cidrs`
+    /// less `allowedAddresses`. An error names the entry and the reason.
+    pub fn guest_addresses(&self) -> Result<crate::tenancy::ProbeDenylist, String> {
+        let allowed = self
+            .allowed_addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                crate::tenancy::parse_cidrs(&format!("kvm.allowedAddresses[{i}]"), a)
+                    .and_then(|nets| match nets[..] {
+                        [net] => Ok(net),
+                        _ => Err(format!(
+                            "kvm.allowedAddresses[{i}]: {a:?} is not one IP address or CIDR (e.g. 192.168.122.0/24)"
+                        )),
+                    })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(crate::tenancy::ProbeDenylist::default_list().allowing(allowed))
+    }
+}
+
 const KEY_RULE: &str =
     "letters, digits, dots, dashes or underscores, starting with a letter or digit";
 
@@ -183,6 +213,7 @@ impl KvmConfig {
                 self.disk_size_gb
             ));
         }
+        self.guest_addresses()?;
         for (i, p) in self.allowed_image_urls.iter().enumerate() {
             http_url(p).map_err(|why| format!("kvm.allowedImageUrls[{i}] {why} (got {p:?})"))?;
         }

@@ -231,6 +231,47 @@ impl Admission {
     }
 }
 
+/// One client connection's standing: its address, its places in the
+/// counts (moved into its tunnel, if it opens one), and its sign-in
+/// places until its first signed-in request.
+pub(super) struct Conn {
+    pub(super) ip: std::net::IpAddr,
+    pub(super) admission: Arc<Admission>,
+    places: std::sync::Mutex<Option<Places>>,
+    signing_in: std::sync::Mutex<Option<SigningIn>>,
+}
+
+impl Conn {
+    /// A connection from `ip`, holding `places` and its sign-in places.
+    pub(super) fn new(
+        ip: std::net::IpAddr,
+        admission: Arc<Admission>,
+        (places, signing_in): (Places, SigningIn),
+    ) -> Self {
+        Conn {
+            ip,
+            admission,
+            places: std::sync::Mutex::new(Some(places)),
+            signing_in: std::sync::Mutex::new(Some(signing_in)),
+        }
+    }
+
+    /// The connection's places, taken by the tunnel it became.
+    pub(super) fn take_places(&self) -> Option<Places> {
+        self.places.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// A request of it signed in: its sign-in places go back.
+    pub(super) fn signed_in(&self) {
+        drop(
+            self.signing_in
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // a test: a panic is its failure report

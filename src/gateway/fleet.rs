@@ -62,7 +62,7 @@ impl Pin {
             if let Some(deny) = &deny {
                 if addrs.iter().any(|a| deny.denies(a.ip())) {
                     return Err(format!(
-                        "{host} resolves to an address in --probe-deny-cidrs; not dialled"
+                        "{host} resolves to an address in --probe-deny-cidrs that --probe-allow-cidrs does not open; not dialled"
                     ));
                 }
             }
@@ -164,7 +164,8 @@ pub trait Fleet: Send + Sync + 'static {
 /// lookup and a walk over references, not a copy of every proxy.
 pub struct ApiFleet {
     state: ApiState,
-    /// What an upstream's name must not resolve to (`--probe-deny-cidrs`).
+    /// What an upstream's name must not resolve to (`--probe-deny-cidrs`
+    /// less `--probe-allow-cidrs`).
     deny: Option<Arc<ProbeDenylist>>,
     /// The listing the upstreams were made from (held, so its address is
     /// not reused while it is compared), and them.

@@ -170,3 +170,18 @@ impl GatewayMetrics {
         self.sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }
+/// The metrics' result of an answer: its failure's, as [`answer`] or the
+/// relay marked it; an unmarked answer is the target's own, relayed.
+pub(super) fn result_of<B>(r: &http::Response<B>) -> &'static str {
+    let Some(whose) = r.extensions().get::<super::blame::Failure>() else {
+        return "ok";
+    };
+    match (whose, r.status()) {
+        (super::blame::Failure::Target, _) => "target_failed",
+        (_, http::StatusCode::BAD_REQUEST) => "bad_request",
+        (_, http::StatusCode::PROXY_AUTHENTICATION_REQUIRED) => "unauthenticated",
+        (_, http::StatusCode::TOO_MANY_REQUESTS) => "client_limit",
+        (_, http::StatusCode::SERVICE_UNAVAILABLE) => "no_upstream",
+        _ => "upstream_failed",
+    }
+}

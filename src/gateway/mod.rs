@@ -2,39 +2,42 @@
 //! crawler. Each connection is relayed through one healthy proxy of the
 //! fleet, chosen by the session and filters the crawler writes in its
 //! proxy username; the crawler authenticates with its discovery token and
-//! never sees the upstreams' credentials. By job, in the order a
-//! request passes them: `admission` (who gets a connection, before a
-//! byte is read), `serve` (the HTTP/1.1 front: sign-in, then CONNECT or
-//! `forward` for absolute-form requests), `username` (the
-//! grammar), `choose` (rendezvous hashing and two random choices),
-//! `sessions` (what this replica remembers of each session), `fleet`
-//! (the eligible upstreams, as the lease API sees them, their names
-//! pinned), `route` (the
-//! upstream of one connection, within the caps `counts` keeps), `upstream`
-//! (dialing an upstream and its CONNECT), `tunnel` (bounded copying),
-//! `metrics` (its series); beside them `blame` (whose failure an answer
-//! is) and `answers` (every answer a crawler gets, marked so).
+//! never sees the upstreams' credentials.
+//!
+//! A request passes its layers once, in one direction, each a file:
+//! `accept` (the listener; `admission` bounds who gets a connection
+//! before a byte is read), `sign_in` (the token and the `username`
+//! grammar), `route` (the choice: `choose`'s rendezvous hashing and two
+//! random choices over the `fleet`'s eligible upstreams, their names
+//! pinned, what `sessions` remembers, the suspects and the caps `counts`
+//! keeps), `connect` for a `CONNECT` (`upstream` dials an upstream and
+//! asks its tunnel) or `forward` for an absolute-form request, `tunnel`
+//! (the relay, bounded), and the account (`metrics`). Beside them,
+//! `blame` says whose failure an answer is and `answers` writes every
+//! answer a crawler gets, marked so.
 
+mod accept;
 mod admission;
 mod answers;
 mod blame;
 mod choose;
+mod connect;
 mod counts;
 mod fleet;
 mod forward;
 pub mod metrics;
 mod route;
-mod serve;
 mod sessions;
+mod sign_in;
 pub(crate) mod tunnel;
 mod upstream;
 pub mod username;
 
 use std::time::Duration;
 
+pub use accept::serve;
 pub use fleet::{warm_upstreams, ApiFleet, Candidates, Fleet, Upstream};
 pub use route::Gateway;
-pub use serve::serve;
 
 /// The gateway's bounds and defaults (`--gateway-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -122,6 +122,48 @@ async fn pump(
     }
 }
 
+/// Waits for the client's side of the tunnel (after the `200` is sent),
+/// then relays.
+pub(super) async fn relay_upgraded(
+    gw: &super::Gateway,
+    req: http::Request<hyper::body::Incoming>,
+    conn: tokio::net::TcpStream,
+    early: bytes::Bytes,
+    key: &crate::lease::ProxyKey,
+) {
+    let upgraded = match hyper::upgrade::on(req).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, "The client left before its tunnel opened");
+            return;
+        }
+    };
+    // The front serves plain TCP streams only, so this is what it holds.
+    let Ok(parts) = upgraded.downcast::<hyper_util::rt::TokioIo<tokio::net::TcpStream>>() else {
+        tracing::warn!("A gateway tunnel was not over TCP; closed");
+        return;
+    };
+    let client = parts.io.into_inner();
+    // The client's bytes past its CONNECT are a slice of hyper's read
+    // buffer (8 KiB): copied out, so the buffer is not held for the
+    // tunnel's whole life.
+    let sent = bytes::Bytes::copy_from_slice(&parts.read_buf);
+    drop(parts.read_buf);
+    let (idle, opened) = (gw.settings.idle_timeout, std::time::Instant::now());
+    gw.metrics.tunnel_opened();
+    let (moved, err) = relay(client, conn, (sent, early), idle).await;
+    gw.metrics
+        .tunnel_closed(opened.elapsed(), moved.up, moved.down);
+    match err {
+        None => {
+            tracing::debug!(upstream = %key, up = moved.up, down = moved.down, "Gateway tunnel closed")
+        }
+        Some(e) => {
+            tracing::debug!(upstream = %key, up = moved.up, down = moved.down, error = %e, "Gateway tunnel ended")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // a test: a panic is its failure report

@@ -49,7 +49,7 @@ pub enum ProbeError {
     /// An External endpoint is, or resolves to, an address in
     /// `--probe-deny-cidrs`: not dialled. The message is the same whatever
     /// listens there (nothing was sent).
-    #[error("spec.endpoint.host {0:?} is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local and the like); not dialled")]
+    #[error("spec.endpoint.host {0:?} is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local, the cluster's private ranges and the like) that --probe-allow-cidrs does not open; not dialled")]
     Denied(String),
 }
 
@@ -197,7 +197,7 @@ mod tests {
                 name: "a denied destination",
                 error: ProbeError::Denied("metadata.internal".into()),
                 reason: "denied",
-                message: "spec.endpoint.host \"metadata.internal\" is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local and the like); not dialled",
+                message: "spec.endpoint.host \"metadata.internal\" is or resolves to an address in the operator's --probe-deny-cidrs (cloud metadata, link-local, the cluster's private ranges and the like) that --probe-allow-cidrs does not open; not dialled",
             },
         ];
         for c in cases {

@@ -14,7 +14,7 @@ use crate::config::ProvidersConfig;
 use crate::health;
 use crate::leader;
 use crate::lease::{ClientLimits, LeaseConfig};
-use crate::tenancy::{ExternalNamespaces, ProbeDenylist};
+use crate::tenancy::{parse_cidrs, ExternalNamespaces, ProbeDenylist};
 
 /// What the operator runs with. Not `Debug`: it carries the discovery
 /// token.
@@ -188,6 +188,10 @@ impl Settings {
         .map_err(|e| problems.push(e))
         .ok();
         let deny = ProbeDenylist::parse(&flags.probe_deny_cidrs)
+            .and_then(|d| {
+                let allow = parse_cidrs("--probe-allow-cidrs", &flags.probe_allow_cidrs)?;
+                Ok(d.allowing(allow))
+            })
             .map_err(|e| problems.push(e))
             .ok();
         let gateway_only = flags.role == cli::Role::Gateway;

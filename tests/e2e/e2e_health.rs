@@ -320,12 +320,15 @@ async fn sick_proxies_recover_and_leases_cool_down_and_expire() {
     let sink = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let api_addr: SocketAddr = support::loopback();
+    // The Squid Pods below are External Proxies on the Pods' network, a
+    // private range denied by default: opened, as an office's would be.
+    let pods_net = format!("{}/16", ground.host_ip());
     let _op = probing_operator(
         &ground,
         dir.path(),
         target,
         api_addr,
-        &["--lease-cooldown", "2s"],
+        &["--lease-cooldown", "2s", "--probe-allow-cidrs", &pods_net],
     );
     let proxies: Api<Proxy> = ground.proxies();
     let pods: Api<Pod> = ground.api();

@@ -285,6 +285,17 @@ async fn a_denied_endpoint_is_never_dialled_and_says_nothing_of_the_port() {
         probe(&t, &tls).await.error.map(|e| e.reason()),
         Some("denied")
     );
+    // By default the cluster's private ranges are denied too: an endpoint
+    // on a Service address is refused before any packet is sent.
+    let t = ProbeTarget {
+        proxy_host: "10.96.0.1".into(),
+        deny: Some(Arc::new(ProbeDenylist::default_list())),
+        ..target(squid.port, &url, 204)
+    };
+    assert_eq!(
+        probe(&t, &tls).await.error.map(|e| e.reason()),
+        Some("denied")
+    );
     // Outside the list (the default less loopback) the same Squid is
     // probed as usual.
     let t = ProbeTarget {

@@ -302,6 +302,23 @@ fn kvm_block() {
     assert_err(
         &with(
             "      images:\n",
+            "      allowedAddresses: [192.168.122.0/24, \"10.0.0.0/33\"]\n      images:\n",
+        ),
+        &[
+            "kvm.allowedAddresses[1]",
+            "\"10.0.0.0/33\" is not an IP address or CIDR",
+        ],
+    );
+    assert_err(
+        &with(
+            "      images:\n",
+            "      allowedAddresses: [\"192.168.122.0/24,10.0.0.0/8\"]\n      images:\n",
+        ),
+        &["kvm.allowedAddresses[0]", "is not one IP address or CIDR"],
+    );
+    assert_err(
+        &with(
+            "      images:\n",
             "      allowedImageUrls: [\"ftp://mirror.example/\"]\n      images:\n",
         ),
         &["kvm.allowedImageUrls[0] must be an http(s) URL", "ftp://"],

@@ -106,6 +106,22 @@ async fn lifecycle_create_get_list_delete() {
     neigh("add");
     let (_, by_arp) = virsh(&["domifaddr", &req.name, "--source", "arp"]);
     assert!(!by_arp.contains(seen_at), "libvirt's ARP source: {by_arp}");
+    // A provider whose kvm.allowedAddresses leaves the guest's private
+    // address out never offers it: the guest has no address.
+    let unlisted = KvmProvider::new(
+        "kvm-test",
+        &egress_proxies_operator::config::KvmConfig {
+            allowed_addresses: vec!["10.213.0.0/16".into()],
+            ..cfg.clone()
+        },
+    )
+    .unwrap();
+    let refused = unlisted.get(&id).await.unwrap();
+    assert_eq!(
+        (refused.state, refused.ip.as_str()),
+        (InstanceState::Provisioning, ""),
+        "{refused:?}"
+    );
     let found = p.get(&id).await.unwrap();
     neigh("del");
     assert_eq!(

@@ -21,6 +21,11 @@ use std::time::{Duration, Instant};
 use egress_proxies_operator::config::{DomainType, KvmConfig, KvmHost, MachineType};
 
 const LIBVIRT_SOCK: &str = "/var/run/libvirt/libvirt-sock";
+/// `kvm.allowedAddresses` of the test providers: the guest networks
+/// [`Env::guest_network`] makes (10.213.n.0/24) and the address
+/// kvm_lifecycle puts in the host's neighbour table. Private ranges, which
+/// the operator otherwise never dials.
+pub const GUEST_ADDRESSES: [&str; 2] = ["10.213.0.0/16", "10.199.77.0/24"];
 
 /// Runs a command, returning (success, stdout+stderr).
 pub fn run(cmd: &str, args: &[&str]) -> (bool, String) {
@@ -443,9 +448,10 @@ impl Env {
     pub fn providers_yaml(&self, provider: &str, host: &str, image: &str, url: &str) -> String {
         let h = self.host(host);
         format!(
-            "providers:\n  - name: {provider}\n    type: kvm\n    kvm:\n      sshKeyFile: {key}\n      knownHostsFile: {known}\n      diskSizeGb: 1\n      images:\n        {image}: {{url: \"{url}\"}}\n      machineTypes:\n        small: {{vcpus: 1, memoryMiB: 128}}\n      hosts:\n        - {{name: {host}, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}\n",
+            "providers:\n  - name: {provider}\n    type: kvm\n    kvm:\n      sshKeyFile: {key}\n      knownHostsFile: {known}\n      allowedAddresses: [{allowed}]\n      diskSizeGb: 1\n      images:\n        {image}: {{url: \"{url}\"}}\n      machineTypes:\n        small: {{vcpus: 1, memoryMiB: 128}}\n      hosts:\n        - {{name: {host}, address: \"{addr}\", user: root, socket: {socket}, pool: {pool}, bridge: {bridge}, domainType: qemu}}\n",
             key = self.key_file.display(),
             known = self.known_hosts.display(),
+            allowed = GUEST_ADDRESSES.join(", "),
             addr = h.address,
             socket = h.socket,
             pool = h.pool,
@@ -474,6 +480,7 @@ impl Env {
             disk_size_gb: 1,
             vendor_data: String::new(),
             install_guest_agent: None,
+            allowed_addresses: GUEST_ADDRESSES.iter().map(|a| a.to_string()).collect(),
             allowed_image_urls: Vec::new(),
             images: Default::default(),
             machine_types: [(
@@ -629,8 +636,63 @@ impl Env {
         let pid_file = d.join("dnsmasq.pid");
         let log = d.join("dnsmasq.log");
         let leases = d.join("dnsmasq.leases");
-        let out = std::fs::File::create(d.join("dnsmasq.out")).unwrap();
-        let child = Command::new(DNSMASQ)
+        // dnsmasq lists the host's interfaces over netlink at start; a
+        // dump that races another test adding or removing a bridge fails
+        // it ("failed to find list of interfaces"): start it again.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let _ = std::fs::remove_file(&pid_file);
+            let child = self.spawn_dnsmasq((first, last), (&tftp, &pid_file, &leases, &log));
+            *self.dnsmasq.lock().unwrap() = Some(child);
+            let ready = wait_for("dnsmasq", Duration::from_secs(10), || {
+                let alive = self
+                    .dnsmasq
+                    .lock()
+                    .unwrap()
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                alive
+                    && std::fs::read_to_string(&pid_file)
+                        .map(|p| !p.trim().is_empty())
+                        .unwrap_or(false)
+            });
+            if ready {
+                break;
+            }
+            let said = format!(
+                "{} {}",
+                std::fs::read_to_string(d.join("dnsmasq.out")).unwrap_or_default(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            if let Some(mut c) = self.dnsmasq.lock().unwrap().take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            assert!(
+                attempt < 3 && said.contains("failed to find list of interfaces"),
+                "dnsmasq did not start (attempt {attempt}): {said}"
+            );
+            eprintln!("dnsmasq start {attempt} raced an interface change: {said}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        GuestNet {
+            host_ip,
+            first,
+            last,
+            leases,
+            log,
+        }
+    }
+
+    /// dnsmasq on this bridge alone (see [`Env::guest_network`]).
+    fn spawn_dnsmasq(
+        &self,
+        (first, last): (Ipv4Addr, Ipv4Addr),
+        (tftp, pid_file, leases, log): (&Path, &Path, &Path, &Path),
+    ) -> Child {
+        let out = std::fs::File::create(self.dir.path().join("dnsmasq.out")).unwrap();
+        Command::new(DNSMASQ)
             .arg("--keep-in-foreground")
             .arg("--conf-file=/dev/null")
             // The temp dir is 0700: stay root to read the TFTP root.
@@ -657,33 +719,7 @@ impl Env {
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
-            .expect("start dnsmasq");
-        *self.dnsmasq.lock().unwrap() = Some(child);
-        let ready = wait_for("dnsmasq", Duration::from_secs(10), || {
-            let alive = self
-                .dnsmasq
-                .lock()
-                .unwrap()
-                .as_mut()
-                .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
-            alive
-                && std::fs::read_to_string(&pid_file)
-                    .map(|p| !p.trim().is_empty())
-                    .unwrap_or(false)
-        });
-        assert!(
-            ready,
-            "dnsmasq did not start: {} {}",
-            std::fs::read_to_string(d.join("dnsmasq.out")).unwrap_or_default(),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        GuestNet {
-            host_ip,
-            first,
-            last,
-            leases,
-            log,
-        }
+            .expect("start dnsmasq")
     }
 
     /// Builds a disk whose firmware boot runs iPXE (a FAT file system,

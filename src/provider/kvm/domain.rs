@@ -5,6 +5,7 @@
 use super::classify::state;
 pub use super::protocol::Observed;
 use crate::provider::{Instance, InstanceState};
+use crate::tenancy::ProbeDenylist;
 
 /// Maps a libvirt state and address to the provider state (kvm.md §6).
 pub fn map_state(state: u32, ip: &str) -> InstanceState {
@@ -22,26 +23,27 @@ pub fn is_active(state: u32) -> bool {
 }
 
 /// The address a guest reported, unless it is one the operator never
-/// dials (the default `--probe-deny-cidrs`: loopback, link-local and the
-/// metadata servers, "this network", multicast, broadcast): a guest runs
-/// what its cloud-init says, and its guest agent can report anything.
-/// Such a guest has no address: Provisioning, then replaced after its
-/// startup timeout. Private ranges are the guests' own networks.
-pub fn usable_address(ip: String) -> String {
-    // Parsed once: this runs for every domain of every listing.
-    static DENY: std::sync::LazyLock<crate::tenancy::ProbeDenylist> =
-        std::sync::LazyLock::new(crate::tenancy::ProbeDenylist::default_list);
-    let denied = ip.parse::<std::net::IpAddr>().is_ok_and(|a| DENY.denies(a));
+/// dials: in the default `--probe-deny-cidrs` (loopback, link-local and
+/// the metadata servers, "this network", multicast, broadcast, private
+/// ranges) and not in the provider's `kvm.allowedAddresses` (`guests`,
+/// see [`crate::config::KvmConfig::guest_addresses`]): a guest runs what
+/// its cloud-init says, and its guest agent can report anything. Such a
+/// guest has no address: Provisioning, then replaced after its startup
+/// timeout.
+pub fn usable_address(ip: String, guests: &ProbeDenylist) -> String {
+    let denied = ip
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|a| guests.denies(a));
     match denied {
         true => String::new(),
         false => ip,
     }
 }
 
-/// The instance `id` as observed.
-pub fn to_instance(id: String, obs: Observed) -> Instance {
+/// The instance `id` as observed, its address judged by `guests`.
+pub fn to_instance(id: String, obs: Observed, guests: &ProbeDenylist) -> Instance {
     let mark = obs.mark.unwrap_or_default();
-    let ip = usable_address(obs.ip);
+    let ip = usable_address(obs.ip, guests);
     Instance {
         id,
         state: map_state(obs.state, &ip),
@@ -58,9 +60,21 @@ mod tests {
 
     #[test]
     fn an_address_the_operator_never_dials_is_no_address() {
+        let guests = crate::config::KvmConfig {
+            allowed_addresses: vec!["192.168.122.0/24".into(), "10.0.0.5".into()],
+            ..Default::default()
+        }
+        .guest_addresses()
+        .unwrap();
         for (reported, kept) in [
             ("10.0.0.5", "10.0.0.5"),
             ("192.168.122.40", "192.168.122.40"),
+            ("203.0.113.9", "203.0.113.9"),
+            // Private, but not the guests' network: a Service, a Pod.
+            ("10.96.0.1", ""),
+            ("192.168.123.40", ""),
+            ("172.17.0.2", ""),
+            ("fd00::5", ""),
             ("127.0.0.1", ""),
             ("169.254.169.254", ""),
             ("100.100.100.200", ""),
@@ -69,7 +83,11 @@ mod tests {
             ("255.255.255.255", ""),
             ("", ""),
         ] {
-            assert_eq!(usable_address(reported.to_string()), kept, "{reported}");
+            assert_eq!(
+                usable_address(reported.to_string(), &guests),
+                kept,
+                "{reported}"
+            );
         }
         let obs = Observed {
             mark: None,
@@ -77,7 +95,7 @@ mod tests {
             ip: "169.254.169.254".into(),
             macs: Vec::new(),
         };
-        let i = to_instance("h/d".into(), obs);
+        let i = to_instance("h/d".into(), obs, &guests);
         assert_eq!((i.state, i.ip.as_str()), (InstanceState::Provisioning, ""));
     }
 

@@ -82,6 +82,31 @@ struct Inner {
     /// How long `create` waits for its background work before it returns
     /// the ID with the work still going (kvm.md §11 gap 2).
     create_wait: Duration,
+    /// The addresses a guest may report (`kvm.allowedAddresses`).
+    guests: crate::tenancy::ProbeDenylist,
+    /// Refused addresses already logged (bounded): a listing runs every
+    /// few seconds and would repeat the warning.
+    warned: Mutex<std::collections::HashSet<String>>,
+}
+
+/// How many refused guest addresses are remembered as logged.
+const WARNED_CAP: usize = 256;
+
+impl Inner {
+    /// The instance of `obs`, warning once per address the guest reported
+    /// that `kvm.allowedAddresses` does not open.
+    fn instance(&self, id: String, obs: Observed) -> Instance {
+        let reported = obs.ip.clone();
+        let inst = to_instance(id, obs, &self.guests);
+        if inst.ip.is_empty() && !reported.is_empty() {
+            let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            if warned.len() < WARNED_CAP && warned.insert(reported.clone()) {
+                warn!(provider = %self.name, id = %inst.id, address = %reported,
+                    "A guest reported an address the operator never dials (private, loopback, link-local or metadata) and kvm.allowedAddresses does not list: the guest has no address until it reports one listed");
+            }
+        }
+        inst
+    }
 }
 
 impl Drop for Inner {
@@ -134,6 +159,8 @@ impl KvmProvider {
                 scratch,
                 pending: Jobs::default(),
                 create_wait: DEFAULT_CREATE_WAIT,
+                guests: cfg.guest_addresses()?,
+                warned: Mutex::default(),
             }),
         })
     }
@@ -229,7 +256,7 @@ impl KvmProvider {
             op.call("listing domains", Request::ListManaged).await?;
         Ok(found
             .into_iter()
-            .map(|(name, obs)| to_instance(provider_id(&host, &name), obs))
+            .map(|(name, obs)| self.inner.instance(provider_id(&host, &name), obs))
             .collect())
     }
 }
@@ -331,7 +358,7 @@ impl Provider for KvmProvider {
             .instrument(span)
             .await
             .map_err(|e| self.err(Op::Get, id, e))?;
-        let inst = to_instance(r.id(), obs);
+        let inst = self.inner.instance(r.id(), obs);
         debug!(id, state = ?inst.state, ip = %inst.ip, uid = %inst.uid, "KVM domain fetched");
         Ok(inst)
     }
