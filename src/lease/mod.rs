@@ -162,6 +162,8 @@ impl Default for ClientLimits {
 
 mod gateway;
 use gateway::cool;
+mod released;
+pub use released::{CROWDED_TTL, MAX_RELEASED, MAX_RELEASED_PER_CLIENT};
 mod state;
 use state::State;
 mod snapshot;
@@ -325,11 +327,15 @@ impl LeaseStore {
         now: DateTime<Utc>,
     ) -> Result<state::Held, AcquireError> {
         st.expire_leases(now);
-        let expires_at = st.recovery.grant(now, req.ttl)?;
+        let client = &req.client;
+        let client_id = st.clients.intern(client);
+        // A client (or store) holding its cap of released ids gets short
+        // leases, so what it releases next is not remembered for long.
+        let ttl = st.released.ttl_for(client_id, req.ttl);
+        let expires_at = st.recovery.grant(now, ttl)?;
         if c.is_empty() {
             return Err(AcquireError::NoProxy);
         }
-        let client = &req.client;
         let max_own = self.limits.max_leases;
         if max_own > 0 && st.clients.held(client) >= max_own {
             return Err(AcquireError::ClientLimit { max: max_own });
@@ -343,7 +349,7 @@ impl LeaseStore {
             now,
         };
         let chosen = st.choose(c, &ask)?;
-        st.recovery.note(now, req.ttl);
+        st.recovery.note(now, ttl);
         st.grants += 1;
         let seq = st.grants;
         st.update_proxy(&chosen, |p| p.last_granted = Some((now, seq)));
@@ -358,7 +364,7 @@ impl LeaseStore {
             granted_ms: state::ms(now),
             expires_ms: state::ms(expires_at),
             site: req.site.as_deref().map(Box::from),
-            client: st.clients.intern(client),
+            client: client_id,
         };
         st.hold(nonce, record);
         self.changed();
@@ -378,7 +384,11 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let old_end = state::at(st.leases.get(&slot)?.expires_ms);
+        let rec = st.leases.get(&slot)?;
+        let (old_end, ttl) = (
+            state::at(rec.expires_ms),
+            st.released.ttl_for(rec.client, ttl),
+        );
         let end = st.recovery.renewal(now, ttl, old_end);
         st.move_end(&slot, end)?;
         let held = st.held(&slot)?;

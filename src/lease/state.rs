@@ -6,13 +6,14 @@
 //! its signed id is derived again when it is answered, never stored
 //! (docs/architecture.md, "The lease table").
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::bounds::{Caps, Cooldowns, StickyMap};
-use super::index::{ceil_second, Ends, Index, ProxyState};
+use super::index::{Ends, Index, ProxyState};
+use super::released::Released;
 use super::signed::NONCE_LEN;
 use super::{
     ClientLimits, Lease, ProxyKey, MAX_COOLDOWN_SITES, MAX_COOLDOWN_SITES_PER_PROXY,
@@ -129,37 +130,6 @@ impl Clients {
     }
 }
 
-/// Nonces released here, remembered until the end their last id signed:
-/// a released id is not taken in again by [`super::LeaseStore::admit`]
-/// while it could be presented. Ends are kept by the second, rounded up.
-#[derive(Debug, Default)]
-pub(super) struct Released {
-    nonces: HashSet<Nonce>,
-    by_end: BTreeMap<i64, Vec<Nonce>>,
-}
-
-impl Released {
-    fn remember(&mut self, nonce: Nonce, end_ms: i64) {
-        if self.nonces.insert(nonce) {
-            self.by_end
-                .entry(ceil_second(end_ms))
-                .or_default()
-                .push(nonce);
-        }
-    }
-
-    fn forget_until(&mut self, now_ms: i64) {
-        while let Some(entry) = self.by_end.first_entry() {
-            if entry.key().saturating_mul(1000) > now_ms {
-                break;
-            }
-            for n in entry.remove() {
-                self.nonces.remove(&n);
-            }
-        }
-    }
-}
-
 #[derive(Debug)]
 pub(super) struct State {
     /// Live leases by nonce.
@@ -177,7 +147,8 @@ pub(super) struct State {
     pub(super) sticky: StickyMap,
     pub(super) clients: Clients,
     pub(super) grants: u64,
-    released: Released,
+    /// Released here (`released.rs`).
+    pub(super) released: Released,
     /// Horizons and the recovery window (`recovery.rs`).
     pub(super) recovery: super::recovery::Recovery,
 }
@@ -227,28 +198,27 @@ impl State {
     /// Ends a lease by release: its ids are dead here until they expire.
     pub(super) fn release(&mut self, nonce: &Nonce) -> Option<Record> {
         let rec = self.end(nonce)?;
-        self.released.remember(*nonce, rec.expires_ms);
+        self.released.remember(*nonce, rec.client, rec.expires_ms);
         Some(rec)
     }
 
     /// Remembers that `nonce` was released, until `end`: as long as any of
     /// its ids could be presented, however many are released meanwhile
-    /// (each costs about 40 bytes for at most `--max-lease-ttl`).
+    /// (bounded by the TTLs granted, `released.rs`). Its client is not
+    /// known here: it counts in the store's total only.
     pub(super) fn remember_release(&mut self, nonce: Nonce, end: DateTime<Utc>) {
-        self.released.remember(nonce, ms(end));
+        self.released
+            .remember(nonce, super::released::UNKNOWN_CLIENT, ms(end));
     }
 
     /// Released nonces by their end (rounded up to the second).
     pub(super) fn released(&self) -> impl Iterator<Item = (DateTime<Utc>, &Nonce)> {
-        self.released
-            .by_end
-            .iter()
-            .flat_map(|(s, v)| v.iter().map(move |n| (at(s.saturating_mul(1000)), n)))
+        self.released.iter().map(|(end, n)| (at(end), n))
     }
 
     /// Whether `nonce` was released here and could still be presented.
     pub(super) fn was_released(&self, nonce: &Nonce) -> bool {
-        self.released.nonces.contains(nonce)
+        self.released.contains(nonce)
     }
 
     /// The shared pointer of `key`, its state made when missing.

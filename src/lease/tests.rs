@@ -471,3 +471,48 @@ fn the_gateway_leaves_exclusive_leases_alone_and_honours_cooldowns() {
     let l = shared.acquire(&all, &req()).unwrap();
     assert!(shared.lets_gateway_use("gw", &l.proxy, None));
 }
+
+/// One client looping acquire(3600 s) + release: once it holds its cap of
+/// remembered releases its leases (and renewals) last at most
+/// `CROWDED_TTL`, another client's do not, and each id it released stays
+/// refused while it could be presented.
+#[test]
+fn a_client_looping_long_leases_and_releases_gets_short_leases_past_its_cap() {
+    let (s, clock) = store(10);
+    let hour = Duration::from_secs(3600);
+    let ask = |c: &str| AcquireRequest {
+        ttl: hour,
+        client: c.into(),
+        ..Default::default()
+    };
+    let proxies = keys(&["a"]);
+    let mut first = None;
+    for _ in 0..MAX_RELEASED_PER_CLIENT {
+        let l = s.acquire(&proxies, &ask("looper")).unwrap();
+        assert_eq!(l.expires_at - l.granted_at, chrono::Duration::hours(1));
+        assert!(s.release(&l.id));
+        first.get_or_insert(l.id);
+    }
+    let short = s.acquire(&proxies, &ask("looper")).unwrap();
+    assert_eq!(
+        short.expires_at - short.granted_at,
+        chrono::Duration::from_std(CROWDED_TTL).unwrap()
+    );
+    let renewed = s.renew(&short.id, hour).unwrap();
+    assert_eq!(
+        renewed.expires_at - s.now(),
+        chrono::Duration::from_std(CROWDED_TTL).unwrap()
+    );
+    let other = s.acquire(&proxies, &ask("other")).unwrap();
+    assert_eq!(other.expires_at - other.granted_at, chrono::Duration::hours(1));
+    // The first id released is still dead, not forgotten for the cap.
+    let first = first.unwrap();
+    assert!(s.get(&first).is_none() && !s.release(&first));
+    assert!(s.renew(&first, hour).is_none());
+    // An hour on, the releases aged out: full leases again.
+    assert!(s.release(&short.id));
+    clock.advance(hour + Duration::from_secs(1));
+    s.sweep();
+    let full = s.acquire(&proxies, &ask("looper")).unwrap();
+    assert_eq!(full.expires_at - full.granted_at, chrono::Duration::hours(1));
+}
