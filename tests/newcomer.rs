@@ -919,6 +919,84 @@ fn the_cycle_finder_finds_one() {
     assert!(cycle_from(&graph, "d").is_none());
 }
 
+// Inside a module directory: `discovery/` (issue 52) and `gateway/` (issue
+// 51) are laid out so that a file names the siblings it builds on and
+// none of those names it back; a request passes the gateway's layers in
+// one direction, and the lease transaction (`discovery/grant.rs`) is one
+// module the routes call, not helpers they take from `handlers.rs`.
+
+/// The files of `src/<dir>` (test files and test modules left out) → the
+/// siblings each names as `super::X` or `crate::<dir>::X` outside comments.
+fn sibling_graph(
+    dir: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let root = support::repo().join("src").join(dir);
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(&root).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "rs") && !is_test_file(&p) {
+            files.push(p);
+        }
+    }
+    let stem = |p: &Path| p.file_stem().unwrap().to_string_lossy().to_string();
+    let names: std::collections::BTreeSet<String> = files.iter().map(|p| stem(p)).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for f in &files {
+        let me = stem(f);
+        if me == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let mut named = std::collections::BTreeSet::new();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for prefix in ["super::".to_string(), format!("crate::{dir}::")] {
+                for (at, _) in line.match_indices(&prefix) {
+                    let after = &line[at + prefix.len()..];
+                    let name: String = after
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if names.contains(&name) && name != me && name != "mod" {
+                        named.insert(name);
+                    }
+                }
+            }
+        }
+        graph.insert(me, named);
+    }
+    graph
+}
+
+#[test]
+fn the_discovery_and_gateway_files_name_each_other_without_a_cycle() {
+    for dir in ["discovery", "gateway"] {
+        let graph = sibling_graph(dir);
+        assert!(graph.len() > 10, "{dir} was read: {graph:?}");
+        let cycles: Vec<String> = graph
+            .keys()
+            .filter_map(|m| cycle_from(&graph, m))
+            .map(|p| p.join(" -> "))
+            .collect();
+        assert!(cycles.is_empty(), "import cycles in src/{dir}: {cycles:#?}");
+    }
+}
+
+#[test]
+fn only_the_router_and_the_openapi_document_name_the_route_handlers() {
+    let graph = sibling_graph("discovery");
+    let naming: Vec<&String> = graph
+        .iter()
+        .filter(|(_, named)| named.contains("handlers"))
+        .map(|(f, _)| f)
+        .collect();
+    assert_eq!(naming, ["openapi", "serving"], "{graph:#?}");
+    // The transaction is its own module, which the lease routes share.
+    for f in ["handlers", "replace"] {
+        assert!(graph[f].contains("grant"), "{f} goes through grant.rs");
+    }
+}
+
 // Files small enough to read in one sitting: no file under `src/` holds
 // more than 500 lines of non-test code. Test code lives in `tests.rs` /
 // `*_tests.rs` files or after the file's `#[cfg(test)]` module.

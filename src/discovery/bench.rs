@@ -16,7 +16,8 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::handlers::{lease_terms, parse_body};
+use super::grant::lease_terms;
+use super::request::parse_body;
 use super::state::{ApiState, Client};
 
 /// The routes, to merge into the API's router.

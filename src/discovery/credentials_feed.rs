@@ -60,7 +60,7 @@ pub(super) async fn upstream_credentials(
     replica: Option<Extension<Replica>>,
     ask: Result<Query<Ask>, QueryRejection>,
 ) -> Response {
-    if let Err(e) = super::to_leader::leader_for_replica(&s, replica.is_some()) {
+    if let Err(e) = super::feed::leader_for_replica(&s, replica.is_some()) {
         return e.into_response();
     }
     let ask = ask.map(|Query(a)| a).unwrap_or_default();

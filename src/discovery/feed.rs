@@ -75,7 +75,7 @@ pub(super) async fn lease_state(
     replica: Option<Extension<Replica>>,
     ask: Result<Query<Ask>, QueryRejection>,
 ) -> Response {
-    if let Err(e) = super::to_leader::leader_for_replica(&s, replica.is_some()) {
+    if let Err(e) = leader_for_replica(&s, replica.is_some()) {
         return e.into_response();
     }
     // A malformed ask (only a replica's, signed) is a first one.
@@ -266,6 +266,26 @@ pub(super) fn signed_call(
 /// The largest table a follower takes: as much as the hand-over Secrets
 /// hold.
 const FEED_LIMIT: usize = 8 * 1_000_000;
+
+/// A replica-only route's first check: anyone but a replica meets an
+/// unknown route, and only the leader answers.
+pub(super) fn leader_for_replica(s: &ApiState, replica: bool) -> Result<(), ApiError> {
+    if !replica {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such route",
+        ));
+    }
+    if (s.forward.leader)() != Leader::Me {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "leader_unavailable",
+            "this replica does not lead",
+        ));
+    }
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {

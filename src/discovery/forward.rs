@@ -8,21 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use tracing::{warn, Instrument};
+use tracing::warn;
 
 use super::error::ApiError;
 use super::internal::{
     sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
 };
-use super::middleware::BODY_LIMIT;
-use super::state::{ApiState, Client};
 use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
 
@@ -156,7 +153,7 @@ pub struct Forwarder {
     /// gateway key (replica calls, never a full replica's).
     pub(super) gateway_key: Option<LeaseKey>,
     /// The test hook's hold ([`HOLD_ENV`]).
-    hold: Option<Duration>,
+    pub(super) hold: Option<Duration>,
 }
 
 impl Forwarder {
@@ -210,7 +207,7 @@ impl Forwarder {
         Self::new(Arc::new(|| Leader::Me), FORWARD_TIMEOUT, Duration::ZERO)
     }
 
-    fn unavailable(&self, why: Unavailable) -> Response {
+    pub(super) fn unavailable(&self, why: Unavailable) -> Response {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "leader_unavailable",
@@ -225,7 +222,7 @@ impl Forwarder {
     /// call whose answer is lost in transit is sent once more with the
     /// same request key (the leader answers it with the same lease), while
     /// the leader's deadline still ends before this replica gives up.
-    async fn relay(
+    pub(super) async fn relay(
         &self,
         base: &str,
         parts: axum::http::request::Parts,
@@ -346,69 +343,4 @@ fn inject_trace_context(headers: &mut HeaderMap) {
     let cx = tracing::Span::current().context();
     opentelemetry_sdk::propagation::TraceContextPropagator::new()
         .inject_context(&cx, &mut HeaderInjector(headers));
-}
-
-fn too_large() -> Response {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        format!("request body exceeds {BODY_LIMIT} bytes"),
-    )
-    .into_response()
-}
-
-/// Around the lease routes: served here when this replica leads, relayed
-/// to the leader otherwise, 503 `leader_unavailable` with `Retry-After`
-/// when the leader is not known or not reached, never a grant this
-/// replica could not back.
-pub(super) async fn forward(State(s): State<ApiState>, mut req: Request, next: Next) -> Response {
-    let arrived = tokio::time::Instant::now();
-    let forwarded = req.headers().contains_key(FORWARD_HEADER);
-    let f = &s.forward;
-    let outcome = match route(&(f.leader)(), forwarded) {
-        Route::Local if forwarded => {
-            let budget = req
-                .headers()
-                .get(DEADLINE_HEADER)
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .map(Duration::from_millis);
-            if let Some(budget) = budget {
-                req.extensions_mut().insert(Deadline(arrived + budget));
-            }
-            if let Some(hold) = f.hold {
-                // A stalled leader (CPU starved, a lock held long): the
-                // call goes on after the stall in the same poll, however
-                // the follower's connection fared meanwhile.
-                tokio::task::block_in_place(|| std::thread::sleep(hold));
-            }
-            return next.run(req).await;
-        }
-        Route::Local => return next.run(req).await,
-        Route::Unavailable(why) => Err(why),
-        Route::Forward(base) => {
-            let client = req
-                .extensions()
-                .get::<Client>()
-                .map(|c| c.0.clone())
-                .unwrap_or_else(|| super::state::ANONYMOUS.into());
-            // Read here, so an oversized body is this replica's 413 and
-            // not counted as forwarded.
-            let (parts, body) = req.into_parts();
-            let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
-                return too_large();
-            };
-            let span = tracing::info_span!("forward", otel.kind = "client", leader = %base);
-            f.relay(&base, parts, body, &client).instrument(span).await
-        }
-    };
-    match outcome {
-        Ok(resp) => {
-            s.metrics.forwarded("relayed");
-            resp
-        }
-        Err(why) => {
-            s.metrics.forwarded(why.as_str());
-            f.unavailable(why)
-        }
-    }
 }

@@ -5,159 +5,21 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::{Extension, Json};
-use serde::de::DeserializeOwned;
 
+use super::client::Client;
 use super::error::{ApiError, ApiResult};
 use super::forward::Deadline;
-use super::internal::REQUEST_KEY_HEADER;
-use super::middleware::BODY_LIMIT;
-use super::model::*;
-use super::state::{ApiState, Client, ANONYMOUS};
-use crate::lease::{
-    AcquireError, AcquireRequest, Admission, Candidates, Lease, Outcome, ProxyKey, Refusal,
-    TtlError,
+use super::grant::{
+    confirmed, lease_response, lease_terms, own_lease, proxy_unavailable, readmit, transact,
+    unconfirmed, unknown_lease,
 };
-
-/// Longest `stickyKey` and `site`.
-pub const MAX_KEY_LEN: usize = 256;
-
-/// Reads a JSON body: empty means `{}` when `empty_ok`; over the cap 413;
-/// broken JSON 400; well-formed but wrong shape (unknown field, wrong
-/// type) 422.
-pub(super) fn parse_body<T: DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-    empty_ok: bool,
-) -> ApiResult<T> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("request body exceeds {BODY_LIMIT} bytes"),
-            )
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
-        }
-    })?;
-    // Only a body of no bytes is "no body": whitespace alone is not JSON,
-    // and the OpenAPI document (which the fuzz run checks) says so.
-    let value: serde_json::Value = if bytes.is_empty() && empty_ok {
-        serde_json::Value::Object(Default::default())
-    } else {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?
-    };
-    let value = match value {
-        // An optional body may be sent as JSON null.
-        serde_json::Value::Null if empty_ok => serde_json::Value::Object(Default::default()),
-        v => v,
-    };
-    // serde would read a struct from an array by position; the API only
-    // takes objects.
-    if !objects_only(&value, 0) {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            "the body and its nested structures must be JSON objects",
-        ));
-    }
-    serde_json::from_value(value).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            e.to_string(),
-        )
-    })
-}
-
-/// No request type of this API holds an array: the top level is an
-/// object, and so is every nested structure.
-fn objects_only(v: &serde_json::Value, depth: usize) -> bool {
-    match v {
-        serde_json::Value::Object(m) => m.values().all(|v| objects_only(v, depth + 1)),
-        serde_json::Value::Array(_) => false,
-        _ => depth > 0,
-    }
-}
-
-pub(super) fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
-    match v {
-        Some(s) if s.is_empty() || s.len() > MAX_KEY_LEN => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            format!("{field} must be 1-{MAX_KEY_LEN} bytes"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn lease_response(lease: &Lease, proxy: ProxyItem) -> LeaseResponse {
-    // Seconds left, rounded up (a fresh lease shows its full TTL).
-    let ms = (lease.expires_at - chrono::Utc::now())
-        .num_milliseconds()
-        .max(0);
-    let ttl = ms.saturating_add(999) / 1000;
-    LeaseResponse {
-        id: lease.id.clone(),
-        proxy,
-        expires_at: lease
-            .expires_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        ttl_seconds: u64::try_from(ttl).unwrap_or(0),
-    }
-}
-
-/// Takes in a lease another leader granted when its id is presented here
-/// first (docs/api.md, "Failover"); counts what happened.
-pub(super) fn readmit(s: &ApiState, id: &str) {
-    let listing = s.listing();
-    let eligible = |k: &ProxyKey| listing.get(k).is_some();
-    match s.leases.admit(id, eligible) {
-        Admission::Readmitted(_) => s.metrics.lease_event("readmitted", 1),
-        Admission::Refused(Refusal::NoRoom | Refusal::ClientLimit) => {
-            s.metrics.lease_event("readmit_refused", 1)
-        }
-        Admission::Refused(Refusal::Ineligible) | Admission::Known | Admission::Unknown => {}
-    }
-}
-
-fn unknown_lease() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "unknown_lease", "no such lease")
-}
-
-/// The caller: its token's name (the anonymous name without tokens), as
-/// acquire records it on a lease.
-pub(super) fn caller(client: Option<Extension<Client>>) -> std::sync::Arc<str> {
-    client
-        .map(|Extension(c)| c.0)
-        .unwrap_or_else(|| ANONYMOUS.into())
-}
-
-/// The live lease `id` when `caller` holds it. Another client's lease is
-/// as unknown to the caller as one that never was: an id seen in passing
-/// (a log, a proxy's access log) is no hold on the lease.
-pub(super) fn own_lease(s: &ApiState, id: &str, caller: &str) -> ApiResult<Lease> {
-    s.leases
-        .get(id)
-        .filter(|l| &*l.client == caller)
-        .ok_or_else(unknown_lease)
-}
-
-/// 409: the lease is live but its proxy left the healthy set.
-fn proxy_unavailable(lease: &Lease) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "proxy_unavailable",
-        format!("proxy {} is no longer healthy", lease.proxy),
-    )
-}
-
-fn ttl_error(e: TtlError) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_ttl", e.to_string())
-}
+use super::internal::REQUEST_KEY_HEADER;
+use super::model::*;
+use super::request::{caller, check_len, outcome_of, parse_body, ttl_error};
+use super::state::ApiState;
 
 /// Liveness of the API.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The API serves", body = String)), security(()))]
@@ -206,155 +68,12 @@ pub(super) async fn acquire(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     // Only a forwarded call (its signature checked) carries these.
-    let deadline = forwarded.as_ref().map(|Extension(d)| d.0);
-    let request_key = deadline
+    let request_key = forwarded
+        .as_ref()
         .and(headers.get(REQUEST_KEY_HEADER))
         .and_then(|v| v.to_str().ok());
-    let (req, filter) = lease_terms(&s, body, client)?;
-    let listing = s.listing();
-    let members = listing.members(&filter);
-    let client_name = req.client.clone();
-    if let Some(lease) = request_key.and_then(|k| granted_before(&s, &client_name, k)) {
-        return created(&s, &listing, lease);
-    }
-    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-        // The follower has answered 503 by now: a grant would be a lease
-        // nobody holds.
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "leader_unavailable",
-            "the leader got this forwarded call after the forwarding replica gave up on it; nothing was granted",
-        )
-        .retry_after(std::time::Duration::from_secs(1)));
-    }
-    match s.leases.acquire_among(&members, &req) {
-        Ok(lease) => {
-            super::pools::asked(&s, &filter, &client_name, None);
-            if let Some(k) = request_key {
-                let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
-                r.put(client_name, k, lease.id.clone(), std::time::Instant::now());
-            }
-            granted(&s, &listing, lease, forwarded).await
-        }
-        Err(e) => Err(super::pools::refused(
-            &s,
-            &filter,
-            &members,
-            &client_name,
-            e,
-        )),
-    }
-}
-
-/// The terms of a new lease from an acquire body (an empty one is `{}`),
-/// for the caller.
-pub(super) fn lease_terms(
-    s: &ApiState,
-    body: Result<Bytes, BytesRejection>,
-    client: Option<Extension<Client>>,
-) -> ApiResult<(AcquireRequest, Filter)> {
-    let b: AcquireBody = parse_body(body, true)?;
-    check_len("stickyKey", &b.sticky_key)?;
-    check_len("site", &b.site)?;
-    let ttl = s.leases.ttl(b.ttl_seconds).map_err(ttl_error)?;
-    let filter = Filter::new(b.filters)
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", m))?;
-    let req = AcquireRequest {
-        ttl,
-        sticky_key: b.sticky_key,
-        site: b.site,
-        client: caller(client),
-    };
-    Ok((req, filter))
-}
-
-/// Who asks, as a note may name it.
-pub(super) fn requester(req: &AcquireRequest) -> String {
-    req.client.to_string()
-}
-
-/// Answers a grant once the replicas in sync hold it (`201`), or undoes
-/// it (`503`): a lease nobody was told of would only keep its slot (a
-/// follower's copy may hold it, which is safe).
-pub(super) async fn granted(
-    s: &ApiState,
-    listing: &super::state::Listing,
-    lease: Lease,
-    forwarded: Option<Extension<Deadline>>,
-) -> ApiResult<Response> {
-    if !confirmed(s, forwarded.map(|Extension(d)| d.0)).await {
-        s.leases.release(&lease.id);
-        s.metrics.lease_event("refused", 1);
-        return Err(unconfirmed("the replicas in sync did not confirm the grant in time; nothing was granted, ask again"));
-    }
-    s.metrics.lease_event("granted", 1);
-    created(s, listing, lease)
-}
-
-/// The answer to an acquire the store refused, with when to ask again.
-pub(super) fn refused(
-    s: &ApiState,
-    members: &dyn Candidates,
-    client: &str,
-    e: AcquireError,
-) -> ApiError {
-    s.metrics.lease_event("refused", 1);
-    let (status, code) = match e {
-        AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
-        AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
-        AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
-        AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
-    };
-    let wait = s.leases.retry_after_among(members, client, &e);
-    ApiError::new(status, code, e.to_string()).retry_after(wait)
-}
-
-/// The live lease `client` was granted under request key `key`, when
-/// the forwarding replica sends the same acquire again.
-/// Whether every follower in sync holds the table with this change, by
-/// `deadline` (a forward's) or [`super::replicas::CONFIRM_LIMIT`]: only
-/// then may a crawler hear of it (`replicas.rs`).
-async fn confirmed(s: &ApiState, deadline: Option<tokio::time::Instant>) -> bool {
-    let version = s.leases.version();
-    let until =
-        deadline.unwrap_or_else(|| tokio::time::Instant::now() + super::replicas::CONFIRM_LIMIT);
-    s.replicas.confirmed(version, until).await
-}
-
-fn unconfirmed(message: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "leader_unavailable",
-        message,
-    )
-    .retry_after(std::time::Duration::from_secs(1))
-}
-
-fn granted_before(s: &ApiState, client: &std::sync::Arc<str>, key: &str) -> Option<Lease> {
-    let id = {
-        let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
-        r.get(client, key, std::time::Instant::now())?.clone()
-    };
-    s.leases.get(&id).filter(|l| &l.client == client)
-}
-
-/// 201 with `lease`, on a proxy of `listing`.
-fn created(s: &ApiState, listing: &super::state::Listing, lease: Lease) -> ApiResult<Response> {
-    // Chosen among this listing's members (checked against it when the
-    // store holds a newer one), so it is in the listing.
-    let Some(item) = listing.get(&lease.proxy).cloned() else {
-        s.leases.release(&lease.id);
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "leased proxy vanished",
-        ));
-    };
-    let mut resp = (StatusCode::CREATED, Json(lease_response(&lease, item))).into_response();
-    if let Ok(v) = format!("/v1/leases/{}", lease.id).parse() {
-        resp.headers_mut().insert(header::LOCATION, v);
-    }
-    Ok(resp)
+    let terms = lease_terms(&s, body, client)?;
+    transact(&s, terms, request_key, forwarded).await
 }
 
 /// Reads a live lease.
@@ -454,20 +173,6 @@ pub(super) async fn report(
         .ok_or_else(unknown_lease)?;
     s.metrics.lease_event(outcome.as_str(), 1);
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A report's `result`.
-pub(super) fn outcome_of(result: &str) -> ApiResult<Outcome> {
-    match result {
-        "ok" => Ok(Outcome::Ok),
-        "blocked" => Ok(Outcome::Blocked),
-        "failed" => Ok(Outcome::Failed),
-        other => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_result",
-            format!("result must be ok, blocked or failed, got {other:?}"),
-        )),
-    }
 }
 
 /// Any path no route matches.

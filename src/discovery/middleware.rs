@@ -26,13 +26,13 @@ use sha2::Digest as _;
 use tracing::{debug, info, warn, Instrument};
 
 use super::error::ApiError;
+use super::forward::{route, Deadline, Route};
 use super::internal::{
     verify_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
 };
 use super::state::{ApiState, Client, ANONYMOUS};
 
-/// Request bodies above this answer 413.
-pub const BODY_LIMIT: usize = 64 * 1024;
+pub use super::request::BODY_LIMIT;
 
 /// The route label of a request no route matched (404s): one fixed value,
 /// so unknown paths cannot grow the label set.
@@ -265,6 +265,71 @@ fn bearer(h: &HeaderMap) -> Option<&str> {
     let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn too_large() -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("request body exceeds {BODY_LIMIT} bytes"),
+    )
+    .into_response()
+}
+
+/// Around the lease routes: served here when this replica leads, relayed
+/// to the leader otherwise, 503 `leader_unavailable` with `Retry-After`
+/// when the leader is not known or not reached, never a grant this
+/// replica could not back.
+pub(super) async fn forward(State(s): State<ApiState>, mut req: Request, next: Next) -> Response {
+    let arrived = tokio::time::Instant::now();
+    let forwarded = req.headers().contains_key(FORWARD_HEADER);
+    let f = &s.forward;
+    let outcome = match route(&(f.leader)(), forwarded) {
+        Route::Local if forwarded => {
+            let budget = req
+                .headers()
+                .get(DEADLINE_HEADER)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .map(Duration::from_millis);
+            if let Some(budget) = budget {
+                req.extensions_mut().insert(Deadline(arrived + budget));
+            }
+            if let Some(hold) = f.hold {
+                // A stalled leader (CPU starved, a lock held long): the
+                // call goes on after the stall in the same poll, however
+                // the follower's connection fared meanwhile.
+                tokio::task::block_in_place(|| std::thread::sleep(hold));
+            }
+            return next.run(req).await;
+        }
+        Route::Local => return next.run(req).await,
+        Route::Unavailable(why) => Err(why),
+        Route::Forward(base) => {
+            let client = req
+                .extensions()
+                .get::<Client>()
+                .map(|c| c.0.clone())
+                .unwrap_or_else(|| ANONYMOUS.into());
+            // Read here, so an oversized body is this replica's 413 and
+            // not counted as forwarded.
+            let (parts, body) = req.into_parts();
+            let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+                return too_large();
+            };
+            let span = tracing::info_span!("forward", otel.kind = "client", leader = %base);
+            f.relay(&base, parts, body, &client).instrument(span).await
+        }
+    };
+    match outcome {
+        Ok(resp) => {
+            s.metrics.forwarded("relayed");
+            resp
+        }
+        Err(why) => {
+            s.metrics.forwarded(why.as_str());
+            f.unavailable(why)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use std::time::Instant;
 use axum::http::StatusCode;
 
 use super::error::ApiError;
-use super::handlers::refused as plain;
 use super::model::Filter;
 use super::state::ApiState;
 use crate::lease::demand::Answer;
@@ -62,4 +61,22 @@ pub(super) fn refused(
         Answer::Growing(cap) => plain(s, members, client, e).retry_within(cap),
         Answer::Plain => plain(s, members, client, e),
     }
+}
+
+/// The answer to an acquire the store refused, with when to ask again.
+pub(super) fn plain(
+    s: &ApiState,
+    members: &dyn Candidates,
+    client: &str,
+    e: AcquireError,
+) -> ApiError {
+    s.metrics.lease_event("refused", 1);
+    let (status, code) = match e {
+        AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
+        AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
+        AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
+        AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
+    };
+    let wait = s.leases.retry_after_among(members, client, &e);
+    ApiError::new(status, code, e.to_string()).retry_after(wait)
 }

@@ -8,60 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::broadcast;
-
+use super::changes::Touched;
 use super::freshness::Stamp;
 use super::item::item_of;
 use super::listing::{Entry, Listing, ListingData};
 use super::state::{ApiState, Held};
 use crate::api::Proxy;
 use crate::lease::ProxyKey;
-use crate::proxy_store::Touch;
-
-/// The source's announced changes not yet in the listing, and when the
-/// whole source was last walked.
-pub(super) struct Changes {
-    /// `None`: the source announces nothing (every build walks it).
-    follow: Option<broadcast::Receiver<Touch>>,
-    /// Announced changes the listing has not taken yet.
-    touched: BTreeSet<Touched>,
-    /// Announced deletes the sweep has not taken yet.
-    gone: BTreeSet<Touched>,
-    /// The listing, and the sweep, must walk the source: changes were
-    /// missed or a relist replaced it (and at the start).
-    listing_walk: bool,
-    sweep_walk: bool,
-    walked: Option<Instant>,
-    /// Walks of the whole source so far (the listing's and the sweep's).
-    walks: u64,
-}
-
-impl Changes {
-    /// Takes what the source announced since the last call.
-    fn drain(&mut self) {
-        let Some(rx) = self.follow.as_mut() else {
-            return;
-        };
-        let open = crate::proxy_store::drain(rx, |t| match t {
-            Touch::One(r) => {
-                self.touched
-                    .insert((r.namespace.unwrap_or_default(), r.name));
-            }
-            Touch::Gone(r) => {
-                let at = (r.namespace.unwrap_or_default(), r.name);
-                self.touched.insert(at.clone());
-                self.gone.insert(at);
-            }
-            Touch::All => {
-                self.listing_walk = true;
-                self.sweep_walk = true;
-            }
-        });
-        if !open {
-            self.follow = None;
-        }
-    }
-}
 
 /// What a rebuild starts from.
 enum Since {
@@ -72,29 +25,11 @@ enum Since {
     Touched(BTreeSet<Touched>),
 }
 
-/// A Proxy an event named: (namespace, name).
-type Touched = (String, String);
-
 /// How often a listing patched from events is built from every Proxy
 /// anyway: what no event announces (a credentials lookup that changes by
 /// itself when this process's write stops outranking the watch) is in
 /// the listing within this.
 pub const LISTING_WALK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl Changes {
-    /// Nothing announced yet: the first listing and sweep walk.
-    pub(super) fn new(follow: Option<broadcast::Receiver<Touch>>) -> Self {
-        Changes {
-            follow,
-            touched: BTreeSet::new(),
-            gone: BTreeSet::new(),
-            listing_walk: true,
-            sweep_walk: true,
-            walked: None,
-            walks: 0,
-        }
-    }
-}
 
 impl ApiState {
     /// A new listing from the source, under the rebuild flag (taken by the

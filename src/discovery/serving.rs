@@ -12,9 +12,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use tracing::warn;
 
-use super::forward::forward;
 use super::handlers::*;
-use super::middleware::{auth, bounded, observe, BODY_LIMIT};
+use super::middleware::{auth, bounded, forward, observe, BODY_LIMIT};
 use super::openapi::openapi_json;
 use super::state::ApiState;
 use crate::server::{Limits, DISCOVERY_LIMITS};

@@ -7,8 +7,6 @@
 //! leader's table, so every gateway replica moves the session alike
 //! (`to_leader.rs`).
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -18,24 +16,10 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ApiResult};
-use super::handlers::{caller, check_len, outcome_of, parse_body};
 use super::model::SessionReportBody;
+use super::request::{caller, check_len, outcome_of, parse_body};
 use super::state::{ApiState, Client};
-use crate::lease::{Outcome, ProxyKey};
-
-/// What a gateway knows of its sessions.
-pub trait GatewaySessions: Send + Sync {
-    /// The upstream `client`'s session `id` last used, while remembered;
-    /// else, when `asked` gives the session's username (and the site), the
-    /// upstream its next connection would get here; or why the username
-    /// does not do (a sentence).
-    fn upstream_of(
-        &self,
-        client: &Arc<str>,
-        id: &str,
-        asked: (Option<&str>, Option<&str>),
-    ) -> Result<Option<ProxyKey>, String>;
-}
+use crate::lease::Outcome;
 
 /// The answer to a session report.
 #[derive(Debug, Serialize, ToSchema)]

@@ -84,19 +84,10 @@ impl ProxySource for Vec<Arc<Proxy>> {
     }
 }
 
-/// The client a request comes from: the name of its token, set by the
-/// auth middleware.
-#[derive(Debug, Clone)]
-pub struct Client(pub Arc<str>);
+pub use super::client::{Client, ANONYMOUS, DEFAULT_CLIENT};
 
-/// The client name of `DISCOVERY_TOKEN`.
-pub const DEFAULT_CLIENT: &str = "default";
-
-/// The one client of an API without tokens.
-pub const ANONYMOUS: &str = "anonymous";
-
+use super::changes::Changes;
 pub use super::listing::Listing;
-use super::rebuild::Changes;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -128,13 +119,13 @@ pub struct ApiState {
     pub(super) replicas: Arc<super::replicas::Replicas>,
     /// Who replaces a proxy a crawler asks to (`replace.rs`); none: the
     /// API replaces nothing.
-    pub(super) replacer: Option<Arc<dyn super::replace::Replacer>>,
+    pub(super) replacer: Option<Arc<dyn super::hooks::Replacer>>,
     /// Each client's recent replaces.
-    pub(super) replace_limits: Arc<Mutex<super::replace::ReplaceLimits>>,
+    pub(super) replace_limits: Arc<Mutex<super::hooks::ReplaceLimits>>,
     /// The benchmark's probe switch; set: the bench routes are served.
     pub(super) bench: Option<crate::health::Pause>,
     /// The gateway of this process, for session reports; none: no gateway.
-    pub(super) gateway: Option<Arc<dyn super::sessions::GatewaySessions>>,
+    pub(super) gateway: Option<Arc<dyn super::hooks::GatewaySessions>>,
     /// Copies the leader's table without joining the followers grants
     /// wait for: a process that can never lead (the gateway).
     pub(super) observer: bool,
@@ -226,13 +217,13 @@ impl ApiState {
     }
 
     /// Takes session reports for `gateway`.
-    pub fn with_gateway(mut self, gateway: Arc<dyn super::sessions::GatewaySessions>) -> Self {
+    pub fn with_gateway(mut self, gateway: Arc<dyn super::hooks::GatewaySessions>) -> Self {
         self.gateway = Some(gateway);
         self
     }
 
     /// Replaces the proxies crawlers ask to through `replacer`.
-    pub fn with_replacer(mut self, replacer: Arc<dyn super::replace::Replacer>) -> Self {
+    pub fn with_replacer(mut self, replacer: Arc<dyn super::hooks::Replacer>) -> Self {
         self.replacer = Some(replacer);
         self
     }

@@ -50,30 +50,10 @@ impl Told {
     }
 }
 
-/// A replica-only route's first check: anyone but a replica meets an
-/// unknown route, and only the leader answers.
-pub(super) fn leader_for_replica(s: &ApiState, replica: bool) -> Result<(), ApiError> {
-    if !replica {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "no such route",
-        ));
-    }
-    if (s.forward.leader)() != Leader::Me {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "leader_unavailable",
-            "this replica does not lead",
-        ));
-    }
-    Ok(())
-}
-
 /// What the leader was told, once it checked the call: from a replica,
 /// to the leader, a readable body.
 fn told(s: &ApiState, replica: Option<Extension<Replica>>, body: &Bytes) -> Result<Told, ApiError> {
-    leader_for_replica(s, replica.is_some())?;
+    super::feed::leader_for_replica(s, replica.is_some())?;
     serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))
 }

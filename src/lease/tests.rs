@@ -504,7 +504,10 @@ fn a_client_looping_long_leases_and_releases_gets_short_leases_past_its_cap() {
         chrono::Duration::from_std(CROWDED_TTL).unwrap()
     );
     let other = s.acquire(&proxies, &ask("other")).unwrap();
-    assert_eq!(other.expires_at - other.granted_at, chrono::Duration::hours(1));
+    assert_eq!(
+        other.expires_at - other.granted_at,
+        chrono::Duration::hours(1)
+    );
     // The first id released is still dead, not forgotten for the cap.
     let first = first.unwrap();
     assert!(s.get(&first).is_none() && !s.release(&first));
@@ -514,5 +517,8 @@ fn a_client_looping_long_leases_and_releases_gets_short_leases_past_its_cap() {
     clock.advance(hour + Duration::from_secs(1));
     s.sweep();
     let full = s.acquire(&proxies, &ask("looper")).unwrap();
-    assert_eq!(full.expires_at - full.granted_at, chrono::Duration::hours(1));
+    assert_eq!(
+        full.expires_at - full.granted_at,
+        chrono::Duration::hours(1)
+    );
 }
