@@ -21,7 +21,9 @@ use tracing::{debug, info};
 
 use super::error::ApiError;
 use super::forward::Leader;
-use super::internal::{sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER};
+use super::internal::{
+    answer_sealed, sign_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, FORWARD_HEADER,
+};
 use super::state::ApiState;
 use crate::lease::Snapshot;
 
@@ -211,6 +213,12 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, String> {
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let req = signed_call(key, ("GET", base, path), FEED_CLIENT, Vec::new())?;
+    let ask = req
+        .headers()
+        .get(FORWARD_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     let call = async {
         let resp = s
             .forward
@@ -219,14 +227,25 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
             .await
             .map_err(|e| e.to_string())?;
         let status = resp.status();
+        let seal = resp
+            .headers()
+            .get(ANSWER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let bytes = axum::body::to_bytes(Body::new(resp.into_body()), limit)
             .await
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>((status, bytes))
+        Ok::<_, String>((status, bytes, seal))
     };
-    let (status, bytes) = tokio::time::timeout(FEED_HOLD + Duration::from_secs(2), call)
+    let (status, bytes, seal) = tokio::time::timeout(FEED_HOLD + Duration::from_secs(2), call)
         .await
         .map_err(|_| "timed out".to_string())??;
+    if !answer_sealed(key, &ask, (status.as_u16(), &bytes), &seal) {
+        return Err(format!(
+            "answered {status} without the leader's seal for this call; not taken"
+        ));
+    }
     match status {
         StatusCode::NOT_MODIFIED => Ok(None),
         StatusCode::OK => serde_json::from_slice(&bytes)
@@ -265,7 +284,7 @@ pub(super) fn signed_call(
 
 /// The largest table a follower takes: as much as the hand-over Secrets
 /// hold.
-const FEED_LIMIT: usize = 8 * 1_000_000;
+pub(super) const FEED_LIMIT: usize = 8 * 1_000_000;
 
 /// A replica-only route's first check: anyone but a replica meets an
 /// unknown route, and only the leader answers.

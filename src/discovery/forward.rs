@@ -18,7 +18,8 @@ use tracing::warn;
 
 use super::error::ApiError;
 use super::internal::{
-    sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
+    answer_sealed, sign_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER,
+    FORWARD_HEADER, REQUEST_KEY_HEADER,
 };
 use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
@@ -88,6 +89,9 @@ pub enum Unavailable {
     /// The leader refused this replica's forward signature (the replicas
     /// sign with different lease keys).
     Refused,
+    /// The answer did not carry the leader's seal for this call: not
+    /// relayed to the crawler.
+    Unsealed,
 }
 
 impl Unavailable {
@@ -100,6 +104,7 @@ impl Unavailable {
             Unavailable::Timeout => "timeout",
             Unavailable::Unverified => "unverified",
             Unavailable::Refused => "refused",
+            Unavailable::Unsealed => "unsealed",
         }
     }
 
@@ -122,6 +127,9 @@ impl Unavailable {
             }
             Unavailable::Refused => {
                 "the leading replica refused this replica's forward signature (do the replicas share the lease key Secret?); retry after Retry-After seconds"
+            }
+            Unavailable::Unsealed => {
+                "the answer from the leader's address did not carry its seal for this call, so it was not passed on; retry after Retry-After seconds"
             }
         }
     }
@@ -252,10 +260,11 @@ impl Forwarder {
             let mut out = Request::builder()
                 .method(parts.method.clone())
                 .uri(uri.clone());
+            let mut signed = String::new();
             if let Some(h) = out.headers_mut() {
                 copy(&parts.headers, h, &[header::CONTENT_TYPE]);
                 if let Some(key) = &self.key {
-                    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
+                    signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
                     h.extend(header_values([
                         (FORWARD_HEADER, signed.as_str()),
                         (CLIENT_HEADER, client),
@@ -265,25 +274,36 @@ impl Forwarder {
                 }
                 inject_trace_context(h);
             }
-            out.body(Body::from(body.clone()))
+            out.body(Body::from(body.clone())).map(|r| (r, signed))
         };
         let mut sent = 0;
         let answer = loop {
             sent += 1;
             let left = self.timeout.saturating_sub(started.elapsed());
             let budget = left.saturating_sub(DEADLINE_MARGIN);
-            let out = attempt(budget).map_err(|_| Unavailable::Unreachable)?;
+            let (out, signed) = attempt(budget).map_err(|_| Unavailable::Unreachable)?;
             match tokio::time::timeout(left, self.exchange(base, out)).await {
                 Err(_) => return Err(Unavailable::Timeout),
-                Ok(Ok(answer)) => break answer,
+                Ok(Ok(answer)) => break (answer, signed),
                 Ok(Err(why)) if sent > 1 || budget.is_zero() => return Err(why),
                 Ok(Err(_)) => continue,
             }
         };
-        let (parts, bytes) = answer;
+        let ((parts, bytes), signed) = answer;
         if parts.status == StatusCode::UNAUTHORIZED {
             warn!(leader = %base, "The leader refused this replica's forward signature");
             return Err(Unavailable::Refused);
+        }
+        if let Some(key) = &self.key {
+            let seal = parts
+                .headers
+                .get(ANSWER_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if !answer_sealed(key, &signed, (parts.status.as_u16(), &bytes), seal) {
+                warn!(leader = %base, status = %parts.status, "An answer from the leader's address lacks its seal for the call; not relayed");
+                return Err(Unavailable::Unsealed);
+            }
         }
         let mut resp = Response::new(Body::from(bytes));
         *resp.status_mut() = parts.status;

@@ -112,7 +112,9 @@ pub(super) async fn confirmed(s: &ApiState, deadline: Option<tokio::time::Instan
     let version = s.leases.version();
     let until =
         deadline.unwrap_or_else(|| tokio::time::Instant::now() + super::replicas::CONFIRM_LIMIT);
-    s.replicas.confirmed(version, until).await
+    // A leader whose fence closed while it waited (paused past its renew
+    // deadline: another may lead by now) confirms nothing.
+    s.replicas.confirmed(version, until).await && (s.forward.leader)() == super::forward::Leader::Me
 }
 
 pub(super) fn unconfirmed(message: &str) -> ApiError {

@@ -36,6 +36,42 @@ pub const MAX_SKEW_MS: i64 = 60_000;
 
 const URL_PURPOSE: &str = "discovery-url";
 const FORWARD_PURPOSE: &str = "forward";
+const ANSWER_PURPOSE: &str = "replica-answer";
+
+/// The leader's seal on its answer to a signed call: over the call's own
+/// signature (its [`FORWARD_HEADER`] value), the status and the body, with
+/// the key the call was signed with. A follower takes an answer only with
+/// it, so neither a party on the path nor one that learned the leader's
+/// URL can hand it a table (or an old answer to another call) of its own.
+pub const ANSWER_HEADER: &str = "x-egress-answer-seal";
+
+fn answer_digest(ask: &str, status: u16, body: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(ask.as_bytes());
+    h.update([0]);
+    h.update(status.to_be_bytes());
+    h.update(body);
+    h.finalize().into()
+}
+
+/// The seal of an answer with `status` and `body` to the call signed `ask`.
+pub fn seal_answer(key: &LeaseKey, ask: &str, status: u16, body: &[u8]) -> String {
+    let digest = answer_digest(ask, status, body);
+    data_encoding::BASE64URL_NOPAD.encode(&seal(key, ANSWER_PURPOSE, &digest))
+}
+
+/// Whether `published` seals that answer under `key`.
+pub fn answer_sealed(
+    key: &LeaseKey,
+    ask: &str,
+    (status, body): (u16, &[u8]),
+    published: &str,
+) -> bool {
+    let digest = answer_digest(ask, status, body);
+    data_encoding::BASE64URL_NOPAD
+        .decode(published.as_bytes())
+        .is_ok_and(|tag| sealed(key, ANSWER_PURPOSE, &digest, &tag))
+}
 
 /// The seal of `url`, as published.
 pub fn seal_url(key: &LeaseKey, url: &str) -> String {
@@ -141,6 +177,37 @@ pub fn verify_forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_taken_only_as_sealed_for_its_own_call() {
+        let key = LeaseKey::from_bytes(&[1; crate::lease::signed::KEY_LEN]).unwrap();
+        let other = LeaseKey::from_bytes(&[2; crate::lease::signed::KEY_LEN]).unwrap();
+        let (ask, body) = ("v1.1000.abc", br#"{"version":3}"#.as_slice());
+        let seal = seal_answer(&key, ask, 200, body);
+        assert!(answer_sealed(&key, ask, (200, body), &seal));
+        for (name, ok) in [
+            (
+                "another body",
+                answer_sealed(&key, ask, (200, br#"{"version":4}"#), &seal),
+            ),
+            (
+                "another status",
+                answer_sealed(&key, ask, (304, body), &seal),
+            ),
+            (
+                "another call's",
+                answer_sealed(&key, "v1.1001.abc", (200, body), &seal),
+            ),
+            (
+                "another key",
+                answer_sealed(&other, ask, (200, body), &seal),
+            ),
+            ("no seal", answer_sealed(&key, ask, (200, body), "")),
+            ("garbage", answer_sealed(&key, ask, (200, body), "!!")),
+        ] {
+            assert!(!ok, "{name}");
+        }
+    }
     use crate::lease::signed::KEY_LEN;
 
     fn key(b: u8) -> LeaseKey {

@@ -28,9 +28,11 @@ use tracing::{debug, info, warn, Instrument};
 use super::error::ApiError;
 use super::forward::{route, Deadline, Route};
 use super::internal::{
-    verify_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER, REQUEST_KEY_HEADER,
+    verify_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER,
+    REQUEST_KEY_HEADER,
 };
 use super::state::{ApiState, Client, ANONYMOUS};
+use crate::lease::LeaseKey;
 
 pub use super::request::BODY_LIMIT;
 
@@ -247,10 +249,43 @@ async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
         s.peers.trust(peer.0);
     }
     let client = Client(client.into());
+    let ask = signed.to_string();
     let mut req = Request::from_parts(parts, Body::from(body));
     req.extensions_mut().insert(caller);
-    with_client(req, client, next).await
+    let resp = with_client(req, client, next).await;
+    // Sealed with the key the call was signed with.
+    let key = match caller.gateway {
+        true => s.forward.gateway_key.as_ref(),
+        false => s.forward.key.as_ref(),
+    };
+    seal_answer(key, &ask, resp).await
 }
+
+/// The answers to another replica's calls carry [`ANSWER_HEADER`]. The
+/// largest is a lease table; a body past [`ANSWER_LIMIT`] is refused.
+async fn seal_answer(key: Option<&LeaseKey>, ask: &str, resp: Response) -> Response {
+    let Some(key) = key else {
+        return resp;
+    };
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, ANSWER_LIMIT).await else {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the answer to a replica exceeds its limit",
+        )
+        .into_response();
+    };
+    let seal = super::internal::seal_answer(key, ask, parts.status.as_u16(), &bytes);
+    if let Ok(v) = header::HeaderValue::from_str(&seal) {
+        parts.headers.insert(ANSWER_HEADER, v);
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// The largest answer sealed for a replica: a lease table as large as the
+/// follower takes, and room.
+const ANSWER_LIMIT: usize = 2 * super::feed::FEED_LIMIT;
 
 /// Runs `req` as `client`'s, and names the client on the answer for the
 /// request log line and span.

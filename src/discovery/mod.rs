@@ -67,4 +67,6 @@ pub use state::{
 pub use tokens::TokenSet;
 
 #[cfg(test)]
+mod answer_tests;
+#[cfg(test)]
 mod tests;

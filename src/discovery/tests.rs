@@ -1358,6 +1358,34 @@ fn as_pairs<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)>
     h.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
+/// Issue 52: an answer at the leader's address without the leader's seal
+/// for the call (a stand-in that learned the address) is not relayed to
+/// the crawler: 503, counted `unsealed`.
+#[tokio::test]
+async fn an_unsealed_answer_from_the_leaders_address_is_not_relayed() {
+    let stand_in = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", stand_in.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = stand_in.accept().await else {
+                return;
+            };
+            let _ = read_head(&mut c).await;
+            use tokio::io::AsyncWriteExt;
+            let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+            let _ = c.write_all(answer.as_bytes()).await;
+        }
+    });
+    let follower = Api::start_routed(1, Leader::At(url), FORWARD_TIMEOUT).await;
+    let (s, v) = follower.json("POST", "/v1/leases", json!({})).await;
+    assert_eq!((s, code(&v)), (503, "leader_unavailable"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("seal"),
+        "{v}"
+    );
+    follower.stop().await;
+}
+
 #[tokio::test]
 async fn a_forward_is_signed_for_the_client_and_never_carries_the_crawlers_token() {
     // A leader that records what it is sent.
@@ -1368,7 +1396,13 @@ async fn a_forward_is_signed_for_the_client_and_never_carries_the_crawlers_token
             let (mut c, _) = recorder.accept().await.unwrap();
             let head = read_head(&mut c).await;
             use tokio::io::AsyncWriteExt;
-            let answer = "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+            // Sealed for the call, as the leader seals its answers.
+            let ask = head
+                .lines()
+                .find_map(|l| l.strip_prefix("x-egress-forward: "))
+                .unwrap_or_default();
+            let seal = internal::seal_answer(&shared_key(), ask.trim(), 409, b"{}");
+            let answer = format!("HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n{}: {seal}\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}", internal::ANSWER_HEADER);
             c.write_all(answer.as_bytes()).await.unwrap();
             // The follower's copy of the lease table asks too.
             if head.starts_with("POST") {

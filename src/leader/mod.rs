@@ -21,6 +21,7 @@
 //! concurrency of a plain update provides with fewer moving parts.
 
 pub mod decide;
+mod fence;
 pub mod lease;
 pub mod metrics;
 
@@ -37,6 +38,7 @@ use tracing::{info, warn};
 
 use self::decide::{after_attempt, attempt_bound, Outcome, Step, StepDown};
 pub use self::decide::{Decision, Record, Seen};
+pub use self::fence::Fence;
 pub use self::lease::{release, Observed};
 pub use self::metrics::LeaderMetrics;
 use crate::provider::error::plain_message;
@@ -193,6 +195,9 @@ pub struct Candidate {
     /// Told what each attempt found out (kept as it is when an attempt
     /// fails).
     pub observed: watch::Sender<Observed>,
+    /// Opened until the renew deadline while leading, closed on a
+    /// step-down.
+    pub fence: Fence,
 }
 
 /// Campaigns for the Lease `name` in `namespace` as `me`. The returned
@@ -213,6 +218,7 @@ pub fn campaign(
     let Candidate {
         identity: me,
         observed,
+        fence,
     } = candidate;
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let name = name.to_string();
@@ -258,13 +264,18 @@ pub fn campaign(
             match deadline {
                 None if outcome == Outcome::Held => {
                     deadline = Some(started + timing.renew_deadline);
+                    fence.open_until(deadline);
                     info!(identity = %me, lease = %name, "Became the leader");
                     let _ = tx.send(true);
                 }
                 None => {}
                 Some(d) => match after_attempt(outcome, started, now, d, timing.renew_deadline) {
-                    Step::Lead { deadline: next } => deadline = Some(next),
+                    Step::Lead { deadline: next } => {
+                        deadline = Some(next);
+                        fence.open_until(deadline);
+                    }
                     Step::StepDown(why) => {
+                        fence.open_until(None);
                         metrics.stepped_down(why);
                         match why {
                             StepDown::Lost => {

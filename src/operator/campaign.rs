@@ -23,7 +23,7 @@ impl Operator {
     pub(super) async fn lead_in_terms(
         &self,
         timing: leader::Timing,
-        observed: tokio::sync::watch::Sender<leader::Observed>,
+        (observed, fence): (tokio::sync::watch::Sender<leader::Observed>, leader::Fence),
         stop: &CancellationToken,
         proxies: ProxyStore,
         installation_id: String,
@@ -34,6 +34,7 @@ impl Operator {
         let candidate = leader::Candidate {
             identity: identity.clone(),
             observed,
+            fence,
         };
         let campaign = leader::campaign(
             self.client.clone(),

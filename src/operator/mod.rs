@@ -186,6 +186,11 @@ impl Operator {
             None => leader::Observed::Me,
             Some(_) => leader::Observed::Nobody,
         });
+        // Lease calls are answered as the leader's only while it holds.
+        let fence = match s.leader {
+            None => leader::Fence::always(),
+            Some(_) => leader::Fence::default(),
+        };
         let mut leases = None;
         if let Some(addr) = s.discovery_bind {
             let keys = lease_key::keys_for(
@@ -207,7 +212,7 @@ impl Operator {
                 s,
                 (&self.client, proxies.clone(), keys.clone()),
                 (&self.metrics, self.replacer.clone()),
-                seen,
+                (seen, fence.clone()),
                 stop.clone().cancelled_owned(),
             );
             // A key of this process only seals nothing another could open;
@@ -294,8 +299,16 @@ impl Operator {
                         fixed: self.discovery_annotations(keys.as_ref()),
                         inner,
                     });
-                    self.lead_in_terms(timing, observed, &stop, proxies, installation_id, publisher)
-                        .await
+                    let candidate = (observed, fence);
+                    self.lead_in_terms(
+                        timing,
+                        candidate,
+                        &stop,
+                        proxies,
+                        installation_id,
+                        publisher,
+                    )
+                    .await
                 }
             };
             if res.is_err() {

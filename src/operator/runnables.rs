@@ -108,7 +108,7 @@ pub fn spawn_discovery(
     settings: &Settings,
     (client, cache, keys): (&kube::Client, crate::proxy_store::ProxyStore, Keys),
     (metrics, replacer): (&Metrics, Arc<dyn discovery::Replacer>),
-    leader: tokio::sync::watch::Receiver<Observed>,
+    (leader, fence): (tokio::sync::watch::Receiver<Observed>, crate::leader::Fence),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> (Arc<LeaseStore>, Arc<Replicas>, CancellationToken) {
     // A 503 asks the crawler back after one election attempt.
@@ -124,7 +124,7 @@ pub fn spawn_discovery(
     };
     let trusted = keys.own.clone();
     let forwarder = discovery::Forwarder::new(
-        Arc::new(move || leader_of(&leader.borrow(), (&trusted, seal))),
+        Arc::new(move || fenced(leader_of(&leader.borrow(), (&trusted, seal)), fence.holds())),
         discovery::FORWARD_TIMEOUT,
         retry_after,
     )
@@ -254,6 +254,17 @@ fn spawn_gateway(
         }
     });
     gateway
+}
+
+/// The leader view a lease call acts on: this replica leads only while
+/// its fence holds (`leader::Fence`); past it, whatever the election last
+/// saw, it answers as if no leader were known (503 `leader_unavailable`)
+/// until a renewal, or a step-down and the next leader's URL.
+pub fn fenced(view: discovery::Leader, holds: bool) -> discovery::Leader {
+    match (view, holds) {
+        (discovery::Leader::Me, false) => discovery::Leader::Unknown,
+        (view, _) => view,
+    }
 }
 
 /// Where lease calls go, from what the election last saw: here, to the
@@ -486,6 +497,21 @@ pub(super) async fn drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leader_past_its_fence_answers_as_if_none_were_known() {
+        use discovery::Leader;
+        let at = || Leader::At("http://10.0.0.2:8090".into());
+        for (view, holds, want) in [
+            (Leader::Me, true, Leader::Me),
+            (Leader::Me, false, Leader::Unknown),
+            (at(), false, at()),
+            (Leader::Unverified, false, Leader::Unverified),
+            (Leader::Unknown, true, Leader::Unknown),
+        ] {
+            assert_eq!(fenced(view.clone(), holds), want, "{view:?} {holds}");
+        }
+    }
     use crate::api::{ProxySpec, ProxyStatus};
     use crate::discovery::internal::seal_url;
 

@@ -34,6 +34,7 @@ mod gateway_edge;
 mod gc_sweep;
 mod idle_memory;
 mod leader_leases;
+mod leader_pause;
 mod lease_handover;
 mod lease_key_fallback;
 mod lease_logs;

@@ -1,7 +1,8 @@
 //! Replicas trust only each other, on the real test cluster (issue 31):
 //! a follower forwards lease calls only to a discovery URL sealed with the
 //! shared lease key, signs them for the client it authenticated and never
-//! sends the crawler's token on; a forwarded acquire the leader gets too
+//! sends the crawler's token on, and relays only an answer the leader
+//! sealed for the call (issue 52); a forwarded acquire the leader gets too
 //! late to answer in time grants nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
@@ -16,7 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
-use egress_proxies_operator::discovery::internal::{seal_url, URL_SEAL_ANNOTATION};
+use egress_proxies_operator::discovery::internal::{
+    seal_answer, seal_url, ANSWER_HEADER, URL_SEAL_ANNOTATION,
+};
 use egress_proxies_operator::discovery::HOLD_ENV;
 use egress_proxies_operator::lease::LeaseKey;
 
@@ -82,26 +85,43 @@ async fn two_replicas(
 }
 
 /// A listener that records the head of every request it is sent and
-/// answers `409 no_capacity`.
-async fn recorder() -> (String, Arc<Mutex<Vec<String>>>) {
+/// answers `409 no_capacity`, sealed for the call with the key put in its
+/// slot (unsealed while the slot is empty).
+type Sealer = Arc<Mutex<Option<LeaseKey>>>;
+
+async fn recorder() -> (String, Arc<Mutex<Vec<String>>>, Sealer) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     let heads = Arc::new(Mutex::new(Vec::new()));
-    let seen = heads.clone();
+    let sealer: Sealer = Arc::default();
+    let (seen, sealing) = (heads.clone(), sealer.clone());
     tokio::spawn(async move {
         while let Ok((mut c, _)) = l.accept().await {
-            let seen = seen.clone();
+            let (seen, sealing) = (seen.clone(), sealing.clone());
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt;
                 let head = support::read_head(&mut c).await;
+                const FORWARD: &str = "x-egress-forward: ";
+                let ask = head
+                    .lines()
+                    .find(|l| l.to_ascii_lowercase().starts_with(FORWARD))
+                    .map(|l| l[FORWARD.len()..].to_string())
+                    .unwrap_or_default();
                 seen.lock().unwrap().push(head);
                 let body = r#"{"error":{"code":"no_capacity","message":"recorded"}}"#;
-                let answer = format!("HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let seal = match sealing.lock().unwrap().as_ref() {
+                    Some(k) => format!(
+                        "{ANSWER_HEADER}: {}\r\n",
+                        seal_answer(k, ask.trim(), 409, body.as_bytes())
+                    ),
+                    None => String::new(),
+                };
+                let answer = format!("HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n{seal}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
                 let _ = c.write_all(answer.as_bytes()).await;
             });
         }
     });
-    (url, heads)
+    (url, heads, sealer)
 }
 
 /// Makes "mallory" hold the election Lease for a minute, naming `url`
@@ -136,7 +156,7 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
     assert_eq!(s, 201, "forwarded to the sealed URL: {v}");
 
     // Someone who may update the Lease names their own URL.
-    let (url, heads) = recorder().await;
+    let (url, heads, sealer) = recorder().await;
     take_lease(&leases, &url, "forged").await;
     for api in apis {
         let (s, v) = eventually(
@@ -184,6 +204,28 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
         .clone();
     let key = LeaseKey::from_bytes(&key.0).unwrap();
     take_lease(&leases, &url, &seal_url(&key, &url)).await;
+    // Issue 52: what answers there without the leader's seal for the call
+    // (its key unread, an answer recorded earlier) is not relayed.
+    let (s, v) = eventually(
+        "a forward to the sealed URL, its answer refused",
+        Duration::from_secs(30),
+        || async {
+            let (s, v) = acquire(apis[1]).await;
+            let msg = v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            msg.contains("did not carry its seal").then_some((s, v))
+        },
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("leader_unavailable")),
+        "{v}"
+    );
+    // The negative control: the same answer sealed for its call is relayed.
+    *sealer.lock().unwrap() = Some(key.clone());
     let (s, v) = eventually(
         "a forward to the sealed URL",
         Duration::from_secs(30),
