@@ -268,15 +268,6 @@ struct Ctx<'a> {
     metrics: SocketAddr,
 }
 
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
@@ -442,7 +433,7 @@ async fn bench_scale() {
         ops.push(probe_phase(&ctx, &mut responder, secs, None).await);
         eprintln!("probe phase {} of {repeats} done", round + 1);
         if mode == Mode::External {
-            signal(pid, "-STOP");
+            support::signal(pid, "-STOP");
             let window = CpuWindow::start(None, responder.pid());
             responder.open();
             let run = tokio::task::spawn_blocking(move || bare::phase(target, n, secs, None))
@@ -450,7 +441,7 @@ async fn bench_scale() {
                 .unwrap();
             let ages = responder.close();
             let mut cpu = window.end();
-            signal(pid, "-CONT");
+            support::signal(pid, "-CONT");
             cpu.measured = run.cpu / secs as f64;
             bares.push(BarePhase {
                 run,

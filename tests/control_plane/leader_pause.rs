@@ -32,15 +32,6 @@ async fn call(api: SocketAddr, method: &str, path: &str, body: Value) -> (u16, O
     .await
 }
 
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_paused_past_its_lease_grants_and_renews_nothing_when_it_resumes() {
     squid::require();
@@ -84,7 +75,7 @@ async fn a_leader_paused_past_its_lease_grants_and_renews_nothing_when_it_resume
 
     // Paused past its lease (4 s; renew deadline 3 s): b takes over.
     let paused = Instant::now();
-    signal(a.pid(), "-STOP");
+    support::signal(a.pid(), "-STOP");
     eventually(
         "b to take the Lease over",
         Duration::from_secs(30),
@@ -120,7 +111,7 @@ async fn a_leader_paused_past_its_lease_grants_and_renews_nothing_when_it_resume
         !acquire.is_finished() && !renew.is_finished(),
         "a is paused"
     );
-    signal(a.pid(), "-CONT");
+    support::signal(a.pid(), "-CONT");
     let (s, retry_after, v) = acquire.await.unwrap();
     println!("acquire at the resumed leader: {s} {v}");
     match s {

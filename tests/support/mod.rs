@@ -349,6 +349,16 @@ pub fn free_port() -> u16 {
 }
 
 /// A free address on 127.0.0.1, for a server a test starts.
+/// Sends `sig` (`-STOP`, `-CONT`, `-TERM`…) to `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 pub fn loopback() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
