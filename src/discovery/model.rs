@@ -151,11 +151,11 @@ pub struct AcquireBody {
     pub filters: Filters,
     /// Same key, same proxy while it stays healthy and has capacity.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[ -~]+$")]
     pub sticky_key: Option<String>,
     /// The site to be crawled: proxies cooling down for it are skipped.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[ -~]+$")]
     pub site: Option<String>,
 }
 
@@ -178,7 +178,7 @@ pub struct ReportBody {
     pub result: String,
     /// The site concerned: the cooldown then applies to it only.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[ -~]+$")]
     pub site: Option<String>,
 }
 
@@ -191,13 +191,13 @@ pub struct SessionReportBody {
     pub result: String,
     /// The site concerned: the cooldown then applies to it only.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[ -~]+$")]
     pub site: Option<String>,
     /// The gateway username the session uses (`<client>-session-<id>...`):
     /// with it, a gateway replica that has not carried the session finds
     /// its upstream the way the gateway chooses one.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[ -~]+$")]
     pub username: Option<String>,
 }
 

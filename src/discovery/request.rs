@@ -77,12 +77,16 @@ fn objects_only(v: &serde_json::Value, depth: usize) -> bool {
     }
 }
 
+/// A key, site or username: 1 to [`MAX_KEY_LEN`] printable ASCII
+/// characters, as the OpenAPI document says (its `maxLength` counts
+/// characters and the store bounds bytes: in ASCII they are the same).
 pub(super) fn check_len(field: &str, v: &Option<String>) -> ApiResult<()> {
+    let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b));
     match v {
-        Some(s) if s.is_empty() || s.len() > MAX_KEY_LEN => Err(ApiError::new(
+        Some(s) if s.is_empty() || s.len() > MAX_KEY_LEN || !printable(s) => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_body",
-            format!("{field} must be 1-{MAX_KEY_LEN} bytes"),
+            format!("{field} must be 1-{MAX_KEY_LEN} printable ASCII characters"),
         )),
         _ => Ok(()),
     }
@@ -111,5 +115,30 @@ pub(super) fn outcome_of(result: &str) -> ApiResult<Outcome> {
             "invalid_result",
             format!("result must be ok, blocked or failed, got {other:?}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_printable_ascii_as_the_document_says() {
+        let ok = |s: &str| check_len("site", &Some(s.to_string())).is_ok();
+        assert!(check_len("site", &None).is_ok(), "absent");
+        assert!(ok("example.com") && ok(&"k".repeat(256)) && ok("a b~"));
+        for (name, s) in [
+            ("empty", String::new()),
+            ("257", "k".repeat(257)),
+            ("non-ASCII within 256 characters", "ä".repeat(200)),
+            ("a control character", "a\u{6}b".to_string()),
+        ] {
+            assert!(!ok(&s), "{name}");
+        }
+        let e = check_len("stickyKey", &Some("ä".into())).unwrap_err();
+        assert!(
+            format!("{e:?}").contains("stickyKey must be 1-256 printable ASCII"),
+            "{e:?}"
+        );
     }
 }
