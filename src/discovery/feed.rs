@@ -22,7 +22,7 @@ use tracing::{debug, info};
 use super::error::ApiError;
 use super::forward::Leader;
 use super::internal::{
-    answer_sealed, sign_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, FORWARD_HEADER,
+    answer_checks, header_text, sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER,
 };
 use super::state::ApiState;
 use crate::lease::Snapshot;
@@ -213,12 +213,7 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, String> {
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let req = signed_call(key, ("GET", base, path), FEED_CLIENT, Vec::new())?;
-    let ask = req
-        .headers()
-        .get(FORWARD_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let ask = header_text(req.headers(), FORWARD_HEADER).to_string();
     let call = async {
         let resp = s
             .forward
@@ -226,22 +221,17 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
             .request(req)
             .await
             .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let seal = resp
-            .headers()
-            .get(ANSWER_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        let bytes = axum::body::to_bytes(Body::new(resp.into_body()), limit)
+        let (parts, body) = resp.into_parts();
+        let bytes = axum::body::to_bytes(Body::new(body), limit)
             .await
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>((status, bytes, seal))
+        Ok::<_, String>((parts, bytes))
     };
-    let (status, bytes, seal) = tokio::time::timeout(FEED_HOLD + Duration::from_secs(2), call)
+    let (parts, bytes) = tokio::time::timeout(FEED_HOLD + Duration::from_secs(2), call)
         .await
         .map_err(|_| "timed out".to_string())??;
-    if !answer_sealed(key, &ask, (status.as_u16(), &bytes), &seal) {
+    let status = parts.status;
+    if !answer_checks(key, &ask, (status.as_u16(), &parts.headers, &bytes)) {
         return Err(format!(
             "answered {status} without the leader's seal for this call; not taken"
         ));

@@ -18,8 +18,8 @@ use tracing::warn;
 
 use super::error::ApiError;
 use super::internal::{
-    answer_sealed, sign_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER,
-    FORWARD_HEADER, REQUEST_KEY_HEADER,
+    answer_checks, sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER,
+    REQUEST_KEY_HEADER,
 };
 use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
@@ -295,12 +295,11 @@ impl Forwarder {
             return Err(Unavailable::Refused);
         }
         if let Some(key) = &self.key {
-            let seal = parts
-                .headers
-                .get(ANSWER_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            if !answer_sealed(key, &signed, (parts.status.as_u16(), &bytes), seal) {
+            if !answer_checks(
+                key,
+                &signed,
+                (parts.status.as_u16(), &parts.headers, &bytes),
+            ) {
                 warn!(leader = %base, status = %parts.status, "An answer from the leader's address lacks its seal for the call; not relayed");
                 return Err(Unavailable::Unsealed);
             }

@@ -60,6 +60,29 @@ pub fn seal_answer(key: &LeaseKey, ask: &str, status: u16, body: &[u8]) -> Strin
     data_encoding::BASE64URL_NOPAD.encode(&seal(key, ANSWER_PURPOSE, &digest))
 }
 
+/// The text of header `name` in `headers`; empty when absent or not text.
+pub fn header_text<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+/// Whether an answer (`status`, `headers`, `body`) to the call signed
+/// `ask` carries the leader's [`ANSWER_HEADER`] for it under `key`.
+pub fn answer_checks(
+    key: &LeaseKey,
+    ask: &str,
+    (status, headers, body): (u16, &axum::http::HeaderMap, &[u8]),
+) -> bool {
+    answer_sealed(
+        key,
+        ask,
+        (status, body),
+        header_text(headers, ANSWER_HEADER),
+    )
+}
+
 /// Whether `published` seals that answer under `key`.
 pub fn answer_sealed(
     key: &LeaseKey,

@@ -28,8 +28,8 @@ use tracing::{debug, info, warn, Instrument};
 use super::error::ApiError;
 use super::forward::{route, Deadline, Route};
 use super::internal::{
-    verify_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER,
-    REQUEST_KEY_HEADER,
+    header_text, verify_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER,
+    FORWARD_HEADER, REQUEST_KEY_HEADER,
 };
 use super::state::{ApiState, Client, ANONYMOUS};
 use crate::lease::LeaseKey;
@@ -205,13 +205,7 @@ async fn forwarded(s: &ApiState, req: Request, next: Next) -> Response {
         )
         .into_response();
     };
-    let h = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-    };
+    let h = |name: &str| header_text(&parts.headers, name);
     let client = h(CLIENT_HEADER);
     let f = Forward {
         method: parts.method.as_str(),
