@@ -56,8 +56,12 @@ pub struct Fed {
     pub version: u64,
     /// The leader's feed (its process and term): versions count in it.
     pub feed: String,
-    /// The whole table.
+    /// The whole table, or with `after` only what changed since.
     pub state: Snapshot,
+    /// Set when `state` is a delta: the version it follows, which is the
+    /// one the ask named (`LeaseStore::export_since`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
 }
 
 /// A follower's ask: `?replica=ID&feed=F&after=N` (the follower, and the
@@ -94,12 +98,34 @@ pub(super) async fn lease_state(
             return StatusCode::NOT_MODIFIED.into_response();
         }
     }
-    // Read before the export: the table sent is at least this new.
-    let fed = Fed {
-        version: s.leases.version(),
-        feed,
-        state: s.leases.export(),
+    // A copy the change log still covers is sent what changed; any other,
+    // the whole table.
+    let delta = ask
+        .after
+        .filter(|_| current)
+        .and_then(|after| Some((after, s.leases.export_since(after)?)));
+    let fed = match delta {
+        Some((after, (version, state))) => Fed {
+            version,
+            feed,
+            state,
+            after: Some(after),
+        },
+        None => {
+            let (version, state) = s.leases.export_versioned();
+            Fed {
+                version,
+                feed,
+                state,
+                after: None,
+            }
+        }
     };
+    s.metrics.feed_answer(if fed.after.is_some() {
+        "delta"
+    } else {
+        "whole"
+    });
     json_answer(&fed)
 }
 
@@ -163,9 +189,19 @@ pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
     }
 }
 
-/// Makes `fed` this replica's copy, unless it took over since asking.
+/// Makes `fed` this replica's copy (a whole table), or takes it into the
+/// copy (a delta that follows the copy held), unless this replica took
+/// over since asking. A delta that does not follow the copy is dropped,
+/// and so is the copy's version: the next ask gets the whole table.
 fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
-    match s.leases.replace(&fed.state, term, &fed.feed) {
+    let taken = match fed.after {
+        Some(after) if follows(held, &fed.feed, after) => {
+            s.leases.patch(&fed.state, term, &fed.feed)
+        }
+        Some(_) => Ok(false),
+        None => s.leases.replace(&fed.state, term, &fed.feed),
+    };
+    match taken {
         Ok(true) => {
             if held.feed.as_deref() != Some(fed.feed.as_str()) {
                 info!(leader = %held.leader, leases = fed.state.leases.len(), "Copying the leader's lease table");
@@ -173,9 +209,17 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
             held.version = Some(fed.version);
             held.feed = Some(fed.feed);
         }
-        Ok(false) => {}
-        Err(e) => debug!(error = %e, "Ignoring an unreadable lease table from the leader"),
+        Ok(false) => held.version = None,
+        Err(e) => {
+            held.version = None;
+            debug!(error = %e, "Ignoring an unreadable lease table from the leader");
+        }
     }
+}
+
+/// Whether a delta of `feed` after version `after` follows the copy held.
+fn follows(held: &Held, feed: &str, after: u64) -> bool {
+    held.feed.as_deref() == Some(feed) && held.version == Some(after)
 }
 
 /// The ask for the copy `held`; an observer names no replica, so the

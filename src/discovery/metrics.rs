@@ -29,6 +29,13 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// Labels of the lease-table answer counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// delta or whole.
+    pub kind: String,
+}
+
 /// Labels of a discovery API request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
@@ -63,6 +70,7 @@ pub struct DiscoveryMetrics {
     duration: HistogramFamily<RouteLabel>,
     lease_events: Family<EventLabel, Counter>,
     forwarded: Family<OutcomeLabel, Counter>,
+    feed_answers: Family<KindLabel, Counter>,
     leases_active: Scraped<i64>,
     site_cooldowns: Scraped<i64>,
     token_reload_failures: Counter,
@@ -80,6 +88,7 @@ impl DiscoveryMetrics {
             duration: Family::new_with_constructor(request_histogram as fn() -> Histogram),
             lease_events: Family::default(),
             forwarded: Family::default(),
+            feed_answers: Family::default(),
             leases_active: Scraped::default(),
             site_cooldowns: Scraped::default(),
             token_reload_failures: Counter::default(),
@@ -106,6 +115,11 @@ impl DiscoveryMetrics {
             "proxy_operator_discovery_forwarded",
             "Lease calls a follower sent to the leader, by outcome: relayed, or answered 503 because of no_leader, not_leader, unreachable, timeout, unverified (the Lease names an unsealed URL) or refused (the leader refused the forward signature)",
             m.forwarded.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_feed_answers",
+            "Lease-table answers the leader sent to followers and gateways, by kind: delta (what changed since the copy they hold) or whole (the table, to a member that joins or that the change log no longer covers)",
+            m.feed_answers.clone(),
         );
         registry.register(
             "proxy_operator_discovery_token_reload_failures",
@@ -177,6 +191,15 @@ impl DiscoveryMetrics {
         self.forwarded
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one lease-table answer to a follower or gateway.
+    pub fn feed_answer(&self, kind: &str) {
+        self.feed_answers
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
             })
             .inc();
     }

@@ -1724,6 +1724,17 @@ async fn a_grant_is_answered_only_once_the_in_sync_follower_holds_it() {
         copied.leases.iter().any(|l| l.3 > 2_900_000),
         "the renewal is in the copy when answered"
     );
+    // The follower was sent the table whole once, on joining, and after
+    // that only what changed.
+    let text = leader.metrics.encode().unwrap();
+    let answers = |kind: &str| {
+        let series = format!("proxy_operator_lease_feed_answers_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    assert!(answers("delta") >= 22, "{text}");
+    assert!(answers("whole") <= 2, "{text}");
     // The follower goes silent: with nobody writing the Lease, a grant
     // waits for it and is refused, and nothing stays granted.
     follower.stop().await;

@@ -140,6 +140,26 @@ impl StickyMap {
         Ok(())
     }
 
+    /// The mapping of digest `d` live at `now`: (proxy, end).
+    pub fn live_digest(
+        &self,
+        d: &KeyDigest,
+        now: DateTime<Utc>,
+    ) -> Option<(&ProxyKey, DateTime<Utc>)> {
+        self.map
+            .get(d)
+            .filter(|(_, until)| *until > now)
+            .map(|(p, until)| (p.as_ref(), *until))
+    }
+
+    /// Forgets the mapping of digest `d` (a follower's copy, when the
+    /// leader holds it no more).
+    pub fn forget_digest(&mut self, d: &KeyDigest) {
+        if let Some((p, _)) = self.map.remove(d) {
+            self.uncount(&p);
+        }
+    }
+
     fn uncount(&mut self, p: &ProxyKey) {
         if let Some(n) = self.per_proxy.get_mut(p) {
             *n = n.saturating_sub(1);

@@ -106,6 +106,40 @@ struct ProxyCooldown {
     sites: HashMap<KeyDigest, SiteCooldown>,
 }
 
+fn live_one<'a>(
+    proxy: &'a ProxyKey,
+    c: &'a ProxyCooldown,
+    min: usize,
+    now: DateTime<Utc>,
+) -> LiveCooldown<'a> {
+    let global = c
+        .global
+        .iter()
+        .filter(|(_, t)| *t > now)
+        .map(|(who, t)| (who, *t))
+        .collect();
+    let mut sites = Vec::new();
+    let mut site_reports = Vec::new();
+    for (d, s) in &c.sites {
+        let everyone = s.everyone.filter(|t| *t > now);
+        if let Some(t) = everyone.max(quorum_until(&s.reports, min, now)) {
+            sites.push((d, t));
+        }
+        site_reports.extend(
+            s.reports
+                .iter()
+                .filter(|(_, t)| *t > now)
+                .map(|(who, t)| (d, who, *t)),
+        );
+    }
+    LiveCooldown {
+        proxy,
+        global,
+        sites,
+        site_reports,
+    }
+}
+
 impl ProxyCooldown {
     fn is_empty(&self) -> bool {
         self.global.is_empty() && self.sites.is_empty()
@@ -345,34 +379,15 @@ impl Cooldowns {
     /// only fleet-wide site entries still withholds it from everyone.
     pub fn live(&self, now: DateTime<Utc>) -> impl Iterator<Item = LiveCooldown<'_>> {
         let min = self.min_clients;
-        self.proxies.iter().map(move |(p, c)| {
-            let global = c
-                .global
-                .iter()
-                .filter(|(_, t)| *t > now)
-                .map(|(who, t)| (who, *t))
-                .collect();
-            let mut sites = Vec::new();
-            let mut site_reports = Vec::new();
-            for (d, s) in &c.sites {
-                let everyone = s.everyone.filter(|t| *t > now);
-                if let Some(t) = everyone.max(quorum_until(&s.reports, min, now)) {
-                    sites.push((d, t));
-                }
-                site_reports.extend(
-                    s.reports
-                        .iter()
-                        .filter(|(_, t)| *t > now)
-                        .map(|(who, t)| (d, who, *t)),
-                );
-            }
-            LiveCooldown {
-                proxy: p,
-                global,
-                sites,
-                site_reports,
-            }
-        })
+        self.proxies
+            .iter()
+            .map(move |(p, c)| live_one(p, c, min, now))
+    }
+
+    /// The cooldowns of `proxy` live at `now`, if it has any entry.
+    pub fn live_of(&self, proxy: &ProxyKey, now: DateTime<Utc>) -> Option<LiveCooldown<'_>> {
+        let (p, c) = self.proxies.get_key_value(proxy)?;
+        Some(live_one(p, c, self.min_clients, now))
     }
 
     /// Removes cooldowns that ended by `now`.

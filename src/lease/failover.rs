@@ -115,8 +115,8 @@ impl LeaseStore {
             client: st.clients.intern(&client),
         };
         st.hold(nonce, record);
+        self.changed(&mut st, [super::Touched::Lease(nonce)]);
         drop(st);
-        self.changed();
         Admission::Readmitted(Lease {
             id: id.to_string(),
             expires_at: c.expires_at(),

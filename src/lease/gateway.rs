@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 use super::bounds::{digest, later};
 use super::state::State;
-use super::{LeaseStore, ProxyKey};
+use super::{LeaseStore, ProxyKey, Touched};
 
 impl LeaseStore {
     /// Whether the gateway may send `client`'s new connections through
@@ -60,8 +60,9 @@ impl LeaseStore {
     pub fn cool_down(&self, proxy: &ProxyKey, client: &Arc<str>, site: Option<&str>) {
         let now = self.clock.now();
         let until = later(now, self.config.cooldown);
-        cool(&mut self.lock(), proxy, client, site, until);
-        self.changed();
+        let mut st = self.lock();
+        cool(&mut st, proxy, client, site, until);
+        self.changed(&mut st, [Touched::Cooling(Arc::new(proxy.clone()))]);
     }
 }
 

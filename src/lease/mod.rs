@@ -98,6 +98,10 @@ mod released;
 pub use released::{CROWDED_TTL, MAX_RELEASED, MAX_RELEASED_PER_CLIENT};
 mod state;
 use state::State;
+mod delta;
+mod log;
+use log::Touched;
+pub use log::MAX_LOG;
 mod snapshot;
 pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};
 
@@ -299,7 +303,11 @@ impl LeaseStore {
             client: client_id,
         };
         st.hold(nonce, record);
-        self.changed();
+        let sticky = req
+            .sticky_key
+            .as_deref()
+            .map(|k| Touched::Sticky(digest(k)));
+        self.changed(st, std::iter::once(Touched::Lease(nonce)).chain(sticky));
         st.held(&nonce).ok_or(AcquireError::NoProxy)
     }
 
@@ -324,8 +332,8 @@ impl LeaseStore {
         let end = st.recovery.renewal(now, ttl, old_end);
         st.move_end(&slot, end)?;
         let held = st.held(&slot)?;
+        self.changed(&mut st, [Touched::Lease(slot)]);
         drop(st);
-        self.changed();
         Some(self.answer(held))
     }
 
@@ -351,7 +359,7 @@ impl LeaseStore {
         st.expire_leases(now);
         let released = st.release(&slot).is_some();
         if released {
-            self.changed();
+            self.changed(&mut st, [Touched::Lease(slot)]);
         }
         released
     }
@@ -370,11 +378,9 @@ impl LeaseStore {
         if outcome != Outcome::Ok {
             let until = later(now, self.config.cooldown);
             cool(&mut st, &held.proxy, &held.client, site, until);
+            self.changed(&mut st, [Touched::Cooling(held.proxy.clone())]);
         }
         drop(st);
-        if outcome != Outcome::Ok {
-            self.changed();
-        }
         Some(self.answer(held))
     }
 

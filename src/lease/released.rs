@@ -9,7 +9,8 @@
 //! most its cap plus what it releases in [`CROWDED_TTL`], instead of
 //! everything it released in the last hour. Pure: time is an argument.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::index::ceil_second;
@@ -34,7 +35,8 @@ type Nonce = [u8; NONCE_LEN];
 /// many each client has.
 #[derive(Debug, Default)]
 pub(super) struct Released {
-    nonces: HashSet<Nonce>,
+    /// Each nonce with its end (ms, rounded up to the second).
+    nonces: HashMap<Nonce, i64>,
     by_end: BTreeMap<i64, Vec<(Nonce, u32)>>,
     per_client: HashMap<u32, usize>,
 }
@@ -42,11 +44,10 @@ pub(super) struct Released {
 impl Released {
     /// Remembers `nonce` of `client` until `end_ms`.
     pub(super) fn remember(&mut self, nonce: Nonce, client: u32, end_ms: i64) {
-        if self.nonces.insert(nonce) {
-            self.by_end
-                .entry(ceil_second(end_ms))
-                .or_default()
-                .push((nonce, client));
+        let end = ceil_second(end_ms);
+        if let Entry::Vacant(v) = self.nonces.entry(nonce) {
+            v.insert(end.saturating_mul(1000));
+            self.by_end.entry(end).or_default().push((nonce, client));
             if client != UNKNOWN_CLIENT {
                 *self.per_client.entry(client).or_default() += 1;
             }
@@ -74,7 +75,12 @@ impl Released {
 
     /// Whether `nonce` is remembered.
     pub(super) fn contains(&self, nonce: &Nonce) -> bool {
-        self.nonces.contains(nonce)
+        self.nonces.contains_key(nonce)
+    }
+
+    /// The end of `nonce` (ms, rounded up to the second), if remembered.
+    pub(super) fn end_of(&self, nonce: &Nonce) -> Option<i64> {
+        self.nonces.get(nonce).copied()
     }
 
     /// How many are remembered.

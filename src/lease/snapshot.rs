@@ -2,8 +2,9 @@
 //! that stops on purpose exports it, the next leader imports it and grants
 //! at once, with no recovery window (docs/architecture.md, "Hand-over").
 //!
-//! A follower keeps such a copy of the leader's table, replaced whole
-//! (`discovery::feed`); the store's term and change counter tell when.
+//! A follower keeps such a copy of the leader's table, taken whole on
+//! joining and kept by deltas after (`delta.rs`, `discovery::feed`); the
+//! store's term and change log tell when.
 //!
 //! Every time is kept as a duration from the export, never as a wall-clock
 //! date: the importer counts it from its own clock, so clock skew between
@@ -12,7 +13,7 @@
 //! does not know it), which only errs on the safe side. Sticky keys and
 //! sites are kept as the digests the store holds, never as sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +22,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::bounds::{later, KeyDigest};
+use super::cooldowns::LiveCooldown;
 use super::signed::{nonce_of, slot_of};
-use super::state::{self, Nonce};
-use super::{LeaseStore, ProxyKey};
+use super::state::{self, Nonce, Record, State};
+use super::{LeaseStore, ProxyKey, Touched};
 
 /// The format's version; an importer refuses any other.
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -37,7 +39,7 @@ pub struct Snapshot {
     /// Proxies named below by their index here: (namespace, name).
     pub proxies: Vec<(String, String)>,
     /// Live leases: (slot, proxy, client, ms left, ms since granted, site).
-    pub leases: Vec<(String, u32, String, u64, u64, Option<String>)>,
+    pub leases: Vec<LeaseEntry>,
     /// Released slots that could still be presented: (slot, ms left).
     pub released: Vec<(String, u64)>,
     /// Sticky keys: (key digest, proxy, ms left).
@@ -60,7 +62,22 @@ pub struct Snapshot {
     /// leader before it may still be presented, so the importer waits too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u64>,
+    /// A delta's leases that ended without a release (expired on the
+    /// leader): slots. Added within version 1, as every field below.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended: Vec<String>,
+    /// A delta's sticky keys the leader holds no more: digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unstuck: Vec<String>,
+    /// A delta's proxies whose cooldowns it carries whole (none left when
+    /// it carries none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cooled: Vec<u32>,
 }
+
+/// A lease in a snapshot: (slot, proxy, client, ms left, ms since
+/// granted, site).
+pub type LeaseEntry = (String, u32, String, u64, u64, Option<String>);
 
 /// Why a snapshot was not imported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,7 +90,7 @@ pub enum SnapshotError {
     Inconsistent(&'static str),
 }
 
-fn ms_left(now: DateTime<Utc>, end: DateTime<Utc>) -> Option<u64> {
+pub(super) fn ms_left(now: DateTime<Utc>, end: DateTime<Utc>) -> Option<u64> {
     let ms = (end - now).num_milliseconds();
     u64::try_from(ms).ok().filter(|ms| *ms > 0)
 }
@@ -82,7 +99,7 @@ fn after(now: DateTime<Utc>, ms: u64) -> DateTime<Utc> {
     later(now, Duration::from_millis(ms))
 }
 
-fn encode_digest(d: &KeyDigest) -> String {
+pub(super) fn encode_digest(d: &KeyDigest) -> String {
     data_encoding::BASE64URL_NOPAD.encode(d)
 }
 
@@ -94,15 +111,65 @@ fn decode_digest(s: &str) -> Result<KeyDigest, SnapshotError> {
         .ok_or(SnapshotError::Inconsistent("a digest is malformed"))
 }
 
+/// A live lease as a snapshot entry (`None` once it ended).
+pub(super) fn lease_entry(
+    st: &State,
+    t: &mut Table,
+    (nonce, l): (&Nonce, &Record),
+    now: DateTime<Utc>,
+) -> Option<LeaseEntry> {
+    let left = ms_left(now, state::at(l.expires_ms))?;
+    let age = u64::try_from(state::ms(now).saturating_sub(l.granted_ms)).unwrap_or(0);
+    Some((
+        slot_of(nonce),
+        t.of(&l.proxy),
+        st.clients.name(l.client).to_string(),
+        left,
+        age,
+        l.site.as_deref().map(String::from),
+    ))
+}
+
+/// One proxy's live cooldowns into `s`.
+pub(super) fn cooldown_entries(
+    s: &mut Snapshot,
+    t: &mut Table,
+    c: LiveCooldown<'_>,
+    now: DateTime<Utc>,
+) {
+    let i = t.of(c.proxy);
+    for (who, until) in c.global {
+        s.global
+            .extend(ms_left(now, until).map(|l| (i, who.to_string(), l)));
+    }
+    for (d, until) in c.sites {
+        s.sites
+            .extend(ms_left(now, until).map(|l| (i, encode_digest(d), l)));
+    }
+    for (d, who, until) in c.site_reports {
+        let entry = ms_left(now, until).map(|l| (i, encode_digest(d), who.to_string(), l));
+        s.site_reports.extend(entry);
+    }
+}
+
+/// How a lease the store holds takes the end a snapshot gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ends {
+    /// The later of the two (a hand-over: nothing is shortened).
+    Later,
+    /// The snapshot's (a follower's delta: the leader's table is the truth).
+    Exact,
+}
+
 /// Numbers proxies in the order first met.
 #[derive(Default)]
-struct Table {
+pub(super) struct Table {
     index: BTreeMap<ProxyKey, u32>,
-    list: Vec<(String, String)>,
+    pub(super) list: Vec<(String, String)>,
 }
 
 impl Table {
-    fn of(&mut self, p: &ProxyKey) -> u32 {
+    pub(super) fn of(&mut self, p: &ProxyKey) -> u32 {
         if let Some(i) = self.index.get(p) {
             return *i;
         }
@@ -124,8 +191,26 @@ impl LeaseStore {
         self.version.load(Ordering::SeqCst)
     }
 
-    pub(super) fn changed(&self) {
-        self.version.fetch_add(1, Ordering::SeqCst);
+    /// Logs what a change touched, under the lock that made it: the
+    /// version and the log move together.
+    pub(super) fn changed(&self, st: &mut State, touched: impl IntoIterator<Item = Touched>) {
+        let before = st.log.version();
+        for t in touched {
+            st.log.push(t);
+        }
+        let after = st.log.version();
+        if after != before {
+            self.version.store(after, Ordering::SeqCst);
+            self.changes.notify_waiters();
+        }
+    }
+
+    /// A change the log cannot name (a table taken in whole): members
+    /// behind it are sent the whole table.
+    fn changed_whole(&self, st: &mut State) {
+        let v = st.log.version() + 1;
+        st.log.restart(v);
+        self.version.store(v, Ordering::SeqCst);
         self.changes.notify_waiters();
     }
 
@@ -154,30 +239,22 @@ impl LeaseStore {
 
     /// Everything live at this moment, for the next leader.
     pub fn export(&self) -> Snapshot {
+        self.export_versioned().1
+    }
+
+    /// [`LeaseStore::export`] with the version the table is at.
+    pub fn export_versioned(&self) -> (u64, Snapshot) {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
+        let version = st.log.version();
         let mut t = Table::default();
         let mut s = Snapshot {
             v: SNAPSHOT_VERSION,
             ..Default::default()
         };
-        let now_ms = state::ms(now);
         for (nonce, l) in &st.leases {
-            let Some(left) = ms_left(now, state::at(l.expires_ms)) else {
-                continue;
-            };
-            let age = u64::try_from(now_ms.saturating_sub(l.granted_ms)).unwrap_or(0);
-            let p = t.of(&l.proxy);
-            let entry = (
-                slot_of(nonce),
-                p,
-                st.clients.name(l.client).to_string(),
-                left,
-                age,
-                l.site.as_deref().map(String::from),
-            );
-            s.leases.push(entry);
+            s.leases.extend(lease_entry(&st, &mut t, (nonce, l), now));
         }
         s.released = st
             .released()
@@ -189,24 +266,12 @@ impl LeaseStore {
             }
         }
         for c in st.cooldowns.live(now) {
-            let i = t.of(c.proxy);
-            for (who, until) in c.global {
-                s.global
-                    .extend(ms_left(now, until).map(|l| (i, who.to_string(), l)));
-            }
-            for (d, until) in c.sites {
-                s.sites
-                    .extend(ms_left(now, until).map(|l| (i, encode_digest(d), l)));
-            }
-            for (d, who, until) in c.site_reports {
-                let entry = ms_left(now, until).map(|l| (i, encode_digest(d), who.to_string(), l));
-                s.site_reports.extend(entry);
-            }
+            cooldown_entries(&mut s, &mut t, c, now);
         }
         s.longest = st.recovery.longest_left(now);
         s.window = st.recovery.window_left(now);
         s.proxies = t.list;
-        s
+        (version, s)
     }
 
     /// Takes in `s`, exported by the previous leader, as if every lease,
@@ -219,8 +284,8 @@ impl LeaseStore {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        self.apply(&mut st, &plan, s, now);
-        self.changed();
+        self.apply(&mut st, &plan, s, (now, Ends::Later));
+        self.changed_whole(&mut st);
         Ok(())
     }
 
@@ -240,23 +305,25 @@ impl LeaseStore {
         // The leader's window is the copy's: its own window, if any, is over.
         recovery.clear_window();
         st.recovery = recovery;
-        self.apply(&mut st, &plan, s, now);
+        // Versions go on counting: a take-over serves from here.
+        st.log.restart(self.version());
+        self.apply(&mut st, &plan, s, (now, Ends::Later));
         *self.copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed.to_string());
         Ok(true)
     }
 
-    fn apply(
+    pub(super) fn apply(
         &self,
-        st: &mut super::state::State,
+        st: &mut State,
         plan: &Plan<'_>,
         s: &Snapshot,
-        now: DateTime<Utc>,
+        (now, ends): (DateTime<Utc>, Ends),
     ) {
         let mut clients: BTreeMap<&str, u32> = BTreeMap::new();
         for (nonce, proxy, client, left, age, site) in &plan.leases {
             let end = after(now, *left);
             if let Some(held) = st.leases.get(nonce).map(|l| l.expires_ms) {
-                if held < state::ms(end) {
+                if ends == Ends::Exact || held < state::ms(end) {
                     st.move_end(nonce, end);
                 }
                 continue;
@@ -314,17 +381,20 @@ impl LeaseStore {
 /// A snapshot checked whole, its proxies and digests resolved: a bad
 /// snapshot changes nothing.
 #[allow(clippy::type_complexity)] // the snapshot's own tuples, resolved
-struct Plan<'a> {
+pub(super) struct Plan<'a> {
     leases: Vec<(Nonce, ProxyKey, &'a String, u64, u64, &'a Option<String>)>,
     released: Vec<(Nonce, u64)>,
     sticky: Vec<(KeyDigest, ProxyKey, u64)>,
     sites: Vec<(ProxyKey, KeyDigest, u64)>,
     site_reports: Vec<(ProxyKey, KeyDigest, Arc<str>, u64)>,
     global: Vec<(ProxyKey, Arc<str>, u64)>,
+    pub(super) ended: Vec<Nonce>,
+    pub(super) unstuck: Vec<KeyDigest>,
+    pub(super) cooled: HashSet<ProxyKey>,
 }
 
 impl<'a> Plan<'a> {
-    fn of(s: &'a Snapshot) -> Result<Self, SnapshotError> {
+    pub(super) fn of(s: &'a Snapshot) -> Result<Self, SnapshotError> {
         if s.v != SNAPSHOT_VERSION {
             return Err(SnapshotError::Version(s.v));
         }
@@ -344,6 +414,9 @@ impl<'a> Plan<'a> {
             sites: Vec::with_capacity(s.sites.len()),
             site_reports: Vec::with_capacity(s.site_reports.len()),
             global: Vec::with_capacity(s.global.len()),
+            ended: Vec::with_capacity(s.ended.len()),
+            unstuck: Vec::with_capacity(s.unstuck.len()),
+            cooled: HashSet::with_capacity(s.cooled.len()),
         };
         for (d, p, left) in &s.sticky {
             plan.sticky.push((decode_digest(d)?, proxy(*p)?, *left));
@@ -369,6 +442,15 @@ impl<'a> Plan<'a> {
         for (p, client, left) in &s.global {
             plan.global
                 .push((proxy(*p)?, Arc::from(client.as_str()), *left));
+        }
+        for slot in &s.ended {
+            plan.ended.push(nonce(slot)?);
+        }
+        for d in &s.unstuck {
+            plan.unstuck.push(decode_digest(d)?);
+        }
+        for p in &s.cooled {
+            plan.cooled.insert(proxy(*p)?);
         }
         Ok(plan)
     }

@@ -151,6 +151,8 @@ pub(super) struct State {
     pub(super) released: Released,
     /// Horizons and the recovery window (`recovery.rs`).
     pub(super) recovery: super::recovery::Recovery,
+    /// What each change touched (`log.rs`).
+    pub(super) log: super::log::Log,
 }
 
 impl State {
@@ -177,6 +179,7 @@ impl State {
             grants: 0,
             released: Released::default(),
             recovery: Default::default(),
+            log: Default::default(),
         }
     }
 

@@ -81,6 +81,13 @@ async fn two_replicas(
         (phase(&proxies.get("sq-1").await.ok()?) == Some("Ready")).then_some(())
     })
     .await;
+    // The status is written before the leader's own watch brings it back:
+    // the leader lists the Proxy before the first acquire is made.
+    eventually("the leader to list it", Duration::from_secs(10), || async {
+        let (s, v) = api_call(apis[0], "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        (s == 200 && v["items"].as_array().is_some_and(|i| !i.is_empty())).then_some(())
+    })
+    .await;
     (ground, dir, apis, [a, b], squid)
 }
 

@@ -1,0 +1,111 @@
+//! Deltas: the entries changed since a version, as they are now, for a
+//! member whose copy the change log still covers (`log.rs`); and a
+//! follower taking one into its copy.
+//!
+//! A delta is a [`Snapshot`] of only the touched entries, plus what the
+//! leader holds no more (`ended`, `unstuck`) and the proxies whose
+//! cooldowns it carries whole (`cooled`). The lock is held for the
+//! touched entries only; the answer is serialized after it.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::bounds::KeyDigest;
+use super::signed::slot_of;
+use super::snapshot::{cooldown_entries, encode_digest, lease_entry, ms_left, Ends, Plan, Table};
+use super::state::{self, Nonce};
+use super::{LeaseStore, ProxyKey, Snapshot, SnapshotError, Touched, SNAPSHOT_VERSION};
+
+impl LeaseStore {
+    /// What changed after version `after`, and the version it brings the
+    /// copy to; `None` when the log no longer covers `after` (or never
+    /// reached it): then only the whole table will do.
+    pub fn export_since(&self, after: u64) -> Option<(u64, Snapshot)> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        st.expire_leases(now);
+        let mut leases: HashSet<Nonce> = HashSet::new();
+        let mut sticky: HashSet<KeyDigest> = HashSet::new();
+        let mut cooling: HashSet<Arc<ProxyKey>> = HashSet::new();
+        for t in st.log.since(after)? {
+            match t {
+                Touched::Lease(n) => {
+                    leases.insert(*n);
+                }
+                Touched::Sticky(d) => {
+                    sticky.insert(*d);
+                }
+                Touched::Cooling(p) => {
+                    cooling.insert(p.clone());
+                }
+            }
+        }
+        let version = st.log.version();
+        let mut t = Table::default();
+        let mut s = Snapshot {
+            v: SNAPSHOT_VERSION,
+            ..Default::default()
+        };
+        for nonce in &leases {
+            if let Some(entry) = st
+                .leases
+                .get(nonce)
+                .and_then(|l| lease_entry(&st, &mut t, (nonce, l), now))
+            {
+                s.leases.push(entry);
+                continue;
+            }
+            let released = st.released.end_of(nonce);
+            match released.and_then(|end| ms_left(now, state::at(end))) {
+                Some(left) => s.released.push((slot_of(nonce), left)),
+                None => s.ended.push(slot_of(nonce)),
+            }
+        }
+        for d in &sticky {
+            let live = st.sticky.live_digest(d, now);
+            match live.and_then(|(p, until)| Some((p, ms_left(now, until)?))) {
+                Some((p, left)) => s.sticky.push((encode_digest(d), t.of(p), left)),
+                None => s.unstuck.push(encode_digest(d)),
+            }
+        }
+        for p in &cooling {
+            s.cooled.push(t.of(p));
+            if let Some(c) = st.cooldowns.live_of(p, now) {
+                cooldown_entries(&mut s, &mut t, c, now);
+            }
+        }
+        s.longest = st.recovery.longest_left(now);
+        s.window = st.recovery.window_left(now);
+        s.proxies = t.list;
+        Some((version, s))
+    }
+
+    /// Takes the leader's delta `s` into this follower's copy, unless the
+    /// copy is not the one the delta follows (another `feed`) or this
+    /// store took over since `term` was read: then `false`, and the
+    /// follower asks for the whole table.
+    pub fn patch(&self, s: &Snapshot, term: u64, feed: &str) -> Result<bool, SnapshotError> {
+        let plan = Plan::of(s)?;
+        let now = self.clock.now();
+        let mut st = self.lock();
+        if self.term() != term || self.copied_from().as_deref() != Some(feed) {
+            return Ok(false);
+        }
+        st.expire_leases(now);
+        for n in &plan.ended {
+            st.end(n);
+        }
+        for d in &plan.unstuck {
+            st.sticky.forget_digest(d);
+        }
+        if !plan.cooled.is_empty() {
+            st.cooldowns.forget_proxies(&plan.cooled);
+        }
+        self.apply(&mut st, &plan, s, (now, Ends::Exact));
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+#[path = "delta_tests.rs"]
+mod tests;

@@ -1,0 +1,128 @@
+//! The store's change log: what each change touched, one entry a
+//! version, bounded. A follower (or a gateway) that names a version the
+//! log still covers is sent only the touched entries as they are now
+//! (`delta.rs`); one that names an older version, or none, is sent the
+//! whole table (docs/architecture.md, "The change log").
+//!
+//! An entry names what changed, never its value: the value is read when
+//! the delta is made, so a lease granted and released in between is sent
+//! once, as released. Entries are 24 bytes; [`MAX_LOG`] of them are 6 MiB.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::bounds::KeyDigest;
+use super::state::Nonce;
+use super::ProxyKey;
+
+/// Entries the log keeps: about a minute of changes at 2,000
+/// acquire+release pairs a second (two changes a pair, three with a
+/// sticky key).
+pub const MAX_LOG: usize = 262_144;
+
+/// What one change touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Touched {
+    /// A lease granted, renewed, released or taken in.
+    Lease(Nonce),
+    /// A sticky key (re)mapped.
+    Sticky(KeyDigest),
+    /// A proxy's cooldowns.
+    Cooling(Arc<ProxyKey>),
+}
+
+/// The last changes, each one version past the one before.
+#[derive(Debug)]
+pub(super) struct Log {
+    entries: VecDeque<Touched>,
+    /// The version before the first entry: changes up to it are not here.
+    floor: u64,
+    cap: usize,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self::with_cap(MAX_LOG)
+    }
+}
+
+impl Log {
+    pub(super) fn with_cap(cap: usize) -> Self {
+        Log {
+            entries: VecDeque::new(),
+            floor: 0,
+            cap: cap.max(1),
+        }
+    }
+
+    /// The version after the last entry.
+    pub(super) fn version(&self) -> u64 {
+        self.floor + self.entries.len() as u64
+    }
+
+    /// Records a change; returns its version. The oldest entry goes once
+    /// the log is full.
+    pub(super) fn push(&mut self, t: Touched) -> u64 {
+        if self.entries.len() >= self.cap {
+            self.entries.pop_front();
+            self.floor += 1;
+        }
+        self.entries.push_back(t);
+        self.version()
+    }
+
+    /// A change the log cannot name (a whole table taken in): every
+    /// version before `version` is no longer covered.
+    pub(super) fn restart(&mut self, version: u64) {
+        self.entries.clear();
+        self.floor = version;
+    }
+
+    /// What changed after version `after`, when the log holds all of it.
+    pub(super) fn since(&self, after: u64) -> Option<impl Iterator<Item = &Touched>> {
+        let skip = after.checked_sub(self.floor)?;
+        let skip = usize::try_from(skip).ok()?;
+        (skip <= self.entries.len()).then(|| self.entries.iter().skip(skip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(i: u8) -> Touched {
+        Touched::Lease([i; 16])
+    }
+
+    #[test]
+    fn the_log_covers_what_it_still_holds_and_nothing_before_or_after() {
+        let mut log = Log::with_cap(3);
+        assert_eq!(log.since(0).map(Iterator::count), Some(0));
+        for i in 1..=5 {
+            assert_eq!(log.push(lease(i)), u64::from(i));
+        }
+        // Versions 3, 4 and 5 are held: an ask after 2 gets all three.
+        let cases: [(u64, Option<Vec<Touched>>); 6] = [
+            (0, None),
+            (1, None),
+            (2, Some(vec![lease(3), lease(4), lease(5)])),
+            (4, Some(vec![lease(5)])),
+            (5, Some(vec![])),
+            // A version this log never reached (another leader's).
+            (6, None),
+        ];
+        for (after, want) in cases {
+            let got = log.since(after).map(|i| i.cloned().collect::<Vec<_>>());
+            assert_eq!(got, want, "after {after}");
+        }
+        log.restart(9);
+        assert_eq!(log.version(), 9);
+        assert!(log.since(5).is_none(), "a restart covers nothing before it");
+        assert_eq!(log.since(9).map(Iterator::count), Some(0));
+    }
+
+    #[test]
+    fn an_entry_is_small() {
+        assert!(std::mem::size_of::<Touched>() <= 24);
+    }
+}
