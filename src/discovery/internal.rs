@@ -96,16 +96,31 @@ pub fn answer_sealed(
         .is_ok_and(|tag| sealed(key, ANSWER_PURPOSE, &digest, &tag))
 }
 
-/// The seal of `url`, as published.
-pub fn seal_url(key: &LeaseKey, url: &str) -> String {
-    data_encoding::BASE64URL_NOPAD.encode(&seal(key, URL_PURPOSE, url.as_bytes()))
+/// The seal of `url` for one term of the election Lease: its holder and
+/// its `leaseTransitions`, as published. Bound to the term, a seal copied
+/// onto the Lease in another term (a replayed one) does not check.
+pub fn seal_url(key: &LeaseKey, url: &str, (holder, transitions): (&str, i32)) -> String {
+    let sealed = url_message(url, holder, transitions);
+    data_encoding::BASE64URL_NOPAD.encode(&seal(key, URL_PURPOSE, &sealed))
 }
 
-/// Whether `published` is `url`'s seal under `key`.
-pub fn url_sealed(key: &LeaseKey, url: &str, published: &str) -> bool {
+/// Whether `published` is `url`'s seal under `key` for the term of
+/// `holder` and `transitions`.
+pub fn url_sealed(
+    key: &LeaseKey,
+    url: &str,
+    (holder, transitions): (&str, i32),
+    published: &str,
+) -> bool {
+    let message = url_message(url, holder, transitions);
     data_encoding::BASE64URL_NOPAD
         .decode(published.as_bytes())
-        .is_ok_and(|tag| sealed(key, URL_PURPOSE, url.as_bytes(), &tag))
+        .is_ok_and(|tag| sealed(key, URL_PURPOSE, &message, &tag))
+}
+
+/// What a URL seal covers: lengths first, so no two terms share a message.
+fn url_message(url: &str, holder: &str, transitions: i32) -> Vec<u8> {
+    format!("{}:{holder}\n{transitions}\n{url}", holder.len()).into_bytes()
 }
 
 /// What a forward's signature covers.
@@ -355,16 +370,28 @@ mod tests {
     }
 
     #[test]
-    fn a_url_is_trusted_only_with_its_seal() {
+    fn a_url_is_trusted_only_with_its_seal_for_its_term() {
         let url = "http://10.0.0.7:8090";
-        let s = seal_url(&key(1), url);
-        assert!(url_sealed(&key(1), url, &s));
-        assert!(!url_sealed(&key(2), url, &s), "another installation");
-        assert!(
-            !url_sealed(&key(1), "http://10.6.6.6:8090", &s),
-            "another URL"
-        );
-        assert!(!url_sealed(&key(1), url, ""), "none");
-        assert!(!url_sealed(&key(1), url, "!!"), "malformed");
+        let term = ("a_1", 4);
+        let s = seal_url(&key(1), url, term);
+        assert!(url_sealed(&key(1), url, term, &s));
+        let refused = [
+            (key(2), url, term, s.as_str(), "another installation"),
+            (key(1), "http://10.6.6.6:8090", term, &s, "another URL"),
+            (key(1), url, ("b_2", 4), &s, "another holder"),
+            (
+                key(1),
+                url,
+                ("a_1", 5),
+                &s,
+                "a later term of the same holder",
+            ),
+            (key(1), url, ("a_", 14), &s, "the same bytes cut elsewhere"),
+            (key(1), url, term, "", "none"),
+            (key(1), url, term, "!!", "malformed"),
+        ];
+        for (k, u, t, seal, why) in refused {
+            assert!(!url_sealed(&k, u, t, seal), "{why}");
+        }
     }
 }

@@ -23,11 +23,46 @@ use super::Timing;
 pub enum Observed {
     /// This replica holds the Lease.
     Me,
-    /// Another replica holds a live Lease; the annotations it publishes.
-    Other(BTreeMap<String, String>),
+    /// Another replica holds a live Lease: what it publishes, in which term.
+    Other(Published),
     /// No live holder is known (free, expired, or taken by another just
     /// now and not read yet).
     Nobody,
+}
+
+/// One term of the election Lease: its holder and its `leaseTransitions`
+/// (a new holder adds one). What the leader seals is bound to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Term {
+    /// `holderIdentity`.
+    pub holder: String,
+    /// `leaseTransitions`.
+    pub transitions: i32,
+}
+
+/// What another replica's live Lease says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The annotations it publishes.
+    pub annotations: BTreeMap<String, String>,
+    /// The term they were written in.
+    pub term: Term,
+}
+
+impl Published {
+    /// What `lease` publishes.
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Published {
+            annotations: lease.metadata.annotations.clone().unwrap_or_default(),
+            term: Term {
+                holder: spec
+                    .and_then(|s| s.holder_identity.clone())
+                    .unwrap_or_default(),
+                transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+            },
+        }
+    }
 }
 
 /// The election record of `lease`.
@@ -60,7 +95,11 @@ pub async fn try_once(
     let existing = api.get_opt(name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let Some(mut lease) = existing else {
-        let published = publisher.annotations(&Default::default(), Some(Duration::ZERO));
+        let mut published = publisher.annotations(&Default::default(), Some(Duration::ZERO));
+        published.extend(publisher.sealed_for(&Term {
+            holder: me.to_string(),
+            transitions: 0,
+        }));
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
@@ -89,9 +128,7 @@ pub async fn try_once(
     let unchanged_for = observed.at.elapsed();
     *seen = Some(observed);
     if let Decision::Follow { .. } = decision {
-        return Ok(Observed::Other(
-            lease.metadata.annotations.clone().unwrap_or_default(),
-        ));
+        return Ok(Observed::Other(Published::of(&lease)));
     }
     let read = lease
         .metadata
@@ -101,8 +138,7 @@ pub async fn try_once(
     if taking_over.is_some() {
         publisher.prepare(read).await;
     }
-    let published = publisher.annotations(read, taking_over);
-    read.extend(published.clone());
+    let mut published = publisher.annotations(read, taking_over);
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     match decision {
         Decision::Follow { .. } | Decision::Renew => {}
@@ -112,6 +148,16 @@ pub async fn try_once(
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
         }
     }
+    // Sealed for the term this write is in, once it is known.
+    published.extend(publisher.sealed_for(&Term {
+        holder: me.to_string(),
+        transitions: spec.lease_transitions.unwrap_or(0),
+    }));
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .extend(published.clone());
     spec.renew_time = Some(MicroTime(now));
     spec.lease_duration_seconds = Some(seconds);
     // The read resourceVersion rides along: a concurrent writer makes this 409.
@@ -151,9 +197,7 @@ pub fn observed_by_observer(
     );
     *seen = Some(observed);
     match decision {
-        Decision::Follow { .. } => {
-            Observed::Other(lease.metadata.annotations.clone().unwrap_or_default())
-        }
+        Decision::Follow { .. } => Observed::Other(Published::of(lease)),
         Decision::Renew | Decision::Acquire => Observed::Nobody,
     }
 }

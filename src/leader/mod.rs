@@ -39,7 +39,7 @@ use tracing::{info, warn};
 use self::decide::{after_attempt, attempt_bound, Outcome, Step, StepDown};
 pub use self::decide::{Decision, Record, Seen};
 pub use self::fence::Fence;
-pub use self::lease::{release, Observed};
+pub use self::lease::{release, Observed, Published, Term};
 pub use self::metrics::LeaderMetrics;
 use crate::provider::error::plain_message;
 
@@ -72,6 +72,11 @@ pub trait Publisher: Send + Sync {
         read: &BTreeMap<String, String>,
         taking_over: Option<Duration>,
     ) -> BTreeMap<String, String>;
+    /// Annotations bound to the term the write is in (its holder and
+    /// `leaseTransitions`), written next to [`Publisher::annotations`].
+    fn sealed_for(&self, _term: &Term) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
     /// `written` is on the Lease now.
     fn written(&self, written: &BTreeMap<String, String>);
     /// The annotations of the write that gives the Lease up at shutdown,
@@ -86,11 +91,14 @@ pub trait Publisher: Send + Sync {
     }
 }
 
-/// Fixed annotations (the discovery URL followers forward to) written
-/// next to what `inner` publishes, at every write.
+/// The annotations a term's writes carry.
+pub type ForTerm = Box<dyn Fn(&Term) -> BTreeMap<String, String> + Send + Sync>;
+
+/// What every write carries for its term (the discovery URL followers
+/// forward to, sealed for the term) next to what `inner` publishes.
 pub struct WithFixed {
-    /// Written as they are.
-    pub fixed: BTreeMap<String, String>,
+    /// The annotations for a term.
+    pub fixed: ForTerm,
     /// Asked at every write, told what was written.
     pub inner: Arc<dyn Publisher>,
 }
@@ -106,8 +114,12 @@ impl Publisher for WithFixed {
         read: &BTreeMap<String, String>,
         taking_over: Option<Duration>,
     ) -> BTreeMap<String, String> {
-        let mut all = self.inner.annotations(read, taking_over);
-        all.extend(self.fixed.clone());
+        self.inner.annotations(read, taking_over)
+    }
+
+    fn sealed_for(&self, term: &Term) -> BTreeMap<String, String> {
+        let mut all = self.inner.sealed_for(term);
+        all.extend((self.fixed)(term));
         all
     }
 

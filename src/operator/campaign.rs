@@ -100,29 +100,36 @@ impl Operator {
 
     /// Where this replica's discovery API is reached, sealed with the
     /// lease key and, for the gateway processes, with the gateway key, for
-    /// the Lease while it leads.
+    /// each term of the Lease while it leads.
     pub(super) fn discovery_annotations(
         &self,
         keys: Option<&super::runnables::Keys>,
-    ) -> std::collections::BTreeMap<String, String> {
+    ) -> leader::ForTerm {
         use crate::discovery::internal::{
             seal_url, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION,
         };
         let s = &self.settings;
-        let (Some(url), Some(keys)) = (&s.discovery_advertise, keys) else {
+        let (Some(url), Some(keys)) = (s.discovery_advertise.clone(), keys.cloned()) else {
             if s.discovery_bind.is_some() {
                 warn!("No --discovery-advertise-url and no POD_IP: while this replica leads, the others cannot forward lease calls to it and answer 503");
             }
-            return Default::default();
+            return Box::new(|_| Default::default());
         };
-        let mut published = std::collections::BTreeMap::from([
-            (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()),
-            (URL_SEAL_ANNOTATION.to_string(), seal_url(&keys.own, url)),
-        ]);
-        if let Some(g) = &keys.gateway {
-            published.insert(GATEWAY_URL_SEAL_ANNOTATION.to_string(), seal_url(g, url));
-        }
-        published
+        Box::new(move |term| {
+            let term = (term.holder.as_str(), term.transitions);
+            let mut published = std::collections::BTreeMap::from([
+                (DISCOVERY_URL_ANNOTATION.to_string(), url.clone()),
+                (
+                    URL_SEAL_ANNOTATION.to_string(),
+                    seal_url(&keys.own, &url, term),
+                ),
+            ]);
+            if let Some(g) = &keys.gateway {
+                let seal = seal_url(g, &url, term);
+                published.insert(GATEWAY_URL_SEAL_ANNOTATION.to_string(), seal);
+            }
+            published
+        })
     }
 
     /// Leader-only work has stopped: hand the Lease over now rather than

@@ -273,11 +273,12 @@ pub fn fenced(view: discovery::Leader, holds: bool) -> discovery::Leader {
 pub fn leader_of(observed: &Observed, (key, annotation): (&LeaseKey, &str)) -> discovery::Leader {
     match observed {
         Observed::Me => discovery::Leader::Me,
-        Observed::Other(published) => match published.get(DISCOVERY_URL_ANNOTATION) {
+        Observed::Other(p) => match p.annotations.get(DISCOVERY_URL_ANNOTATION) {
             None => discovery::Leader::Unknown,
             Some(url) => {
-                let seal = published.get(annotation).map_or("", |s| s.as_str());
-                if url_sealed(key, url, seal) {
+                let seal = p.annotations.get(annotation).map_or("", |s| s.as_str());
+                let term = (p.term.holder.as_str(), p.term.transitions);
+                if url_sealed(key, url, term, seal) {
                     discovery::Leader::At(url.clone())
                 } else {
                     discovery::Leader::Unverified
@@ -519,19 +520,34 @@ mod tests {
         LeaseKey::from_bytes(&[b; crate::lease::signed::KEY_LEN]).unwrap()
     }
 
+    /// The term the tests' Lease is in.
+    const TERM: (&str, i32) = ("b_1", 3);
+
+    /// Another replica's Lease in `term`, publishing `pairs`.
+    fn other(pairs: &[(&str, &str)], (holder, transitions): (&str, i32)) -> Observed {
+        Observed::Other(crate::leader::Published {
+            annotations: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            term: crate::leader::Term {
+                holder: holder.into(),
+                transitions,
+            },
+        })
+    }
+
     #[test]
     fn a_gateway_trusts_the_url_its_own_key_sealed_only() {
         let url = "http://10.0.0.7:8090";
         let (lease, gateway) = (key(1), key(3));
-        let published = Observed::Other(
-            [
-                (DISCOVERY_URL_ANNOTATION, url.to_string()),
-                (URL_SEAL_ANNOTATION, seal_url(&lease, url)),
-                (GATEWAY_URL_SEAL_ANNOTATION, seal_url(&gateway, url)),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
+        let published = other(
+            &[
+                (DISCOVERY_URL_ANNOTATION, url),
+                (URL_SEAL_ANNOTATION, &seal_url(&lease, url, TERM)),
+                (GATEWAY_URL_SEAL_ANNOTATION, &seal_url(&gateway, url, TERM)),
+            ],
+            TERM,
         );
         let at = discovery::Leader::At(url.into());
         assert_eq!(
@@ -558,14 +574,7 @@ mod tests {
             observed: Observed,
             want: discovery::Leader,
         }
-        let published = |pairs: &[(&str, &str)]| {
-            Observed::Other(
-                pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            )
-        };
+        let published = |pairs: &[(&str, &str)]| other(pairs, TERM);
         let cases = [
             Case {
                 name: "this replica leads",
@@ -578,7 +587,7 @@ mod tests {
                     (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
                     (
                         URL_SEAL_ANNOTATION,
-                        &seal_url(&key(1), "http://10.0.0.7:8090"),
+                        &seal_url(&key(1), "http://10.0.0.7:8090", TERM),
                     ),
                     ("other", "x"),
                 ]),
@@ -595,9 +604,23 @@ mod tests {
                     (DISCOVERY_URL_ANNOTATION, "http://10.6.6.6:8090"),
                     (
                         URL_SEAL_ANNOTATION,
-                        &seal_url(&key(1), "http://10.0.0.7:8090"),
+                        &seal_url(&key(1), "http://10.0.0.7:8090", TERM),
                     ),
                 ]),
+                want: discovery::Leader::Unverified,
+            },
+            Case {
+                name: "a seal of an earlier term, replayed",
+                observed: other(
+                    &[
+                        (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
+                        (
+                            URL_SEAL_ANNOTATION,
+                            &seal_url(&key(1), "http://10.0.0.7:8090", ("b_1", 2)),
+                        ),
+                    ],
+                    TERM,
+                ),
                 want: discovery::Leader::Unverified,
             },
             Case {
@@ -606,7 +629,7 @@ mod tests {
                     (DISCOVERY_URL_ANNOTATION, "http://10.0.0.7:8090"),
                     (
                         URL_SEAL_ANNOTATION,
-                        &seal_url(&key(2), "http://10.0.0.7:8090"),
+                        &seal_url(&key(2), "http://10.0.0.7:8090", TERM),
                     ),
                 ]),
                 want: discovery::Leader::Unverified,

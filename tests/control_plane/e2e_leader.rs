@@ -210,8 +210,9 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
 
     // Every-replica work goes on: the discovery API answers from the
     // cache. Lease calls go to the leader only: the usurper's Lease still
-    // names a's URL (it kept the annotation), so a forwards to itself
-    // once, and being no leader refuses rather than loop or grant.
+    // names a's URL and seal (it kept the annotations), but that seal was
+    // made for a's term (issue 52), so a sends nothing and refuses rather
+    // than loop or grant.
     let (s, v) = support::api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["items"][0]["name"], "ext", "{v}");
@@ -219,8 +220,8 @@ async fn a_deposed_leader_keeps_serving_and_leads_again() {
     let (s, v) = support::api_call(api, "POST", &renew, Some(TOKEN), vec![]).await;
     assert_eq!(s, 503, "a follower serves no lease call itself: {v}");
     assert_eq!(v["error"]["code"], "leader_unavailable", "{v}");
-    let not_leader = r#"proxy_operator_discovery_forwarded_total{outcome="not_leader"}"#;
-    assert_eq!(scraped(metrics, not_leader).await, Some(1.0));
+    let unverified = r#"proxy_operator_discovery_forwarded_total{outcome="unverified"}"#;
+    assert_eq!(scraped(metrics, unverified).await, Some(1.0));
 
     // Leader-only work has stopped: a new Proxy is not reconciled while
     // the usurper holds the Lease.

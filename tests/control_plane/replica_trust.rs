@@ -132,8 +132,9 @@ async fn recorder() -> (String, Arc<Mutex<Vec<String>>>, Sealer) {
 }
 
 /// Makes "mallory" hold the election Lease for a minute, naming `url`
-/// with `seal` as where lease calls go.
-async fn take_lease(leases: &Api<Lease>, url: &str, seal: &str) {
+/// with `seal` (given mallory's term: holder and `leaseTransitions`) as
+/// where lease calls go.
+async fn take_lease(leases: &Api<Lease>, url: &str, seal: impl Fn((&str, i32)) -> String) {
     // The operator renews the same Lease: a write between our read and
     // our replace is a 409, and the read is made again (bounded).
     for _ in 0..20 {
@@ -142,9 +143,10 @@ async fn take_lease(leases: &Api<Lease>, url: &str, seal: &str) {
         spec.holder_identity = Some("mallory".into());
         spec.lease_duration_seconds = Some(60);
         spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        let seal = seal(("mallory", spec.lease_transitions.unwrap_or(0)));
         let a = l.metadata.annotations.get_or_insert_with(Default::default);
         a.insert("crawl.example.com/discovery-url".into(), url.into());
-        a.insert(URL_SEAL_ANNOTATION.into(), seal.into());
+        a.insert(URL_SEAL_ANNOTATION.into(), seal);
         match leases.replace(LEASE, &PostParams::default(), &l).await {
             Ok(_) => return,
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -162,33 +164,30 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
     let (s, v) = acquire(apis[1]).await;
     assert_eq!(s, 201, "forwarded to the sealed URL: {v}");
 
+    // Issue 52: the leader's genuine URL and seal, replayed in another
+    // term (only the holder changes), are refused: the seal is bound to
+    // the term it was made for.
+    let genuine = leases
+        .get(LEASE)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap();
+    let (url_a, seal_a) = (
+        genuine["crawl.example.com/discovery-url"].clone(),
+        genuine[URL_SEAL_ANNOTATION].clone(),
+    );
+    take_lease(&leases, &url_a, |_| seal_a.clone()).await;
+    refused_everywhere(apis, "the replayed seal refused").await;
+
     // Someone who may update the Lease names their own URL.
     let (url, heads, sealer) = recorder().await;
-    take_lease(&leases, &url, "forged").await;
-    for api in apis {
-        let (s, v) = eventually(
-            "the forged URL refused",
-            Duration::from_secs(30),
-            || async {
-                let (s, v) = acquire(api).await;
-                let msg = v["error"]["message"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                msg.contains("no replica of this installation sealed")
-                    .then_some((s, v))
-            },
-        )
-        .await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (503, Some("leader_unavailable")),
-            "{v}"
-        );
-    }
+    take_lease(&leases, &url, |_| "forged".into()).await;
+    refused_everywhere(apis, "the forged URL refused").await;
     // Another installation's seal is no better.
-    let other = seal_url(&LeaseKey::random(), &url);
-    take_lease(&leases, &url, &other).await;
+    let other = LeaseKey::random();
+    take_lease(&leases, &url, |term| seal_url(&other, &url, term)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     for api in apis {
         assert_eq!(acquire(api).await.0, 503);
@@ -198,9 +197,40 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
         "nothing was sent to the forged URL: {:?}",
         heads.lock().unwrap()
     );
+    sealed_url_is_trusted(&ground, apis, (&url, heads, sealer)).await;
+}
 
-    // Sealed with the installation's key (only a replica, or whoever can
-    // read its Secret, can): forwards go there, signed, without the token.
+/// Both replicas answer lease calls 503 because the Lease names a URL
+/// without a seal of this installation for its term.
+async fn refused_everywhere(apis: [SocketAddr; 2], what: &str) {
+    for api in apis {
+        let (s, v) = eventually(what, Duration::from_secs(30), || async {
+            let (s, v) = acquire(api).await;
+            let msg = v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            msg.contains("no replica of this installation sealed")
+                .then_some((s, v))
+        })
+        .await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (503, Some("leader_unavailable")),
+            "{v}"
+        );
+    }
+}
+
+/// The negative control of the refusals: a URL sealed with the
+/// installation's key for the Lease's term (only a replica, or whoever can
+/// read its Secret, can) is where forwards go, signed, without the token.
+async fn sealed_url_is_trusted(
+    ground: &Ground,
+    apis: [SocketAddr; 2],
+    (url, heads, sealer): (&str, Arc<Mutex<Vec<String>>>, Sealer),
+) {
+    let leases: Api<Lease> = ground.api();
     let secrets: Api<Secret> = ground.api();
     let key = secrets
         .get("egress-proxies-operator-lease-key")
@@ -210,7 +240,7 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
         .unwrap()["key"]
         .clone();
     let key = LeaseKey::from_bytes(&key.0).unwrap();
-    take_lease(&leases, &url, &seal_url(&key, &url)).await;
+    take_lease(&leases, url, |term| seal_url(&key, url, term)).await;
     // Issue 52: what answers there without the leader's seal for the call
     // (its key unread, an answer recorded earlier) is not relayed.
     let (s, v) = eventually(
