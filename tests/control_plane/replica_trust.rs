@@ -1,9 +1,11 @@
 //! Replicas trust only each other, on the real test cluster (issue 31):
 //! a follower forwards lease calls only to a discovery URL sealed with the
-//! shared lease key, signs them for the client it authenticated and never
-//! sends the crawler's token on, and relays only an answer the leader
-//! sealed for the call (issue 52); a forwarded acquire the leader gets too
-//! late to answer in time grants nothing.
+//! shared lease key for the Lease's term (a replayed seal is refused),
+//! signs them for the client it authenticated and never sends the
+//! crawler's token on, and relays or copies only an answer the leader
+//! sealed for the call, a forged lease table included (issue 52); a
+//! forwarded acquire the leader gets too late to answer in time grants
+//! nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -21,6 +23,7 @@ use egress_proxies_operator::discovery::internal::{
     seal_answer, seal_url, ANSWER_HEADER, URL_SEAL_ANNOTATION,
 };
 use egress_proxies_operator::discovery::HOLD_ENV;
+use egress_proxies_operator::lease::signed::slot_of;
 use egress_proxies_operator::lease::LeaseKey;
 
 use crate::support::leader::{self, campaigning, holder, LEASE, TOKEN};
@@ -114,21 +117,59 @@ async fn recorder() -> (String, Arc<Mutex<Vec<String>>>, Sealer) {
                     .find(|l| l.to_ascii_lowercase().starts_with(FORWARD))
                     .map(|l| l[FORWARD.len()..].to_string())
                     .unwrap_or_default();
+                // A follower's copy of the table is asked here too: it
+                // is answered a forged table of one lease.
+                let (status, body) = match head.starts_with("GET /internal/v1/lease-state") {
+                    true => (200, forged_table()),
+                    false => (
+                        409,
+                        r#"{"error":{"code":"no_capacity","message":"recorded"}}"#.to_string(),
+                    ),
+                };
                 seen.lock().unwrap().push(head);
-                let body = r#"{"error":{"code":"no_capacity","message":"recorded"}}"#;
                 let seal = match sealing.lock().unwrap().as_ref() {
                     Some(k) => format!(
                         "{ANSWER_HEADER}: {}\r\n",
-                        seal_answer(k, ask.trim(), 409, body.as_bytes())
+                        seal_answer(k, ask.trim(), status, body.as_bytes())
                     ),
                     None => String::new(),
                 };
-                let answer = format!("HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n{seal}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let answer = format!("HTTP/1.1 {status} Recorded\r\ncontent-type: application/json\r\n{seal}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
                 let _ = c.write_all(answer.as_bytes()).await;
             });
         }
     });
     (url, heads, sealer)
+}
+
+/// A lease table as the leader's feed answers it, holding one lease of
+/// "mallory" on sq-1 for an hour.
+fn forged_table() -> String {
+    let slot = slot_of(&[7; 16]);
+    json!({
+        "version": 1,
+        "feed": "forged",
+        "state": {
+            "v": 1,
+            "proxies": [["default", "sq-1"]],
+            "leases": [[slot, 0, "mallory", 3_600_000, 0, null]],
+            "released": [], "sticky": [], "global": [], "sites": [],
+            "longest": null,
+        },
+    })
+    .to_string()
+}
+
+/// Whether `log` says the replica copied a table of one lease from `url`.
+fn copied_from(log: &Path, url: &str) -> bool {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            l.contains("Copying the leader's lease table")
+                && l.contains(url)
+                && (l.contains("leases=1") || l.contains(r#""leases":1"#))
+        })
 }
 
 /// Makes "mallory" hold the election Lease for a minute, naming `url`
@@ -158,7 +199,7 @@ async fn take_lease(leases: &Api<Lease>, url: &str, seal: impl Fn((&str, i32)) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token() {
-    let (ground, _dir, apis, _replicas, _squid) = two_replicas("trust", None).await;
+    let (ground, dir, apis, _replicas, _squid) = two_replicas("trust", None).await;
     let leases: Api<Lease> = ground.api();
     // Through the follower, to the leader at its sealed URL.
     let (s, v) = acquire(apis[1]).await;
@@ -197,7 +238,8 @@ async fn a_follower_sends_nothing_to_a_forged_url_and_never_the_crawlers_token()
         "nothing was sent to the forged URL: {:?}",
         heads.lock().unwrap()
     );
-    sealed_url_is_trusted(&ground, apis, (&url, heads, sealer)).await;
+    let log = dir.path().join("b.log");
+    sealed_url_is_trusted(&ground, (apis, &log), (&url, heads, sealer)).await;
 }
 
 /// Both replicas answer lease calls 503 because the Lease names a URL
@@ -227,7 +269,7 @@ async fn refused_everywhere(apis: [SocketAddr; 2], what: &str) {
 /// read its Secret, can) is where forwards go, signed, without the token.
 async fn sealed_url_is_trusted(
     ground: &Ground,
-    apis: [SocketAddr; 2],
+    (apis, log): ([SocketAddr; 2], &Path),
     (url, heads, sealer): (&str, Arc<Mutex<Vec<String>>>, Sealer),
 ) {
     let leases: Api<Lease> = ground.api();
@@ -261,7 +303,23 @@ async fn sealed_url_is_trusted(
         (503, Some("leader_unavailable")),
         "{v}"
     );
-    // The negative control: the same answer sealed for its call is relayed.
+    // Nor is a table it answers the follower's feed with (once asked).
+    eventually(
+        "the follower's feed asked there",
+        Duration::from_secs(10),
+        || async {
+            let asked = heads
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|h| h.starts_with("GET /internal/v1/lease-state"));
+            asked.then_some(())
+        },
+    )
+    .await;
+    assert!(!copied_from(log, url), "a forged, unsealed table was taken");
+    // The negative control: the same answers sealed for their calls are
+    // relayed, and copied.
     *sealer.lock().unwrap() = Some(key.clone());
     let (s, v) = eventually(
         "a forward to the sealed URL",
@@ -273,6 +331,12 @@ async fn sealed_url_is_trusted(
     )
     .await;
     assert_eq!(v["error"]["message"], "recorded", "{s} {v}");
+    eventually(
+        "the sealed table copied",
+        Duration::from_secs(10),
+        || async { copied_from(log, url).then_some(()) },
+    )
+    .await;
     let heads = heads.lock().unwrap().clone();
     assert!(!heads.is_empty());
     for head in &heads {
