@@ -125,6 +125,18 @@ pub fn open(key: &LeaseKey, pointer: &Pointer, bytes: &[u8]) -> Result<Snapshot,
     serde_json::from_slice(bytes).map_err(|e| HandOverError::Unreadable(e.to_string()))
 }
 
+/// What a hand-over wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    /// Live leases.
+    pub leases: usize,
+    /// Released ids still remembered.
+    pub released: usize,
+    /// The state's size, and the Secrets it took.
+    pub bytes: usize,
+    pub chunks: usize,
+}
+
 /// Hands the lease table of one replica over: where, and with what key.
 pub struct HandOver {
     /// The discovery API's store.
@@ -150,19 +162,26 @@ impl HandOver {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Writes the store's state now; returns the annotation naming it.
-    /// Call it once nothing changes the store any more.
-    pub async fn write(&self) -> Result<(String, usize), HandOverError> {
+    /// Writes the store's state now; returns the annotation naming it and
+    /// what was written. Call it once nothing changes the store any more.
+    pub async fn write(&self) -> Result<(String, Written), HandOverError> {
         let snapshot = self.store.export();
-        let leases = snapshot.leases.len();
+        let (leases, released) = (snapshot.leases.len(), snapshot.released.len());
         let bytes =
             serde_json::to_vec(&snapshot).map_err(|e| HandOverError::Unreadable(e.to_string()))?;
+        drop(snapshot);
         let (chunks, pointer) = cut(&self.key, &bytes)?;
         let api = self.api();
         for (i, chunk) in chunks.iter().enumerate() {
             put(&api, &name(i), chunk).await?;
         }
-        Ok((pointer.value(), leases))
+        let written = Written {
+            leases,
+            released,
+            bytes: bytes.len(),
+            chunks: chunks.len(),
+        };
+        Ok((pointer.value(), written))
     }
 
     /// Loads the state `value` (the annotation) names.

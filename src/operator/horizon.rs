@@ -271,8 +271,14 @@ impl Horizon {
             warn!("The discovery API is still serving; writing the lease hand-over anyway");
         }
         match tokio::time::timeout(HANDOVER_WRITE_TIMEOUT, h.write()).await {
-            Ok(Ok((value, leases))) => {
-                info!(leases, "Wrote the lease table for the next leader");
+            Ok(Ok((value, w))) => {
+                info!(
+                    leases = w.leases,
+                    released = w.released,
+                    bytes = w.bytes,
+                    secrets = w.chunks,
+                    "Wrote the lease table for the next leader"
+                );
                 Some(value)
             }
             Ok(Err(e)) => {

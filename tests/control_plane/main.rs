@@ -4,6 +4,8 @@
 
 #[path = "../gcp_standin/mod.rs"]
 mod gcp_standin;
+#[path = "../lease_load/mod.rs"]
+mod lease_load;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -43,6 +45,7 @@ mod metrics_auth;
 mod otlp_grpc;
 mod oversized_heads;
 mod providerhealth_writer;
+mod released_flood;
 mod replica_trust;
 mod scale_small;
 mod secret_sentinel;

@@ -58,24 +58,37 @@ type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 /// One acquire and its release on `send`, under `prefix` (`/v1`, or the
 /// operator's bench route `/bench`).
 async fn pair(send: &mut Sender, token: &str, prefix: &str) -> Pair {
+    pair_with(send, token, prefix, b"{\"ttlSeconds\":60}")
+        .await
+        .0
+}
+
+/// [`pair`] with the acquire's `body`; the lease granted, if any.
+async fn pair_with(
+    send: &mut Sender,
+    token: &str,
+    prefix: &str,
+    body: &'static [u8],
+) -> (Pair, Option<Value>) {
     let req = hyper::Request::post(format!("{prefix}/leases"))
         .header("host", "bench")
         .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(b"{\"ttlSeconds\":60}")))
+        .body(Full::new(Bytes::from_static(body)))
         .unwrap();
     let Ok(resp) = send.send_request(req).await else {
-        return Pair::Broken;
+        return (Pair::Broken, None);
     };
     let ok = resp.status() == 201;
     let Ok(body) = resp.into_body().collect().await else {
-        return Pair::Broken;
+        return (Pair::Broken, None);
     };
-    let id = serde_json::from_slice::<Value>(&body.to_bytes())
-        .ok()
+    let lease = serde_json::from_slice::<Value>(&body.to_bytes()).ok();
+    let id = lease
+        .as_ref()
         .and_then(|v| v["id"].as_str().map(String::from));
     let (true, Some(id)) = (ok, id) else {
-        return Pair::Refused;
+        return (Pair::Refused, lease);
     };
     let req = hyper::Request::delete(format!("{prefix}/leases/{id}"))
         .header("host", "bench")
@@ -83,15 +96,78 @@ async fn pair(send: &mut Sender, token: &str, prefix: &str) -> Pair {
         .body(Full::new(Bytes::new()))
         .unwrap();
     let Ok(resp) = send.send_request(req).await else {
-        return Pair::Broken;
+        return (Pair::Broken, lease);
     };
     let ok = resp.status() == 204;
     let _ = resp.into_body().collect().await;
-    if ok {
-        Pair::Done
-    } else {
-        Pair::Refused
+    match ok {
+        true => (Pair::Done, lease),
+        false => (Pair::Refused, lease),
     }
+}
+
+/// Exactly `total` acquire (with `body`) + release pairs on
+/// `connections` keep-alive connections, however long they take; a
+/// refused or broken pair is counted and retried (a broken connection is
+/// opened again), at most `total` times in all. Returns the figures and
+/// the last lease granted.
+pub async fn pairs(
+    addr: SocketAddr,
+    (token, body): (&str, &'static [u8]),
+    total: usize,
+    connections: usize,
+) -> (Figures, Option<Value>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let start = Instant::now();
+    let (left, failures) = (
+        Arc::new(AtomicUsize::new(total)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let (token, left, failures) = (token.to_string(), left.clone(), failures.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut send, mut driver) = keep_alive(addr).await;
+            let (mut lat, mut errors, mut last) = (Vec::new(), 0, None);
+            while left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let t = Instant::now();
+                let (outcome, lease) = pair_with(&mut send, &token, "/v1", body).await;
+                match outcome {
+                    Pair::Done => {
+                        lat.push(t.elapsed());
+                        last = lease;
+                        continue;
+                    }
+                    Pair::Refused => {}
+                    Pair::Broken => {
+                        drop(send);
+                        let _ = driver.await;
+                        (send, driver) = keep_alive(addr).await;
+                    }
+                }
+                errors += 1;
+                // Retried, within the bound on failures.
+                if failures.fetch_add(1, Ordering::SeqCst) < total {
+                    left.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            drop(send);
+            let _ = driver.await;
+            (lat, errors, last)
+        }));
+    }
+    let (mut all, mut errors, mut last) = (Vec::new(), 0, None);
+    for t in tasks {
+        let (l, e, lease) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+        last = lease.or(last);
+    }
+    (figures(all, errors, start.elapsed().as_secs_f64()), last)
 }
 
 /// Acquire + release pairs on `CONNECTIONS` connections for `run_for`,
