@@ -22,7 +22,10 @@ use crate::server;
 /// Whether `/readyz` answers ready: once the Proxy cache has synced for
 /// the first time (the discovery API serves from it), and from then on.
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>, Arc<std::sync::Mutex<Option<String>>>);
+pub struct Readiness(
+    Arc<AtomicBool>,
+    Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, String>>>,
+);
 
 impl Readiness {
     /// Not ready yet.
@@ -43,7 +46,17 @@ impl Readiness {
     /// Something a reader of `/readyz` should know though the replica
     /// serves (a degraded mode), shown after `ok`.
     pub fn set_detail(&self, detail: &str) {
-        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(detail.to_string());
+        self.set_detail_of("lease key", Some(detail.to_string()));
+    }
+
+    /// [`Readiness::set_detail`] for one `source` of details, or its
+    /// detail gone (`None`); each source's detail is shown, in order.
+    pub fn set_detail_of(&self, source: &'static str, detail: Option<String>) {
+        let mut all = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        match detail {
+            Some(d) => all.insert(source, d),
+            None => all.remove(source),
+        };
     }
 
     /// The answer to `/readyz`.
@@ -54,10 +67,13 @@ impl Readiness {
                 "the Proxy cache has not synced yet".to_string(),
             );
         }
-        match &*self.1.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(d) => (StatusCode::OK, format!("ok; {d}")),
-            None => (StatusCode::OK, "ok".to_string()),
+        let details = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        let mut answer = "ok".to_string();
+        for d in details.values() {
+            answer.push_str("; ");
+            answer.push_str(d);
         }
+        (StatusCode::OK, answer)
     }
 }
 

@@ -166,9 +166,14 @@ pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
                     got = ask => got,
                 };
                 match got {
-                    Ok(None) => None,
+                    Ok(None) => {
+                        s.replicas.copy().answered(std::time::Instant::now());
+                        None
+                    }
                     Ok(Some((fed, term))) => {
-                        take(&s, &mut held, fed, term);
+                        if take(&s, &mut held, fed, term) {
+                            s.replicas.copy().answered(std::time::Instant::now());
+                        }
                         None
                     }
                     Err(e) => {
@@ -177,7 +182,11 @@ pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
                     }
                 }
             }
-            // Leading, or nobody to ask yet.
+            Leader::Me => {
+                s.replicas.copy().leading();
+                Some(FEED_RETRY)
+            }
+            // Nobody to ask yet: the copy ages.
             _ => Some(FEED_RETRY),
         };
         if let Some(pause) = pause {
@@ -193,7 +202,7 @@ pub async fn follow(s: ApiState, stop: impl std::future::Future<Output = ()>) {
 /// copy (a delta that follows the copy held), unless this replica took
 /// over since asking. A delta that does not follow the copy is dropped,
 /// and so is the copy's version: the next ask gets the whole table.
-fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
+fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) -> bool {
     let taken = match fed.after {
         Some(after) if follows(held, &fed.feed, after) => {
             s.leases.patch(&fed.state, term, &fed.feed)
@@ -208,11 +217,16 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) {
             }
             held.version = Some(fed.version);
             held.feed = Some(fed.feed);
+            true
         }
-        Ok(false) => held.version = None,
+        Ok(false) => {
+            held.version = None;
+            false
+        }
         Err(e) => {
             held.version = None;
             debug!(error = %e, "Ignoring an unreadable lease table from the leader");
+            false
         }
     }
 }

@@ -62,6 +62,7 @@ fn request_histogram() -> Histogram {
 
 const LEASES_ACTIVE: &str = "proxy_operator_leases_active";
 const SITE_COOLDOWNS: &str = "proxy_operator_lease_site_cooldowns";
+const COPY_AGE: &str = "proxy_operator_lease_copy_age_seconds";
 
 /// Series written by the discovery and lease API.
 #[derive(Clone)]
@@ -73,6 +74,7 @@ pub struct DiscoveryMetrics {
     feed_answers: Family<KindLabel, Counter>,
     leases_active: Scraped<i64>,
     site_cooldowns: Scraped<i64>,
+    copy_age: Scraped<i64>,
     token_reload_failures: Counter,
     tokens_last_reload_successful: Gauge,
     token_clients: Gauge,
@@ -91,6 +93,7 @@ impl DiscoveryMetrics {
             feed_answers: Family::default(),
             leases_active: Scraped::default(),
             site_cooldowns: Scraped::default(),
+            copy_age: Scraped::default(),
             token_reload_failures: Counter::default(),
             tokens_last_reload_successful: Gauge::default(),
             token_clients: Gauge::default(),
@@ -155,7 +158,17 @@ impl DiscoveryMetrics {
                 m.site_cooldowns.clone(),
             ),
         );
+        registry.register_collector(
+            &[COPY_AGE],
+            ScrapedGauge(COPY_AGE, COPY_AGE_HELP, m.copy_age.clone()),
+        );
         m
+    }
+
+    /// Where `proxy_operator_lease_copy_age_seconds` is read from (the
+    /// replicas' copy of the leader's table); it reads 0 until set.
+    pub fn set_copy_age(&self, f: impl Fn() -> i64 + Send + Sync + 'static) {
+        self.copy_age.set(f);
     }
 
     /// Where `proxy_operator_leases_active` is read from (the lease store);
@@ -236,6 +249,7 @@ impl DiscoveryMetrics {
 }
 
 const LEASES_ACTIVE_HELP: &str = "Leases currently held by clients";
+const COPY_AGE_HELP: &str = "Seconds since the leader last answered this replica's copy of its lease table (0 while this replica leads, -1 before a first answer); past 10 the copy is stale and the gateway withholds no proxy by the leases in it";
 const SITE_COOLDOWNS_HELP: &str = "Site cooldown entries the lease store holds (a proxy and a site each, withheld from the clients that reported it or from everyone once enough clients agreed); bounded by 50,000, 1,000 per proxy and 1,000 reports per client";
 
 /// A gauge asked of the lease store at each scrape: (name, help, source).

@@ -21,6 +21,7 @@
 mod bench;
 mod changes;
 mod client;
+pub mod copy_age;
 pub mod credentials_feed;
 mod error;
 pub mod feed;

@@ -226,6 +226,8 @@ pub struct Replicas {
     asked: watch::Sender<u64>,
     /// Asks the election for a write now (a follower to drop).
     write_now: Arc<Notify>,
+    /// How old this replica's copy of the leader's table is.
+    copy: super::copy_age::CopyAge,
 }
 
 impl Replicas {
@@ -238,7 +240,13 @@ impl Replicas {
             members: Mutex::new((None, Members::default())),
             asked: watch::Sender::new(0),
             write_now: Arc::new(Notify::new()),
+            copy: Default::default(),
         }
+    }
+
+    /// How old this replica's copy of the leader's table is.
+    pub fn copy(&self) -> &super::copy_age::CopyAge {
+        &self.copy
     }
 
     /// This replica's election identity.

@@ -238,6 +238,15 @@ impl ApiState {
     /// The replicas of this store's table, this replica named as in
     /// `replicas` (its election identity).
     pub fn with_replicas(mut self, replicas: Arc<super::replicas::Replicas>) -> Self {
+        let r = replicas.clone();
+        self.metrics.set_copy_age(move || {
+            use super::copy_age::CopyState;
+            match r.copy().at(std::time::Instant::now()) {
+                CopyState::Leading => 0,
+                CopyState::None => -1,
+                CopyState::Aged(age) => i64::try_from(age.as_secs()).unwrap_or(i64::MAX),
+            }
+        });
         self.replicas = replicas;
         self
     }
@@ -395,6 +404,14 @@ impl ApiState {
     /// The lease store the API grants from.
     pub fn lease_store(&self) -> &Arc<LeaseStore> {
         &self.leases
+    }
+
+    /// Whether the exclusive leases in this replica's table may withhold
+    /// proxies: it leads, or its copy of the leader's is recent
+    /// (`copy_age.rs`).
+    pub fn leases_exclude(&self) -> bool {
+        let copy = self.replicas.copy().at(std::time::Instant::now());
+        !super::copy_age::stale(copy)
     }
 
     /// The listing entry of a lease's proxy, while it is eligible.

@@ -277,13 +277,19 @@ impl Fleet for ApiFleet {
     }
 
     fn shared(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
-        self.state.lease_store().lets_gateway_use(client, key, site)
+        self.shared_all(client, &[key], site)
+            .first()
+            .copied()
+            .unwrap_or(false)
     }
 
     fn shared_all(&self, client: &str, keys: &[&ProxyKey], site: Option<&str>) -> Vec<bool> {
+        // A stale copy of the leader's table withholds nothing by its
+        // leases; cooldowns still count (this process records its own).
+        let by_leases = self.state.leases_exclude();
         self.state
             .lease_store()
-            .lets_gateway_use_all(client, keys, site)
+            .lets_gateway_use_all(client, keys, (site, by_leases))
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {

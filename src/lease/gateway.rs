@@ -16,25 +16,26 @@ impl LeaseStore {
     /// `key`: no exclusive lease holds it (with one lease per proxy, a
     /// lease is exclusive) and no report cooled it down for `client`.
     pub fn lets_gateway_use(&self, client: &str, key: &ProxyKey, site: Option<&str>) -> bool {
-        self.lets_gateway_use_all(client, &[key], site)
+        self.lets_gateway_use_all(client, &[key], (site, true))
             .first()
             .copied()
             .unwrap_or(false)
     }
 
     /// [`LeaseStore::lets_gateway_use`] for each of `keys`, in order,
-    /// under one hold of the store's lock.
+    /// under one hold of the store's lock; exclusive leases withhold a
+    /// proxy only `by_leases` (not from a stale copy of the leader's).
     pub fn lets_gateway_use_all(
         &self,
         client: &str,
         keys: &[&ProxyKey],
-        site: Option<&str>,
+        (site, by_leases): (Option<&str>, bool),
     ) -> Vec<bool> {
         let site = site.map(digest);
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let exclusive = self.config.max_leases_per_proxy <= 1;
+        let exclusive = by_leases && self.config.max_leases_per_proxy <= 1;
         keys.iter()
             .map(|key| {
                 let held = exclusive && st.proxies.get(*key).is_some_and(|p| p.active() > 0);

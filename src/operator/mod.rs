@@ -227,6 +227,11 @@ impl Operator {
                 })
             });
             let _ = self.lease_store.set(store.clone());
+            tasks.spawn(runnables::tell_copy_age(
+                replicas.clone(),
+                ready.clone(),
+                stop.clone().cancelled_owned(),
+            ));
             // Only a shared key seals an in-sync set another replica can read.
             let replicas = shared.then_some(replicas);
             leases = Some((store, handover, replicas, keys));

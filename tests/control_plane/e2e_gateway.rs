@@ -727,8 +727,14 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
         "the reported session did not move"
     );
 
+    // A lease held when the operator dies: the gateways' copies withhold
+    // its proxy while they are fresh.
+    let (_held, x) = w.lease().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
     // The operator dies; the gateways serve on from the Proxies they watch,
-    // each session on its upstream (those on the cooled one have moved).
+    // each session on its upstream (those on the cooled one, and on the
+    // one leased, have moved).
     let op = w._ops.remove(0);
     Command::new("kill")
         .args(["-KILL", &op.pid().to_string()])
@@ -738,7 +744,7 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
     let kept = exits
         .iter()
         .enumerate()
-        .filter(|(_, e)| w.upstream_of(e) != cooled);
+        .filter(|(_, e)| w.upstream_of(e) != cooled && w.upstream_of(e) != x);
     for (n, exit) in kept {
         let user = format!("default-session-agree{n}");
         for (g, gw) in w.gws.iter().enumerate() {
@@ -760,6 +766,31 @@ async fn two_gateway_processes_agree_follow_the_leaders_leases_and_outlive_it() 
         holder.as_deref().is_some_and(|h| h.starts_with("op0_")),
         "no gateway took the Lease: {holder:?}"
     );
+
+    // Issue 52: with no answer from a leader for 10 s the copies are
+    // stale; the gateways say so and withhold nothing by the leases in
+    // them (the leased proxy carries connections again).
+    for g in 0..2 {
+        let path = w._dir.path().join(format!("gw{g}.log"));
+        eventually("the stale copy said", Duration::from_secs(30), || async {
+            let log = std::fs::read_to_string(&path).ok()?;
+            log.contains("the gateway does not withhold proxies by the leases in it")
+                .then_some(())
+        })
+        .await;
+    }
+    for (g, gw) in w.gws.iter().enumerate() {
+        let mut used = BTreeSet::new();
+        for _ in 0..20 {
+            let seen = curl_async(*gw, "default", &http).await;
+            assert_eq!(seen.status, 200, "gateway {g}: {seen:?}");
+            used.insert(w.upstream_of(&seen.body));
+        }
+        assert!(
+            used.contains(&x),
+            "gateway {g} still withholds up-{x} by a stale copy: {used:?}"
+        );
+    }
     drop(w.ground);
 }
 
