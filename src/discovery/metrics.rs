@@ -76,6 +76,7 @@ pub struct DiscoveryMetrics {
     site_cooldowns: Scraped<i64>,
     copy_age: Scraped<i64>,
     token_reload_failures: Counter,
+    told_dropped: Counter,
     tokens_last_reload_successful: Gauge,
     token_clients: Gauge,
     lease_key_shared: Gauge,
@@ -95,6 +96,7 @@ impl DiscoveryMetrics {
             site_cooldowns: Scraped::default(),
             copy_age: Scraped::default(),
             token_reload_failures: Counter::default(),
+            told_dropped: Counter::default(),
             tokens_last_reload_successful: Gauge::default(),
             token_clients: Gauge::default(),
             lease_key_shared: Gauge::default(),
@@ -123,6 +125,11 @@ impl DiscoveryMetrics {
             "proxy_operator_lease_feed_answers",
             "Lease-table answers the leader sent to followers and gateways, by kind: delta (what changed since the copy they hold) or whole (the table, to a member that joins or that the change log no longer covers)",
             m.feed_answers.clone(),
+        );
+        registry.register(
+            "proxy_operator_gateway_leader_messages_dropped",
+            "Cooldowns and failed upstreams this process's gateway could not queue for the leader (1,024 wait at most, the same message once): the cooldown holds on this replica until its next copy of the lease table, and a failed upstream is found by its next probe",
+            m.told_dropped.clone(),
         );
         registry.register(
             "proxy_operator_discovery_token_reload_failures",
@@ -206,6 +213,11 @@ impl DiscoveryMetrics {
                 outcome: outcome.to_string(),
             })
             .inc();
+    }
+
+    /// Counts one message the gateway could not queue for the leader.
+    pub fn told_dropped(&self) {
+        self.told_dropped.inc();
     }
 
     /// Counts one lease-table answer to a follower or gateway.

@@ -37,6 +37,7 @@ pub mod metrics;
 mod middleware;
 pub mod model;
 mod openapi;
+pub mod outbox;
 mod pools;
 mod rebuild;
 mod replace;

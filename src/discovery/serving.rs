@@ -149,6 +149,7 @@ pub async fn serve_within(
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stopped()));
     let follower = tokio::spawn(super::feed::follow(state.clone(), stopped()));
+    let deliverer = tokio::spawn(super::to_leader::deliver(state.clone(), stopped()));
     let credentials = tokio::spawn(super::credentials_feed::follow_credentials(
         state.clone(),
         stopped(),
@@ -170,6 +171,7 @@ pub async fn serve_within(
     drop(rx);
     let _ = sweeper.await;
     let _ = follower.await;
+    let _ = deliverer.await;
     let _ = credentials.await;
     let _ = refresher.await;
     res

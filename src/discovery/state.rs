@@ -134,6 +134,8 @@ pub struct ApiState {
     pub(super) hints: Option<crate::health::Hints>,
     /// The source's changes since the listing in force was built.
     pub(super) changes: Arc<Mutex<Changes>>,
+    /// What this process's gateway has to tell the leader (`outbox.rs`).
+    pub(super) outbox: Arc<super::outbox::Outbox>,
 }
 
 impl ApiState {
@@ -190,6 +192,7 @@ impl ApiState {
             // Subscribed before the first build: nothing changed after it
             // is missed.
             changes: Arc::new(Mutex::new(Changes::new(source.follow()))),
+            outbox: Arc::default(),
             source,
         }
     }

@@ -2165,6 +2165,47 @@ fn test_proxy_key(name: &str) -> crate::lease::ProxyKey {
 }
 
 #[tokio::test]
+async fn a_flood_of_gateway_cooldowns_waits_bounded_and_reaches_the_leader_one_call_at_a_time() {
+    use super::outbox::{Tell, MAX_WAITING};
+    // A leader that takes connections and never answers.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut c, _)) = l.accept().await {
+            let head = read_head(&mut c).await;
+            if head.starts_with("POST /internal/v1/cooldowns") {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            held.push(c);
+        }
+    });
+    let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
+    let me: Arc<str> = "default".into();
+    for i in 0..10_000 {
+        let site = format!("site-{i}.example");
+        follower.state.tell(Tell::Cooldown {
+            proxy: test_proxy_key("a"),
+            client: me.clone(),
+            site: Some(site),
+        });
+    }
+    assert!(follower.state.outbox.waiting() <= MAX_WAITING);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(sent, 1, "one call at a time, not a task per event");
+    let text = follower.metrics.encode().unwrap();
+    let dropped = text
+        .lines()
+        .find_map(|l| l.strip_prefix("proxy_operator_gateway_leader_messages_dropped_total "))
+        .map_or(0.0, |n| n.trim().parse::<f64>().unwrap());
+    assert!(dropped >= (10_000 - MAX_WAITING - 1) as f64, "{text}");
+    follower.stop().await;
+}
+
+#[tokio::test]
 async fn a_followers_cooldown_is_held_by_the_leader_and_its_route_is_for_replicas_only() {
     let (leader, follower) = leader_and_follower().await;
     let key = test_proxy_key;

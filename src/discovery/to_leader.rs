@@ -17,11 +17,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::error::ApiError;
 use super::feed::{signed_call, Replica};
 use super::forward::Leader;
+use super::outbox::{Queued, Tell, MAX_WAITING};
 use super::state::{ApiState, Client};
 use crate::lease::ProxyKey;
 
@@ -96,7 +97,48 @@ pub(super) async fn take_failed(
     }
 }
 
+/// Delivers what this process's gateway queued for the leader
+/// (`outbox.rs`), one message at a time, until `stop`.
+pub async fn deliver(s: ApiState, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        let t = tokio::select! {
+            _ = &mut stop => return,
+            t = s.outbox.next() => t,
+        };
+        let sent = async {
+            match t {
+                Tell::Cooldown {
+                    proxy,
+                    client,
+                    site,
+                } => {
+                    s.cool_down_at_leader(&proxy, &client, site.as_deref())
+                        .await
+                }
+                Tell::Failed(proxy) => s.upstream_failed(&proxy).await,
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = sent => {}
+        }
+    }
+}
+
 impl ApiState {
+    /// Queues `t` for the leader (a gateway's cooldown or failed
+    /// upstream), without waiting; the queue is bounded (`outbox.rs`).
+    pub fn tell(&self, t: Tell) {
+        if self.outbox.push(t) == Queued::Dropped {
+            self.metrics.told_dropped();
+            debug!(
+                waiting = MAX_WAITING,
+                "The queue to the leader is full; a message stays on this replica"
+            );
+        }
+    }
+
     /// `proxy` was banned by `site` (or failed `client` everywhere): the
     /// cooldown a lease report gives, here at once and, when another
     /// replica leads, in the leader's table too. A leader that cannot be

@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::discovery::outbox::Tell;
 use crate::discovery::{ApiState, Filter, Listing, ProxyItem};
 use crate::lease::ProxyKey;
 use crate::tenancy::ProbeDenylist;
@@ -294,20 +295,17 @@ impl Fleet for ApiFleet {
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
         // Here before the next choice; at the leader without holding up
-        // the answer to the crawler.
+        // the answer to the crawler, through the bounded queue.
         self.state.lease_store().cool_down(key, client, site);
-        let (state, client, key) = (self.state.clone(), client.clone(), key.clone());
-        let site = site.map(str::to_string);
-        tokio::spawn(async move {
-            state
-                .cool_down_at_leader(&key, &client, site.as_deref())
-                .await;
+        self.state.tell(Tell::Cooldown {
+            proxy: key.clone(),
+            client: client.clone(),
+            site: site.map(str::to_string),
         });
     }
 
     fn failed(&self, key: &ProxyKey) {
-        let (state, key) = (self.state.clone(), key.clone());
-        tokio::spawn(async move { state.upstream_failed(&key).await });
+        self.state.tell(Tell::Failed(key.clone()));
     }
 }
 
