@@ -14,6 +14,7 @@ pub mod handover;
 mod horizon;
 pub mod lease_key;
 pub mod metrics;
+mod readiness;
 pub mod reload;
 mod replace;
 pub mod runnables;
@@ -227,7 +228,7 @@ impl Operator {
                 })
             });
             let _ = self.lease_store.set(store.clone());
-            tasks.spawn(runnables::tell_copy_age(
+            tasks.spawn(readiness::tell_copy_age(
                 replicas.clone(),
                 ready.clone(),
                 stop.clone().cancelled_owned(),

@@ -256,41 +256,6 @@ fn spawn_gateway(
     gateway
 }
 
-/// Keeps `/readyz` saying whether this replica's copy of the leader's
-/// lease table is stale (`discovery::copy_age`), once a second until
-/// `stop`. A stale copy never makes the replica unready: it still serves.
-pub async fn tell_copy_age(
-    replicas: Arc<Replicas>,
-    ready: crate::http::Readiness,
-    stop: impl Future<Output = ()>,
-) {
-    use discovery::copy_age;
-    tokio::pin!(stop);
-    let (mut said, mut warned) = (None, false);
-    loop {
-        let state = replicas.copy().at(std::time::Instant::now());
-        let detail = copy_age::detail(state);
-        // Logged when a copy ages past its bound and when it is current
-        // again; no copy before a first answer is only a detail.
-        let aged = matches!(state, copy_age::CopyState::Aged(_)) && detail.is_some();
-        match (&detail, aged, warned) {
-            (Some(d), true, false) => warn!("{d}"),
-            (None, _, true) => info!("The copy of the leader's lease table is current again"),
-            _ => {}
-        }
-        warned = aged || (warned && detail.is_some());
-        // Said again only when it changes (its age in whole seconds).
-        if detail != said {
-            ready.set_detail_of("lease copy", detail.clone());
-            said = detail;
-        }
-        tokio::select! {
-            _ = &mut stop => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
-}
-
 /// The leader view a lease call acts on: this replica leads only while
 /// its fence holds (`leader::Fence`); past it, whatever the election last
 /// saw, it answers as if no leader were known (503 `leader_unavailable`)
