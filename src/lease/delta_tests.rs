@@ -2,27 +2,9 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 
-use super::super::signed::KEY_LEN;
-use super::super::{AcquireRequest, FakeClock, LeaseConfig, LeaseKey, Outcome};
+use super::super::snapshot::tests::{k, store};
+use super::super::{AcquireRequest, FakeClock, Outcome};
 use super::*;
-
-fn k(name: &str) -> ProxyKey {
-    ProxyKey {
-        namespace: "crawl".into(),
-        name: name.into(),
-    }
-}
-
-fn store(clock: &FakeClock) -> LeaseStore {
-    let cfg = LeaseConfig {
-        max_leases_per_proxy: 2,
-        default_ttl: Duration::from_secs(60),
-        max_ttl: Duration::from_secs(600),
-        cooldown: Duration::from_secs(120),
-    };
-    LeaseStore::with(cfg, Arc::new(clock.clone()))
-        .with_key(LeaseKey::from_bytes(&[7; KEY_LEN]).unwrap())
-}
 
 fn req(client: &str, sticky: Option<&str>, site: Option<&str>, ttl: u64) -> AcquireRequest {
     AcquireRequest {

@@ -458,4 +458,4 @@ impl<'a> Plan<'a> {
 
 #[cfg(test)]
 #[path = "snapshot_tests.rs"]
-mod tests;
+pub(super) mod tests;

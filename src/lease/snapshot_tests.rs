@@ -9,14 +9,14 @@ use super::super::{
 };
 use super::*;
 
-fn k(name: &str) -> ProxyKey {
+pub(in crate::lease) fn k(name: &str) -> ProxyKey {
     ProxyKey {
         namespace: "crawl".into(),
         name: name.into(),
     }
 }
 
-fn store(clock: &FakeClock) -> LeaseStore {
+pub(in crate::lease) fn store(clock: &FakeClock) -> LeaseStore {
     let cfg = LeaseConfig {
         max_leases_per_proxy: 2,
         default_ttl: Duration::from_secs(60),

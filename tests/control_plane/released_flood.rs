@@ -13,14 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, PostParams};
-use serde_json::json;
+use kube::api::Api;
 
 use egress_proxies_operator::lease::{CROWDED_TTL, MAX_RELEASED_PER_CLIENT};
 
 use crate::lease_load;
 use crate::support::leader::{self, campaigning, holder, scraped, LEASE, TOKEN};
-use crate::support::{self, api_call, eventually, phase, squid};
+use crate::support::{self, api_call, eventually, squid};
 
 /// The manager container's memory limit as shipped
 /// (`config/manager/manager.yaml`).
@@ -98,23 +97,9 @@ async fn one_client_releasing_200_000_hour_leases_keeps_the_leader_in_its_limit_
     .await;
     let _b = replica("b", 1);
     campaigning(&dir.path().join("b.log")).await;
-    let proxies = ground.proxies();
-    let p = support::proxy(
-        "sq-1",
-        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port}}),
-    );
-    proxies.create(&PostParams::default(), &p).await.unwrap();
-    eventually("the Proxy Ready", Duration::from_secs(60), || async {
-        (phase(&proxies.get("sq-1").await.ok()?) == Some("Ready")).then_some(())
-    })
-    .await;
+    leader::ready_and_listed(&ground, "sq-1", port, apis[0]).await;
     eventually("b named in sync", Duration::from_secs(30), || async {
         named_in_sync(&leases, "b").await.then_some(())
-    })
-    .await;
-    eventually("a to list sq-1", Duration::from_secs(10), || async {
-        let (s, v) = api_call(apis[0], "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
-        (s == 200 && v["items"].as_array().is_some_and(|i| !i.is_empty())).then_some(())
     })
     .await;
     let whole_before = scraped(

@@ -27,7 +27,7 @@ use egress_proxies_operator::lease::signed::slot_of;
 use egress_proxies_operator::lease::LeaseKey;
 
 use crate::support::leader::{self, campaigning, holder, LEASE, TOKEN};
-use crate::support::{self, api_call, eventually, phase, squid, Ground};
+use crate::support::{self, api_call, eventually, squid, Ground};
 
 fn replica(
     ground: &Ground,
@@ -74,23 +74,7 @@ async fn two_replicas(
     .await;
     let b = replica(&ground, dir.path(), "b", (apis[1], target), &[]);
     campaigning(&dir.path().join("b.log")).await;
-    let proxies = ground.proxies();
-    let p = support::proxy(
-        "sq-1",
-        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port}}),
-    );
-    proxies.create(&PostParams::default(), &p).await.unwrap();
-    eventually("the Proxy Ready", Duration::from_secs(60), || async {
-        (phase(&proxies.get("sq-1").await.ok()?) == Some("Ready")).then_some(())
-    })
-    .await;
-    // The status is written before the leader's own watch brings it back:
-    // the leader lists the Proxy before the first acquire is made.
-    eventually("the leader to list it", Duration::from_secs(10), || async {
-        let (s, v) = api_call(apis[0], "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
-        (s == 200 && v["items"].as_array().is_some_and(|i| !i.is_empty())).then_some(())
-    })
-    .await;
+    leader::ready_and_listed(&ground, "sq-1", port, apis[0]).await;
     (ground, dir, apis, [a, b], squid)
 }
 

@@ -160,3 +160,34 @@ pub async fn scraped(addr: std::net::SocketAddr, series: &str) -> Option<f64> {
     assert_eq!(status, 200, "{body}");
     super::sample(body.as_str()?, series)
 }
+
+/// An External Proxy `name` on the Squid at `port`, Ready, and listed by
+/// the leader's discovery API at `leader_api`: its status is written
+/// before the leader's own watch brings it back, so a first acquire made
+/// at Ready could still meet `no_proxy`.
+pub async fn ready_and_listed(
+    ground: &super::Ground,
+    name: &str,
+    port: u16,
+    leader_api: std::net::SocketAddr,
+) {
+    use kube::api::PostParams;
+    let proxies = ground.proxies();
+    let p = super::proxy(
+        name,
+        serde_json::json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": port}}),
+    );
+    proxies.create(&PostParams::default(), &p).await.unwrap();
+    eventually("the Proxy Ready", Duration::from_secs(60), || async {
+        (super::phase(&proxies.get(name).await.ok()?) == Some("Ready")).then_some(())
+    })
+    .await;
+    eventually("the leader to list it", Duration::from_secs(10), || async {
+        let (s, v) = super::api_call(leader_api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+        let listed = v["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|p| p["name"] == name));
+        (s == 200 && listed).then_some(())
+    })
+    .await;
+}
