@@ -21,9 +21,16 @@ pub async fn tell_copy_age(
     use discovery::copy_age;
     tokio::pin!(stop);
     let (mut said, mut warned) = (None, false);
+    let started = std::time::Instant::now();
     loop {
         let state = replicas.copy().at(std::time::Instant::now());
-        let detail = copy_age::detail(state);
+        // No copy yet is news only once a first answer is overdue (a
+        // replica about to lead has none either).
+        let starting = started.elapsed() <= copy_age::COPY_STALE_AFTER;
+        let detail = match state {
+            copy_age::CopyState::None if starting => None,
+            _ => copy_age::detail(state),
+        };
         // Logged when a copy ages past its bound and when it is current
         // again; no copy before a first answer is only a detail.
         let aged = matches!(state, copy_age::CopyState::Aged(_)) && detail.is_some();

@@ -37,6 +37,8 @@ fn populated() -> Metrics {
         .observe_request("POST /v1/leases", 201, "crawler-a", took);
     m.discovery.lease_event("granted", 1);
     m.discovery.forwarded("relayed");
+    m.discovery.feed_answer("delta");
+    m.discovery.told_dropped();
     m.gc.start(&["gcp-eu"]);
     m.gc.sweep("gcp-eu", SweepResult::Ok);
     m.gc.deleted("gcp-eu");
@@ -142,6 +144,8 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_discovery_request_duration_seconds",
             "proxy_operator_lease_events",
             "proxy_operator_discovery_forwarded",
+            "proxy_operator_lease_feed_answers",
+            "proxy_operator_gateway_leader_messages_dropped",
             "proxy_operator_discovery_token_reload_failures",
             "proxy_operator_discovery_tokens_last_reload_successful",
             "proxy_operator_discovery_token_clients",
@@ -171,6 +175,7 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_creates_waiting",
             "proxy_operator_leases_active",
             "proxy_operator_lease_site_cooldowns",
+            "proxy_operator_lease_copy_age_seconds",
             "proxy_operator_provider_target_up",
             "proxy_operator_provider_check_duration_seconds",
             "proxy_operator_provider_check_timestamp_seconds",
