@@ -107,26 +107,29 @@ async fn pair_with(
 }
 
 /// Exactly `total` acquire (with `body`) + release pairs on
-/// `connections` keep-alive connections, however long they take; a
-/// refused or broken pair is counted and retried (a broken connection is
-/// opened again), at most `total` times in all. Returns the figures and
-/// the last lease granted.
+/// `connections` keep-alive connections, started no faster than `rate`
+/// pairs a second (a test sharing the machine leaves the others CPU),
+/// however long they take; a refused or broken pair is counted and
+/// retried (a broken connection is opened again), at most `total` times
+/// in all. Returns the figures and the last lease granted.
 pub async fn pairs(
     addr: SocketAddr,
     (token, body): (&str, &'static [u8]),
     total: usize,
-    connections: usize,
+    (connections, rate): (usize, f64),
 ) -> (Figures, Option<Value>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let start = Instant::now();
-    let (left, failures) = (
+    let (left, failures, started) = (
         Arc::new(AtomicUsize::new(total)),
+        Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicUsize::new(0)),
     );
     let mut tasks = Vec::new();
     for _ in 0..connections {
         let (token, left, failures) = (token.to_string(), left.clone(), failures.clone());
+        let started = started.clone();
         tasks.push(tokio::spawn(async move {
             let (mut send, mut driver) = keep_alive(addr).await;
             let (mut lat, mut errors, mut last) = (Vec::new(), 0, None);
@@ -134,6 +137,9 @@ pub async fn pairs(
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
+                let n = started.fetch_add(1, Ordering::SeqCst);
+                let due = start + Duration::from_secs_f64(n as f64 / rate);
+                tokio::time::sleep_until(due.into()).await;
                 let t = Instant::now();
                 let (outcome, lease) = pair_with(&mut send, &token, "/v1", body).await;
                 match outcome {
