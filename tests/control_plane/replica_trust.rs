@@ -37,7 +37,10 @@ fn replica(
     env: &[(&str, &str)],
 ) -> support::Operator {
     let one_slot = ["--max-leases-per-proxy", "1"];
-    leader::serving_replica(ground, dir, name, addrs, &one_slot, env)
+    // No test here fails the leader over: a 15 s Lease keeps `a` leading
+    // on a loaded CI machine, where a 4 s one was once lost mid-test and
+    // `b`, leading, granted directly.
+    leader::serving_replica_for(ground, dir, name, addrs, (&one_slot, env), ["15s", "10s"])
 }
 
 async fn acquire(api: SocketAddr) -> (u16, Value) {
@@ -350,10 +353,14 @@ async fn sealed_url_is_trusted(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_answering_a_forward_after_3_s_leaves_no_lease_nobody_holds() {
     // The leader holds every forwarded call 3 s, past the follower's 2 s.
-    let (_ground, _dir, apis, _replicas, _squid) = two_replicas("slowfwd", Some("3000")).await;
+    let (ground, _dir, apis, _replicas, _squid) = two_replicas("slowfwd", Some("3000")).await;
     let asked = Instant::now();
     let (s, v) = acquire(apis[1]).await;
-    println!("the follower answered {s} after {:?}: {v}", asked.elapsed());
+    let leading = holder(&ground.api::<Lease>()).await;
+    println!(
+        "the follower answered {s} after {:?} (Lease held by {leading:?}): {v}",
+        asked.elapsed()
+    );
     assert_eq!(
         (s, v["error"]["code"].as_str()),
         (503, Some("leader_unavailable")),

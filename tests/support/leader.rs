@@ -68,6 +68,18 @@ pub fn serving_replica(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Operator {
+    serving_replica_for(ground, dir, name, (api, target), (extra, env), ["4s", "3s"])
+}
+
+/// [`serving_replica`] with its Lease's duration and renew deadline.
+pub fn serving_replica_for(
+    ground: &Ground,
+    dir: &Path,
+    name: &str,
+    (api, target): (std::net::SocketAddr, std::net::SocketAddr),
+    (extra, env): (&[&str], &[(&str, &str)]),
+    timing: [&str; 2],
+) -> Operator {
     let (bind, advertise, probe) = (
         api.to_string(),
         format!("http://{api}"),
@@ -84,7 +96,7 @@ pub fn serving_replica(
         "200",
     ];
     args.extend_from_slice(extra);
-    replica_with_env(ground, dir, name, ["4s", "3s"], &args, env)
+    replica_with_env(ground, dir, name, timing, &args, env)
 }
 
 /// SIGKILLs the leader `leader` (no chance to release the Lease) and waits
