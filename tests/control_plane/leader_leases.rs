@@ -14,131 +14,23 @@
 //! acquire, `recovering` (a new leader's window), with `Retry-After`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is its failure report
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::Api;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::support::leader::{self, holder, TOKEN};
+use crate::support::leader::{self, holder};
+use crate::support::ledger::{Rng, Shared};
 use crate::support::{self, eventually, phase, squid, Operator};
 
 const CAPACITY: usize = 2;
 const PROXIES: usize = 8;
 const LOOPS: usize = 50;
-const TTL: u64 = 4;
 /// How long the crawlers run.
 const CRAWL_SECS: u64 = 180;
-
-type Http = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    Full<Bytes>,
->;
-
-/// One answer: status, `Retry-After`, JSON body; `None` when the replica
-/// could not be reached (killed).
-async fn call(
-    http: &Http,
-    api: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Value,
-) -> Option<(u16, Option<u64>, Value)> {
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://{api}{path}"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), http.request(req))
-        .await
-        .ok()?
-        .ok()?;
-    let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
-    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Some((status, retry_after, v))
-}
-
-/// What the test knows of one lease: surely live from the moment its
-/// grant was received until the earliest of (the latest renewal's send
-/// time + TTL, when its release was sent, when the server said it is gone).
-struct Held {
-    proxy: String,
-    from: Instant,
-    until: Instant,
-}
-
-#[derive(Default)]
-struct Ledger {
-    leases: HashMap<String, Held>,
-    grants: u64,
-    renewals: u64,
-    releases: u64,
-    refused: u64,
-    unavailable: u64,
-    unreachable: u64,
-    /// 503 recovering on acquire (a new leader's window).
-    recovering: u64,
-    /// Renewals that passed at a later leader than the one that granted.
-    survived: u64,
-    /// 404 on a renew sent after the lease's expiry: the crawler was late.
-    late: u64,
-    /// 404 on a renew sent in time: a lease lost.
-    lost: Vec<String>,
-    bad_unavailable: Vec<String>,
-}
-
-impl Ledger {
-    /// The most leases surely live at once on one proxy, and where.
-    fn worst(&self) -> (usize, String) {
-        let mut by_proxy: HashMap<&str, Vec<&Held>> = HashMap::new();
-        for h in self.leases.values() {
-            by_proxy.entry(&h.proxy).or_default().push(h);
-        }
-        let mut worst = (0, String::new());
-        for (proxy, held) in by_proxy {
-            // The count is highest at some lease's start.
-            for at in held.iter().map(|h| h.from) {
-                let n = held.iter().filter(|h| h.from <= at && at < h.until).count();
-                if n > worst.0 {
-                    worst = (n, proxy.to_string());
-                }
-            }
-        }
-        worst
-    }
-}
-
-/// A small deterministic generator per loop (no dependency needed).
-impl Ledger {
-    /// A call `what` on lease `key`, sent at `sent`, answered 404: the
-    /// lease ended then at the latest, and rightly only when its expiry
-    /// (`expires`, as its answers gave it) had passed.
-    fn ended(&mut self, key: &str, (sent, expires): (Instant, Instant), what: &str, v: &Value) {
-        let h = self.leases.get_mut(key).unwrap();
-        h.until = h.until.min(sent);
-        if sent < expires {
-            self.lost.push(format!(
-                "{key}: {what} {:?} before its expiry, answered 404: {v}",
-                expires - sent
-            ));
-        } else {
-            self.late += 1;
-        }
-    }
-}
 
 /// The replica index of a Lease holder ("r1g0_1234": 1).
 fn leader_index(holder: &str) -> usize {
@@ -175,203 +67,6 @@ async fn kill_the_leader(
         killed.elapsed()
     );
     (idx, killed)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
-struct Shared {
-    http: Http,
-    apis: Vec<SocketAddr>,
-    ledger: Mutex<Ledger>,
-    /// When a leader was stopped (SIGKILL or SIGTERM): its table is gone.
-    leader_stops: Mutex<Vec<Instant>>,
-    done: std::sync::atomic::AtomicBool,
-    stop_at: Instant,
-}
-
-impl Shared {
-    /// The first leader stop after `asked`: a lease asked for before it
-    /// may have lived in the stopped leader's table.
-    fn stop_after(&self, asked: Instant) -> Option<Instant> {
-        self.leader_stops
-            .lock()
-            .unwrap()
-            .iter()
-            .copied()
-            .find(|k| *k > asked)
-    }
-
-    /// The leader is stopped now. Its leases live on: the next leader
-    /// takes them in when they are presented.
-    fn leader_stopped(&self) -> Instant {
-        let now = Instant::now();
-        self.leader_stops.lock().unwrap().push(now);
-        now
-    }
-
-    fn pick(&self, rng: &mut Rng) -> SocketAddr {
-        self.apis[rng.below(self.apis.len())]
-    }
-
-    /// Notes a 503 (leader_unavailable, or recovering on acquire; with
-    /// Retry-After) and waits as told.
-    async fn unavailable(&self, what: &str, retry_after: Option<u64>, body: &Value) {
-        let code = body["error"]["code"].as_str().unwrap_or("");
-        let recovering = what == "acquire" && code == "recovering";
-        let ok =
-            (code == "leader_unavailable" || recovering) && retry_after.is_some_and(|s| s >= 1);
-        {
-            let mut l = self.ledger.lock().unwrap();
-            if recovering {
-                l.recovering += 1;
-            } else {
-                l.unavailable += 1;
-            }
-            if !ok {
-                l.bad_unavailable
-                    .push(format!("{what}: {retry_after:?} {body}"));
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(retry_after.unwrap_or(1).min(2))).await;
-    }
-}
-
-/// The TTL an answer surely granted. A new leader may clamp it to its
-/// horizon; the answer rounds the seconds left up, so a clamped one may be
-/// up to a second shorter than it says.
-fn granted_ttl(lease: &Value) -> Duration {
-    match lease["ttlSeconds"].as_u64().unwrap_or(TTL) {
-        full if full >= TTL => Duration::from_secs(TTL),
-        clamped => Duration::from_secs(clamped.saturating_sub(1)),
-    }
-}
-
-/// One crawler: acquire, renew a few times, release; through any replica.
-async fn crawl(s: Arc<Shared>, seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut rounds = 0;
-    while Instant::now() < s.stop_at
-        && !s.done.load(std::sync::atomic::Ordering::Relaxed)
-        && rounds < 10_000
-    {
-        rounds += 1;
-        let sent = Instant::now();
-        let body = json!({"ttlSeconds": TTL});
-        let Some((status, retry_after, v)) =
-            call(&s.http, s.pick(&mut rng), "POST", "/v1/leases", body).await
-        else {
-            s.ledger.lock().unwrap().unreachable += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        match status {
-            201 => {}
-            409 => {
-                s.ledger.lock().unwrap().refused += 1;
-                let wait = retry_after.unwrap_or(1).min(2);
-                tokio::time::sleep(Duration::from_millis(200 + 300 * wait)).await;
-                continue;
-            }
-            503 => {
-                s.unavailable("acquire", retry_after, &v).await;
-                continue;
-            }
-            other => panic!("acquire answered {other}: {v}"),
-        }
-        // The lease's name in the ledger: its first id (a renew answers
-        // with a fresh id, and only the newest survives a failover).
-        let key = v["id"].as_str().unwrap().to_string();
-        let mut id = key.clone();
-        let asked = sent;
-        // Surely live until then: the server's clock started later.
-        let mut expires = sent + granted_ttl(&v);
-        {
-            let mut l = s.ledger.lock().unwrap();
-            l.grants += 1;
-            l.leases.insert(
-                key.clone(),
-                Held {
-                    proxy: v["proxy"]["name"].as_str().unwrap().to_string(),
-                    from: Instant::now(),
-                    until: expires,
-                },
-            );
-        }
-        let mut gone = false;
-        for _ in 0..rng.below(3) + 1 {
-            tokio::time::sleep(Duration::from_millis(800 + 200 * rng.below(3) as u64)).await;
-            let sent = Instant::now();
-            let renew = json!({"ttlSeconds": TTL});
-            let Some((status, retry_after, v)) = call(
-                &s.http,
-                s.pick(&mut rng),
-                "POST",
-                &format!("/v1/leases/{id}/renew"),
-                renew,
-            )
-            .await
-            else {
-                s.ledger.lock().unwrap().unreachable += 1;
-                continue;
-            };
-            let mut l = s.ledger.lock().unwrap();
-            match status {
-                200 => {
-                    l.renewals += 1;
-                    if s.stop_after(asked).is_some_and(|stop| stop < sent) {
-                        l.survived += 1;
-                    }
-                    id = v["id"].as_str().unwrap().to_string();
-                    expires = expires.max(sent + granted_ttl(&v));
-                    let h = l.leases.get_mut(&key).unwrap();
-                    h.until = h.until.max(expires);
-                }
-                404 => {
-                    l.ended(&key, (sent, expires), "renewed", &v);
-                    gone = true;
-                }
-                503 => {
-                    drop(l);
-                    s.unavailable("renew", retry_after, &v).await;
-                    continue;
-                }
-                other => panic!("renew answered {other}: {v}"),
-            }
-            if gone {
-                break;
-            }
-        }
-        if gone {
-            continue;
-        }
-        let sent = Instant::now();
-        let path = format!("/v1/leases/{id}");
-        match call(&s.http, s.pick(&mut rng), "DELETE", &path, json!(null)).await {
-            Some((204, _, _)) => {
-                let mut l = s.ledger.lock().unwrap();
-                l.releases += 1;
-                let h = l.leases.get_mut(&key).unwrap();
-                h.until = h.until.min(sent);
-            }
-            // Ended already: only right once its TTL surely ran out.
-            Some((404, _, v)) => {
-                let mut l = s.ledger.lock().unwrap();
-                l.ended(&key, (sent, expires), "released", &v);
-            }
-            // Not released: it runs out after its TTL, as the ledger has it.
-            Some((503, retry_after, v)) => s.unavailable("release", retry_after, &v).await,
-            Some((other, _, v)) => panic!("release answered {other}: {v}"),
-            None => s.ledger.lock().unwrap().unreachable += 1,
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -430,9 +125,7 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
         (ready == PROXIES).then_some(())
     })
     .await;
-    let http: Http =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
+    let shared = Shared::new(apis.clone(), Duration::from_secs(10));
     // Every replica serves lease calls once the followers know the leader.
     for api in &apis {
         eventually(
@@ -441,8 +134,9 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
             // tests load the machine: a readiness wait, not a figure.
             Duration::from_secs(90),
             || async {
-                let (s, _, v) =
-                    call(&http, *api, "POST", "/v1/leases", json!({"ttlSeconds": 1})).await?;
+                let (s, _, v) = shared
+                    .call(*api, "POST", "/v1/leases", json!({"ttlSeconds": 1}))
+                    .await?;
                 (s == 201).then_some(v)
             },
         )
@@ -466,18 +160,8 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
     // Those probe leases run out before the loops start.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    let shared = Arc::new(Shared {
-        http: http.clone(),
-        apis: apis.clone(),
-        ledger: Mutex::new(Ledger::default()),
-        leader_stops: Mutex::new(Vec::new()),
-        done: Default::default(),
-        stop_at: Instant::now() + Duration::from_secs(CRAWL_SECS + 30),
-    });
     let crawling = Instant::now();
-    let loops: Vec<_> = (0..LOOPS)
-        .map(|i| tokio::spawn(crawl(shared.clone(), i as u64 + 1)))
-        .collect();
+    let loops = shared.spawn(LOOPS, Duration::from_secs(CRAWL_SECS + 30));
 
     tokio::time::sleep(Duration::from_secs(15)).await;
     let before = shared.ledger.lock().unwrap().grants;
@@ -537,9 +221,7 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
     while crawling.elapsed() < Duration::from_secs(CRAWL_SECS) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    shared
-        .done
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    shared.stop();
     for l in loops {
         l.await.unwrap();
     }
@@ -553,20 +235,7 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
         "{kills} leader kills and a rollout in {:.0} s of crawling",
         crawling.elapsed().as_secs_f64()
     );
-    assert!(
-        worst <= CAPACITY,
-        "{on} was held {worst} times at once (capacity {CAPACITY})"
-    );
-    assert!(
-        l.bad_unavailable.is_empty(),
-        "503 without leader_unavailable and Retry-After: {:?}",
-        l.bad_unavailable
-    );
-    assert!(
-        l.lost.is_empty(),
-        "leases renewed in time and lost: {:?}",
-        l.lost
-    );
+    l.assert_sound(CAPACITY);
     assert!(
         l.survived > 0,
         "leases granted before a leader stop renewed after it"

@@ -4,6 +4,7 @@
 pub mod breaker;
 pub mod crawler;
 pub mod leader;
+pub mod ledger;
 pub mod recycle;
 pub mod shipped;
 pub mod squid;
