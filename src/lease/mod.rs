@@ -111,6 +111,7 @@ mod failover;
 mod recovery;
 pub use failover::{readmit_decision, Admission, Presented, Refusal};
 pub use recovery::{grant_end, horizon, window_end, HeldUntil, HORIZON_ANNOTATION};
+pub mod keyring;
 pub mod signed;
 pub use signed::LeaseKey;
 

@@ -8,9 +8,12 @@
 //! string as a u16 big-endian length and its bytes; the tag covers the
 //! version prefix and the payload.
 
+use std::sync::{Arc, RwLock};
+
 use chrono::{DateTime, Utc};
 use ring::hmac;
 
+use super::keyring::{ring_of, Entry, KeyId, Phase, Ring};
 use super::ProxyKey;
 
 /// The version prefix of ids this code writes.
@@ -24,14 +27,17 @@ pub const KEY_LEN: usize = 32;
 
 const TAG_LEN: usize = 32;
 
-/// The signing key, shared by every replica through a Secret.
+/// The signing key, shared by every replica through a Secret: during a
+/// rotation, the key that signs and those still taken
+/// ([`super::keyring`]). Clones share the keys, so a reload reaches every
+/// holder at once.
 #[derive(Clone)]
-pub struct LeaseKey(hmac::Key);
+pub struct LeaseKey(Arc<RwLock<Arc<Ring>>>);
 
 impl std::fmt::Debug for LeaseKey {
     // The key never reaches a log, even through a Debug dump.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LeaseKey(..)")
+        write!(f, "LeaseKey({})", self.id())
     }
 }
 
@@ -43,18 +49,48 @@ pub struct KeyTooShort(pub usize);
 impl LeaseKey {
     /// A fresh random key, known to this process only.
     pub fn random() -> Self {
-        LeaseKey(hmac::Key::new(
-            hmac::HMAC_SHA256,
-            &random_bytes::<KEY_LEN>(),
-        ))
+        Self::of(Ring::one(Entry::new(&random_bytes::<KEY_LEN>())))
     }
 
     /// A key from its bytes (at least [`KEY_LEN`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyTooShort> {
-        if bytes.len() < KEY_LEN {
-            return Err(KeyTooShort(bytes.len()));
-        }
-        Ok(LeaseKey(hmac::Key::new(hmac::HMAC_SHA256, bytes)))
+        Self::rotating(bytes, None, Phase::Settled)
+    }
+
+    /// `key`, and `next` in a rotation in `phase`
+    /// ([`super::keyring::phase`]).
+    pub fn rotating(key: &[u8], next: Option<&[u8]>, phase: Phase) -> Result<Self, KeyTooShort> {
+        let entry = |b: &[u8]| match b.len() < KEY_LEN {
+            true => Err(KeyTooShort(b.len())),
+            false => Ok(Entry::new(b)),
+        };
+        let next = next.map(entry).transpose()?;
+        Ok(Self::of(ring_of(entry(key)?, next, phase)))
+    }
+
+    fn of(ring: Ring) -> Self {
+        LeaseKey(Arc::new(RwLock::new(Arc::new(ring))))
+    }
+
+    fn ring(&self) -> Arc<Ring> {
+        // A poisoned lock still holds whole keys: they are replaced whole.
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// From now on, the keys `other` holds, for every clone of this one.
+    pub fn adopt(&self, other: &LeaseKey) {
+        let ring = other.ring();
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = ring;
+    }
+
+    /// The id of the key that signs.
+    pub fn id(&self) -> KeyId {
+        self.ring().signing.id
+    }
+
+    /// The ids of every key taken, the signing one first.
+    pub fn taken(&self) -> Vec<KeyId> {
+        self.ring().taken().map(|e| e.id).collect()
     }
 }
 
@@ -157,7 +193,7 @@ pub fn encode_parts(
 }
 
 fn sign(key: &LeaseKey, payload: &[u8]) -> hmac::Tag {
-    let mut ctx = hmac::Context::with_key(&key.0);
+    let mut ctx = hmac::Context::with_key(&key.ring().signing.key);
     ctx.update(VERSION.as_bytes());
     ctx.update(payload);
     ctx.sign()
@@ -166,23 +202,31 @@ fn sign(key: &LeaseKey, payload: &[u8]) -> hmac::Tag {
 /// A tag over `data` for `purpose` (a domain of its own: never a valid
 /// id's tag, whose payload starts with [`VERSION`]).
 pub fn seal(key: &LeaseKey, purpose: &str, data: &[u8]) -> Vec<u8> {
-    let mut ctx = hmac::Context::with_key(&key.0);
+    let mut ctx = hmac::Context::with_key(&key.ring().signing.key);
     ctx.update(purpose.as_bytes());
     ctx.update(&[0]);
     ctx.update(data);
     ctx.sign().as_ref().to_vec()
 }
 
-/// Whether `tag` is [`seal`]'s for `purpose` and `data` (constant time).
+/// Whether `tag` is [`seal`]'s for `purpose` and `data` under a key taken
+/// (constant time for each).
 pub fn sealed(key: &LeaseKey, purpose: &str, data: &[u8], tag: &[u8]) -> bool {
     let mut signed = Vec::with_capacity(purpose.len() + 1 + data.len());
     signed.extend_from_slice(purpose.as_bytes());
     signed.push(0);
     signed.extend_from_slice(data);
-    hmac::verify(&key.0, &signed, tag).is_ok()
+    verified(key, &signed, tag)
 }
 
-/// The claims of `id` when `key` signed it, whatever its expiry.
+/// Whether `tag` is a key's tag over `signed`, for a key taken.
+fn verified(key: &LeaseKey, signed: &[u8], tag: &[u8]) -> bool {
+    key.ring()
+        .taken()
+        .any(|e| hmac::verify(&e.key, signed, tag).is_ok())
+}
+
+/// The claims of `id` when a key taken signed it, whatever its expiry.
 pub fn open(key: &LeaseKey, id: &str) -> Result<Claims, IdError> {
     let body = id.strip_prefix(VERSION).ok_or(IdError::Version)?;
     let raw = data_encoding::BASE64URL_NOPAD
@@ -194,7 +238,9 @@ pub fn open(key: &LeaseKey, id: &str) -> Result<Claims, IdError> {
     let mut signed = Vec::with_capacity(VERSION.len() + payload.len());
     signed.extend_from_slice(VERSION.as_bytes());
     signed.extend_from_slice(payload);
-    hmac::verify(&key.0, &signed, tag).map_err(|_| IdError::Tag)?;
+    if !verified(key, &signed, tag) {
+        return Err(IdError::Tag);
+    }
     parse(payload).ok_or(IdError::Malformed)
 }
 

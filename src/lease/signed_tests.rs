@@ -1,6 +1,7 @@
 use chrono::TimeZone;
 
 use super::*;
+use crate::lease::keyring::Phase;
 
 fn key(b: u8) -> LeaseKey {
     LeaseKey::from_bytes(&[b; KEY_LEN]).unwrap()
@@ -148,4 +149,43 @@ fn ids_are_url_safe_and_differ_by_nonce() {
 fn short_keys_are_refused() {
     assert_eq!(LeaseKey::from_bytes(&[0; 16]).unwrap_err(), KeyTooShort(16));
     assert!(LeaseKey::from_bytes(&[0; KEY_LEN]).is_ok());
+}
+
+/// Issue 52: through a rotation, every replica takes what any other may
+/// have signed, whichever phase each is in; once the grace is over, the
+/// old key signs nothing that is taken.
+#[test]
+fn a_rotation_takes_both_keys_until_its_grace_ends_and_then_only_the_next() {
+    let (old, new) = ([1; KEY_LEN], [2; KEY_LEN]);
+    let at = |phase| LeaseKey::rotating(&old, Some(&new), phase).unwrap();
+    let (before, announced, grace, done) = (
+        key(1),
+        at(Phase::Announced),
+        at(Phase::Grace),
+        at(Phase::Done),
+    );
+    assert_eq!(before.id(), announced.id(), "announcing signs as before");
+    assert_eq!(grace.id(), key(2).id(), "from rotate-at the next key signs");
+    let signed_by = |k: &LeaseKey| (encode(k, &claims()), seal(k, "p", b"d"));
+    // (signer, checker, taken)
+    let cases = [
+        (&before, &announced, true),
+        (&announced, &grace, true),
+        (&grace, &announced, true),
+        (&before, &grace, true),
+        (&grace, &done, true),
+        (&announced, &done, false),
+        (&before, &done, false),
+        (&done, &before, false),
+    ];
+    for (i, (signer, checker, taken)) in cases.into_iter().enumerate() {
+        let (id, tag) = signed_by(signer);
+        assert_eq!(verify(checker, &id, now()).is_ok(), taken, "case {i}: id");
+        assert_eq!(sealed(checker, "p", b"d", &tag), taken, "case {i}: seal");
+    }
+    // A reload reaches every clone at once.
+    let held = before.clone();
+    before.adopt(&done);
+    assert_eq!(held.id(), key(2).id());
+    assert!(verify(&held, &encode(&key(1), &claims()), now()).is_err());
 }

@@ -6,6 +6,7 @@
 //! a create conflict means another won the race, whose key is read.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
@@ -13,6 +14,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::Client;
 use tracing::info;
 
+use crate::lease::keyring::{self, Phase};
 use crate::lease::signed::{random_bytes, KEY_LEN};
 use crate::lease::LeaseKey;
 use crate::provider::error::plain_message;
@@ -25,6 +27,17 @@ pub const GATEWAY_SECRET_NAME: &str = "egress-proxies-operator-gateway-key";
 
 /// The key of the Secret's data that holds the key bytes.
 pub const DATA_KEY: &str = "key";
+
+/// During a rotation, the data key of the coming key.
+pub const NEXT_KEY: &str = "next";
+
+/// During a rotation, the data key of when the coming key signs (unix
+/// seconds).
+pub const ROTATE_AT_KEY: &str = "rotate-at";
+
+/// How long the gateway key's old key is still taken after a rotation:
+/// it signs calls and seals that live seconds.
+pub const GATEWAY_GRACE: Duration = Duration::from_secs(60);
 
 /// Which shared key: its Secret and how the log names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +93,9 @@ pub enum KeyError {
         /// The API server's words.
         message: String,
     },
-    /// The Secret exists but holds no usable key.
-    #[error("Secret {namespace}/{secret}: data key {DATA_KEY:?} {reason}; delete the Secret to have a new key created")]
+    /// The Secret exists but holds no usable key, or a malformed
+    /// rotation.
+    #[error("Secret {namespace}/{secret}: {reason}")]
     Bad {
         /// Operator namespace.
         namespace: String,
@@ -111,21 +125,60 @@ pub fn classify(namespace: &str, secret: &'static str, e: &kube::Error) -> KeyEr
     }
 }
 
-/// The key in `secret`, or what is wrong with it.
-pub fn key_of(secret: &Secret) -> Result<LeaseKey, String> {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(DATA_KEY))
-        .ok_or_else(|| "is missing".to_string())?;
-    LeaseKey::from_bytes(&bytes.0).map_err(|e| format!("is unusable: {e}"))
+/// The keys in `secret` now, with `grace`, or what is wrong with them.
+pub fn key_of(secret: &Secret, grace: Duration) -> Result<LeaseKey, String> {
+    let now = chrono::Utc::now().timestamp();
+    keys_in(secret.data.as_ref(), now, grace).map(|(key, _)| key)
+}
+
+/// The keys in a key Secret's `data` at `now` (unix seconds), with
+/// `grace` after `rotate-at` ([`keyring::phase`]), and where the rotation
+/// stands; or what is wrong, in words that name the data key and never
+/// its value.
+pub fn keys_in(
+    data: Option<&BTreeMap<String, ByteString>>,
+    now: i64,
+    grace: Duration,
+) -> Result<(LeaseKey, Phase), String> {
+    let get = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
+    let Some(key) = get(DATA_KEY) else {
+        return Err(format!(
+            "data key {DATA_KEY:?} is missing; delete the Secret to have a new key created"
+        ));
+    };
+    let next = get(NEXT_KEY);
+    let at = match (next, get(ROTATE_AT_KEY)) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(format!(
+                "data key {NEXT_KEY:?} needs {ROTATE_AT_KEY:?} beside it (unix seconds, as `date +%s` prints)"
+            ))
+        }
+        (Some(_), Some(at)) => Some(
+            std::str::from_utf8(at)
+                .ok()
+                .and_then(|t| t.trim().parse::<i64>().ok())
+                .ok_or_else(|| {
+                    format!("data key {ROTATE_AT_KEY:?} must be unix seconds, as `date +%s` prints")
+                })?,
+        ),
+    };
+    let phase = keyring::phase(at, now, grace);
+    let key = LeaseKey::rotating(key, next, phase).map_err(|e| {
+        let which = match next.is_some_and(|n| n.len() < KEY_LEN) {
+            true => NEXT_KEY,
+            false => DATA_KEY,
+        };
+        format!("data key {which:?} is unusable: {e}")
+    })?;
+    Ok((key, phase))
 }
 
 /// Reads `which` key's Secret in `namespace`, creating it when missing.
 pub async fn load_or_create(
     client: Client,
     namespace: &str,
-    which: Which,
+    (which, grace): (Which, Duration),
 ) -> Result<LeaseKey, KeyError> {
     let api: Api<Secret> = Api::namespaced(client, namespace);
     let name = which.secret;
@@ -136,7 +189,7 @@ pub async fn load_or_create(
         reason,
     };
     if let Some(s) = api.get_opt(name).await.map_err(api_err)? {
-        return key_of(&s).map_err(bad);
+        return key_of(&s, grace).map_err(bad);
     }
     let fresh = Secret {
         metadata: ObjectMeta {
@@ -156,12 +209,12 @@ pub async fn load_or_create(
     match api.create(&PostParams::default(), &fresh).await {
         Ok(s) => {
             info!(namespace, secret = name, "Created {}", which.what);
-            key_of(&s).map_err(bad)
+            key_of(&s, grace).map_err(bad)
         }
         // Another process created it first: use theirs.
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let s = api.get(name).await.map_err(api_err)?;
-            key_of(&s).map_err(bad)
+            key_of(&s, grace).map_err(bad)
         }
         Err(e) => Err(api_err(e)),
     }
@@ -178,7 +231,7 @@ const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// `proxy_operator_lease_key_shared 0`. `(key, shared)`.
 pub async fn shared_or_own(
     client: &Client,
-    (namespace, which): (&str, Which),
+    (namespace, which, grace): (&str, Which, Duration),
     stop: &tokio_util::sync::CancellationToken,
     metrics: Option<&crate::discovery::metrics::DiscoveryMetrics>,
     ready: Option<&crate::http::Readiness>,
@@ -190,7 +243,7 @@ pub async fn shared_or_own(
     };
     let mut wait = std::time::Duration::from_secs(1);
     loop {
-        match load_or_create(client.clone(), namespace, which).await {
+        match load_or_create(client.clone(), namespace, (which, grace)).await {
             Ok(key) => {
                 shared(true);
                 return Ok(Some((key, true)));
@@ -225,17 +278,23 @@ pub async fn shared_or_own(
 /// key is the one its Secret holds. `Ok(None)`: stopped meanwhile.
 pub async fn keys_for(
     client: &Client,
-    (namespace, gateway_only): (&str, bool),
+    (namespace, gateway_only, grace): (&str, bool, Duration),
     stop: &tokio_util::sync::CancellationToken,
     metrics: &crate::discovery::metrics::DiscoveryMetrics,
     ready: &crate::http::Readiness,
 ) -> Result<Option<(super::runnables::Keys, bool)>, KeyError> {
     let own = match gateway_only {
-        true => GATEWAY_KEY,
-        false => LEASE_KEY,
+        true => (GATEWAY_KEY, GATEWAY_GRACE),
+        false => (LEASE_KEY, grace),
     };
-    let Some((key, shared)) =
-        shared_or_own(client, (namespace, own), stop, Some(metrics), Some(ready)).await?
+    let Some((key, shared)) = shared_or_own(
+        client,
+        (namespace, own.0, own.1),
+        stop,
+        Some(metrics),
+        Some(ready),
+    )
+    .await?
     else {
         return Ok(None);
     };
@@ -243,7 +302,15 @@ pub async fn keys_for(
         true => None,
         // Without it (no RBAC for it yet), gateways are refused, nothing
         // else: a key of this process stands in.
-        false => match shared_or_own(client, (namespace, GATEWAY_KEY), stop, None, None).await? {
+        false => match shared_or_own(
+            client,
+            (namespace, GATEWAY_KEY, GATEWAY_GRACE),
+            stop,
+            None,
+            None,
+        )
+        .await?
+        {
             Some((g, _)) => Some(g),
             None => return Ok(None),
         },
@@ -265,6 +332,75 @@ mod tests {
             metadata: None,
             details: None,
         }))
+    }
+
+    /// Issue 52: the Secret's rotation, read as the replicas read it;
+    /// what is wrong names the data key and never shows a value.
+    #[test]
+    fn a_key_secret_is_read_with_its_rotation_and_a_bad_one_names_the_data_key() {
+        let (old, new) = (vec![1u8; KEY_LEN], vec![2u8; KEY_LEN]);
+        let hour = Duration::from_secs(3600);
+        let data = |pairs: &[(&str, &[u8])]| -> BTreeMap<String, ByteString> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                .collect()
+        };
+        let ok = [
+            (data(&[("key", &old)]), 0, Phase::Settled, &old),
+            (
+                data(&[("key", &old), ("rotate-at", b"5")]),
+                9,
+                Phase::Settled,
+                &old,
+            ),
+            (
+                data(&[("key", &old), ("next", &new), ("rotate-at", b"100")]),
+                99,
+                Phase::Announced,
+                &old,
+            ),
+            (
+                data(&[("key", &old), ("next", &new), ("rotate-at", b" 100\n")]),
+                100,
+                Phase::Grace,
+                &new,
+            ),
+            (
+                data(&[("key", &old), ("next", &new), ("rotate-at", b"100")]),
+                3700,
+                Phase::Done,
+                &new,
+            ),
+        ];
+        for (d, now, phase, signs) in ok {
+            let (key, got) = keys_in(Some(&d), now, hour).unwrap();
+            assert_eq!(got, phase, "{now}");
+            assert_eq!(key.id(), LeaseKey::from_bytes(signs).unwrap().id(), "{now}");
+        }
+        let short = vec![9u8; 5];
+        let bad = [
+            (data(&[]), "data key \"key\" is missing"),
+            (data(&[("key", &short)]), "data key \"key\" is unusable"),
+            (
+                data(&[("key", &old), ("next", &short), ("rotate-at", b"1")]),
+                "data key \"next\" is unusable",
+            ),
+            (
+                data(&[("key", &old), ("next", &new)]),
+                "data key \"next\" needs \"rotate-at\"",
+            ),
+            (
+                data(&[("key", &old), ("next", &new), ("rotate-at", b"tomorrow")]),
+                "data key \"rotate-at\" must be unix seconds",
+            ),
+        ];
+        for (d, want) in bad {
+            let err = keys_in(Some(&d), 0, hour).err().unwrap();
+            assert!(err.starts_with(want), "{err}");
+            assert!(!err.contains("tomorrow") && !err.contains("\\x"), "{err}");
+        }
+        assert!(keys_in(None, 0, hour).is_err());
     }
 
     #[test]

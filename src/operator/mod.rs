@@ -12,6 +12,7 @@ pub mod client;
 pub mod edge_budget;
 pub mod handover;
 mod horizon;
+mod key_reload;
 pub mod lease_key;
 pub mod metrics;
 mod readiness;
@@ -196,7 +197,7 @@ impl Operator {
         if let Some(addr) = s.discovery_bind {
             let keys = lease_key::keys_for(
                 &self.client,
-                (&s.operator_namespace, gateway_only),
+                (&s.operator_namespace, gateway_only, s.leases.max_ttl),
                 &stop,
                 &self.metrics.discovery,
                 &ready,
@@ -207,6 +208,12 @@ impl Operator {
                 return Ok(()); // stopped while the API server was away
             };
             let key = keys.own.clone();
+            if shared {
+                for reload in key_reload::reloads(&keys, gateway_only, s.leases.max_ttl) {
+                    let (client, ns) = (self.client.clone(), s.operator_namespace.clone());
+                    tasks.spawn(key_reload::keep_fresh(client, ns, reload, stop.clone()));
+                }
+            }
             let (store, replicas, served) = runnables::spawn_discovery(
                 &mut tasks,
                 addr,

@@ -39,6 +39,7 @@ mod leader_leases;
 mod leader_pause;
 mod lease_handover;
 mod lease_key_fallback;
+mod lease_key_rotation;
 mod lease_logs;
 mod manifests;
 mod metrics_auth;
