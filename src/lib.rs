@@ -36,6 +36,7 @@ pub mod provider;
 pub mod providerhealth;
 pub mod proxy_ids;
 pub mod proxy_store;
+pub mod replica;
 pub mod server;
 pub mod telemetry;
 pub mod tenancy;

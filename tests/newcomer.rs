@@ -982,6 +982,38 @@ fn the_discovery_and_gateway_files_name_each_other_without_a_cycle() {
     }
 }
 
+/// Issue 52: the replicas' protocol has one home below the discovery API
+/// and the gateway, and names neither (nor the composition root).
+#[test]
+fn the_replica_module_names_neither_the_discovery_api_nor_the_gateway() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/replica");
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        read += 1;
+        for above in [
+            "crate::discovery",
+            "crate::gateway",
+            "crate::operator",
+            "super::super",
+        ] {
+            assert!(!text.contains(above), "{} names {above}", path.display());
+        }
+    }
+    assert!(read >= 9, "src/replica was read: {read} files");
+    // And the protocol files are no longer where they were.
+    for gone in [
+        "src/discovery/internal.rs",
+        "src/discovery/replicas.rs",
+        "src/operator/handover.rs",
+        "src/operator/lease_key.rs",
+    ] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(gone);
+        assert!(!path.exists(), "{gone} moved to src/replica/");
+    }
+}
+
 #[test]
 fn only_the_router_and_the_openapi_document_name_the_route_handlers() {
     let graph = sibling_graph("discovery");

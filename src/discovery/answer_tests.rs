@@ -12,10 +12,10 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 
 use super::feed::{ask_leader, FEED_PATH};
-use super::internal::{seal_answer, ANSWER_HEADER, FORWARD_HEADER};
 use super::*;
 use crate::lease::{LeaseConfig, LeaseKey, LeaseStore};
 use crate::metrics::Registrar;
+use crate::replica::internal::{seal_answer, ANSWER_HEADER, FORWARD_HEADER};
 
 fn key(b: u8) -> LeaseKey {
     LeaseKey::from_bytes(&[b; crate::lease::signed::KEY_LEN]).unwrap()

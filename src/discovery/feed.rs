@@ -21,11 +21,11 @@ use tracing::{debug, info};
 
 use super::error::ApiError;
 use super::forward::Leader;
-use super::internal::{
-    answer_checks, header_text, sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER,
-};
 use super::state::ApiState;
 use crate::lease::Snapshot;
+use crate::replica::internal::{
+    answer_checks, header_text, sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER,
+};
 
 /// The route.
 pub const FEED_PATH: &str = "/internal/v1/lease-state";

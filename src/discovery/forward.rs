@@ -17,12 +17,12 @@ use hyper_util::rt::TokioExecutor;
 use tracing::warn;
 
 use super::error::ApiError;
-use super::internal::{
+use crate::lease::LeaseKey;
+use crate::provider::error::plain_message;
+use crate::replica::internal::{
     answer_checks, sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER,
     REQUEST_KEY_HEADER,
 };
-use crate::lease::LeaseKey;
-use crate::provider::error::plain_message;
 
 /// What the follower keeps of its wait for the leader to use itself: the
 /// leader's deadline ends this much before the follower gives up, so a

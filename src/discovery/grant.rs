@@ -106,12 +106,12 @@ pub(super) async fn granted(
 /// The live lease `client` was granted under request key `key`, when
 /// the forwarding replica sends the same acquire again.
 /// Whether every follower in sync holds the table with this change, by
-/// `deadline` (a forward's) or [`super::replicas::CONFIRM_LIMIT`]: only
+/// `deadline` (a forward's) or [`crate::replica::members::CONFIRM_LIMIT`]: only
 /// then may a crawler hear of it (`replicas.rs`).
 pub(super) async fn confirmed(s: &ApiState, deadline: Option<tokio::time::Instant>) -> bool {
     let version = s.leases.version();
-    let until =
-        deadline.unwrap_or_else(|| tokio::time::Instant::now() + super::replicas::CONFIRM_LIMIT);
+    let until = deadline
+        .unwrap_or_else(|| tokio::time::Instant::now() + crate::replica::members::CONFIRM_LIMIT);
     // A leader whose fence closed while it waited (paused past its renew
     // deadline: another may lead by now) confirms nothing.
     s.replicas.confirmed(version, until).await && (s.forward.leader)() == super::forward::Leader::Me

@@ -16,10 +16,10 @@ use super::grant::{
     confirmed, lease_response, lease_terms, own_lease, proxy_unavailable, readmit, transact,
     unconfirmed, unknown_lease,
 };
-use super::internal::REQUEST_KEY_HEADER;
 use super::model::*;
 use super::request::{caller, check_len, outcome_of, parse_body, ttl_error};
 use super::state::ApiState;
+use crate::replica::internal::REQUEST_KEY_HEADER;
 
 /// Liveness of the API.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The API serves", body = String)), security(()))]

@@ -27,12 +27,12 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::error::ApiError;
 use super::forward::{route, Deadline, Route};
-use super::internal::{
+use super::state::{ApiState, Client, ANONYMOUS};
+use crate::lease::LeaseKey;
+use crate::replica::internal::{
     header_text, verify_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER,
     FORWARD_HEADER, REQUEST_KEY_HEADER,
 };
-use super::state::{ApiState, Client, ANONYMOUS};
-use crate::lease::LeaseKey;
 
 pub use super::request::BODY_LIMIT;
 
@@ -270,7 +270,7 @@ async fn seal_answer(key: Option<&LeaseKey>, ask: &str, resp: Response) -> Respo
         )
         .into_response();
     };
-    let seal = super::internal::seal_answer(key, ask, parts.status.as_u16(), &bytes);
+    let seal = crate::replica::internal::seal_answer(key, ask, parts.status.as_u16(), &bytes);
     if let Ok(v) = header::HeaderValue::from_str(&seal) {
         parts.headers.insert(ANSWER_HEADER, v);
     }

@@ -111,12 +111,12 @@ pub struct ApiState {
     /// Where lease calls go when this replica does not lead.
     pub(super) forward: Arc<Forwarder>,
     /// Forwarded acquires answered, by request key (`replay.rs`).
-    pub(super) replays: Arc<Mutex<super::replay::Replays>>,
+    pub(super) replays: Arc<Mutex<crate::replica::replay::Replays>>,
     /// Addresses whose signed calls proved them replicas: they may use
     /// the connections kept for forwards.
     pub(super) peers: crate::server::Trusted,
     /// The followers grants wait for (`replicas.rs`).
-    pub(super) replicas: Arc<super::replicas::Replicas>,
+    pub(super) replicas: Arc<crate::replica::members::Replicas>,
     /// Who replaces a proxy a crawler asks to (`replace.rs`); none: the
     /// API replaces nothing.
     pub(super) replacer: Option<Arc<dyn super::hooks::Replacer>>,
@@ -135,7 +135,7 @@ pub struct ApiState {
     /// The source's changes since the listing in force was built.
     pub(super) changes: Arc<Mutex<Changes>>,
     /// What this process's gateway has to tell the leader (`outbox.rs`).
-    pub(super) outbox: Arc<super::outbox::Outbox>,
+    pub(super) outbox: Arc<crate::replica::outbox::Outbox>,
 }
 
 impl ApiState {
@@ -182,7 +182,7 @@ impl ApiState {
             forward: Arc::new(Forwarder::alone()),
             replays: Arc::default(),
             peers: crate::server::Trusted::default(),
-            replicas: Arc::new(super::replicas::Replicas::new(l2, "local")),
+            replicas: Arc::new(crate::replica::members::Replicas::new(l2, "local")),
             replacer: None,
             replace_limits: Arc::default(),
             bench: None,
@@ -240,10 +240,10 @@ impl ApiState {
 
     /// The replicas of this store's table, this replica named as in
     /// `replicas` (its election identity).
-    pub fn with_replicas(mut self, replicas: Arc<super::replicas::Replicas>) -> Self {
+    pub fn with_replicas(mut self, replicas: Arc<crate::replica::members::Replicas>) -> Self {
         let r = replicas.clone();
         self.metrics.set_copy_age(move || {
-            use super::copy_age::CopyState;
+            use crate::replica::copy_age::CopyState;
             match r.copy().at(std::time::Instant::now()) {
                 CopyState::Leading => 0,
                 CopyState::None => -1,
@@ -414,7 +414,7 @@ impl ApiState {
     /// (`copy_age.rs`).
     pub fn leases_exclude(&self) -> bool {
         let copy = self.replicas.copy().at(std::time::Instant::now());
-        !super::copy_age::stale(copy)
+        !crate::replica::copy_age::stale(copy)
     }
 
     /// The listing entry of a lease's proxy, while it is eligible.

@@ -34,7 +34,7 @@ struct Api {
     /// What the server serves (shared with it).
     state: ApiState,
     leases: Arc<LeaseStore>,
-    replicas: Arc<super::replicas::Replicas>,
+    replicas: Arc<crate::replica::members::Replicas>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     metrics: Exposition,
@@ -127,7 +127,7 @@ impl Api {
             .collect();
         static REPLICAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = REPLICAS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let replicas = Arc::new(super::replicas::Replicas::new(
+        let replicas = Arc::new(crate::replica::members::Replicas::new(
             leases.clone(),
             &format!("replica-{n}"),
         ));

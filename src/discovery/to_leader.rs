@@ -22,9 +22,9 @@ use tracing::{debug, warn};
 use super::error::ApiError;
 use super::feed::{signed_call, Replica};
 use super::forward::Leader;
-use super::outbox::{Queued, Tell, MAX_WAITING};
 use super::state::{ApiState, Client};
 use crate::lease::ProxyKey;
+use crate::replica::outbox::{Queued, Tell, MAX_WAITING};
 
 /// The leader's route for cooldowns.
 pub const COOLDOWNS_PATH: &str = "/internal/v1/cooldowns";

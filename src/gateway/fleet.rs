@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::discovery::outbox::Tell;
 use crate::discovery::{ApiState, Filter, Listing, ProxyItem};
 use crate::lease::ProxyKey;
+use crate::replica::outbox::Tell;
 use crate::tenancy::ProbeDenylist;
 
 /// One upstream proxy as the gateway dials it.

@@ -215,7 +215,7 @@ impl LeaseStore {
 
     /// This replica now leads, and its warm copy of the previous leader's
     /// table holds every lease that leader confirmed (the replicas it
-    /// published as in sync, `discovery::replicas`): grants start at once,
+    /// published as in sync, `replica::members`): grants start at once,
     /// unless the copy brought that leader's own window.
     pub fn take_over_warm(&self) {
         let now = self.clock.now();

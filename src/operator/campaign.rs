@@ -105,7 +105,7 @@ impl Operator {
         &self,
         keys: Option<&super::runnables::Keys>,
     ) -> leader::ForTerm {
-        use crate::discovery::internal::{
+        use crate::replica::internal::{
             seal_url, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION,
         };
         let s = &self.settings;

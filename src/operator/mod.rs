@@ -10,10 +10,6 @@ mod campaign;
 pub(crate) use campaign::leader_identity;
 pub mod client;
 pub mod edge_budget;
-pub mod handover;
-mod horizon;
-mod key_reload;
-pub mod lease_key;
 pub mod metrics;
 mod readiness;
 pub mod reload;
@@ -40,6 +36,7 @@ use crate::provider::error::plain_message;
 use crate::provider::naming::derive_installation_id;
 use crate::provider::registry::{self, Registry};
 use crate::proxy_store;
+use crate::replica::{handover, horizon, key_reload, lease_key};
 use crate::{http, leader};
 use reload::{ProviderSet, Reloader};
 
@@ -199,7 +196,7 @@ impl Operator {
                 &self.client,
                 (&s.operator_namespace, gateway_only, s.leases.max_ttl),
                 &stop,
-                &self.metrics.discovery,
+                &|shared| self.metrics.discovery.lease_key(shared),
                 &ready,
             )
             .await

@@ -7,18 +7,17 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::discovery;
-use crate::discovery::replicas::Replicas;
+use crate::replica::members::Replicas;
 
 /// Keeps `/readyz` saying whether this replica's copy of the leader's
-/// lease table is stale (`discovery::copy_age`), once a second until
+/// lease table is stale (`replica::copy_age`), once a second until
 /// `stop`. A stale copy never makes the replica unready: it still serves.
 pub async fn tell_copy_age(
     replicas: Arc<Replicas>,
     ready: crate::http::Readiness,
     stop: impl Future<Output = ()>,
 ) {
-    use discovery::copy_age;
+    use crate::replica::copy_age;
     tokio::pin!(stop);
     let (mut said, mut warned) = (None, false);
     let started = std::time::Instant::now();

@@ -18,14 +18,14 @@ use super::settings::{HealthSettings, ProviderChecks, Settings};
 use crate::api::constants::DISCOVERY_URL_ANNOTATION;
 use crate::api::{Proxy, ProxyPhase};
 use crate::discovery;
-use crate::discovery::internal::{url_sealed, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION};
-use crate::discovery::replicas::Replicas;
 use crate::fleet::Fleet;
 use crate::health;
 use crate::leader::Observed;
 use crate::lease::{LeaseKey, LeaseStore};
 use crate::providerhealth::metrics::TargetSample;
 use crate::providerhealth::{self, writer::Writer, Monitor};
+use crate::replica::internal::{url_sealed, GATEWAY_URL_SEAL_ANNOTATION, URL_SEAL_ANNOTATION};
+use crate::replica::members::Replicas;
 
 /// `proxy_operator_proxies{phase,provider}`, counted from the shared Proxy
 /// cache at every scrape; the providers in force (`sets`, reloads
@@ -84,23 +84,13 @@ pub fn phase_counts(proxies: &[Arc<Proxy>], configured: &[String]) -> Vec<(Strin
     counts
 }
 
-/// The keys a process signs and checks replica calls with.
-#[derive(Clone)]
-pub struct Keys {
-    /// Signs this process's calls to the leader and checks the leader's
-    /// URL seal: the lease key on a manager (which also signs lease ids
-    /// with it), the gateway key on a gateway.
-    pub own: LeaseKey,
-    /// A manager's: the gateway key, to take the gateway processes' calls
-    /// and seal its URL for them; none on a gateway.
-    pub gateway: Option<LeaseKey>,
-}
+pub use crate::replica::lease_key::Keys;
 
 /// The discovery and lease API (every replica) with its lease sweeper and,
 /// with `--discovery-tokens-secret`, the watch that keeps its tokens; lease
 /// calls are served here only while `leader` says this replica leads, and
 /// forwarded to the leader otherwise. Leases are signed with `key`. Returns
-/// the lease store, its replicas (`discovery::replicas`), and a token
+/// the lease store, its replicas (`replica::members`), and a token
 /// cancelled once the API stopped serving.
 pub fn spawn_discovery(
     tasks: &mut JoinSet<()>,
@@ -514,7 +504,7 @@ mod tests {
         }
     }
     use crate::api::{ProxySpec, ProxyStatus};
-    use crate::discovery::internal::seal_url;
+    use crate::replica::internal::seal_url;
 
     fn key(b: u8) -> LeaseKey {
         LeaseKey::from_bytes(&[b; crate::lease::signed::KEY_LEN]).unwrap()

@@ -498,7 +498,7 @@ fn the_manager_gets_least_privilege_rbac() {
         ["create", "get", "update"]
     );
     assert_eq!(grants(rules, "", "secrets"), ["create", "get", "update"]);
-    let state: Vec<String> = (0..egress_proxies_operator::operator::handover::MAX_CHUNKS)
+    let state: Vec<String> = (0..egress_proxies_operator::replica::handover::MAX_CHUNKS)
         .map(|i| format!("egress-proxies-operator-lease-state-{i}"))
         .collect();
     for r in rules {
@@ -995,7 +995,7 @@ fn the_gateway_gets_least_privilege_rbac() {
     assert_eq!(namespaced.len(), 1, "{namespaced:?}");
     let (ns, rules) = &namespaced[0];
     assert_eq!(ns, NS);
-    let gateway_key = egress_proxies_operator::operator::lease_key::GATEWAY_SECRET_NAME;
+    let gateway_key = egress_proxies_operator::replica::lease_key::GATEWAY_SECRET_NAME;
     let election = egress_proxies_operator::api::constants::LEADER_ELECTION_ID;
     assert_eq!(
         granted(rules),
@@ -1206,8 +1206,8 @@ async fn the_gateway_runs_on_its_deployment_under_exactly_its_rbac() {
         list.path().to_str().unwrap(),
     ]);
     assert_eq!(dry.matches("(server dry run)").count(), rest.len(), "{dry}");
-    let lease_key = egress_proxies_operator::operator::lease_key::SECRET_NAME;
-    let gateway_key = egress_proxies_operator::operator::lease_key::GATEWAY_SECRET_NAME;
+    let lease_key = egress_proxies_operator::replica::lease_key::SECRET_NAME;
+    let gateway_key = egress_proxies_operator::replica::lease_key::GATEWAY_SECRET_NAME;
     // Absent, as at a first install, so the gateway's create is exercised.
     c.kubectl_ok(&[
         "-n",

@@ -19,12 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
-use egress_proxies_operator::discovery::internal::{
-    seal_answer, seal_url, ANSWER_HEADER, URL_SEAL_ANNOTATION,
-};
 use egress_proxies_operator::discovery::HOLD_ENV;
 use egress_proxies_operator::lease::signed::slot_of;
 use egress_proxies_operator::lease::LeaseKey;
+use egress_proxies_operator::replica::internal::{
+    seal_answer, seal_url, ANSWER_HEADER, URL_SEAL_ANNOTATION,
+};
 
 use crate::support::leader::{self, campaigning, holder, LEASE, TOKEN};
 use crate::support::{self, api_call, eventually, squid, Ground};

@@ -3,6 +3,7 @@
 //! replica tells the leader.
 
 use super::*;
+use crate::replica::internal;
 
 #[test]
 fn forward_decision() {
@@ -708,7 +709,7 @@ async fn a_grant_is_answered_only_once_the_in_sync_follower_holds_it() {
     let started = std::time::Instant::now();
     let (s, v) = leader.json("POST", "/v1/leases", json!({})).await;
     assert_eq!((s, code(&v)), (503, "leader_unavailable"), "{v}");
-    assert!(started.elapsed() >= super::replicas::CONFIRM_LIMIT);
+    assert!(started.elapsed() >= crate::replica::members::CONFIRM_LIMIT);
     assert_eq!(leader.leases.active(), before, "nothing granted");
     // Once a write leaves the follower out, grants go on without it.
     let r = leader.replicas.clone();
@@ -734,7 +735,7 @@ async fn leader_and_follower() -> (Api, Api) {
 
 #[tokio::test]
 async fn a_flood_of_gateway_cooldowns_waits_bounded_and_reaches_the_leader_one_call_at_a_time() {
-    use super::outbox::{Tell, MAX_WAITING};
+    use crate::replica::outbox::{Tell, MAX_WAITING};
     // A leader that takes connections and never answers.
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());

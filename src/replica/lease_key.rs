@@ -68,6 +68,22 @@ pub const GATEWAY_KEY: Which = Which {
     detail: "the gateway key is a key of this process only (its Secret is forbidden or absent): the leader refuses this gateway's calls",
 };
 
+/// The keys a process signs and checks replica calls with.
+#[derive(Clone)]
+pub struct Keys {
+    /// Signs this process's calls to the leader and checks the leader's
+    /// URL seal: the lease key on a manager (which also signs lease ids
+    /// with it), the gateway key on a gateway.
+    pub own: LeaseKey,
+    /// A manager's: the gateway key, to take the gateway processes' calls
+    /// and seal its URL for them; none on a gateway.
+    pub gateway: Option<LeaseKey>,
+}
+
+/// Told whether the key is the shared one (the metric
+/// `proxy_operator_lease_key_shared`).
+pub type SharedGauge<'a> = dyn Fn(bool) + Sync + 'a;
+
 /// Why the key could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -227,18 +243,18 @@ const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// (signing with a key of this process only would strand its leases at
 /// the next restart or leader change), until `stop` fires (`Ok(None)`).
 /// Only when the Secret is forbidden or its namespace absent, a key of
-/// this process: said in the log and, given them, on `/readyz` and as
-/// `proxy_operator_lease_key_shared 0`. `(key, shared)`.
+/// this process: said in the log and, given them, on `/readyz` and to
+/// `told` (`proxy_operator_lease_key_shared`). `(key, shared)`.
 pub async fn shared_or_own(
     client: &Client,
     (namespace, which, grace): (&str, Which, Duration),
     stop: &tokio_util::sync::CancellationToken,
-    metrics: Option<&crate::discovery::metrics::DiscoveryMetrics>,
+    told: Option<&SharedGauge<'_>>,
     ready: Option<&crate::http::Readiness>,
 ) -> Result<Option<(LeaseKey, bool)>, KeyError> {
     let shared = |yes: bool| {
-        if let Some(m) = metrics {
-            m.lease_key(yes);
+        if let Some(tell) = told {
+            tell(yes);
         }
     };
     let mut wait = std::time::Duration::from_secs(1);
@@ -272,7 +288,7 @@ pub async fn shared_or_own(
     }
 }
 
-/// The keys of this process (see [`super::runnables::Keys`]): a gateway
+/// The keys of this process (see [`Keys`]): a gateway
 /// signs with the gateway key alone; a manager with the lease key, and
 /// takes gateway calls with the gateway key. `shared`: whether its own
 /// key is the one its Secret holds. `Ok(None)`: stopped meanwhile.
@@ -280,9 +296,9 @@ pub async fn keys_for(
     client: &Client,
     (namespace, gateway_only, grace): (&str, bool, Duration),
     stop: &tokio_util::sync::CancellationToken,
-    metrics: &crate::discovery::metrics::DiscoveryMetrics,
+    told: &SharedGauge<'_>,
     ready: &crate::http::Readiness,
-) -> Result<Option<(super::runnables::Keys, bool)>, KeyError> {
+) -> Result<Option<(Keys, bool)>, KeyError> {
     let own = match gateway_only {
         true => (GATEWAY_KEY, GATEWAY_GRACE),
         false => (LEASE_KEY, grace),
@@ -291,7 +307,7 @@ pub async fn keys_for(
         client,
         (namespace, own.0, own.1),
         stop,
-        Some(metrics),
+        Some(told),
         Some(ready),
     )
     .await?
@@ -315,7 +331,7 @@ pub async fn keys_for(
             None => return Ok(None),
         },
     };
-    let keys = super::runnables::Keys { own: key, gateway };
+    let keys = Keys { own: key, gateway };
     Ok(Some((keys, shared)))
 }
 

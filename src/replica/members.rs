@@ -34,7 +34,7 @@ pub const SYNCED_SEAL_ANNOTATION: &str = "crawl.example.com/lease-synced-replica
 pub const CONFIRM_WAIT: Duration = Duration::from_millis(500);
 
 /// A follower that has asked nothing for this long is dropped at the
-/// leader's next write (a long poll asks at least every [`super::feed::FEED_HOLD`]).
+/// leader's next write (a long poll of the table asks at least every second).
 pub const STALE: Duration = Duration::from_secs(3);
 
 /// How long a dropped follower is not waited for again, however it asks:
@@ -350,5 +350,5 @@ impl Replicas {
 }
 
 #[cfg(test)]
-#[path = "replicas_tests.rs"]
+#[path = "members_tests.rs"]
 mod tests;

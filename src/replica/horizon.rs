@@ -12,9 +12,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use tracing::{info, warn};
 
 use super::handover::{HandOver, Pointer, HANDOVER_ANNOTATION};
-use crate::discovery::replicas::{in_sync, Replicas};
 use crate::leader::Publisher;
 use crate::lease::{LeaseKey, LeaseStore, Snapshot, HORIZON_ANNOTATION};
+use crate::replica::members::{in_sync, Replicas};
 
 /// How long waiting for the discovery API to stop may take at shutdown.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);

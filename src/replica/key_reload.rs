@@ -35,7 +35,7 @@ pub struct Reload {
 
 /// What a process keeps fresh: its own key, and a manager's gateway key
 /// (only managers fold, as only they may update the Secrets).
-pub fn reloads(keys: &super::runnables::Keys, gateway_only: bool, grace: Duration) -> Vec<Reload> {
+pub fn reloads(keys: &super::lease_key::Keys, gateway_only: bool, grace: Duration) -> Vec<Reload> {
     let own = match gateway_only {
         true => (
             super::lease_key::GATEWAY_KEY,

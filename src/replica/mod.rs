@@ -1,0 +1,18 @@
+//! The replicated lease table's protocol between processes, below the
+//! discovery API and the gateway (docs/architecture.md, "Replicas trust
+//! only each other" and "In-sync followers"): the shared keys and their
+//! rotation, the seals every call between replicas carries, who is in
+//! sync with the leader and how old a copy is, the leader's memory of
+//! request keys, the bounded queue of a gateway's messages to the leader,
+//! the planned hand-over of the table and the horizon a next leader
+//! waits for. Nothing here names the discovery API's routes or state.
+
+pub mod copy_age;
+pub mod handover;
+pub mod horizon;
+pub mod internal;
+pub mod key_reload;
+pub mod lease_key;
+pub mod members;
+pub mod outbox;
+pub mod replay;
