@@ -255,3 +255,47 @@ fn what_a_delta_says_the_leader_holds_no_more_goes_from_the_copy() {
         "{left:?}"
     );
 }
+
+/// Review of issue 52: a member far behind is answered in chunks, the
+/// lock let go between them; what changes meanwhile is in the answer or
+/// the next one, and the copy ends equal to the leader's table.
+#[test]
+fn a_long_walk_lets_the_lock_go_between_chunks_and_misses_nothing() {
+    let clock = FakeClock::at(Utc.with_ymd_and_hms(2026, 12, 7, 9, 0, 0).unwrap());
+    let (leader, follower, v) = pair(&clock);
+    let proxies: Vec<ProxyKey> = (0..500).map(|i| k(&format!("p{i}"))).collect();
+    let mut ids = Vec::new();
+    for i in 0..400 {
+        let r = req("team-x", Some(&format!("s{}", i % 30)), None, 60);
+        ids.push(leader.acquire(&proxies, &r).unwrap().id);
+        if i % 3 == 2 {
+            assert!(leader.release(&ids[i - 1]));
+        }
+    }
+    let behind = leader.version() - v;
+    let mut pauses = 0;
+    let (next, delta) = leader
+        .export_since_in(v, 64, || {
+            // A grant, a release and a sticky move while no lock is held.
+            pauses += 1;
+            let r = req("team-y", Some("s1"), None, 30);
+            let id = leader.acquire(&proxies, &r).unwrap().id;
+            if pauses % 2 == 0 {
+                assert!(leader.release(&id));
+            }
+        })
+        .unwrap();
+    assert!(
+        pauses >= behind as usize / 64 - 1,
+        "{pauses} pauses for {behind} entries"
+    );
+    assert!(follower.patch(&delta, follower.term(), "f1").unwrap());
+    let (_, rest) = leader.export_since(next).unwrap();
+    assert!(follower.patch(&rest, follower.term(), "f1").unwrap());
+    assert_eq!(canon(&follower.export()), canon(&leader.export()));
+    // The same walk in one lock answers the same table.
+    let one = store(&clock);
+    let (_, whole) = leader.export_versioned();
+    assert!(one.replace(&whole, one.term(), "f1").unwrap());
+    assert_eq!(canon(&one.export()), canon(&follower.export()));
+}
