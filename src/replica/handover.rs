@@ -6,12 +6,10 @@
 //! write that takes the Lease and grants at once. A missing, altered or
 //! unreadable hand-over falls back to the recovery window.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use kube::Client;
 
 use crate::lease::signed::{seal, sealed};
@@ -210,19 +208,8 @@ fn api_error(name: &str, e: &kube::Error) -> HandOverError {
 
 /// Creates or replaces the Secret `name` holding `chunk`.
 async fn put(api: &Api<Secret>, name: &str, chunk: &[u8]) -> Result<(), HandOverError> {
-    let data = BTreeMap::from([(DATA_KEY.to_string(), ByteString(chunk.to_vec()))]);
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/name".to_string(),
-                "egress-proxies-operator".to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(data.clone()),
-        ..Default::default()
-    };
+    let secret = super::own_secret(name, DATA_KEY, chunk.to_vec());
+    let data = secret.data.clone().unwrap_or_default();
     let pp = PostParams::default();
     match api.create(&pp, &secret).await {
         Ok(_) => Ok(()),

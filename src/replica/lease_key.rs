@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use kube::Client;
 use tracing::info;
 
@@ -207,21 +207,7 @@ pub async fn load_or_create(
     if let Some(s) = api.get_opt(name).await.map_err(api_err)? {
         return key_of(&s, grace).map_err(bad);
     }
-    let fresh = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/name".to_string(),
-                "egress-proxies-operator".to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            DATA_KEY.to_string(),
-            ByteString(random_bytes::<KEY_LEN>().to_vec()),
-        )])),
-        ..Default::default()
-    };
+    let fresh = super::own_secret(name, DATA_KEY, random_bytes::<KEY_LEN>().to_vec());
     match api.create(&PostParams::default(), &fresh).await {
         Ok(s) => {
             info!(namespace, secret = name, "Created {}", which.what);

@@ -16,3 +16,26 @@ pub mod lease_key;
 pub mod members;
 pub mod outbox;
 pub mod replay;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::ObjectMeta;
+
+/// A Secret of the operator's own (keys, hand-over chunks): `name`,
+/// labelled as the operator's, holding `bytes` under `data_key`.
+pub(crate) fn own_secret(name: &str, data_key: &str, bytes: Vec<u8>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/name".to_string(),
+                "egress-proxies-operator".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(data_key.to_string(), ByteString(bytes))])),
+        ..Default::default()
+    }
+}

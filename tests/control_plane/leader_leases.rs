@@ -221,10 +221,7 @@ async fn fifty_crawlers_on_three_replicas_never_exceed_capacity_across_leader_ki
     while crawling.elapsed() < Duration::from_secs(CRAWL_SECS) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    shared.stop();
-    for l in loops {
-        l.await.unwrap();
-    }
+    shared.finish(loops).await;
     let l = shared.ledger.lock().unwrap();
     let (worst, on) = l.worst();
     println!(

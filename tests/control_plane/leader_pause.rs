@@ -237,10 +237,7 @@ async fn a_leader_paused_past_its_lease_grants_and_renews_nothing_when_it_resume
     stop.store(true, Ordering::Relaxed);
     let most = filling.await.unwrap();
     shared.release(api_b, &p).await;
-    shared.stop();
-    for l in loops {
-        l.await.unwrap();
-    }
+    shared.finish(loops).await;
     let l = shared.ledger.lock().unwrap();
     let (worst, on) = l.worst();
     println!(

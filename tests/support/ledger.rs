@@ -210,9 +210,13 @@ impl Shared {
             .collect()
     }
 
-    /// Tells the crawlers to stop after their current round.
-    pub fn stop(&self) {
+    /// Stops the crawlers `loops` after their current round, and waits
+    /// for each.
+    pub async fn finish(&self, loops: Vec<tokio::task::JoinHandle<()>>) {
         self.done.store(true, Ordering::Relaxed);
+        for l in loops {
+            l.await.unwrap();
+        }
     }
 
     fn running(&self) -> bool {
