@@ -20,9 +20,9 @@ use tracing::{debug, info};
 
 use super::error::ApiError;
 use super::feed::{ask_leader, Replica};
-use super::forward::Leader;
 use super::state::ApiState;
 use crate::credentials::cache::Entry;
+use crate::replica::forward::Leader;
 
 /// The route.
 pub const CREDENTIALS_PATH: &str = "/internal/v1/upstream-credentials";

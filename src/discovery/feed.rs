@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 
 use super::error::ApiError;
-use super::forward::Leader;
 use super::state::ApiState;
 use crate::lease::Snapshot;
+use crate::replica::forward::Leader;
 use crate::replica::internal::{
     answer_checks, header_text, sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER,
 };

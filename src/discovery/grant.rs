@@ -12,11 +12,11 @@ use axum::{Extension, Json};
 
 use super::client::Client;
 use super::error::{ApiError, ApiResult};
-use super::forward::Deadline;
 use super::model::*;
 use super::request::{caller, check_len, parse_body, ttl_error};
 use super::state::ApiState;
 use crate::lease::{AcquireRequest, Admission, Lease, ProxyKey, Refusal};
+use crate::replica::forward::Deadline;
 
 /// The lease transaction of an acquire: a replay of a forwarded call
 /// answered with the lease it got before; the store's choice among the
@@ -114,7 +114,8 @@ pub(super) async fn confirmed(s: &ApiState, deadline: Option<tokio::time::Instan
         .unwrap_or_else(|| tokio::time::Instant::now() + crate::replica::members::CONFIRM_LIMIT);
     // A leader whose fence closed while it waited (paused past its renew
     // deadline: another may lead by now) confirms nothing.
-    s.replicas.confirmed(version, until).await && (s.forward.leader)() == super::forward::Leader::Me
+    s.replicas.confirmed(version, until).await
+        && (s.forward.leader)() == crate::replica::forward::Leader::Me
 }
 
 pub(super) fn unconfirmed(message: &str) -> ApiError {

@@ -11,7 +11,6 @@ use axum::{Extension, Json};
 
 use super::client::Client;
 use super::error::{ApiError, ApiResult};
-use super::forward::Deadline;
 use super::grant::{
     confirmed, lease_response, lease_terms, own_lease, proxy_unavailable, readmit, transact,
     unconfirmed, unknown_lease,
@@ -19,6 +18,7 @@ use super::grant::{
 use super::model::*;
 use super::request::{caller, check_len, outcome_of, parse_body, ttl_error};
 use super::state::ApiState;
+use crate::replica::forward::Deadline;
 use crate::replica::internal::REQUEST_KEY_HEADER;
 
 /// Liveness of the API.

@@ -26,9 +26,9 @@ use sha2::Digest as _;
 use tracing::{debug, info, warn, Instrument};
 
 use super::error::ApiError;
-use super::forward::{route, Deadline, Route};
 use super::state::{ApiState, Client, ANONYMOUS};
 use crate::lease::LeaseKey;
+use crate::replica::forward::{route, Deadline, Forwarder, Route, Unavailable};
 use crate::replica::internal::{
     header_text, verify_forward, Forward, ANSWER_HEADER, CLIENT_HEADER, DEADLINE_HEADER,
     FORWARD_HEADER, REQUEST_KEY_HEADER,
@@ -290,6 +290,17 @@ async fn with_client(mut req: Request, client: Client, next: Next) -> Response {
     resp
 }
 
+/// 503 `leader_unavailable`, saying why and when to ask again.
+fn leader_unavailable(f: &Forwarder, why: Unavailable) -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "leader_unavailable",
+        why.message(),
+    )
+    .retry_after(f.retry_after().max(std::time::Duration::from_secs(1)))
+    .into_response()
+}
+
 fn bearer(h: &HeaderMap) -> Option<&str> {
     let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.split_once(' ')?;
@@ -356,7 +367,7 @@ pub(super) async fn forward(State(s): State<ApiState>, mut req: Request, next: N
         }
         Err(why) => {
             s.metrics.forwarded(why.as_str());
-            f.unavailable(why)
+            leader_unavailable(f, why)
         }
     }
 }

@@ -24,7 +24,6 @@ mod client;
 pub mod credentials_feed;
 mod error;
 pub mod feed;
-mod forward;
 mod freshness;
 mod grant;
 mod handlers;
@@ -46,8 +45,10 @@ mod state;
 mod to_leader;
 pub(crate) mod tokens;
 
+pub use crate::replica::forward::{
+    route, Forwarder, Leader, Route, Unavailable, FORWARD_TIMEOUT, HOLD_ENV,
+};
 pub use error::ApiError;
-pub use forward::{route, Forwarder, Leader, Route, Unavailable, FORWARD_TIMEOUT, HOLD_ENV};
 pub use hooks::{GatewaySessions, Replacer, REPLACES_PER_WINDOW, REPLACE_WINDOW};
 pub use listing::ListingData;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};

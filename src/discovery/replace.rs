@@ -15,13 +15,13 @@ use axum::response::Response;
 use axum::Extension;
 
 use super::error::{ApiError, ApiResult};
-use super::forward::Deadline;
 use super::grant::{granted, lease_terms, own_lease, readmit, requester};
 use super::hooks::{REPLACES_PER_WINDOW, REPLACE_WINDOW};
 use super::model::{AcquireBody, ErrorBody, LeaseResponse};
 use super::pools::plain as refused;
 use super::state::{ApiState, Client};
 use crate::lease::{Candidates, ProxyKey};
+use crate::replica::forward::Deadline;
 
 /// When a replace refused for an open circuit breaker is worth asking again.
 pub const CIRCUIT_RETRY: Duration = Duration::from_secs(30);

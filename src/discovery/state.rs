@@ -9,7 +9,6 @@ use std::time::Instant;
 use kube::runtime::reflector::Store;
 use tokio::sync::broadcast;
 
-use super::forward::Forwarder;
 use super::metrics::DiscoveryMetrics;
 use super::model::{Filter, ProxyItem};
 use super::tokens::TokenSet;
@@ -17,6 +16,7 @@ use crate::api::Proxy;
 use crate::credentials::CredentialsCache;
 use crate::lease::{Lease, LeaseStore};
 use crate::proxy_store::Touch;
+use crate::replica::forward::Forwarder;
 use crate::tenancy::ExternalNamespaces;
 
 use super::freshness::{due, fresh, Stamp};
@@ -322,7 +322,7 @@ impl ApiState {
         // check on its connections' path.
         !self.observer
             && self.leases.eligible_generation() != Some(items.generation())
-            && (self.forward.leader)() == super::forward::Leader::Me
+            && (self.forward.leader)() == crate::replica::forward::Leader::Me
     }
 
     /// Whether a refresher keeps the listing (tests).

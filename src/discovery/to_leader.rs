@@ -21,9 +21,9 @@ use tracing::{debug, warn};
 
 use super::error::ApiError;
 use super::feed::{signed_call, Replica};
-use super::forward::Leader;
 use super::state::{ApiState, Client};
 use crate::lease::ProxyKey;
+use crate::replica::forward::Leader;
 use crate::replica::outbox::{Queued, Tell, MAX_WAITING};
 
 /// The leader's route for cooldowns.

@@ -10,19 +10,18 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use tracing::warn;
 
-use super::error::ApiError;
-use crate::lease::LeaseKey;
-use crate::provider::error::plain_message;
-use crate::replica::internal::{
+use super::internal::{
     answer_checks, sign_forward, Forward, CLIENT_HEADER, DEADLINE_HEADER, FORWARD_HEADER,
     REQUEST_KEY_HEADER,
 };
+use crate::lease::LeaseKey;
+use crate::provider::error::plain_message;
 
 /// What the follower keeps of its wait for the leader to use itself: the
 /// leader's deadline ends this much before the follower gives up, so a
@@ -108,7 +107,8 @@ impl Unavailable {
         }
     }
 
-    fn message(self) -> &'static str {
+    /// What a 503 tells the caller, in plain words.
+    pub fn message(self) -> &'static str {
         match self {
             Unavailable::NoLeader => {
                 "no operator replica leads right now (a leader election is under way); retry after Retry-After seconds"
@@ -150,18 +150,18 @@ pub fn route(leader: &Leader, forwarded: bool) -> Route {
 /// The follower's side: where the leader is, one pooled HTTP client, and
 /// the waits.
 pub struct Forwarder {
-    pub(super) leader: Arc<dyn Fn() -> Leader + Send + Sync>,
-    pub(super) client: HttpClient<HttpConnector, Body>,
+    pub(crate) leader: Arc<dyn Fn() -> Leader + Send + Sync>,
+    pub(crate) client: HttpClient<HttpConnector, Body>,
     timeout: Duration,
     retry_after: Duration,
     /// Signs forwards and checks those that arrive; `None`: none are sent
     /// signed or taken (a replica without an election).
-    pub(super) key: Option<LeaseKey>,
+    pub(crate) key: Option<LeaseKey>,
     /// A manager's: checks the calls gateway processes sign with the
     /// gateway key (replica calls, never a full replica's).
-    pub(super) gateway_key: Option<LeaseKey>,
+    pub(crate) gateway_key: Option<LeaseKey>,
     /// The test hook's hold ([`HOLD_ENV`]).
-    pub(super) hold: Option<Duration>,
+    pub(crate) hold: Option<Duration>,
 }
 
 impl Forwarder {
@@ -215,14 +215,9 @@ impl Forwarder {
         Self::new(Arc::new(|| Leader::Me), FORWARD_TIMEOUT, Duration::ZERO)
     }
 
-    pub(super) fn unavailable(&self, why: Unavailable) -> Response {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "leader_unavailable",
-            why.message(),
-        )
-        .retry_after(self.retry_after.max(Duration::from_secs(1)))
-        .into_response()
+    /// How long a 503 tells the caller to wait.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
     }
 
     /// Relays `req` of `client` to the leader at `base` and its answer
@@ -230,7 +225,7 @@ impl Forwarder {
     /// call whose answer is lost in transit is sent once more with the
     /// same request key (the leader answers it with the same lease), while
     /// the leader's deadline still ends before this replica gives up.
-    pub(super) async fn relay(
+    pub(crate) async fn relay(
         &self,
         base: &str,
         parts: axum::http::request::Parts,
@@ -342,7 +337,7 @@ fn header_values<'a>(
 /// When a forwarded call must be answered by: its arrival plus the budget
 /// the follower gave.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Deadline(pub(super) tokio::time::Instant);
+pub(crate) struct Deadline(pub(crate) tokio::time::Instant);
 
 /// `from`'s values of `names`, copied into `to`.
 fn copy(from: &HeaderMap, to: &mut HeaderMap, names: &[HeaderName]) {
