@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{header, Request, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::{Deserialize, Serialize};
@@ -21,48 +21,17 @@ use tracing::{debug, info};
 
 use super::error::ApiError;
 use super::state::ApiState;
-use crate::lease::Snapshot;
+pub(super) use crate::replica::feed::signed_call;
+use crate::replica::feed::{ask_path, follows, Held};
+pub use crate::replica::feed::{Fed, Replica, FEED_HOLD, FEED_LIMIT, FEED_PATH};
 use crate::replica::forward::Leader;
-use crate::replica::internal::{
-    answer_checks, header_text, sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER,
-};
-
-/// The route.
-pub const FEED_PATH: &str = "/internal/v1/lease-state";
-
-/// How long the leader holds an ask when nothing changed.
-pub const FEED_HOLD: Duration = Duration::from_secs(1);
+use crate::replica::internal::{answer_checks, header_text, FORWARD_HEADER};
 
 /// How long a follower waits after a failed ask.
 const FEED_RETRY: Duration = Duration::from_millis(500);
 
 /// The client name a follower's feed calls are signed for.
 const FEED_CLIENT: &str = "replica";
-
-/// A call signed by another replica (set by the auth middleware): a
-/// manager's, with the lease key, or a gateway process's, with the
-/// gateway key.
-#[derive(Debug, Clone, Copy)]
-pub struct Replica {
-    /// Signed with the gateway key: never counted among the followers
-    /// grants wait for.
-    pub gateway: bool,
-}
-
-/// The leader's answer.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Fed {
-    /// The leader's store version the state is at least as new as.
-    pub version: u64,
-    /// The leader's feed (its process and term): versions count in it.
-    pub feed: String,
-    /// The whole table, or with `after` only what changed since.
-    pub state: Snapshot,
-    /// Set when `state` is a delta: the version it follows, which is the
-    /// one the ask named (`LeaseStore::export_since`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<u64>,
-}
 
 /// A follower's ask: `?replica=ID&feed=F&after=N` (the follower, and the
 /// copy it holds).
@@ -136,14 +105,6 @@ pub(super) fn json_answer(value: &impl Serialize) -> Response {
         Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             .into_response(),
     }
-}
-
-/// The copy a follower holds: from which leader and feed, at which version.
-#[derive(Debug, Default)]
-struct Held {
-    leader: String,
-    feed: Option<String>,
-    version: Option<u64>,
 }
 
 /// Keeps this replica's store a copy of the leader's table while another
@@ -231,27 +192,6 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) -> bool {
     }
 }
 
-/// Whether a delta of `feed` after version `after` follows the copy held.
-fn follows(held: &Held, feed: &str, after: u64) -> bool {
-    held.feed.as_deref() == Some(feed) && held.version == Some(after)
-}
-
-/// The ask for the copy `held`; an observer names no replica, so the
-/// leader never counts it among the followers grants wait for.
-fn ask_path(me: &str, observer: bool, held: &Held) -> String {
-    let mut query = Vec::new();
-    if !observer {
-        query.push(format!("replica={me}"));
-    }
-    if let (Some(feed), Some(v)) = (&held.feed, held.version) {
-        query.push(format!("feed={feed}&after={v}"));
-    }
-    match query.is_empty() {
-        true => FEED_PATH.to_string(),
-        false => format!("{FEED_PATH}?{}", query.join("&")),
-    }
-}
-
 /// One ask: `None` when the copy is current, else the table and the
 /// store's term when it was asked for.
 async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64)>, String> {
@@ -302,37 +242,6 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
         other => Err(format!("answered {other}")),
     }
 }
-
-/// A call from one replica to the leader at `base`, signed with the shared
-/// `key` for `client` (no request key or deadline: it grants nothing).
-pub(super) fn signed_call(
-    key: &crate::lease::LeaseKey,
-    (method, base, path): (&str, &str, &str),
-    client: &str,
-    body: Vec<u8>,
-) -> Result<Request<Body>, String> {
-    let f = Forward {
-        method,
-        path,
-        client,
-        request_key: "",
-        deadline_ms: "",
-        body: &body,
-    };
-    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
-    Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", base.trim_end_matches('/')))
-        .header(FORWARD_HEADER, signed)
-        .header(CLIENT_HEADER, client)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body))
-        .map_err(|e| e.to_string())
-}
-
-/// The largest table a follower takes: as much as the hand-over Secrets
-/// hold.
-pub(super) const FEED_LIMIT: usize = 8 * 1_000_000;
 
 /// A replica-only route's first check: anyone but a replica meets an
 /// unknown route, and only the leader answers.

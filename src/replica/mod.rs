@@ -8,6 +8,7 @@
 //! waits for. Nothing here names the discovery API's routes or state.
 
 pub mod copy_age;
+pub mod feed;
 pub mod forward;
 pub mod handover;
 pub mod horizon;

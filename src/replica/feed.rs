@@ -1,0 +1,106 @@
+//! The lease table's feed between replicas, its protocol half: the route,
+//! the ask naming the copy a follower holds, the leader's answer, and
+//! the signed call every replica-only ask is (docs/architecture.md,
+//! "Warm followers" and "The change log"). The route and the follower's
+//! loop that serve and ask through the discovery API's state are
+//! `discovery::feed`'s.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request};
+use serde::{Deserialize, Serialize};
+
+use super::internal::{sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER};
+use crate::lease::Snapshot;
+
+/// The route.
+pub const FEED_PATH: &str = "/internal/v1/lease-state";
+
+/// How long the leader holds an ask when nothing changed.
+pub const FEED_HOLD: Duration = Duration::from_secs(1);
+
+/// A call signed by another replica (set by the auth middleware): a
+/// manager's, with the lease key, or a gateway process's, with the
+/// gateway key.
+#[derive(Debug, Clone, Copy)]
+pub struct Replica {
+    /// Signed with the gateway key: never counted among the followers
+    /// grants wait for.
+    pub gateway: bool,
+}
+
+/// The leader's answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Fed {
+    /// The leader's store version the state is at least as new as.
+    pub version: u64,
+    /// The leader's feed (its process and term): versions count in it.
+    pub feed: String,
+    /// The whole table, or with `after` only what changed since.
+    pub state: Snapshot,
+    /// Set when `state` is a delta: the version it follows, which is the
+    /// one the ask named (`LeaseStore::export_since`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+}
+
+/// The copy a follower holds: from which leader and feed, at which version.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pub(crate) leader: String,
+    pub(crate) feed: Option<String>,
+    pub(crate) version: Option<u64>,
+}
+
+/// Whether a delta of `feed` after version `after` follows the copy held.
+pub(crate) fn follows(held: &Held, feed: &str, after: u64) -> bool {
+    held.feed.as_deref() == Some(feed) && held.version == Some(after)
+}
+
+/// The ask for the copy `held`; an observer names no replica, so the
+/// leader never counts it among the followers grants wait for.
+pub(crate) fn ask_path(me: &str, observer: bool, held: &Held) -> String {
+    let mut query = Vec::new();
+    if !observer {
+        query.push(format!("replica={me}"));
+    }
+    if let (Some(feed), Some(v)) = (&held.feed, held.version) {
+        query.push(format!("feed={feed}&after={v}"));
+    }
+    match query.is_empty() {
+        true => FEED_PATH.to_string(),
+        false => format!("{FEED_PATH}?{}", query.join("&")),
+    }
+}
+
+/// A call from one replica to the leader at `base`, signed with the shared
+/// `key` for `client` (no request key or deadline: it grants nothing).
+pub(crate) fn signed_call(
+    key: &crate::lease::LeaseKey,
+    (method, base, path): (&str, &str, &str),
+    client: &str,
+    body: Vec<u8>,
+) -> Result<Request<Body>, String> {
+    let f = Forward {
+        method,
+        path,
+        client,
+        request_key: "",
+        deadline_ms: "",
+        body: &body,
+    };
+    let signed = sign_forward(key, &f, chrono::Utc::now().timestamp_millis());
+    Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", base.trim_end_matches('/')))
+        .header(FORWARD_HEADER, signed)
+        .header(CLIENT_HEADER, client)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())
+}
+
+/// The largest table a follower takes: as much as the hand-over Secrets
+/// hold.
+pub const FEED_LIMIT: usize = 8 * 1_000_000;
