@@ -49,7 +49,11 @@ fn name_of(lease: &Value) -> String {
 }
 
 /// External Proxies `names` on the Squid at `port`, Ready.
-async fn ready_proxies(ground: &Ground, names: &[&str], port: u16) {
+/// External Proxies `names` on the Squid at `port`, Ready, and listed by
+/// the leader at `api`: the leader writes a status before its own watch
+/// brings it back, so an acquire made at Ready could still choose among
+/// fewer proxies than there are.
+async fn ready_proxies(ground: &Ground, names: &[&str], port: u16, api: SocketAddr) {
     let proxies = ground.proxies();
     for name in names {
         let p = support::proxy(
@@ -65,6 +69,17 @@ async fn ready_proxies(ground: &Ground, names: &[&str], port: u16) {
         }
         Some(())
     })
+    .await;
+    eventually(
+        "the leader to list them",
+        Duration::from_secs(30),
+        || async {
+            let (s, v) = api_call(api, "GET", "/v1/proxies", Some(TOKEN), vec![]).await;
+            let items = v["items"].as_array()?;
+            let listed = names.iter().all(|n| items.iter().any(|p| p["name"] == *n));
+            (s == 200 && listed).then_some(())
+        },
+    )
     .await;
 }
 
@@ -114,7 +129,7 @@ async fn a_replica_restarted_with_sigterm_keeps_leases_cooldowns_and_sticky_keys
         holder(&leases_api).await.filter(|h| h.starts_with("a_"))
     })
     .await;
-    ready_proxies(&ground, &["sq-1", "sq-2", "sq-3"], port).await;
+    ready_proxies(&ground, &["sq-1", "sq-2", "sq-3"], port, api).await;
 
     // Two leases under one sticky key (its proxy, X, holds two), one
     // lease reported failed (its proxy, Y, cools down), one released.
@@ -263,7 +278,7 @@ async fn after_a_kill_new_grants_wait_for_the_longest_granted_ttl_not_one_refuse
         holder(&leases_api).await.filter(|h| h.starts_with("k_"))
     })
     .await;
-    ready_proxies(&ground, &["sq-1"], port).await;
+    ready_proxies(&ground, &["sq-1"], port, api).await;
     let held = eventually("a grant", Duration::from_secs(30), || async {
         let (s, _, v) = post(api, "/v1/leases", json!({})).await;
         (s == 201).then_some(v)
