@@ -23,7 +23,7 @@ use super::error::ApiError;
 use super::state::ApiState;
 pub(super) use crate::replica::feed::signed_call;
 use crate::replica::feed::{ask_path, follows, Held};
-pub use crate::replica::feed::{Fed, Replica, FEED_HOLD, FEED_LIMIT, FEED_PATH};
+pub use crate::replica::feed::{Fed, Replica, FEED_HOLD, FEED_PATH};
 use crate::replica::forward::Leader;
 use crate::replica::internal::{answer_checks, header_text, FORWARD_HEADER};
 
@@ -95,7 +95,9 @@ pub(super) async fn lease_state(
     } else {
         "whole"
     });
-    json_answer(&fed)
+    let body = fed.encode();
+    drop(fed);
+    ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response()
 }
 
 /// `value` as a JSON answer to another replica.
@@ -197,8 +199,10 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) -> bool {
 async fn fetch(s: &ApiState, base: &str, held: &Held) -> Result<Option<(Fed, u64)>, String> {
     let term = s.leases.term();
     let path = ask_path(s.replicas.me(), s.observer, held);
-    let fed: Option<Fed> = ask_leader(s, base, &path, FEED_LIMIT).await?;
-    Ok(fed.map(|f| (f, term)))
+    let Some(bytes) = ask_leader_bytes(s, base, &path, s.leases.state_limit()).await? else {
+        return Ok(None);
+    };
+    Ok(Some((Fed::decode(&bytes)?, term)))
 }
 
 /// A signed `GET path` of the leader at `base`, held up to [`FEED_HOLD`]:
@@ -209,6 +213,21 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
     path: &str,
     limit: usize,
 ) -> Result<Option<T>, String> {
+    match ask_leader_bytes(s, base, path, limit).await? {
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
+    }
+}
+
+/// [`ask_leader`]'s answer as the bytes sent.
+pub(super) async fn ask_leader_bytes(
+    s: &ApiState,
+    base: &str,
+    path: &str,
+    limit: usize,
+) -> Result<Option<axum::body::Bytes>, String> {
     let key = s.forward.key.as_ref().ok_or("no shared key")?;
     let req = signed_call(key, ("GET", base, path), FEED_CLIENT, Vec::new())?;
     let ask = header_text(req.headers(), FORWARD_HEADER).to_string();
@@ -236,9 +255,7 @@ pub(super) async fn ask_leader<T: serde::de::DeserializeOwned>(
     }
     match status {
         StatusCode::NOT_MODIFIED => Ok(None),
-        StatusCode::OK => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        StatusCode::OK => Ok(Some(bytes)),
         other => Err(format!("answered {other}")),
     }
 }

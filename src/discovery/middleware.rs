@@ -277,9 +277,9 @@ async fn seal_answer(key: Option<&LeaseKey>, ask: &str, resp: Response) -> Respo
     Response::from_parts(parts, Body::from(bytes))
 }
 
-/// The largest answer sealed for a replica: a lease table as large as the
-/// follower takes, and room.
-const ANSWER_LIMIT: usize = 2 * super::feed::FEED_LIMIT;
+/// The largest answer sealed for a replica: a lease table as large as any
+/// follower takes.
+const ANSWER_LIMIT: usize = crate::lease::wire::CEILING;
 
 /// Runs `req` as `client`'s, and names the client on the answer for the
 /// request log line and span.

@@ -76,6 +76,7 @@ pub(super) fn plain(
         AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
         AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
         AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
+        AcquireError::TableFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "table_full"),
     };
     let wait = s.leases.retry_after_among(members, client, &e);
     ApiError::new(status, code, e.to_string()).retry_after(wait)

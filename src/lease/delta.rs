@@ -12,8 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::bounds::KeyDigest;
-use super::signed::slot_of;
-use super::snapshot::{cooldown_entries, encode_digest, lease_entry, ms_left, Ends, Plan, Table};
+use super::snapshot::{cooldown_entries, lease_entry, ms_left, Ends, Plan, Table};
 use super::state::{self, Nonce};
 use super::{LeaseStore, ProxyKey, Snapshot, SnapshotError, Touched, SNAPSHOT_VERSION};
 
@@ -109,15 +108,15 @@ impl LeaseStore {
             }
             let released = st.released.end_of(nonce);
             match released.and_then(|end| ms_left(now, state::at(end))) {
-                Some(left) => s.released.push((slot_of(nonce), left)),
-                None => s.ended.push(slot_of(nonce)),
+                Some(left) => s.released.push((*nonce, left)),
+                None => s.ended.push(*nonce),
             }
         }
         for d in &sticky {
             let live = st.sticky.live_digest(d, now);
             match live.and_then(|(p, until)| Some((p, ms_left(now, until)?))) {
-                Some((p, left)) => s.sticky.push((encode_digest(d), t.of(p), left)),
-                None => s.unstuck.push(encode_digest(d)),
+                Some((p, left)) => s.sticky.push((*d, t.of(p), left)),
+                None => s.unstuck.push(*d),
             }
         }
         for p in &cooling {
@@ -128,7 +127,7 @@ impl LeaseStore {
         }
         s.longest = st.recovery.longest_left(now);
         s.window = st.recovery.window_left(now);
-        s.proxies = t.list;
+        t.into(&mut s);
         Some((version, s))
     }
 

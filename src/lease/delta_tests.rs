@@ -20,33 +20,34 @@ fn req(client: &str, sticky: Option<&str>, site: Option<&str>, ttl: u64) -> Acqu
 fn canon(s: &Snapshot) -> Vec<String> {
     let p = |i: &u32| format!("{:?}", s.proxies[*i as usize]);
     let mut out: Vec<String> = Vec::new();
-    out.extend(s.leases.iter().map(|(slot, i, c, left, age, site)| {
-        format!("lease {slot} {} {c} {left} {age} {site:?}", p(i))
+    let c = |i: &u32| &s.clients[*i as usize];
+    out.extend(s.leases.iter().map(|(slot, i, who, left, age)| {
+        format!("lease {slot:?} {} {} {left} {age}", p(i), c(who))
     }));
     out.extend(
         s.released
             .iter()
-            .map(|(slot, l)| format!("released {slot} {l}")),
+            .map(|(slot, l)| format!("released {slot:?} {l}")),
     );
     out.extend(
         s.sticky
             .iter()
-            .map(|(d, i, l)| format!("sticky {d} {} {l}", p(i))),
+            .map(|(d, i, l)| format!("sticky {d:?} {} {l}", p(i))),
     );
     out.extend(
         s.global
             .iter()
-            .map(|(i, c, l)| format!("global {} {c} {l}", p(i))),
+            .map(|(i, who, l)| format!("global {} {} {l}", p(i), c(who))),
     );
     out.extend(
         s.sites
             .iter()
-            .map(|(i, d, l)| format!("site {} {d} {l}", p(i))),
+            .map(|(i, d, l)| format!("site {} {d:?} {l}", p(i))),
     );
     out.extend(
         s.site_reports
             .iter()
-            .map(|(i, d, c, l)| format!("report {} {d} {c} {l}", p(i))),
+            .map(|(i, d, who, l)| format!("report {} {d:?} {} {l}", p(i), c(who))),
     );
     out.push(format!("longest {:?} window {:?}", s.longest, s.window));
     out.sort();
@@ -233,7 +234,7 @@ fn what_a_delta_says_the_leader_holds_no_more_goes_from_the_copy() {
     let gone = Snapshot {
         v: SNAPSHOT_VERSION,
         proxies: held.proxies.clone(),
-        unstuck: held.sticky.iter().map(|(d, _, _)| d.clone()).collect(),
+        unstuck: held.sticky.iter().map(|(d, _, _)| *d).collect(),
         cooled: vec![u32::try_from(b).unwrap()],
         ..Default::default()
     };
@@ -241,7 +242,7 @@ fn what_a_delta_says_the_leader_holds_no_more_goes_from_the_copy() {
         .leases
         .iter()
         .find(|l| held.proxies[l.1 as usize].1 == "b")
-        .map(|l| l.0.clone())
+        .map(|l| l.0)
         .unwrap();
     let gone = Snapshot {
         ended: vec![slot],

@@ -111,7 +111,6 @@ impl LeaseStore {
             proxy: st.proxy(&c.proxy),
             granted_ms: ms(now),
             expires_ms: c.expires_ms,
-            site: None,
             client: st.clients.intern(&client),
         };
         st.hold(nonce, record);
@@ -122,7 +121,6 @@ impl LeaseStore {
             expires_at: c.expires_at(),
             proxy: c.proxy,
             granted_at: now,
-            site: None,
             client,
         })
     }

@@ -55,8 +55,6 @@ pub struct Lease {
     pub granted_at: DateTime<Utc>,
     /// When it ends unless renewed.
     pub expires_at: DateTime<Utc>,
-    /// The site the client said it would crawl, if any.
-    pub site: Option<String>,
     /// Who holds it: the name of the caller's token.
     pub client: Arc<str>,
 }
@@ -90,12 +88,18 @@ pub enum AcquireError {
         /// Until grants resume.
         wait: Duration,
     },
+    /// The store remembers [`MAX_LEASE_IDS`] live leases and released ids.
+    #[error("the lease table holds {max} live and released leases, the most it keeps; retry once some end")]
+    TableFull {
+        /// The cap.
+        max: usize,
+    },
 }
 
 mod gateway;
 use gateway::cool;
 mod released;
-pub use released::{CROWDED_TTL, MAX_RELEASED, MAX_RELEASED_PER_CLIENT};
+pub use released::{CROWDED_TTL, MAX_LEASE_IDS, MAX_RELEASED, MAX_RELEASED_PER_CLIENT};
 mod state;
 use state::State;
 mod delta;
@@ -103,7 +107,8 @@ mod log;
 use log::Touched;
 pub use log::MAX_LOG;
 mod snapshot;
-pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};
+pub use snapshot::{LeaseEntry, Snapshot, SnapshotError, SNAPSHOT_VERSION};
+pub mod wire;
 
 mod ids;
 pub use ids::random_id;
@@ -270,6 +275,9 @@ impl LeaseStore {
         // leases, so what it releases next is not remembered for long.
         let ttl = st.released.ttl_for(client_id, req.ttl);
         let expires_at = st.recovery.grant(now, ttl)?;
+        if st.leases.len() + st.released.len() >= MAX_LEASE_IDS {
+            return Err(AcquireError::TableFull { max: MAX_LEASE_IDS });
+        }
         if c.is_empty() {
             return Err(AcquireError::NoProxy);
         }
@@ -300,7 +308,6 @@ impl LeaseStore {
             proxy: chosen,
             granted_ms: state::ms(now),
             expires_ms: state::ms(expires_at),
-            site: req.site.as_deref().map(Box::from),
             client: client_id,
         };
         st.hold(nonce, record);

@@ -22,6 +22,13 @@ pub const MAX_RELEASED_PER_CLIENT: usize = 20_000;
 /// Released ids remembered in the store before every client's leases are
 /// shortened (14 MB at about 70 bytes each).
 pub const MAX_RELEASED: usize = 200_000;
+/// Live leases and released ids together the store remembers at most:
+/// past it no lease is granted (`503 table_full`) until one ends or a
+/// released id's end passes. A release turns a lease into a released id,
+/// so the sum never grows past it by a release, and nothing is forgotten
+/// early. With [`MAX_RELEASED`] and [`CROWDED_TTL`] below it, a fleet
+/// holding 100,000 leases and releasing 1,500 a second never meets it.
+pub const MAX_LEASE_IDS: usize = 400_000;
 /// The longest lease granted or renewed to a client past a cap.
 pub const CROWDED_TTL: Duration = Duration::from_secs(60);
 
@@ -86,6 +93,11 @@ impl Released {
     /// How many are remembered.
     pub(super) fn len(&self) -> usize {
         self.nonces.len()
+    }
+
+    /// The earliest end (ms) of one remembered.
+    pub(super) fn first_end(&self) -> Option<i64> {
+        self.by_end.keys().next().map(|s| s.saturating_mul(1000))
     }
 
     /// How many of `client`'s are remembered.

@@ -71,6 +71,11 @@ impl LeaseStore {
             AcquireError::NoCapacity { .. } => wait_until(now, st.soonest_end(c)),
             AcquireError::ClientLimit { .. } => wait_until(now, st.clients.first_end(client)),
             AcquireError::Recovering { wait } => *wait,
+            AcquireError::TableFull { .. } => {
+                let lease = st.ends.first().map(|(end, _)| *end);
+                let first = lease.into_iter().chain(st.released.first_end()).min();
+                wait_until(now, first.map(super::state::at))
+            }
         }
     }
 }

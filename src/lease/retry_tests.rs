@@ -18,7 +18,6 @@ fn lease(proxy: &str, client: &str, ends_ms: i64) -> Lease {
         },
         granted_at: t(0),
         expires_at: t(0) + chrono::TimeDelta::milliseconds(ends_ms),
-        site: None,
         client: Arc::from(client),
     }
 }

@@ -13,7 +13,7 @@
 //! does not know it), which only errs on the safe side. Sticky keys and
 //! sites are kept as the digests the store holds, never as sent.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,61 +23,58 @@ use serde::{Deserialize, Serialize};
 
 use super::bounds::{later, KeyDigest};
 use super::cooldowns::LiveCooldown;
-use super::signed::{nonce_of, slot_of};
 use super::state::{self, Nonce, Record, State};
 use super::{LeaseStore, ProxyKey, Touched};
 
-/// The format's version; an importer refuses any other.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// The format's version. An importer takes this one, and version 1 (the
+/// JSON of earlier releases, `wire::decode`) so that a hand-over written
+/// by the release before survives the rollout that replaces it.
+pub const SNAPSHOT_VERSION: u32 = 2;
 
-/// A lease store's state, times relative to the export. Serialized as
-/// compact JSON (tuples are arrays): about 80 bytes a lease.
+/// A lease store's state, times relative to the export. Nonces and
+/// digests are kept as the 16 bytes the store holds, proxies and clients
+/// by their index in the tables below; encoded with `wire::encode` a
+/// lease takes about 27 bytes (`wire::max_bytes` bounds the whole).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// [`SNAPSHOT_VERSION`].
     pub v: u32,
     /// Proxies named below by their index here: (namespace, name).
     pub proxies: Vec<(String, String)>,
-    /// Live leases: (slot, proxy, client, ms left, ms since granted, site).
+    /// Clients (token names) named below by their index here.
+    pub clients: Vec<String>,
+    /// Live leases: (nonce, proxy, client, ms left, ms since granted).
     pub leases: Vec<LeaseEntry>,
-    /// Released slots that could still be presented: (slot, ms left).
-    pub released: Vec<(String, u64)>,
+    /// Released nonces that could still be presented: (nonce, ms left).
+    pub released: Vec<(Nonce, u64)>,
     /// Sticky keys: (key digest, proxy, ms left).
-    pub sticky: Vec<(String, u32, u64)>,
+    pub sticky: Vec<(KeyDigest, u32, u64)>,
     /// Global cooldown reports: (proxy, client, ms left).
-    pub global: Vec<(u32, String, u64)>,
+    pub global: Vec<(u32, u32, u64)>,
     /// Site cooldowns withheld from every client (enough clients agreed):
     /// (proxy, site digest, ms left).
-    pub sites: Vec<(u32, String, u64)>,
+    pub sites: Vec<(u32, KeyDigest, u64)>,
     /// Clients' own site reports: (proxy, site digest, client, ms left).
-    /// Added within version 1: an importer that does not know the field
-    /// ignores it and still withholds the agreed sites (`sites`) from
-    /// everyone; one that knows it reads its absence as none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub site_reports: Vec<(u32, String, String, u64)>,
+    pub site_reports: Vec<(u32, KeyDigest, u32, u64)>,
     /// The longest TTL granted recently and ms left of its count, so the
     /// next leader's horizons still cover it.
     pub longest: Option<(u64, u64)>,
     /// Ms left of the exporter's own recovery window: the leases of the
     /// leader before it may still be presented, so the importer waits too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u64>,
     /// A delta's leases that ended without a release (expired on the
-    /// leader): slots. Added within version 1, as every field below.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ended: Vec<String>,
-    /// A delta's sticky keys the leader holds no more: digests.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unstuck: Vec<String>,
+    /// leader).
+    pub ended: Vec<Nonce>,
+    /// A delta's sticky keys the leader holds no more.
+    pub unstuck: Vec<KeyDigest>,
     /// A delta's proxies whose cooldowns it carries whole (none left when
     /// it carries none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cooled: Vec<u32>,
 }
 
-/// A lease in a snapshot: (slot, proxy, client, ms left, ms since
-/// granted, site).
-pub type LeaseEntry = (String, u32, String, u64, u64, Option<String>);
+/// A lease in a snapshot: (nonce, proxy, client, ms left, ms since
+/// granted).
+pub type LeaseEntry = (Nonce, u32, u32, u64, u64);
 
 /// Why a snapshot was not imported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,6 +85,9 @@ pub enum SnapshotError {
     /// An entry names a proxy past the table, or a digest is malformed.
     #[error("lease state is inconsistent: {0}")]
     Inconsistent(&'static str),
+    /// The bytes do not parse.
+    #[error("lease state is unreadable: {0}")]
+    Unreadable(String),
 }
 
 pub(super) fn ms_left(now: DateTime<Utc>, end: DateTime<Utc>) -> Option<u64> {
@@ -99,18 +99,6 @@ fn after(now: DateTime<Utc>, ms: u64) -> DateTime<Utc> {
     later(now, Duration::from_millis(ms))
 }
 
-pub(super) fn encode_digest(d: &KeyDigest) -> String {
-    data_encoding::BASE64URL_NOPAD.encode(d)
-}
-
-fn decode_digest(s: &str) -> Result<KeyDigest, SnapshotError> {
-    data_encoding::BASE64URL_NOPAD
-        .decode(s.as_bytes())
-        .ok()
-        .and_then(|b| KeyDigest::try_from(b).ok())
-        .ok_or(SnapshotError::Inconsistent("a digest is malformed"))
-}
-
 /// A live lease as a snapshot entry (`None` once it ended).
 pub(super) fn lease_entry(
     st: &State,
@@ -120,14 +108,8 @@ pub(super) fn lease_entry(
 ) -> Option<LeaseEntry> {
     let left = ms_left(now, state::at(l.expires_ms))?;
     let age = u64::try_from(state::ms(now).saturating_sub(l.granted_ms)).unwrap_or(0);
-    Some((
-        slot_of(nonce),
-        t.of(&l.proxy),
-        st.clients.name(l.client).to_string(),
-        left,
-        age,
-        l.site.as_deref().map(String::from),
-    ))
+    let client = t.client(&st.clients.name(l.client));
+    Some((*nonce, t.of(&l.proxy), client, left, age))
 }
 
 /// One proxy's live cooldowns into `s`.
@@ -139,15 +121,14 @@ pub(super) fn cooldown_entries(
 ) {
     let i = t.of(c.proxy);
     for (who, until) in c.global {
-        s.global
-            .extend(ms_left(now, until).map(|l| (i, who.to_string(), l)));
+        let left = ms_left(now, until);
+        s.global.extend(left.map(|l| (i, t.client(who), l)));
     }
     for (d, until) in c.sites {
-        s.sites
-            .extend(ms_left(now, until).map(|l| (i, encode_digest(d), l)));
+        s.sites.extend(ms_left(now, until).map(|l| (i, *d, l)));
     }
     for (d, who, until) in c.site_reports {
-        let entry = ms_left(now, until).map(|l| (i, encode_digest(d), who.to_string(), l));
+        let entry = ms_left(now, until).map(|l| (i, *d, t.client(who), l));
         s.site_reports.extend(entry);
     }
 }
@@ -161,11 +142,13 @@ pub(super) enum Ends {
     Exact,
 }
 
-/// Numbers proxies in the order first met.
+/// Numbers proxies and clients in the order first met.
 #[derive(Default)]
 pub(super) struct Table {
     index: BTreeMap<ProxyKey, u32>,
     pub(super) list: Vec<(String, String)>,
+    client_index: HashMap<Arc<str>, u32>,
+    pub(super) clients: Vec<String>,
 }
 
 impl Table {
@@ -177,6 +160,22 @@ impl Table {
         self.index.insert(p.clone(), i);
         self.list.push((p.namespace.clone(), p.name.clone()));
         i
+    }
+
+    pub(super) fn client(&mut self, name: &Arc<str>) -> u32 {
+        if let Some(i) = self.client_index.get(name) {
+            return *i;
+        }
+        let i = u32::try_from(self.clients.len()).unwrap_or(u32::MAX);
+        self.client_index.insert(name.clone(), i);
+        self.clients.push(name.to_string());
+        i
+    }
+
+    /// Puts the tables into `s`.
+    pub(super) fn into(self, s: &mut Snapshot) {
+        s.proxies = self.list;
+        s.clients = self.clients;
     }
 }
 
@@ -258,11 +257,11 @@ impl LeaseStore {
         }
         s.released = st
             .released()
-            .filter_map(|(end, nonce)| Some((slot_of(nonce), ms_left(now, end)?)))
+            .filter_map(|(end, nonce)| Some((*nonce, ms_left(now, end)?)))
             .collect();
         for (d, p, until) in st.sticky.live(now) {
             if let Some(left) = ms_left(now, until) {
-                s.sticky.push((encode_digest(d), t.of(p), left));
+                s.sticky.push((*d, t.of(p), left));
             }
         }
         for c in st.cooldowns.live(now) {
@@ -270,7 +269,7 @@ impl LeaseStore {
         }
         s.longest = st.recovery.longest_left(now);
         s.window = st.recovery.window_left(now);
-        s.proxies = t.list;
+        t.into(&mut s);
         (version, s)
     }
 
@@ -315,12 +314,12 @@ impl LeaseStore {
     pub(super) fn apply(
         &self,
         st: &mut State,
-        plan: &Plan<'_>,
+        plan: &Plan,
         s: &Snapshot,
         (now, ends): (DateTime<Utc>, Ends),
     ) {
-        let mut clients: BTreeMap<&str, u32> = BTreeMap::new();
-        for (nonce, proxy, client, left, age, site) in &plan.leases {
+        let clients: Vec<u32> = plan.clients.iter().map(|c| st.clients.intern(c)).collect();
+        for (nonce, proxy, client, left, age) in &plan.leases {
             let end = after(now, *left);
             if let Some(held) = st.leases.get(nonce).map(|l| l.expires_ms) {
                 if ends == Ends::Exact || held < state::ms(end) {
@@ -331,19 +330,15 @@ impl LeaseStore {
             if st.was_released(nonce) {
                 continue;
             }
-            let client = match clients.get(client.as_str()) {
-                Some(id) => *id,
-                None => {
-                    let id = st.clients.intern(&Arc::from(client.as_str()));
-                    *clients.entry(client.as_str()).or_insert(id)
-                }
+            // Resolved by `Plan::of`: every index is in the table.
+            let Some(client) = clients.get(*client).copied() else {
+                continue;
             };
             let age = i64::try_from(*age).unwrap_or(0);
             let record = state::Record {
                 proxy: st.proxy(proxy),
                 granted_ms: state::ms(now).saturating_sub(age),
                 expires_ms: state::ms(end),
-                site: site.as_deref().map(Box::from),
                 client,
             };
             st.hold(*nonce, record);
@@ -378,11 +373,12 @@ impl LeaseStore {
     }
 }
 
-/// A snapshot checked whole, its proxies and digests resolved: a bad
+/// A snapshot checked whole, its proxies and clients resolved: a bad
 /// snapshot changes nothing.
-#[allow(clippy::type_complexity)] // the snapshot's own tuples, resolved
-pub(super) struct Plan<'a> {
-    leases: Vec<(Nonce, ProxyKey, &'a String, u64, u64, &'a Option<String>)>,
+pub(super) struct Plan {
+    clients: Vec<Arc<str>>,
+    /// (nonce, proxy, index in `clients`, ms left, ms since granted).
+    leases: Vec<(Nonce, ProxyKey, usize, u64, u64)>,
     released: Vec<(Nonce, u64)>,
     sticky: Vec<(KeyDigest, ProxyKey, u64)>,
     sites: Vec<(ProxyKey, KeyDigest, u64)>,
@@ -393,65 +389,66 @@ pub(super) struct Plan<'a> {
     pub(super) cooled: HashSet<ProxyKey>,
 }
 
-impl<'a> Plan<'a> {
-    pub(super) fn of(s: &'a Snapshot) -> Result<Self, SnapshotError> {
+impl Plan {
+    pub(super) fn of(s: &Snapshot) -> Result<Self, SnapshotError> {
         if s.v != SNAPSHOT_VERSION {
             return Err(SnapshotError::Version(s.v));
         }
+        let proxies: Vec<ProxyKey> = s
+            .proxies
+            .iter()
+            .map(|(namespace, name)| ProxyKey {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+            .collect();
         let proxy = |i: u32| {
-            s.proxies
+            proxies
                 .get(usize::try_from(i).unwrap_or(usize::MAX))
-                .map(|(namespace, name)| ProxyKey {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                })
+                .cloned()
                 .ok_or(SnapshotError::Inconsistent("an entry names no proxy"))
         };
+        let clients: Vec<Arc<str>> = s.clients.iter().map(|c| Arc::from(c.as_str())).collect();
+        let client_at = |i: u32| {
+            usize::try_from(i)
+                .ok()
+                .filter(|i| *i < clients.len())
+                .ok_or(SnapshotError::Inconsistent("an entry names no client"))
+        };
+        let client = |i: u32| client_at(i).map(|i| clients[i].clone());
         let mut plan = Plan {
+            clients: Vec::new(),
             leases: Vec::with_capacity(s.leases.len()),
-            released: Vec::with_capacity(s.released.len()),
+            released: s.released.clone(),
             sticky: Vec::with_capacity(s.sticky.len()),
             sites: Vec::with_capacity(s.sites.len()),
             site_reports: Vec::with_capacity(s.site_reports.len()),
             global: Vec::with_capacity(s.global.len()),
-            ended: Vec::with_capacity(s.ended.len()),
-            unstuck: Vec::with_capacity(s.unstuck.len()),
+            ended: s.ended.clone(),
+            unstuck: s.unstuck.clone(),
             cooled: HashSet::with_capacity(s.cooled.len()),
         };
         for (d, p, left) in &s.sticky {
-            plan.sticky.push((decode_digest(d)?, proxy(*p)?, *left));
+            plan.sticky.push((*d, proxy(*p)?, *left));
         }
         for (p, d, left) in &s.sites {
-            plan.sites.push((proxy(*p)?, decode_digest(d)?, *left));
+            plan.sites.push((proxy(*p)?, *d, *left));
         }
-        for (p, d, client, left) in &s.site_reports {
-            let client = Arc::from(client.as_str());
+        for (p, d, c, left) in &s.site_reports {
             plan.site_reports
-                .push((proxy(*p)?, decode_digest(d)?, client, *left));
+                .push((proxy(*p)?, *d, client(*c)?, *left));
         }
-        let nonce = |slot: &str| {
-            nonce_of(slot).ok_or(SnapshotError::Inconsistent("a lease slot is malformed"))
-        };
-        for (slot, p, client, left, age, site) in &s.leases {
+        for (nonce, p, c, left, age) in &s.leases {
             plan.leases
-                .push((nonce(slot)?, proxy(*p)?, client, *left, *age, site));
+                .push((*nonce, proxy(*p)?, client_at(*c)?, *left, *age));
         }
-        for (slot, left) in &s.released {
-            plan.released.push((nonce(slot)?, *left));
-        }
-        for (p, client, left) in &s.global {
-            plan.global
-                .push((proxy(*p)?, Arc::from(client.as_str()), *left));
-        }
-        for slot in &s.ended {
-            plan.ended.push(nonce(slot)?);
-        }
-        for d in &s.unstuck {
-            plan.unstuck.push(decode_digest(d)?);
+        for (p, c, left) in &s.global {
+            plan.global.push((proxy(*p)?, client(*c)?, *left));
         }
         for p in &s.cooled {
             plan.cooled.insert(proxy(*p)?);
         }
+        plan.clients = clients;
         Ok(plan)
     }
 }

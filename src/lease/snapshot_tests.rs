@@ -86,10 +86,10 @@ fn the_next_leader_starts_with_the_whole_state_whatever_its_clock_says() {
         let old = old_leader(&old_clock);
         old_clock.advance(Duration::from_secs(10));
         let snap = old.store.export();
-        let json = serde_json::to_vec(&snap).unwrap();
+        let bytes = super::super::wire::encode(&snap);
         let clock = at(next_hour);
         let new = store(&clock);
-        new.import(&serde_json::from_slice(&json).unwrap()).unwrap();
+        new.import(&super::super::wire::decode(&bytes).unwrap()).unwrap();
         let all = [k("a"), k("b"), k("c")];
 
         for l in &old.held {
@@ -169,10 +169,10 @@ fn a_bad_snapshot_changes_nothing() {
         (
             "another version",
             Snapshot {
-                v: 2,
+                v: 3,
                 ..good.clone()
             },
-            SnapshotError::Version(2),
+            SnapshotError::Version(3),
         ),
         (
             "a lease names no proxy",
@@ -183,12 +183,12 @@ fn a_bad_snapshot_changes_nothing() {
             SnapshotError::Inconsistent("an entry names no proxy"),
         ),
         (
-            "a digest is not 16 bytes",
+            "a lease names no client",
             Snapshot {
-                sticky: vec![("AAAA".into(), 0, 1000)],
+                clients: vec![],
                 ..good.clone()
             },
-            SnapshotError::Inconsistent("a digest is malformed"),
+            SnapshotError::Inconsistent("an entry names no client"),
         ),
     ];
     for (name, snap, want) in cases {
@@ -288,7 +288,8 @@ fn a_warm_take_over_with_no_window_grants_at_once() {
 }
 
 #[test]
-fn clients_own_site_reports_travel_and_an_older_importer_still_reads_the_agreed_ones() {
+fn clients_own_site_reports_travel_and_a_hand_over_of_the_release_before_is_read() {
+    use super::super::wire;
     let clock = at(12);
     let limits = super::super::ClientLimits {
         max_leases: 0,
@@ -305,10 +306,9 @@ fn clients_own_site_reports_travel_and_an_older_importer_still_reads_the_agreed_
     let snap = old.export();
     assert_eq!(snap.site_reports.len(), 3, "{snap:?}");
     assert_eq!(snap.sites.len(), 1, "only the agreed site is everyone's");
-    let json = serde_json::to_value(&snap).unwrap();
 
     let new = two();
-    new.import(&serde_json::from_value(json.clone()).unwrap())
+    new.import(&wire::decode(&wire::encode(&snap)).unwrap())
         .unwrap();
     let on = |client: &str, p: &str, site: &str| new.lets_gateway_use(client, &k(p), Some(site));
     assert!(!on("team-x", "b", "shop.example"), "team-x's own word");
@@ -316,14 +316,34 @@ fn clients_own_site_reports_travel_and_an_older_importer_still_reads_the_agreed_
     assert!(!on("team-z", "c", "news.example"), "agreed: everyone's");
     assert_eq!(new.site_reports("team-x"), (3, 2));
 
-    // A snapshot from before site_reports (or read by an importer that
-    // ignores the field): the agreed site stays everyone's, nothing else.
-    let mut older = json;
-    older.as_object_mut().unwrap().remove("site_reports");
+    // Version 1, the JSON the release before wrote (a lease of team-y's
+    // for a site, the agreed site, no site_reports): read in whole.
+    let d = |s: &str| data_encoding::BASE64URL_NOPAD.encode(&super::super::bounds::digest(s));
+    let slot = super::super::signed::slot_of(&[5; 16]);
+    let v1 = serde_json::json!({
+        "v": 1,
+        "proxies": [["crawl", "a"], ["crawl", "c"]],
+        "leases": [[slot, 0, "team-y", 30_000, 5_000, "shop.example"]],
+        "released": [],
+        "sticky": [[d("session-1"), 0, 90_000]],
+        "global": [[0, "team-x", 60_000]],
+        "sites": [[1, d("news.example"), 60_000]],
+        "longest": [60_000, 10_000],
+    });
     let new = two();
-    new.import(&serde_json::from_value(older).unwrap()).unwrap();
+    new.import(&wire::decode(v1.to_string().as_bytes()).unwrap())
+        .unwrap();
     let on = |client: &str, p: &str, site: &str| new.lets_gateway_use(client, &k(p), Some(site));
     assert!(!on("team-z", "c", "news.example"));
     assert!(on("team-x", "b", "shop.example"));
     assert_eq!(new.site_reports("team-x"), (0, 0));
+    assert_eq!(new.active_on(&k("a")), 1, "the lease is held");
+    let back = new.export();
+    assert_eq!((back.sticky.len(), back.global.len()), (1, 1));
+    assert_eq!(back.clients.len(), 2);
+    let bad = v1.to_string().replace("\"v\":1", "\"v\":7");
+    assert_eq!(
+        wire::decode(bad.as_bytes()),
+        Err(SnapshotError::Version(7))
+    );
 }

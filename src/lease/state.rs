@@ -33,14 +33,13 @@ pub(super) fn at(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
-/// A live lease as the store keeps it (48 bytes).
+/// A live lease as the store keeps it (32 bytes).
 #[derive(Debug, Clone)]
 pub(super) struct Record {
     /// The proxy, shared with its state and every other lease on it.
     pub(super) proxy: Arc<ProxyKey>,
     pub(super) granted_ms: i64,
     pub(super) expires_ms: i64,
-    pub(super) site: Option<Box<str>>,
     /// In [`Clients`].
     pub(super) client: u32,
 }
@@ -54,7 +53,6 @@ pub(super) struct Held {
     pub(super) client: Arc<str>,
     pub(super) granted_ms: i64,
     pub(super) expires_ms: i64,
-    pub(super) site: Option<Box<str>>,
 }
 
 impl Held {
@@ -65,7 +63,6 @@ impl Held {
             proxy: (*self.proxy).clone(),
             granted_at: at(self.granted_ms),
             expires_at: at(self.expires_ms),
-            site: self.site.map(String::from),
             client: self.client,
         }
     }
@@ -108,6 +105,11 @@ impl Clients {
     pub(super) fn ends_mut(&mut self, id: u32) -> Option<&mut Ends> {
         let i = usize::try_from(id).ok()?;
         self.names.get_mut(i).map(|(_, e)| e)
+    }
+
+    /// Clients numbered.
+    pub(super) fn len(&self) -> usize {
+        self.names.len()
     }
 
     /// Live leases `name` holds.
@@ -287,7 +289,6 @@ impl State {
             client: self.clients.name(rec.client),
             granted_ms: rec.granted_ms,
             expires_ms: rec.expires_ms,
-            site: rec.site.clone(),
         })
     }
 

@@ -41,8 +41,26 @@ pub struct Fed {
     pub state: Snapshot,
     /// Set when `state` is a delta: the version it follows, which is the
     /// one the ask named (`LeaseStore::export_since`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<u64>,
+}
+
+/// What starts an encoded [`Fed`].
+const FED_MARK: &[u8; 4] = b"EPF\x02";
+
+impl Fed {
+    /// As the feed answers it: a mark, then postcard (`lease::wire`).
+    pub fn encode(&self) -> Vec<u8> {
+        // Fails only for a length past a varint, which no usize is.
+        postcard::to_extend(self, FED_MARK.to_vec()).unwrap_or_else(|_| FED_MARK.to_vec())
+    }
+
+    /// An answer of [`Fed::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Fed, String> {
+        let rest = bytes
+            .strip_prefix(FED_MARK.as_slice())
+            .ok_or("not a lease table of this format")?;
+        postcard::from_bytes(rest).map_err(|e| e.to_string())
+    }
 }
 
 /// The copy a follower holds: from which leader and feed, at which version.
@@ -101,6 +119,3 @@ pub(crate) fn signed_call(
         .map_err(|e| e.to_string())
 }
 
-/// The largest table a follower takes: as much as the hand-over Secrets
-/// hold.
-pub const FEED_LIMIT: usize = 8 * 1_000_000;

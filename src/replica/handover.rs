@@ -23,11 +23,12 @@ pub const HANDOVER_ANNOTATION: &str = "crawl.example.com/lease-handover";
 /// The Secrets' names: this and the chunk's index.
 pub const STATE_SECRET_PREFIX: &str = "egress-proxies-operator-lease-state-";
 
-/// Chunks at most (the RBAC Role names each).
-pub const MAX_CHUNKS: usize = 8;
-
 /// Bytes a chunk holds at most: a Secret holds 1 MiB.
 pub const CHUNK_BYTES: usize = 1_000_000;
+
+/// Chunks at most (the RBAC Role names each): the state at its caps
+/// (`lease::wire::CEILING`).
+pub const MAX_CHUNKS: usize = crate::lease::wire::CEILING / CHUNK_BYTES;
 
 /// The data key of a chunk.
 const DATA_KEY: &str = "state";
@@ -120,7 +121,7 @@ pub fn open(key: &LeaseKey, pointer: &Pointer, bytes: &[u8]) -> Result<Snapshot,
     if !sealed(key, PURPOSE, bytes, &pointer.seal) {
         return Err(HandOverError::Seal);
     }
-    serde_json::from_slice(bytes).map_err(|e| HandOverError::Unreadable(e.to_string()))
+    crate::lease::wire::decode(bytes).map_err(|e| HandOverError::Unreadable(e.to_string()))
 }
 
 /// What a hand-over wrote.
@@ -165,8 +166,7 @@ impl HandOver {
     pub async fn write(&self) -> Result<(String, Written), HandOverError> {
         let snapshot = self.store.export();
         let (leases, released) = (snapshot.leases.len(), snapshot.released.len());
-        let bytes =
-            serde_json::to_vec(&snapshot).map_err(|e| HandOverError::Unreadable(e.to_string()))?;
+        let bytes = crate::lease::wire::encode(&snapshot);
         drop(snapshot);
         let (chunks, pointer) = cut(&self.key, &bytes)?;
         let api = self.api();
@@ -240,10 +240,10 @@ mod tests {
         let snap = Snapshot {
             v: crate::lease::SNAPSHOT_VERSION,
             proxies: vec![("crawl".into(), "sq-1".into())],
-            released: vec![("abc".into(), 1000)],
+            released: vec![([9; 16], 1000)],
             ..Default::default()
         };
-        let bytes = serde_json::to_vec(&snap).unwrap();
+        let bytes = crate::lease::wire::encode(&snap);
         let (chunks, pointer) = cut(&key(1), &bytes).unwrap();
         assert_eq!(chunks.concat(), bytes);
         let value = pointer.value();
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn annotation_values() {
         assert_eq!(Pointer::parse("").unwrap(), None, "taken");
-        for bad in ["3", "0.AAAA", "9.AAAA", "x.AAAA", "2.not base64!"] {
+        for bad in ["3", "0.AAAA", "65.AAAA", "x.AAAA", "2.not base64!"] {
             assert!(
                 matches!(Pointer::parse(bad), Err(HandOverError::Malformed)),
                 "{bad}"

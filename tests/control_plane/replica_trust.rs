@@ -20,8 +20,8 @@ use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
 use egress_proxies_operator::discovery::HOLD_ENV;
-use egress_proxies_operator::lease::signed::slot_of;
-use egress_proxies_operator::lease::LeaseKey;
+use egress_proxies_operator::lease::{LeaseKey, Snapshot, SNAPSHOT_VERSION};
+use egress_proxies_operator::replica::feed::Fed;
 use egress_proxies_operator::replica::internal::{
     seal_answer, seal_url, ANSWER_HEADER, URL_SEAL_ANNOTATION,
 };
@@ -110,19 +110,19 @@ async fn recorder() -> (String, Arc<Mutex<Vec<String>>>, Sealer) {
                     true => (200, forged_table()),
                     false => (
                         409,
-                        r#"{"error":{"code":"no_capacity","message":"recorded"}}"#.to_string(),
+                        br#"{"error":{"code":"no_capacity","message":"recorded"}}"#.to_vec(),
                     ),
                 };
                 seen.lock().unwrap().push(head);
                 let seal = match sealing.lock().unwrap().as_ref() {
                     Some(k) => format!(
                         "{ANSWER_HEADER}: {}\r\n",
-                        seal_answer(k, ask.trim(), status, body.as_bytes())
+                        seal_answer(k, ask.trim(), status, &body)
                     ),
                     None => String::new(),
                 };
-                let answer = format!("HTTP/1.1 {status} Recorded\r\ncontent-type: application/json\r\n{seal}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-                let _ = c.write_all(answer.as_bytes()).await;
+                let head = format!("HTTP/1.1 {status} Recorded\r\n{seal}content-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = c.write_all(&[head.as_bytes(), &body].concat()).await;
             });
         }
     });
@@ -131,20 +131,20 @@ async fn recorder() -> (String, Arc<Mutex<Vec<String>>>, Sealer) {
 
 /// A lease table as the leader's feed answers it, holding one lease of
 /// "mallory" on sq-1 for an hour.
-fn forged_table() -> String {
-    let slot = slot_of(&[7; 16]);
-    json!({
-        "version": 1,
-        "feed": "forged",
-        "state": {
-            "v": 1,
-            "proxies": [["default", "sq-1"]],
-            "leases": [[slot, 0, "mallory", 3_600_000, 0, null]],
-            "released": [], "sticky": [], "global": [], "sites": [],
-            "longest": null,
+fn forged_table() -> Vec<u8> {
+    Fed {
+        version: 1,
+        feed: "forged".into(),
+        state: Snapshot {
+            v: SNAPSHOT_VERSION,
+            proxies: vec![("default".into(), "sq-1".into())],
+            clients: vec!["mallory".into()],
+            leases: vec![([7; 16], 0, 0, 3_600_000, 0)],
+            ..Snapshot::default()
         },
-    })
-    .to_string()
+        after: None,
+    }
+    .encode()
 }
 
 /// Whether `log` says the replica copied a table of one lease from `url`.
