@@ -73,6 +73,7 @@ pub(super) async fn lease_state(
         .after
         .filter(|_| current)
         .and_then(|after| Some((after, s.leases.export_since(after)?)));
+    let mut permit = None;
     let fed = match delta {
         Some((after, (version, state))) => Fed {
             version,
@@ -81,6 +82,10 @@ pub(super) async fn lease_state(
             after: Some(after),
         },
         None => {
+            // One whole table is copied and encoded at a time: at the caps
+            // each copy is about 50 MB (`lease::caps_tests`), and three
+            // members joining at once must not hold three.
+            permit = WHOLE.acquire().await.ok();
             let (version, state) = s.leases.export_versioned();
             Fed {
                 version,
@@ -96,9 +101,12 @@ pub(super) async fn lease_state(
         "whole"
     });
     let body = fed.encode();
-    drop(fed);
+    drop((fed, permit));
     ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response()
 }
+
+/// Whole tables being answered: one at a time in this process.
+static WHOLE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// `value` as a JSON answer to another replica.
 pub(super) fn json_answer(value: &impl Serialize) -> Response {

@@ -147,7 +147,7 @@ impl ProxyCooldown {
 }
 
 /// A client's site reports, ending first first: (end, proxy, site).
-type ByClient = BTreeSet<(DateTime<Utc>, ProxyKey, KeyDigest)>;
+type ByClient = BTreeSet<(DateTime<Utc>, Arc<ProxyKey>, KeyDigest)>;
 
 /// One proxy's cooldowns live at some moment, for a hand-over.
 #[derive(Debug)]
@@ -168,7 +168,9 @@ pub struct Cooldowns {
     caps: Caps,
     per_client: usize,
     min_clients: usize,
-    proxies: HashMap<ProxyKey, ProxyCooldown>,
+    /// Keyed by one shared copy of each proxy's key, which the clients'
+    /// ledgers point to (a report costs 8 bytes of key, not a copy).
+    proxies: HashMap<Arc<ProxyKey>, ProxyCooldown>,
     /// Site entries held (proxy and site).
     sites: usize,
     /// Every site report, by client: the per-client bound's ledger.
@@ -233,7 +235,8 @@ impl Cooldowns {
     /// Records `client`'s report that `proxy` fails for every site, until
     /// `until` (or later).
     pub fn put_global(&mut self, proxy: &ProxyKey, client: &Arc<str>, until: DateTime<Utc>) {
-        let c = self.proxies.entry(proxy.clone()).or_default();
+        let key = self.key(proxy);
+        let c = self.proxies.entry(key).or_default();
         record(&mut c.global, client, until, self.min_clients);
     }
 
@@ -267,9 +270,10 @@ impl Cooldowns {
         }
         let min = self.min_clients;
         let mut added = false;
+        let key = self.key(proxy);
         let s = self
             .proxies
-            .entry(proxy.clone())
+            .entry(key.clone())
             .or_default()
             .sites
             .entry(d)
@@ -284,15 +288,15 @@ impl Cooldowns {
         let ledger = self.by_client.entry(client.clone()).or_default();
         match recorded {
             Recorded::Extended(was, now) => {
-                ledger.remove(&(was, proxy.clone(), d));
-                ledger.insert((now, proxy.clone(), d));
+                ledger.remove(&(was, key.clone(), d));
+                ledger.insert((now, key, d));
             }
             Recorded::Added => {
-                ledger.insert((until, proxy.clone(), d));
+                ledger.insert((until, key, d));
             }
             Recorded::Replaced(who, t) => {
-                ledger.insert((until, proxy.clone(), d));
-                self.unledger(&who, &(t, proxy.clone(), d));
+                ledger.insert((until, key.clone(), d));
+                self.unledger(&who, &(t, key, d));
             }
         }
         Ok(())
@@ -319,13 +323,18 @@ impl Cooldowns {
             everyone: Some(until),
             reports: Vec::new(),
         };
-        self.proxies
-            .entry(proxy.clone())
-            .or_default()
-            .sites
-            .insert(d, s);
+        let key = self.key(proxy);
+        self.proxies.entry(key).or_default().sites.insert(d, s);
         self.sites += 1;
         Ok(())
+    }
+
+    /// The shared key of `proxy`: the one held, or a new one.
+    pub(super) fn key(&self, proxy: &ProxyKey) -> Arc<ProxyKey> {
+        match self.proxies.get_key_value(proxy) {
+            Some((k, _)) => k.clone(),
+            None => Arc::new(proxy.clone()),
+        }
     }
 
     /// Whether a new site entry for `proxy` fits the caps.
@@ -349,7 +358,7 @@ impl Cooldowns {
         if self.by_client.get(client).is_some_and(BTreeSet::is_empty) {
             self.by_client.remove(client);
         }
-        let Some(c) = self.proxies.get_mut(&proxy) else {
+        let Some(c) = self.proxies.get_mut(proxy.as_ref()) else {
             return;
         };
         if let Some(s) = c.sites.get_mut(&d) {
@@ -360,11 +369,11 @@ impl Cooldowns {
             }
         }
         if c.is_empty() {
-            self.proxies.remove(&proxy);
+            self.proxies.remove(proxy.as_ref());
         }
     }
 
-    fn unledger(&mut self, client: &Arc<str>, entry: &(DateTime<Utc>, ProxyKey, KeyDigest)) {
+    fn unledger(&mut self, client: &Arc<str>, entry: &(DateTime<Utc>, Arc<ProxyKey>, KeyDigest)) {
         if let Some(l) = self.by_client.get_mut(client) {
             l.remove(entry);
             if l.is_empty() {
@@ -414,9 +423,9 @@ impl Cooldowns {
 
     /// Forgets the cooldowns of proxies not in `present`.
     pub fn retain_proxies(&mut self, present: &HashSet<ProxyKey>) {
-        self.proxies.retain(|k, _| present.contains(k));
+        self.proxies.retain(|k, _| present.contains(k.as_ref()));
         self.by_client.retain(|_, l| {
-            l.retain(|(_, p, _)| present.contains(p));
+            l.retain(|(_, p, _)| present.contains(p.as_ref()));
             !l.is_empty()
         });
         self.recount();
@@ -434,7 +443,7 @@ impl Cooldowns {
         }
         if had_sites {
             self.by_client.retain(|_, l| {
-                l.retain(|(_, p, _)| !gone.contains(p));
+                l.retain(|(_, p, _)| !gone.contains(p.as_ref()));
                 !l.is_empty()
             });
         }

@@ -143,10 +143,10 @@ impl LeaseStore {
             return Ok(false);
         }
         st.expire_leases(now);
-        for n in &plan.ended {
+        for n in &s.ended {
             st.end(n);
         }
-        for d in &plan.unstuck {
+        for d in &s.unstuck {
             st.sticky.forget_digest(d);
         }
         if !plan.cooled.is_empty() {

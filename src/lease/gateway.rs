@@ -63,7 +63,10 @@ impl LeaseStore {
         let until = later(now, self.config.cooldown);
         let mut st = self.lock();
         cool(&mut st, proxy, client, site, until);
-        self.changed(&mut st, [Touched::Cooling(Arc::new(proxy.clone()))]);
+        // The cooldowns' own copy of the key: a log of reports holds no
+        // copy of its own per entry.
+        let key = st.cooldowns.key(proxy);
+        self.changed(&mut st, [Touched::Cooling(key)]);
     }
 }
 

@@ -452,4 +452,6 @@ impl LeaseStore {
 }
 
 #[cfg(test)]
+mod caps_tests;
+#[cfg(test)]
 mod tests;

@@ -248,8 +248,13 @@ impl LeaseStore {
         st.expire_leases(now);
         let version = st.log.version();
         let mut t = Table::default();
+        // Sized up front: grown by doubling, a table at its caps would
+        // take half again as much while it is copied.
         let mut s = Snapshot {
             v: SNAPSHOT_VERSION,
+            leases: Vec::with_capacity(st.leases.len()),
+            released: Vec::with_capacity(st.released.len()),
+            sticky: Vec::with_capacity(st.sticky.len()),
             ..Default::default()
         };
         for (nonce, l) in &st.leases {
@@ -318,8 +323,11 @@ impl LeaseStore {
         s: &Snapshot,
         (now, ends): (DateTime<Utc>, Ends),
     ) {
+        // Indices checked by `Plan::of`: every one is in its table.
         let clients: Vec<u32> = plan.clients.iter().map(|c| st.clients.intern(c)).collect();
-        for (nonce, proxy, client, left, age) in &plan.leases {
+        let proxy = |i: &u32| &plan.proxies[*i as usize];
+        let client = |i: &u32| &plan.clients[*i as usize];
+        for (nonce, p, c, left, age) in &s.leases {
             let end = after(now, *left);
             if let Some(held) = st.leases.get(nonce).map(|l| l.expires_ms) {
                 if ends == Ends::Exact || held < state::ms(end) {
@@ -330,38 +338,37 @@ impl LeaseStore {
             if st.was_released(nonce) {
                 continue;
             }
-            // Resolved by `Plan::of`: every index is in the table.
-            let Some(client) = clients.get(*client).copied() else {
-                continue;
-            };
             let age = i64::try_from(*age).unwrap_or(0);
             let record = state::Record {
-                proxy: st.proxy(proxy),
+                proxy: st.proxy(proxy(p)),
                 granted_ms: state::ms(now).saturating_sub(age),
                 expires_ms: state::ms(end),
-                client,
+                client: clients[*c as usize],
             };
             st.hold(*nonce, record);
         }
-        for (nonce, left) in &plan.released {
+        for (nonce, left) in &s.released {
             st.end(nonce);
             st.remember_release(*nonce, after(now, *left));
         }
-        for (d, p, left) in &plan.sticky {
+        for (d, p, left) in &s.sticky {
             // Bounded as a grant is: a key past the caps loses stickiness.
-            let _ = st.sticky.remember_digest(*d, p, after(now, *left));
+            let _ = st.sticky.remember_digest(*d, proxy(p), after(now, *left));
         }
         // Bounded as a report is: past the caps an entry is not kept.
-        for (p, d, left) in &plan.sites {
-            let _ = st.cooldowns.put_site_everyone(p, *d, after(now, *left));
-        }
-        for (p, d, client, left) in &plan.site_reports {
+        for (p, d, left) in &s.sites {
             let _ = st
                 .cooldowns
-                .put_site_digest(p, *d, client, after(now, *left));
+                .put_site_everyone(proxy(p), *d, after(now, *left));
         }
-        for (p, client, left) in &plan.global {
-            st.cooldowns.put_global(p, client, after(now, *left));
+        for (p, d, c, left) in &s.site_reports {
+            let _ = st
+                .cooldowns
+                .put_site_digest(proxy(p), *d, client(c), after(now, *left));
+        }
+        for (p, c, left) in &s.global {
+            st.cooldowns
+                .put_global(proxy(p), client(c), after(now, *left));
         }
         if let Some(left) = s.window {
             st.recovery.extend_window(after(now, left));
@@ -373,19 +380,12 @@ impl LeaseStore {
     }
 }
 
-/// A snapshot checked whole, its proxies and clients resolved: a bad
-/// snapshot changes nothing.
+/// A snapshot checked whole: every index names an entry of its table,
+/// so a bad snapshot changes nothing. The entries themselves are read
+/// from the snapshot, never copied (a table at its caps is 16 MB).
 pub(super) struct Plan {
+    proxies: Vec<ProxyKey>,
     clients: Vec<Arc<str>>,
-    /// (nonce, proxy, index in `clients`, ms left, ms since granted).
-    leases: Vec<(Nonce, ProxyKey, usize, u64, u64)>,
-    released: Vec<(Nonce, u64)>,
-    sticky: Vec<(KeyDigest, ProxyKey, u64)>,
-    sites: Vec<(ProxyKey, KeyDigest, u64)>,
-    site_reports: Vec<(ProxyKey, KeyDigest, Arc<str>, u64)>,
-    global: Vec<(ProxyKey, Arc<str>, u64)>,
-    pub(super) ended: Vec<Nonce>,
-    pub(super) unstuck: Vec<KeyDigest>,
     pub(super) cooled: HashSet<ProxyKey>,
 }
 
@@ -393,6 +393,33 @@ impl Plan {
     pub(super) fn of(s: &Snapshot) -> Result<Self, SnapshotError> {
         if s.v != SNAPSHOT_VERSION {
             return Err(SnapshotError::Version(s.v));
+        }
+        let (np, nc) = (s.proxies.len(), s.clients.len());
+        let proxy = |i: &u32| match usize::try_from(*i).is_ok_and(|i| i < np) {
+            true => Ok(()),
+            false => Err(SnapshotError::Inconsistent("an entry names no proxy")),
+        };
+        let client = |i: &u32| match usize::try_from(*i).is_ok_and(|i| i < nc) {
+            true => Ok(()),
+            false => Err(SnapshotError::Inconsistent("an entry names no client")),
+        };
+        for (_, p, c, _, _) in &s.leases {
+            proxy(p).and(client(c))?;
+        }
+        for (_, p, _) in &s.sticky {
+            proxy(p)?;
+        }
+        for (p, _, _) in &s.sites {
+            proxy(p)?;
+        }
+        for (p, _, c, _) in &s.site_reports {
+            proxy(p).and(client(c))?;
+        }
+        for (p, c, _) in &s.global {
+            proxy(p).and(client(c))?;
+        }
+        for p in &s.cooled {
+            proxy(p)?;
         }
         let proxies: Vec<ProxyKey> = s
             .proxies
@@ -402,54 +429,16 @@ impl Plan {
                 name: name.clone(),
             })
             .collect();
-        let proxy = |i: u32| {
-            proxies
-                .get(usize::try_from(i).unwrap_or(usize::MAX))
-                .cloned()
-                .ok_or(SnapshotError::Inconsistent("an entry names no proxy"))
-        };
-        let clients: Vec<Arc<str>> = s.clients.iter().map(|c| Arc::from(c.as_str())).collect();
-        let client_at = |i: u32| {
-            usize::try_from(i)
-                .ok()
-                .filter(|i| *i < clients.len())
-                .ok_or(SnapshotError::Inconsistent("an entry names no client"))
-        };
-        let client = |i: u32| client_at(i).map(|i| clients[i].clone());
-        let mut plan = Plan {
-            clients: Vec::new(),
-            leases: Vec::with_capacity(s.leases.len()),
-            released: s.released.clone(),
-            sticky: Vec::with_capacity(s.sticky.len()),
-            sites: Vec::with_capacity(s.sites.len()),
-            site_reports: Vec::with_capacity(s.site_reports.len()),
-            global: Vec::with_capacity(s.global.len()),
-            ended: s.ended.clone(),
-            unstuck: s.unstuck.clone(),
-            cooled: HashSet::with_capacity(s.cooled.len()),
-        };
-        for (d, p, left) in &s.sticky {
-            plan.sticky.push((*d, proxy(*p)?, *left));
-        }
-        for (p, d, left) in &s.sites {
-            plan.sites.push((proxy(*p)?, *d, *left));
-        }
-        for (p, d, c, left) in &s.site_reports {
-            plan.site_reports
-                .push((proxy(*p)?, *d, client(*c)?, *left));
-        }
-        for (nonce, p, c, left, age) in &s.leases {
-            plan.leases
-                .push((*nonce, proxy(*p)?, client_at(*c)?, *left, *age));
-        }
-        for (p, c, left) in &s.global {
-            plan.global.push((proxy(*p)?, client(*c)?, *left));
-        }
-        for p in &s.cooled {
-            plan.cooled.insert(proxy(*p)?);
-        }
-        plan.clients = clients;
-        Ok(plan)
+        let cooled = s
+            .cooled
+            .iter()
+            .map(|p| proxies[*p as usize].clone())
+            .collect();
+        Ok(Plan {
+            clients: s.clients.iter().map(|c| Arc::from(c.as_str())).collect(),
+            proxies,
+            cooled,
+        })
     }
 }
 

@@ -89,7 +89,8 @@ fn the_next_leader_starts_with_the_whole_state_whatever_its_clock_says() {
         let bytes = super::super::wire::encode(&snap);
         let clock = at(next_hour);
         let new = store(&clock);
-        new.import(&super::super::wire::decode(&bytes).unwrap()).unwrap();
+        new.import(&super::super::wire::decode(&bytes).unwrap())
+            .unwrap();
         let all = [k("a"), k("b"), k("c")];
 
         for l in &old.held {
@@ -342,8 +343,5 @@ fn clients_own_site_reports_travel_and_a_hand_over_of_the_release_before_is_read
     assert_eq!((back.sticky.len(), back.global.len()), (1, 1));
     assert_eq!(back.clients.len(), 2);
     let bad = v1.to_string().replace("\"v\":1", "\"v\":7");
-    assert_eq!(
-        wire::decode(bad.as_bytes()),
-        Err(SnapshotError::Version(7))
-    );
+    assert_eq!(wire::decode(bad.as_bytes()), Err(SnapshotError::Version(7)));
 }

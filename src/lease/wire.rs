@@ -28,20 +28,21 @@ const CLIENTS: usize = 1_000;
 /// What starts version 2's bytes (never `{`, which starts version 1's).
 const MARK: &[u8; 4] = b"EPL\x02";
 
-/// `s` as bytes.
+/// `s` as bytes, allocated once at their size.
 pub fn encode(s: &Snapshot) -> Vec<u8> {
-    // Serializing to a Vec fails only when a length does not fit a
-    // varint (never: every length is a usize); the mark alone then reads
-    // as unreadable, never as another state.
-    postcard::to_extend(s, MARK.to_vec()).unwrap_or_else(|_| MARK.to_vec())
+    // Serializing fails only for a length past a varint, which no usize
+    // is; the mark alone then reads as unreadable, never as another state.
+    let size = postcard::serialize_with_flavor(s, postcard::ser_flavors::Size::default());
+    let mut out = Vec::with_capacity(MARK.len() + size.unwrap_or(0));
+    out.extend_from_slice(MARK);
+    postcard::to_extend(s, out).unwrap_or_else(|_| MARK.to_vec())
 }
 
 /// The snapshot in `bytes`: version 2, or version 1's JSON taken in as
 /// version 2.
 pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     if let Some(rest) = bytes.strip_prefix(MARK.as_slice()) {
-        return postcard::from_bytes(rest)
-            .map_err(|e| SnapshotError::Unreadable(e.to_string()));
+        return postcard::from_bytes(rest).map_err(|e| SnapshotError::Unreadable(e.to_string()));
     }
     if bytes.first() == Some(&b'{') {
         let v1: V1 =

@@ -118,4 +118,3 @@ pub(crate) fn signed_call(
         .body(Body::from(body))
         .map_err(|e| e.to_string())
 }
-

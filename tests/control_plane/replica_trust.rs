@@ -17,7 +17,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use egress_proxies_operator::discovery::HOLD_ENV;
 use egress_proxies_operator::lease::{LeaseKey, Snapshot, SNAPSHOT_VERSION};
