@@ -39,10 +39,6 @@ pub const SNAPSHOT_VERSION: u32 = 2;
 pub struct Snapshot {
     /// [`SNAPSHOT_VERSION`].
     pub v: u32,
-    /// Proxies named below by their index here: (namespace, name).
-    pub proxies: Vec<(String, String)>,
-    /// Clients (token names) named below by their index here.
-    pub clients: Vec<String>,
     /// Live leases: (nonce, proxy, client, ms left, ms since granted).
     pub leases: Vec<LeaseEntry>,
     /// Released nonces that could still be presented: (nonce, ms left).
@@ -70,6 +66,12 @@ pub struct Snapshot {
     /// A delta's proxies whose cooldowns it carries whole (none left when
     /// it carries none).
     pub cooled: Vec<u32>,
+    /// Proxies named above by their index here: (namespace, name). Last,
+    /// as clients: the entries name them as they are written
+    /// (`wire::export_body`).
+    pub proxies: Vec<(String, String)>,
+    /// Clients (token names) named above by their index here.
+    pub clients: Vec<String>,
 }
 
 /// A lease in a snapshot: (nonce, proxy, client, ms left, ms since

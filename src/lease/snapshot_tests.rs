@@ -345,3 +345,33 @@ fn clients_own_site_reports_travel_and_a_hand_over_of_the_release_before_is_read
     let bad = v1.to_string().replace("\"v\":1", "\"v\":7");
     assert_eq!(wire::decode(bad.as_bytes()), Err(SnapshotError::Version(7)));
 }
+
+#[test]
+fn the_table_written_straight_from_the_store_reads_as_its_export() {
+    use super::super::wire;
+    let clock = at(12);
+    let old = old_leader(&clock);
+    old.store
+        .cool_down(&k("c"), &Arc::from("team-z"), Some("news.example"));
+    let want = old.store.export();
+    assert!(
+        [want.leases.len(), want.released.len(), want.sticky.len()] == [3, 1, 1]
+            && !want.global.is_empty()
+            && !want.site_reports.is_empty(),
+        "every kind of entry: {want:?}"
+    );
+    let (exported, bytes) = old.store.export_encoded();
+    let got = wire::decode(&bytes).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(bytes, wire::encode(&want), "the same bytes as the value's");
+    assert_eq!(
+        (exported.version, exported.leases, exported.released),
+        (old.store.version(), 3, 1)
+    );
+    let follower = store(&clock);
+    assert!(follower.replace(&got, 0, "f1").unwrap());
+    assert_eq!(
+        (follower.active(), follower.held()),
+        (old.store.active(), old.store.held())
+    );
+}

@@ -12,7 +12,7 @@ use axum::http::{header, Request};
 use serde::{Deserialize, Serialize};
 
 use super::internal::{sign_forward, Forward, CLIENT_HEADER, FORWARD_HEADER};
-use crate::lease::Snapshot;
+use crate::lease::{wire, LeaseStore, Snapshot};
 
 /// The route.
 pub const FEED_PATH: &str = "/internal/v1/lease-state";
@@ -30,18 +30,20 @@ pub struct Replica {
     pub gateway: bool,
 }
 
-/// The leader's answer.
+/// The leader's answer. The fields are in the order they are written:
+/// the table before the version, which is read with it
+/// ([`Fed::encode_whole`]).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Fed {
-    /// The leader's store version the state is at least as new as.
-    pub version: u64,
     /// The leader's feed (its process and term): versions count in it.
     pub feed: String,
-    /// The whole table, or with `after` only what changed since.
-    pub state: Snapshot,
     /// Set when `state` is a delta: the version it follows, which is the
     /// one the ask named (`LeaseStore::export_since`).
     pub after: Option<u64>,
+    /// The whole table, or with `after` only what changed since.
+    pub state: Snapshot,
+    /// The leader's store version the state is at least as new as.
+    pub version: u64,
 }
 
 /// What starts an encoded [`Fed`].
@@ -52,6 +54,18 @@ impl Fed {
     pub fn encode(&self) -> Vec<u8> {
         // Fails only for a length past a varint, which no usize is.
         postcard::to_extend(self, FED_MARK.to_vec()).unwrap_or_else(|_| FED_MARK.to_vec())
+    }
+
+    /// A whole table of `store` from `feed`, as [`Fed::encode`] writes
+    /// it, straight from the store (`lease::wire::export_body`: no copy
+    /// of the table but its bytes); with its version.
+    pub fn encode_whole(store: &LeaseStore, feed: &str) -> (u64, Vec<u8>) {
+        let mut head = FED_MARK.to_vec();
+        wire::put(&mut head, &feed);
+        wire::put(&mut head, &None::<u64>);
+        let (exported, mut out) = store.export_body(head);
+        wire::put(&mut out, &exported.version);
+        (exported.version, out)
     }
 
     /// An answer of [`Fed::encode`].
@@ -117,4 +131,55 @@ pub(crate) fn signed_call(
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease::{AcquireRequest, FakeClock, LeaseConfig, ProxyKey};
+
+    #[test]
+    fn a_whole_table_written_from_the_store_reads_as_the_answer_of_its_export() {
+        let clock = FakeClock::at(chrono::Utc::now());
+        let cfg = LeaseConfig {
+            max_leases_per_proxy: 2,
+            default_ttl: Duration::from_secs(60),
+            max_ttl: Duration::from_secs(600),
+            cooldown: Duration::from_secs(120),
+        };
+        let store = LeaseStore::with(cfg, Arc::new(clock.clone()));
+        let p = ProxyKey {
+            namespace: "crawl".into(),
+            name: "a".into(),
+        };
+        for sticky in [Some("s-1".to_string()), None] {
+            let req = AcquireRequest {
+                ttl: Duration::from_secs(60),
+                client: "team-x".into(),
+                sticky_key: sticky,
+                site: None,
+            };
+            store.acquire(std::slice::from_ref(&p), &req).unwrap();
+        }
+        store.cool_down(&p, &Arc::from("team-y"), Some("shop.example"));
+        clock.advance(Duration::from_millis(1500));
+        let (version, whole) = Fed::encode_whole(&store, "f1");
+        let fed = Fed::decode(&whole).unwrap();
+        assert_eq!(
+            (fed.version, fed.feed.as_str(), fed.after),
+            (version, "f1", None)
+        );
+        assert_eq!(fed.state, store.export());
+        assert_eq!(fed.state.leases.len(), 2);
+        let value = Fed {
+            feed: "f1".into(),
+            after: None,
+            state: store.export(),
+            version: store.version(),
+        };
+        assert_eq!(whole, value.encode(), "the same bytes as the value's");
+    }
 }

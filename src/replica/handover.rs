@@ -164,10 +164,8 @@ impl HandOver {
     /// Writes the store's state now; returns the annotation naming it and
     /// what was written. Call it once nothing changes the store any more.
     pub async fn write(&self) -> Result<(String, Written), HandOverError> {
-        let snapshot = self.store.export();
-        let (leases, released) = (snapshot.leases.len(), snapshot.released.len());
-        let bytes = crate::lease::wire::encode(&snapshot);
-        drop(snapshot);
+        let (exported, bytes) = self.store.export_encoded();
+        let (leases, released) = (exported.leases, exported.released);
         let (chunks, pointer) = cut(&self.key, &bytes)?;
         let api = self.api();
         for (i, chunk) in chunks.iter().enumerate() {
