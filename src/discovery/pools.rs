@@ -71,13 +71,43 @@ pub(super) fn plain(
     e: AcquireError,
 ) -> ApiError {
     s.metrics.lease_event("refused", 1);
-    let (status, code) = match e {
+    let (status, code) = status_of(&e);
+    let wait = s.leases.retry_after_among(members, client, &e);
+    ApiError::new(status, code, e.to_string()).retry_after(wait)
+}
+
+/// The status and code of a refusal: `409` when the fleet said no to
+/// this ask, `503` when the leader cannot grant anything now.
+fn status_of(e: &AcquireError) -> (StatusCode, &'static str) {
+    match e {
         AcquireError::NoProxy => (StatusCode::CONFLICT, "no_proxy"),
         AcquireError::NoCapacity { .. } => (StatusCode::CONFLICT, "no_capacity"),
         AcquireError::ClientLimit { .. } => (StatusCode::CONFLICT, "client_limit"),
         AcquireError::Recovering { .. } => (StatusCode::SERVICE_UNAVAILABLE, "recovering"),
         AcquireError::TableFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, "table_full"),
-    };
-    let wait = s.leases.retry_after_among(members, client, &e);
-    ApiError::new(status, code, e.to_string()).retry_after(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_table_is_the_leaders_503_and_says_so_in_plain_words() {
+        let full = AcquireError::TableFull { max: 400_000 };
+        assert_eq!(
+            status_of(&full),
+            (StatusCode::SERVICE_UNAVAILABLE, "table_full")
+        );
+        assert_eq!(
+            full.to_string(),
+            "the lease table holds 400000 live and released leases, the most it keeps; retry once some end"
+        );
+        let busy = AcquireError::NoCapacity {
+            matching: 1,
+            at_capacity: 1,
+            cooling: 0,
+        };
+        assert_eq!(status_of(&busy), (StatusCode::CONFLICT, "no_capacity"));
+    }
 }
