@@ -109,9 +109,20 @@ pub(super) fn lease_entry(
     now: DateTime<Utc>,
 ) -> Option<LeaseEntry> {
     let left = ms_left(now, state::at(l.expires_ms))?;
+    Some(lease_entry_left(st, t, (nonce, l), now, left))
+}
+
+/// A lease as a snapshot entry with `left` ms left.
+pub(super) fn lease_entry_left(
+    st: &State,
+    t: &mut Table,
+    (nonce, l): (&Nonce, &Record),
+    now: DateTime<Utc>,
+    left: u64,
+) -> LeaseEntry {
     let age = u64::try_from(state::ms(now).saturating_sub(l.granted_ms)).unwrap_or(0);
     let client = t.client(&st.clients.name(l.client));
-    Some((*nonce, t.of(&l.proxy), client, left, age))
+    (*nonce, t.of(&l.proxy), client, left, age)
 }
 
 /// One proxy's live cooldowns into `s`.

@@ -15,9 +15,9 @@ use serde::Deserialize;
 use super::bounds::KeyDigest;
 use super::signed::nonce_of;
 use super::snapshot::{
-    cooldown_entries, ms_left, Snapshot, SnapshotError, Table, SNAPSHOT_VERSION,
+    cooldown_entries, lease_entry_left, ms_left, Snapshot, SnapshotError, Table, SNAPSHOT_VERSION,
 };
-use super::state::{at, ms};
+use super::state::at;
 
 /// The most any lease state is sent or written as: 64 Secrets of
 /// 1,000,000 bytes (the hand-over's), and a follower's feed limit at most.
@@ -156,9 +156,10 @@ impl super::LeaseStore {
         put(&mut out, &st.leases.len());
         for (nonce, l) in &st.leases {
             let left = ms_left(now, at(l.expires_ms)).unwrap_or(1);
-            let age = u64::try_from(ms(now).saturating_sub(l.granted_ms)).unwrap_or(0);
-            let client = t.client(&st.clients.name(l.client));
-            put(&mut out, &(nonce, t.of(&l.proxy), client, left, age));
+            put(
+                &mut out,
+                &lease_entry_left(&st, &mut t, (nonce, l), now, left),
+            );
         }
         put(&mut out, &released);
         for (end, nonce) in st.released() {
