@@ -43,7 +43,7 @@ JAEGER_STAMP := $(call go_stamp,jaeger,-s -w)
 
 .PHONY: all build test lint fmt crds manifests check-crds openapi test-e2e run run-local \
 	check-config test-cluster runtime-libs install uninstall render deploy undeploy image image-push docker-build kvm-ssh-secret help \
-	bench-lease bench-lease-memory bench-gateway bench-scale bench-idle build-profiling fuzz-api test-faults kvm-guest
+	bench-lease bench-lease-memory bench-gateway bench-scale bench-topology bench-idle build-profiling fuzz-api test-faults kvm-guest
 
 all: build
 
@@ -109,6 +109,10 @@ N ?=
 PROVIDER ?=
 bench-scale: test-cluster ## The operator at fleet scale, measured apart from its load: N External Proxies (default N=1000) on a probe-target process of their own; phases of BENCH_PHASE s (30) repeated BENCH_REPEAT times (3): the operator probing, the bare probe loop in its own process, the operator inside the Pod's 500m/128Mi cgroup, lease loads with BENCH_LEASES live leases (closed loop vs the same process's bare route, open loop at BENCH_RATE pairs/s) with probes running and held; PROVIDER=kubernetes: kubernetes-provider Proxies (default 50). Writes the table into docs/performance.md.
 	BENCH_N=$(N) PROVIDER=$(PROVIDER) BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_scale -- --ignored --exact bench_scale --nocapture
+	$(if $(PROVIDER),,$(MAKE) bench-topology)
+
+bench-topology: test-cluster ## The shipped topology (part of bench-scale): 2 manager replicas (leader and in-sync follower) and 2 gateway processes, BENCH_TOPOLOGY_N External Proxies (10,000) and BENCH_LEASES held leases (100,000); per-process RSS and CPU, the lease loads at the leader (closed loop vs its bare route, open loop at BENCH_RATE), through the follower, the copies' lag, each process's peak RSS; one-process column beside it. Writes the table into docs/performance.md.
+	BENCH_WRITE_DOCS=1 $(CARGO) test $(BENCH_PROFILE) --test bench_topology -- --ignored --exact bench_topology --nocapture
 
 fuzz-api: ## Fuzz the discovery/lease API from its OpenAPI document with schemathesis (bounded, ~2 min).
 	CARGO="$(CARGO)" tests/fuzz-api.sh

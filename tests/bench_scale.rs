@@ -30,6 +30,8 @@
 mod lease_load;
 mod scale_bench;
 mod support;
+#[path = "scale_bench/table.rs"]
+mod table;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -40,7 +42,8 @@ use egress_proxies_operator::api::Proxy;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::PostParams;
 use kube::runtime::{watcher, WatchStreamExt};
-use scale_bench::table::Table;
+use scale_bench::{env_or, status_mib, write_docs};
+use table::Table;
 use scale_bench::{bare, cgroup, perf, responder::Responder, CpuShare, CpuWindow};
 use serde_json::json;
 use support::{eventually, phase, Operator};
@@ -105,22 +108,7 @@ impl Mode {
     }
 }
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
-fn status_mib(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib / 1024.0
-}
 
 fn pct<T: Copy + Default + Ord>(sorted: &[T], p: f64) -> T {
     sorted
@@ -641,17 +629,3 @@ fn api_requests(
     by
 }
 
-/// Replaces the table between the `<!-- marker:start/end -->` lines of
-/// docs/performance.md.
-fn write_docs(marker: &str, table: &str) {
-    let (start, end) = (
-        format!("<!-- {marker}:start -->"),
-        format!("<!-- {marker}:end -->"),
-    );
-    let path = support::repo().join("docs/performance.md");
-    let doc = std::fs::read_to_string(&path).unwrap();
-    let (a, b) = (doc.find(&start).unwrap(), doc.find(&end).unwrap());
-    let new = format!("{}{start}\n{table}{}", &doc[..a], &doc[b..]);
-    std::fs::write(&path, new).unwrap();
-    println!("wrote the table into {}", path.display());
-}

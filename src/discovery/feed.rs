@@ -72,15 +72,19 @@ pub(super) async fn lease_state(
     let delta = ask
         .after
         .filter(|_| current)
-        .and_then(|after| Some((after, s.leases.export_since(after)?)));
+        .and_then(|after| {
+            let since_ms = s.leases.changed_at(after);
+            Some((after, since_ms, s.leases.export_since(after)?))
+        });
     let body = match delta {
-        Some((after, (version, state))) => {
+        Some((after, since_ms, (version, state))) => {
             s.metrics.feed_answer("delta");
             let fed = Fed {
                 feed,
                 after: Some(after),
                 state,
                 version,
+                since_ms,
             };
             fed.encode()
         }
@@ -174,6 +178,11 @@ fn take(s: &ApiState, held: &mut Held, fed: Fed, term: u64) -> bool {
     };
     match taken {
         Ok(true) => {
+            if let (Some(after), Some(since)) = (fed.after, fed.since_ms) {
+                let lag = crate::lease::unix_ms().saturating_sub(since);
+                s.metrics
+                    .copy_delta(lag as f64 / 1000.0, fed.version.saturating_sub(after));
+            }
             if held.feed.as_deref() != Some(fed.feed.as_str()) {
                 info!(leader = %held.leader, leases = fed.state.leases.len(), "Copying the leader's lease table");
             }

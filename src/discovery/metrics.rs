@@ -72,6 +72,8 @@ pub struct DiscoveryMetrics {
     lease_events: Family<EventLabel, Counter>,
     forwarded: Family<OutcomeLabel, Counter>,
     feed_answers: Family<KindLabel, Counter>,
+    copy_lag: Histogram,
+    copy_behind: Histogram,
     leases_active: Scraped<i64>,
     site_cooldowns: Scraped<i64>,
     copy_age: Scraped<i64>,
@@ -92,6 +94,10 @@ impl DiscoveryMetrics {
             lease_events: Family::default(),
             forwarded: Family::default(),
             feed_answers: Family::default(),
+            // 0.5 ms … ~8 s.
+            copy_lag: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            // 1 … 262,144 changes (the log's length).
+            copy_behind: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             leases_active: Scraped::default(),
             site_cooldowns: Scraped::default(),
             copy_age: Scraped::default(),
@@ -125,6 +131,16 @@ impl DiscoveryMetrics {
             "proxy_operator_lease_feed_answers",
             "Lease-table answers the leader sent to followers and gateways, by kind: delta (what changed since the copy they hold) or whole (the table, to a member that joins or that the change log no longer covers)",
             m.feed_answers.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_copy_lag_seconds",
+            "How old the oldest change in each delta of the leader's lease table was when this follower or gateway had taken it in (the leader's clock when it was made to this process's when taken)",
+            m.copy_lag.clone(),
+        );
+        registry.register(
+            "proxy_operator_lease_copy_behind_changes",
+            "Changes each delta of the leader's lease table carried: how many versions this follower's or gateway's copy was behind when the leader answered",
+            m.copy_behind.clone(),
         );
         registry.register(
             "proxy_operator_gateway_leader_messages_dropped",
@@ -218,6 +234,13 @@ impl DiscoveryMetrics {
     /// Counts one message the gateway could not queue for the leader.
     pub fn told_dropped(&self) {
         self.told_dropped.inc();
+    }
+
+    /// One delta of the leader's table taken into this replica's copy:
+    /// its oldest change `lag_secs` old, `behind` changes in it.
+    pub fn copy_delta(&self, lag_secs: f64, behind: u64) {
+        self.copy_lag.observe(lag_secs);
+        self.copy_behind.observe(behind as f64);
     }
 
     /// Counts one lease-table answer to a follower or gateway.

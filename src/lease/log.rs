@@ -38,7 +38,15 @@ pub(super) struct Log {
     /// The version before the first entry: changes up to it are not here.
     floor: u64,
     cap: usize,
+    /// When changes were made, at millisecond grain: the first version
+    /// made in each millisecond and that millisecond (Unix, the leader's
+    /// clock), so a member's answer can say how old its oldest change is.
+    marks: VecDeque<(u64, u64)>,
 }
+
+/// Milliseconds the marks keep: 8,192 of 16 bytes (128 KiB), at least
+/// 8 s of changes, longer than any member that stays in sync waits.
+const MAX_MARKS: usize = 8_192;
 
 impl Default for Log {
     fn default() -> Self {
@@ -52,6 +60,7 @@ impl Log {
             entries: VecDeque::new(),
             floor: 0,
             cap: cap.max(1),
+            marks: VecDeque::new(),
         }
     }
 
@@ -75,7 +84,29 @@ impl Log {
     /// version before `version` is no longer covered.
     pub(super) fn restart(&mut self, version: u64) {
         self.entries.clear();
+        self.marks.clear();
         self.floor = version;
+    }
+
+    /// Notes that change `version` was made at Unix millisecond `ms`
+    /// (only the first change of each millisecond is kept; a clock that
+    /// went back adds nothing).
+    pub(super) fn stamp(&mut self, version: u64, ms: u64) {
+        if self.marks.back().is_some_and(|&(_, last)| last >= ms) {
+            return;
+        }
+        if self.marks.len() >= MAX_MARKS {
+            self.marks.pop_front();
+        }
+        self.marks.push_back((version, ms));
+    }
+
+    /// When change `version` was made (Unix ms, at most a millisecond
+    /// early); `None` when the marks no longer reach back to it.
+    pub(super) fn made_at(&self, version: u64) -> Option<u64> {
+        let after = self.marks.partition_point(|&(v, _)| v <= version);
+        let (_, ms) = *self.marks.get(after.checked_sub(1)?)?;
+        Some(ms)
     }
 
     /// What changed after version `after`, when the log holds all of it.
@@ -119,6 +150,22 @@ mod tests {
         assert_eq!(log.version(), 9);
         assert!(log.since(5).is_none(), "a restart covers nothing before it");
         assert_eq!(log.since(9).map(Iterator::count), Some(0));
+    }
+
+    #[test]
+    fn a_change_is_dated_by_the_first_change_of_its_millisecond() {
+        let mut log = Log::with_cap(100);
+        for (version, ms) in [(1, 1000), (2, 1000), (3, 1002), (4, 1001), (5, 1005)] {
+            log.push(lease(version as u8));
+            log.stamp(version, ms);
+        }
+        // Version 4's clock went back: it counts as made in 1002's ms.
+        let cases = [(0, None), (1, Some(1000)), (2, Some(1000)), (3, Some(1002)), (4, Some(1002)), (5, Some(1005)), (9, Some(1005))];
+        for (version, want) in cases {
+            assert_eq!(log.made_at(version), want, "version {version}");
+        }
+        log.restart(6);
+        assert_eq!(log.made_at(5), None, "a whole table taken in dates nothing before it");
     }
 
     #[test]

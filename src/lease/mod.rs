@@ -107,7 +107,7 @@ mod log;
 use log::Touched;
 pub use log::MAX_LOG;
 mod snapshot;
-pub use snapshot::{LeaseEntry, Snapshot, SnapshotError, SNAPSHOT_VERSION};
+pub use snapshot::{unix_ms, LeaseEntry, Snapshot, SnapshotError, SNAPSHOT_VERSION};
 pub mod wire;
 
 mod ids;

@@ -203,6 +203,12 @@ impl LeaseStore {
         self.version.load(Ordering::SeqCst)
     }
 
+    /// When the change after version `after` was made, by this process's
+    /// clock (Unix ms): how old a member's copy is that asks from `after`.
+    pub fn changed_at(&self, after: u64) -> Option<u64> {
+        self.lock().log.made_at(after + 1)
+    }
+
     /// Logs what a change touched, under the lock that made it: the
     /// version and the log move together.
     pub(super) fn changed(&self, st: &mut State, touched: impl IntoIterator<Item = Touched>) {
@@ -212,6 +218,7 @@ impl LeaseStore {
         }
         let after = st.log.version();
         if after != before {
+            st.log.stamp(before + 1, unix_ms());
             self.version.store(after, Ordering::SeqCst);
             self.changes.notify_waiters();
         }
@@ -458,3 +465,10 @@ impl Plan {
 #[cfg(test)]
 #[path = "snapshot_tests.rs"]
 pub(super) mod tests;
+
+/// Now, in Unix milliseconds (0 before 1970).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -44,6 +44,9 @@ pub struct Fed {
     pub state: Snapshot,
     /// The leader's store version the state is at least as new as.
     pub version: u64,
+    /// With a delta: when the oldest change in it was made, by the
+    /// leader's clock (Unix ms); how far behind the member's copy was.
+    pub since_ms: Option<u64>,
 }
 
 /// What starts an encoded [`Fed`].
@@ -65,6 +68,7 @@ impl Fed {
         wire::put(&mut head, &None::<u64>);
         let (exported, mut out) = store.export_body(head);
         wire::put(&mut out, &exported.version);
+        wire::put(&mut out, &None::<u64>);
         (exported.version, out)
     }
 
@@ -179,6 +183,7 @@ mod tests {
             after: None,
             state: store.export(),
             version: store.version(),
+            since_ms: None,
         };
         assert_eq!(whole, value.encode(), "the same bytes as the value's");
     }

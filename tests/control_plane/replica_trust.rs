@@ -143,6 +143,7 @@ fn forged_table() -> Vec<u8> {
             ..Snapshot::default()
         },
         after: None,
+        since_ms: None,
     }
     .encode()
 }

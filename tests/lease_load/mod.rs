@@ -184,6 +184,16 @@ pub async fn load(addr: SocketAddr, token: &str, run_for: Duration) -> Figures {
 
 /// As [`load`], on the routes under `prefix`.
 pub async fn load_at(addr: SocketAddr, token: &str, run_for: Duration, prefix: &str) -> Figures {
+    load_with(addr, token, run_for, (prefix, b"{\"ttlSeconds\":60}")).await
+}
+
+/// As [`load_at`], each acquire sending `body`.
+pub async fn load_with(
+    addr: SocketAddr,
+    token: &str,
+    run_for: Duration,
+    (prefix, body): (&str, &'static [u8]),
+) -> Figures {
     let deadline = Instant::now() + run_for;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -195,7 +205,7 @@ pub async fn load_at(addr: SocketAddr, token: &str, run_for: Duration, prefix: &
             let mut errors = 0;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                match pair(&mut send, &token, &prefix).await {
+                match pair_with(&mut send, &token, &prefix, body).await.0 {
                     Pair::Done => lat.push(t.elapsed()),
                     Pair::Refused => errors += 1,
                     Pair::Broken => {

@@ -3,12 +3,12 @@
 //! their own (this test binary started again in a role, pinned to a CPU
 //! where the machine has one to spare), the operator's limits come from a
 //! cgroup as a Pod's do, and CPU is read per process and for the machine.
+#![allow(dead_code)] // each benchmark binary uses its own part
 
 pub mod bare;
 pub mod cgroup;
 pub mod perf;
 pub mod responder;
-pub mod table;
 
 use std::process::Command;
 
@@ -157,4 +157,39 @@ impl CpuShare {
         }
         "none of the machine's (CPU left idle)".into()
     }
+}
+
+/// An unsigned number from the environment variable `name`, else `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A `/proc/PID/status` size field (`VmRSS:`, `VmHWM:`, ...) in MiB; 0
+/// for a process gone.
+pub fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// Replaces the table between the `<!-- marker:start/end -->` lines of
+/// docs/performance.md.
+pub fn write_docs(marker: &str, table: &str) {
+    let (start, end) = (
+        format!("<!-- {marker}:start -->"),
+        format!("<!-- {marker}:end -->"),
+    );
+    let path = crate::support::repo().join("docs/performance.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let (a, b) = (doc.find(&start).unwrap(), doc.find(&end).unwrap());
+    let new = format!("{}{start}\n{table}{}", &doc[..a], &doc[b..]);
+    std::fs::write(&path, new).unwrap();
+    println!("wrote the table into {}", path.display());
 }

@@ -655,6 +655,7 @@ async fn a_gateway_copies_the_leaders_credentials_and_keeps_them_without_a_leade
 
 #[tokio::test]
 async fn a_grant_is_answered_only_once_the_in_sync_follower_holds_it() {
+    let began = std::time::Instant::now();
     let leader = Api::start_routed(50, Leader::Me, FORWARD_TIMEOUT).await;
     let url = format!("http://{}", leader.addr);
     let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
@@ -702,6 +703,28 @@ async fn a_grant_is_answered_only_once_the_in_sync_follower_holds_it() {
     };
     assert!(answers("delta") >= 22, "{text}");
     assert!(answers("whole") <= 2, "{text}");
+    // The follower dated each delta it took: how many changes behind and
+    // how long after the oldest of them was made.
+    let mine = follower.metrics.encode().unwrap();
+    let value = |series: &str| {
+        mine.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |n| n.trim().parse::<f64>().unwrap())
+    };
+    let deltas = value("proxy_operator_lease_copy_lag_seconds_count");
+    assert!(deltas >= 22.0, "{mine}");
+    assert_eq!(
+        value("proxy_operator_lease_copy_behind_changes_count"),
+        deltas
+    );
+    // Every grant and the renewal is one change at least.
+    assert!(value("proxy_operator_lease_copy_behind_changes_sum") >= 22.0);
+    // No change is dated before the test made it.
+    let worst = value("proxy_operator_lease_copy_lag_seconds_sum");
+    assert!(
+        worst <= began.elapsed().as_secs_f64() * deltas,
+        "lags of {worst} s over {deltas} deltas"
+    );
     // The follower goes silent: with nobody writing the Lease, a grant
     // waits for it and is refused, and nothing stays granted.
     follower.stop().await;
