@@ -42,11 +42,11 @@ use egress_proxies_operator::api::Proxy;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::PostParams;
 use kube::runtime::{watcher, WatchStreamExt};
-use scale_bench::{env_or, status_mib, write_docs};
-use table::Table;
 use scale_bench::{bare, cgroup, perf, responder::Responder, CpuShare, CpuWindow};
+use scale_bench::{env_or, status_mib, write_docs};
 use serde_json::json;
 use support::{eventually, phase, Operator};
+use table::Table;
 
 const TOKEN: &str = "bench-scale-token";
 
@@ -107,8 +107,6 @@ impl Mode {
         }
     }
 }
-
-
 
 fn pct<T: Copy + Default + Ord>(sorted: &[T], p: f64) -> T {
     sorted
@@ -628,4 +626,3 @@ fn api_requests(
     }
     by
 }
-

@@ -56,8 +56,6 @@ const LEASE: &str = "egress-proxies-operator.crawl.example.com";
 /// loop keeps 60 s leases (120,000 released ids at 2,000 a second).
 const CLOSED_TTL: &[u8] = b"{\"ttlSeconds\":10}";
 
-
-
 /// The role this binary plays when started again (the probe targets).
 #[test]
 #[ignore = "a role of make bench-scale, started by it"]
@@ -281,7 +279,10 @@ async fn column(
     let window = Window::start(members);
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let probing_cpu = window.end(members);
-    let probing_rss = members.iter().map(|m| status_mib(m.pid(), "VmRSS:")).collect();
+    let probing_rss = members
+        .iter()
+        .map(|m| status_mib(m.pid(), "VmRSS:"))
+        .collect();
     switch_probes(api, true).await;
     let loads = loads(api, follower_api, members, (secs, rate)).await;
     switch_probes(api, false).await;
@@ -290,7 +291,10 @@ async fn column(
         probing_rss,
         probing_cpu,
         loads,
-        peak: members.iter().map(|m| status_mib(m.pid(), "VmHWM:")).collect(),
+        peak: members
+            .iter()
+            .map(|m| status_mib(m.pid(), "VmHWM:"))
+            .collect(),
     }
 }
 
@@ -615,4 +619,3 @@ fn render(r: &Report) -> String {
     );
     out
 }
-

@@ -11,10 +11,11 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 
-use super::feed::{ask_leader, FEED_PATH};
+use super::feed::FEED_PATH;
 use super::*;
 use crate::lease::{LeaseConfig, LeaseKey, LeaseStore};
 use crate::metrics::Registrar;
+use crate::replica::copy::ask_leader;
 use crate::replica::internal::{seal_answer, ANSWER_HEADER, FORWARD_HEADER};
 
 fn key(b: u8) -> LeaseKey {
@@ -90,7 +91,7 @@ async fn a_copy_is_taken_only_when_the_leader_sealed_it_for_this_very_call() {
     let s = follower(shared.clone());
     let ask = |base: String| {
         let s = s.clone();
-        async move { ask_leader::<serde_json::Value>(&s, &base, FEED_PATH, 1 << 20).await }
+        async move { ask_leader::<serde_json::Value>(&s.forward, &base, FEED_PATH, 1 << 20).await }
     };
     for (name, sealing) in [
         ("unsealed", Sealing::None),

@@ -19,9 +19,10 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 
 use super::error::ApiError;
-use super::feed::{ask_leader, Replica};
+use super::feed::Replica;
 use super::state::ApiState;
 use crate::credentials::cache::Entry;
+use crate::replica::copy::ask_leader;
 use crate::replica::forward::Leader;
 
 /// The route.
@@ -123,7 +124,7 @@ pub async fn follow_credentials(s: ApiState, stop: impl std::future::Future<Outp
                 let path = ask_path(&held);
                 let got = tokio::select! {
                     _ = &mut stop => return,
-                    got = ask_leader::<Handed>(&s, &url, &path, CREDENTIALS_LIMIT) => got,
+                    got = ask_leader::<Handed>(&s.forward, &url, &path, CREDENTIALS_LIMIT) => got,
                 };
                 match got {
                     Ok(None) => ASK_EVERY,

@@ -148,7 +148,7 @@ pub async fn serve_within(
         }
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stopped()));
-    let follower = tokio::spawn(super::feed::follow(state.clone(), stopped()));
+    let follower = tokio::spawn(crate::replica::copy::follow(state.copier(), stopped()));
     let deliverer = tokio::spawn(super::to_leader::deliver(state.clone(), stopped()));
     let credentials = tokio::spawn(super::credentials_feed::follow_credentials(
         state.clone(),

@@ -139,6 +139,19 @@ pub struct ApiState {
 }
 
 impl ApiState {
+    /// What keeps this process's copy of the leader's table
+    /// (`replica::copy`), counting each delta in this API's metrics.
+    pub(super) fn copier(&self) -> crate::replica::copy::Copier {
+        let metrics = self.metrics.clone();
+        crate::replica::copy::Copier {
+            leases: self.leases.clone(),
+            forward: self.forward.clone(),
+            replicas: self.replicas.clone(),
+            observer: self.observer,
+            on_delta: Arc::new(move |lag, behind| metrics.copy_delta(lag, behind)),
+        }
+    }
+
     /// The state; `token` is `DISCOVERY_TOKEN` (None or empty: open API),
     /// the client named [`DEFAULT_CLIENT`].
     pub fn new(

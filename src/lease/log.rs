@@ -160,12 +160,24 @@ mod tests {
             log.stamp(version, ms);
         }
         // Version 4's clock went back: it counts as made in 1002's ms.
-        let cases = [(0, None), (1, Some(1000)), (2, Some(1000)), (3, Some(1002)), (4, Some(1002)), (5, Some(1005)), (9, Some(1005))];
+        let cases = [
+            (0, None),
+            (1, Some(1000)),
+            (2, Some(1000)),
+            (3, Some(1002)),
+            (4, Some(1002)),
+            (5, Some(1005)),
+            (9, Some(1005)),
+        ];
         for (version, want) in cases {
             assert_eq!(log.made_at(version), want, "version {version}");
         }
         log.restart(6);
-        assert_eq!(log.made_at(5), None, "a whole table taken in dates nothing before it");
+        assert_eq!(
+            log.made_at(5),
+            None,
+            "a whole table taken in dates nothing before it"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! at once, with no recovery window (docs/architecture.md, "Hand-over").
 //!
 //! A follower keeps such a copy of the leader's table, taken whole on
-//! joining and kept by deltas after (`delta.rs`, `discovery::feed`); the
+//! joining and kept by deltas after (`delta.rs`, `replica::copy`); the
 //! store's term and change log tell when.
 //!
 //! Every time is kept as a duration from the export, never as a wall-clock
@@ -234,7 +234,7 @@ impl LeaseStore {
     }
 
     /// Waits until the version is past `seen`, at most `limit`; whether it
-    /// is (a follower's long poll, `discovery::feed`).
+    /// is (a follower's long poll, answered in `discovery::feed`).
     pub async fn changed_since(&self, seen: u64, limit: Duration) -> bool {
         let wake = self.changes.notified();
         tokio::pin!(wake);

@@ -1,9 +1,9 @@
 //! The lease table's feed between replicas, its protocol half: the route,
 //! the ask naming the copy a follower holds, the leader's answer, and
 //! the signed call every replica-only ask is (docs/architecture.md,
-//! "Warm followers" and "The change log"). The route and the follower's
-//! loop that serve and ask through the discovery API's state are
-//! `discovery::feed`'s.
+//! "Warm followers" and "The change log"). The member's loop is
+//! `copy.rs`; the route that answers, through the discovery API's
+//! state, is `discovery::feed`'s.
 
 use std::time::Duration;
 

@@ -7,6 +7,7 @@
 //! the planned hand-over of the table and the horizon a next leader
 //! waits for. Nothing here names the discovery API's routes or state.
 
+pub mod copy;
 pub mod copy_age;
 pub mod feed;
 pub mod forward;

@@ -560,16 +560,24 @@ async fn a_gateway_key_forwards_and_follows_but_is_never_a_replica_in_sync() {
     // Asking for the table naming itself, a gateway is still an observer;
     // a manager replica joins the followers grants wait for.
     let ask = |who: &str| format!("{}?replica={who}", feed::FEED_PATH);
-    let fed = feed::ask_leader_bytes(&gateway.state, &url, &ask("gw-1"), 1 << 20)
-        .await
-        .unwrap()
-        .map(|b| feed::Fed::decode(&b).unwrap());
+    let fed =
+        crate::replica::copy::ask_leader_bytes(&gateway.state.forward, &url, &ask("gw-1"), 1 << 20)
+            .await
+            .unwrap()
+            .map(|b| feed::Fed::decode(&b).unwrap());
     assert!(fed.is_some_and(|f| f.state.leases.len() == 1));
-    let fed = feed::ask_leader_bytes(&manager.state, &url, &ask("mgr-1"), 1 << 20)
-        .await
-        .unwrap();
+    let fed = crate::replica::copy::ask_leader_bytes(
+        &manager.state.forward,
+        &url,
+        &ask("mgr-1"),
+        1 << 20,
+    )
+    .await
+    .unwrap();
     assert!(fed.is_some());
-    let refused = feed::ask_leader_bytes(&stranger.state, &url, &ask("x-1"), 1 << 20).await;
+    let refused =
+        crate::replica::copy::ask_leader_bytes(&stranger.state.forward, &url, &ask("x-1"), 1 << 20)
+            .await;
     assert!(refused.is_err(), "{refused:?}");
     // Each Api also follows the leader in the background, naming itself:
     // once the manager's and the gateway's copies hold the lease, the
