@@ -1013,6 +1013,19 @@ fn the_replica_module_names_neither_the_discovery_api_nor_the_gateway() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(gone);
         assert!(!path.exists(), "{gone} moved to src/replica/");
     }
+    // The members' copy loops live beside the protocol too; discovery/
+    // keeps the routes that answer them.
+    for (file, loop_fn) in [
+        ("src/discovery/feed.rs", "async fn follow"),
+        (
+            "src/discovery/credentials_feed.rs",
+            "async fn follow_credentials",
+        ),
+    ] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(loop_fn), "{file}: {loop_fn} is replica/'s");
+    }
 }
 
 #[test]

@@ -150,8 +150,9 @@ pub async fn serve_within(
     let sweeper = tokio::spawn(sweep(state.clone(), stopped()));
     let follower = tokio::spawn(crate::replica::copy::follow(state.copier(), stopped()));
     let deliverer = tokio::spawn(super::to_leader::deliver(state.clone(), stopped()));
-    let credentials = tokio::spawn(super::credentials_feed::follow_credentials(
-        state.clone(),
+    let credentials = tokio::spawn(crate::replica::credentials_copy::follow_credentials(
+        (state.forward.clone(), state.credentials.clone()),
+        state.observer,
         stopped(),
     ));
     let refresher = tokio::spawn(state.clone().refresh_listing(stopped()));

@@ -9,6 +9,7 @@
 
 pub mod copy;
 pub mod copy_age;
+pub mod credentials_copy;
 pub mod feed;
 pub mod forward;
 pub mod handover;

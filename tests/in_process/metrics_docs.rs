@@ -145,6 +145,8 @@ fn the_exposition_keeps_its_family_order() {
             "proxy_operator_lease_events",
             "proxy_operator_discovery_forwarded",
             "proxy_operator_lease_feed_answers",
+            "proxy_operator_lease_copy_lag_seconds",
+            "proxy_operator_lease_copy_behind_changes",
             "proxy_operator_gateway_leader_messages_dropped",
             "proxy_operator_discovery_token_reload_failures",
             "proxy_operator_discovery_tokens_last_reload_successful",

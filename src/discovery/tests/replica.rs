@@ -631,8 +631,10 @@ async fn a_gateway_copies_the_leaders_credentials_and_keeps_them_without_a_leade
     let copy = gateway.state.credentials.clone();
     assert!(!copy.synced(), "nothing before the first copy");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let observer = gateway.state.clone().as_observer();
     let follow = tokio::spawn(credentials_feed::follow_credentials(
-        gateway.state.clone().as_observer(),
+        (observer.forward.clone(), observer.credentials.clone()),
+        observer.observer,
         async move {
             let _ = stopped.await;
         },
