@@ -418,7 +418,7 @@ async fn the_gateway_answers_an_oversized_head_431_before_sign_in() {
         &metrics,
     );
     let gateway_metrics = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
-    let fleet = Arc::new(ApiFleet::new(state));
+    let fleet = Arc::new(ApiFleet::new(state.gateway_parts()));
     let gw = Arc::new(Gateway::new(fleet, Settings::default(), gateway_metrics));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

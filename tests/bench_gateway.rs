@@ -124,7 +124,7 @@ async fn gateway_server() {
         // version: the listing is rebuilt at its every age, 250 ms).
         let ports: Vec<u16> = fleet.iter().map(|u| u.port).collect();
         let state = listing(size, &ports);
-        let api_fleet = Arc::new(gateway::ApiFleet::new(state.clone()));
+        let api_fleet = Arc::new(gateway::ApiFleet::new(state.gateway_parts()));
         let stop = || tokio::time::sleep(Duration::from_secs(secs));
         tokio::spawn(state.refresh_listing(stop()));
         tokio::spawn(gateway::warm_upstreams(api_fleet.clone(), stop()));

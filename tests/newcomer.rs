@@ -982,16 +982,24 @@ fn the_discovery_and_gateway_files_name_each_other_without_a_cycle() {
     }
 }
 
+/// The files directly in the repository's `dir`, with their text.
+fn files_of(dir: &str) -> Vec<(std::path::PathBuf, String)> {
+    std::fs::read_dir(repo().join(dir))
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect()
+}
+
 /// Issue 52: the replicas' protocol has one home below the discovery API
 /// and the gateway, and names neither (nor the composition root).
 #[test]
 fn the_replica_module_names_neither_the_discovery_api_nor_the_gateway() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/replica");
-    let mut read = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
-        read += 1;
+    let files = files_of("src/replica");
+    for (path, text) in &files {
         for above in [
             "crate::discovery",
             "crate::gateway",
@@ -1001,7 +1009,11 @@ fn the_replica_module_names_neither_the_discovery_api_nor_the_gateway() {
             assert!(!text.contains(above), "{} names {above}", path.display());
         }
     }
-    assert!(read >= 10, "src/replica was read: {read} files");
+    assert!(
+        files.len() >= 10,
+        "src/replica was read: {} files",
+        files.len()
+    );
     // And the protocol files are no longer where they were.
     for gone in [
         "src/discovery/internal.rs",
@@ -1026,6 +1038,35 @@ fn the_replica_module_names_neither_the_discovery_api_nor_the_gateway() {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains(loop_fn), "{file}: {loop_fn} is replica/'s");
     }
+}
+
+/// Issue 52: the gateway stands beside the discovery API on the lease
+/// service (`replica::lease_service`) and the API's listing and tokens,
+/// never on the API's state; what a gateway tells the leader is sent
+/// from `replica::to_leader`, and discovery/ keeps only the routes that
+/// take it.
+#[test]
+fn the_gateway_stands_beside_the_discovery_api_not_on_its_state() {
+    let files = files_of("src/gateway");
+    for (path, text) in files.iter().filter(|(p, _)| !is_test_file(p)) {
+        // Its unit tests may build an API to take the parts from.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        assert!(
+            !code.contains("ApiState"),
+            "{} names the discovery API's state",
+            path.display()
+        );
+    }
+    assert!(
+        files.len() >= 10,
+        "src/gateway was read: {} files",
+        files.len()
+    );
+    let to_leader = read("src/discovery/to_leader.rs");
+    assert!(
+        !to_leader.contains("async fn deliver"),
+        "the delivery loop is replica/to_leader.rs's"
+    );
 }
 
 #[test]

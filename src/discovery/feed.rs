@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::state::ApiState;
-pub(super) use crate::replica::feed::signed_call;
 pub use crate::replica::feed::{Fed, Replica, FEED_HOLD, FEED_PATH};
 use crate::replica::forward::Leader;
 

@@ -16,7 +16,9 @@
 //! `feed` (followers' copy of the leader's table), `bench` (the
 //! benchmark's routes, hidden behind `--bench-routes`),
 //! `credentials_feed` (the upstreams' credentials handed to gateway
-//! processes). The files name each other without a cycle.
+//! processes), `to_leader` (the leader's routes for what gateways tell
+//! it; the sending side is `replica::to_leader`'s), `for_gateway` (what
+//! a gateway in this process takes of the API). The files name each other without a cycle.
 
 mod bench;
 mod changes;
@@ -24,6 +26,7 @@ mod client;
 pub mod credentials_feed;
 mod error;
 pub mod feed;
+mod for_gateway;
 mod freshness;
 mod grant;
 mod handlers;
@@ -49,6 +52,7 @@ pub use crate::replica::forward::{
     route, Forwarder, Leader, Route, Unavailable, FORWARD_TIMEOUT, HOLD_ENV,
 };
 pub use error::ApiError;
+pub use for_gateway::GatewayParts;
 pub use hooks::{GatewaySessions, Replacer, REPLACES_PER_WINDOW, REPLACE_WINDOW};
 pub use listing::ListingData;
 pub use middleware::{remote_parent, route_label, BODY_LIMIT, UNMATCHED};

@@ -54,11 +54,11 @@ pub fn router(state: ApiState, request_timeout: Option<Duration>) -> Router {
         )
         // Replicas only: what a gateway replica tells the leader.
         .route(
-            super::to_leader::COOLDOWNS_PATH,
+            crate::replica::to_leader::COOLDOWNS_PATH,
             post(super::to_leader::take_cooldown),
         )
         .route(
-            super::to_leader::FAILED_PATH,
+            crate::replica::to_leader::FAILED_PATH,
             post(super::to_leader::take_failed),
         )
         // Only these go to the leader's lease store; the listing is the
@@ -149,7 +149,10 @@ pub async fn serve_within(
     };
     let sweeper = tokio::spawn(sweep(state.clone(), stopped()));
     let follower = tokio::spawn(crate::replica::copy::follow(state.copier(), stopped()));
-    let deliverer = tokio::spawn(super::to_leader::deliver(state.clone(), stopped()));
+    let deliverer = tokio::spawn(crate::replica::to_leader::deliver(
+        state.teller(),
+        stopped(),
+    ));
     let credentials = tokio::spawn(crate::replica::credentials_copy::follow_credentials(
         (state.forward.clone(), state.credentials.clone()),
         state.observer,

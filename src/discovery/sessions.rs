@@ -5,7 +5,7 @@
 //! upstream. Served by the replica that received it, not forwarded: the
 //! session lives in this replica's gateway; the cooldown also goes to the
 //! leader's table, so every gateway replica moves the session alike
-//! (`to_leader.rs`).
+//! (`replica/to_leader.rs`).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -406,28 +406,9 @@ impl ApiState {
             .collect()
     }
 
-    /// The listing of eligible proxies in force (the gateway's
-    /// upstreams): a new one, another `Arc`, each time it is rebuilt.
-    pub fn current_listing(&self) -> Listing {
-        self.listing()
-    }
-
-    /// The client a token names, as the API's bearer auth finds it.
-    pub fn client_of_token(&self, token: &str) -> Option<Arc<str>> {
-        self.tokens.client_of(token)
-    }
-
     /// The lease store the API grants from.
     pub fn lease_store(&self) -> &Arc<LeaseStore> {
         &self.leases
-    }
-
-    /// Whether the exclusive leases in this replica's table may withhold
-    /// proxies: it leads, or its copy of the leader's is recent
-    /// (`copy_age.rs`).
-    pub fn leases_exclude(&self) -> bool {
-        let copy = self.replicas.copy().at(std::time::Instant::now());
-        !crate::replica::copy_age::stale(copy)
     }
 
     /// The listing entry of a lease's proxy, while it is eligible.

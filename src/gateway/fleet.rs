@@ -1,14 +1,14 @@
 //! The upstreams the gateway may use: the lease API's eligible proxies
 //! (Ready, Healthy, not draining, with their credentials at hand), less
-//! those an exclusive lease holds or a report cooled down. In the
-//! operator process this is the discovery API's own state, so both ways
+//! those an exclusive lease holds or a report cooled down. It holds the
+//! parts of the discovery API beside it (`discovery::GatewayParts`: the
+//! listing in force, the token lookup, the lease service), so both ways
 //! in read one listing and one lease store.
 
 use std::sync::{Arc, Mutex};
 
-use crate::discovery::{ApiState, Filter, Listing, ProxyItem};
+use crate::discovery::{Filter, GatewayParts, Listing, ProxyItem};
 use crate::lease::ProxyKey;
-use crate::replica::outbox::Tell;
 use crate::tenancy::ProbeDenylist;
 
 /// One upstream proxy as the gateway dials it.
@@ -159,12 +159,13 @@ pub trait Fleet: Send + Sync + 'static {
     fn failed(&self, _key: &ProxyKey) {}
 }
 
-/// The discovery API's state as the gateway's fleet. The upstreams are
-/// made from a listing once (a listing is rebuilt at most every 250 ms,
-/// and not while nothing changes), so a new connection costs a filter
-/// lookup and a walk over references, not a copy of every proxy.
+/// The discovery API's listing and lease table as the gateway's fleet.
+/// The upstreams are made from a listing once (a listing is rebuilt at
+/// most every 250 ms, and not while nothing changes), so a new
+/// connection costs a filter lookup and a walk over references, not a
+/// copy of every proxy.
 pub struct ApiFleet {
-    state: ApiState,
+    api: GatewayParts,
     /// What an upstream's name must not resolve to (`--probe-deny-cidrs`
     /// less `--probe-allow-cidrs`).
     deny: Option<Arc<ProbeDenylist>>,
@@ -174,10 +175,10 @@ pub struct ApiFleet {
 }
 
 impl ApiFleet {
-    /// The fleet of `state`.
-    pub fn new(state: ApiState) -> Self {
+    /// The fleet of the API `api` was taken from.
+    pub fn new(api: GatewayParts) -> Self {
         ApiFleet {
-            state,
+            api,
             deny: None,
             made: Mutex::new(None),
         }
@@ -193,7 +194,7 @@ impl ApiFleet {
     /// off the connections' path (`warm_upstreams`), so the connection
     /// after a listing change finds them made.
     pub fn warm(&self) {
-        self.made_from(&self.state.current_listing());
+        self.made_from(&(self.api.listing)());
     }
 
     /// The upstreams of `listing`, made once. Made outside the lock: a
@@ -265,11 +266,11 @@ fn upstream_of(key: &ProxyKey, item: &ProxyItem) -> Upstream {
 
 impl Fleet for ApiFleet {
     fn client_of(&self, token: &str) -> Option<Arc<str>> {
-        self.state.client_of_token(token)
+        self.api.tokens.client_of(token)
     }
 
     fn upstreams(&self, filter: &Filter) -> Candidates {
-        let listing = self.state.current_listing();
+        let listing = (self.api.listing)();
         let all = self.made_from(&listing);
         Candidates {
             all,
@@ -285,27 +286,15 @@ impl Fleet for ApiFleet {
     }
 
     fn shared_all(&self, client: &str, keys: &[&ProxyKey], site: Option<&str>) -> Vec<bool> {
-        // A stale copy of the leader's table withholds nothing by its
-        // leases; cooldowns still count (this process records its own).
-        let by_leases = self.state.leases_exclude();
-        self.state
-            .lease_store()
-            .lets_gateway_use_all(client, keys, (site, by_leases))
+        self.api.leases.lets_use_all(client, keys, site)
     }
 
     fn cool_down(&self, client: &Arc<str>, key: &ProxyKey, site: Option<&str>) {
-        // Here before the next choice; at the leader without holding up
-        // the answer to the crawler, through the bounded queue.
-        self.state.lease_store().cool_down(key, client, site);
-        self.state.tell(Tell::Cooldown {
-            proxy: key.clone(),
-            client: client.clone(),
-            site: site.map(str::to_string),
-        });
+        self.api.leases.cool_down(client, key, site);
     }
 
     fn failed(&self, key: &ProxyKey) {
-        self.state.tell(Tell::Failed(key.clone()));
+        self.api.leases.failed(key);
     }
 }
 
@@ -333,9 +322,9 @@ mod tests {
         )
     }
 
-    /// An API state listing the Ready Proxies `(name, pool)`, one lease
-    /// per proxy, the client `default` signing in with the token `t`.
-    fn state_of(proxies: &[(&str, &str)]) -> ApiState {
+    /// The parts of an API listing the Ready Proxies `(name, pool)`, one
+    /// lease per proxy, the client `default` signing in with the token `t`.
+    fn api_of(proxies: &[(&str, &str)]) -> GatewayParts {
         let source: Vec<Arc<Proxy>> = proxies.iter().map(|(n, p)| proxy(n, p)).collect();
         let config = LeaseConfig {
             max_leases_per_proxy: 1,
@@ -346,13 +335,14 @@ mod tests {
         let mut registry = crate::metrics::Registrar::new();
         let metrics = crate::discovery::metrics::DiscoveryMetrics::register(&mut registry);
         let leases = Arc::new(LeaseStore::new(config));
-        ApiState::new(Arc::new(source), leases, Some("t"), &metrics)
+        crate::discovery::ApiState::new(Arc::new(source), leases, Some("t"), &metrics)
+            .gateway_parts()
     }
 
     #[tokio::test]
     async fn upstreams_are_made_once_per_listing_and_chosen_by_position() {
-        let state = state_of(&[("a", "eu"), ("b", "us"), ("c", "eu")]);
-        let fleet = ApiFleet::new(state);
+        let api = api_of(&[("a", "eu"), ("b", "us"), ("c", "eu")]);
+        let fleet = ApiFleet::new(api);
         let all = Filter::new(Filters::default()).unwrap();
         let eu = Filter::new(Filters {
             pool: Some("eu".into()),
@@ -413,11 +403,11 @@ mod tests {
             ("d", "eu"),
             ("e", "us"),
         ];
-        let state = state_of(&pools);
+        let api = api_of(&pools);
         let mut registry = crate::metrics::Registrar::new();
         let gateway_metrics = crate::gateway::metrics::GatewayMetrics::register(&mut registry);
         let gateway = || {
-            let fleet = Arc::new(ApiFleet::new(state.clone()));
+            let fleet = Arc::new(ApiFleet::new(api.clone()));
             crate::gateway::Gateway::new(fleet, Default::default(), gateway_metrics.clone())
         };
         let (carried, other) = (gateway(), gateway());

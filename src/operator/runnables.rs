@@ -187,10 +187,11 @@ pub fn spawn_discovery(
     // The health engine (while this replica leads) probes at once what a
     // gateway saw fail.
     let state = state.with_hints(settings.health.hints.clone());
-    // The gateway reads the API's state; the API takes its session reports.
+    // The gateway takes the API's listing, tokens and lease service; the
+    // API takes its session reports.
     let state = match settings.gateway_bind {
         Some(at) => {
-            let fed = (state.clone(), metrics.gateway.clone());
+            let fed = (state.gateway_parts(), metrics.gateway.clone());
             let deny = settings.health.defaults.deny.clone();
             let gateway = spawn_gateway(
                 tasks,
@@ -216,15 +217,18 @@ pub fn spawn_discovery(
 }
 
 /// The gateway inside this process: it shares the discovery API's
-/// listing, lease store and tokens.
+/// listing, lease store and tokens (`api`).
 fn spawn_gateway(
     tasks: &mut JoinSet<()>,
     addr: SocketAddr,
     (settings, deny): (crate::gateway::Settings, Arc<crate::tenancy::ProbeDenylist>),
-    (state, metrics): (discovery::ApiState, crate::gateway::metrics::GatewayMetrics),
+    (api, metrics): (
+        discovery::GatewayParts,
+        crate::gateway::metrics::GatewayMetrics,
+    ),
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Arc<crate::gateway::Gateway> {
-    let fleet = Arc::new(crate::gateway::ApiFleet::new(state).with_deny(deny));
+    let fleet = Arc::new(crate::gateway::ApiFleet::new(api).with_deny(deny));
     let gateway = crate::gateway::Gateway::new(fleet.clone(), settings, metrics);
     let gateway = Arc::new(gateway);
     let serving = gateway.clone();

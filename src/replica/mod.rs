@@ -3,9 +3,10 @@
 //! only each other" and "In-sync followers"): the shared keys and their
 //! rotation, the seals every call between replicas carries, who is in
 //! sync with the leader and how old a copy is, the leader's memory of
-//! request keys, the bounded queue of a gateway's messages to the leader,
-//! the planned hand-over of the table and the horizon a next leader
-//! waits for. Nothing here names the discovery API's routes or state.
+//! request keys, the bounded queue of a gateway's messages to the leader
+//! and their delivery, the lease table as a gateway uses it, the planned
+//! hand-over of the table and the horizon a next leader waits for.
+//! Nothing here names the discovery API's routes or state.
 
 pub mod copy;
 pub mod copy_age;
@@ -17,9 +18,11 @@ pub mod horizon;
 pub mod internal;
 pub mod key_reload;
 pub mod lease_key;
+pub mod lease_service;
 pub mod members;
 pub mod outbox;
 pub mod replay;
+pub mod to_leader;
 
 use std::collections::BTreeMap;
 

@@ -786,9 +786,10 @@ async fn a_flood_of_gateway_cooldowns_waits_bounded_and_reaches_the_leader_one_c
     });
     let follower = Api::start_routed(50, Leader::At(url), FORWARD_TIMEOUT).await;
     let me: Arc<str> = "default".into();
+    let teller = follower.state.teller();
     for i in 0..10_000 {
         let site = format!("site-{i}.example");
-        follower.state.tell(Tell::Cooldown {
+        teller.tell(Tell::Cooldown {
             proxy: test_proxy_key("a"),
             client: me.clone(),
             site: Some(site),
@@ -852,10 +853,10 @@ async fn an_upstream_a_followers_gateway_saw_fail_reaches_the_leaders_health_eng
     let (leader, follower) = leader_and_follower().await;
     let key = test_proxy_key;
     let hints = |api: &Api| api.state.hints.as_ref().unwrap().take();
-    follower.state.upstream_failed(&key("a")).await;
+    follower.state.teller().upstream_failed(&key("a")).await;
     assert_eq!(hints(&leader), ["ns/a"], "sent to the leader");
     assert!(hints(&follower).is_empty(), "a follower runs no engine");
-    leader.state.upstream_failed(&key("b")).await;
+    leader.state.teller().upstream_failed(&key("b")).await;
     assert_eq!(hints(&leader), ["ns/b"], "the leader's own gateway");
     // Sent by a replica only: a crawler's token meets an unknown route.
     let body = br#"{"namespace": "ns", "name": "a"}"#.to_vec();
