@@ -8,10 +8,17 @@
 //!
 //! Two columns from one run, the same loads on the same leader:
 //!
-//! - **one process**: the leader alone (nobody follows), the figures every
-//!   earlier benchmark gave;
-//! - **shipped**: then the follower and both gateways join and copy the
-//!   table, and the loads run again.
+//! - **shipped**, first: the follower and both gateways join and copy the
+//!   table, and the loads run;
+//! - **one process**, second: they stop and the leader alone runs the same
+//!   loads, the figures every earlier benchmark gave.
+//!
+//! Between the two, a member away: the follower is stopped (SIGSTOP) for
+//! BENCH_ABSENCE seconds (default 60) while the open loop runs, then
+//! resumed; the time until it is named in sync again and whether the
+//! leader had to send it a whole table (or the change log covered it).
+//! Last, a new follower joins the leader holding the leases (a whole
+//! table).
 //!
 //! Each column: each process's RSS and CPU while probing; the leases
 //! filled; then, probes held, acquire+release closed loop on 64
@@ -22,6 +29,11 @@
 //! (forwarded, as half of a Service's calls are) and the copies' lag from
 //! their own histograms (`proxy_operator_lease_copy_lag_seconds`,
 //! `..._behind_changes`). Last, each process's peak RSS (VmHWM).
+//!
+//! BENCH_HEAPTRACK_A=<fifo> (or _B, _C) starts that manager under
+//! heaptrack's preload library writing to the named pipe, for
+//! `heaptrack_interpret < fifo | zstd > a.zst` to read: the live heap by
+//! call site at the peak (docs/performance.md, "The allocator").
 //!
 //! Prints one table, and with BENCH_WRITE_DOCS=1 writes it into
 //! docs/performance.md. Asserts nothing about speed: it fails only if the
@@ -114,6 +126,11 @@ fn manager(
         .args(["--leader-election-renew-deadline", "10s"])
         .args(["--leader-election-retry-period", "500ms"])
         .env("POD_NAME", name);
+    // heaptrack's preload library, when asked (the module's header).
+    if let Ok(fifo) = std::env::var(format!("BENCH_HEAPTRACK_{}", name.to_uppercase())) {
+        cmd.env("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so")
+            .env("DUMP_HEAPTRACK_OUTPUT", fifo);
+    }
     let op = Operator::spawn(cmd, &dir.join(format!("{name}.log")));
     Member { name, op, metrics }
 }
@@ -340,6 +357,67 @@ async fn joined(ground: &Ground, follower: &str, gateways: &[&Member]) {
     }
 }
 
+/// A follower away for a while during the open loop, and back.
+struct Absence {
+    away: Duration,
+    /// The open loop at the leader while the follower was stopped.
+    open: lease_load::Figures,
+    /// Whether the leader stopped naming it in sync while it was away.
+    dropped: bool,
+    /// From its resume to being named in sync again.
+    back_in: Duration,
+    /// Whole tables the leader sent while it was away and coming back.
+    wholes: f64,
+    /// The changes its largest delta carried (a bucket bound).
+    behind: f64,
+}
+
+/// Whole-table answers the leader has sent (`..._feed_answers_total`).
+fn wholes(text: &str) -> f64 {
+    support::sample(
+        text,
+        "proxy_operator_lease_feed_answers_total{kind=\"whole\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+fn signal(m: &Member, sig: &str) {
+    let done = Command::new("kill")
+        .args([sig, &m.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(done.success(), "kill {sig} {}", m.name);
+}
+
+/// Stops the follower `b` (SIGSTOP: a frozen node, a partition) for
+/// `away` while the open loop runs at the leader `a`, resumes it, and
+/// times its way back into sync.
+async fn absence(
+    ground: &Ground,
+    (a, api, b): (&Member, SocketAddr, &Member),
+    away: Duration,
+    rate: f64,
+) -> Absence {
+    let (leader_before, b_before) = (a.scrape().await, b.scrape().await);
+    signal(b, "-STOP");
+    let open = lease_load::open_loop(api, TOKEN, rate, away, "/v1").await;
+    let dropped = !in_sync(ground).await.contains("b_");
+    let resumed = Instant::now();
+    signal(b, "-CONT");
+    joined(ground, "b_", &[]).await;
+    let back_in = resumed.elapsed();
+    let (leader_after, b_after) = (a.scrape().await, b.scrape().await);
+    let family = "proxy_operator_lease_copy_behind_changes";
+    Absence {
+        away,
+        open,
+        dropped,
+        back_in,
+        wholes: wholes(&leader_after) - wholes(&leader_before),
+        behind: quantile(&b_before, &b_after, family, 1.0).0,
+    }
+}
+
 /// The Lease's holder.
 async fn holder(ground: &Ground) -> Option<String> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = ground.api();
@@ -442,6 +520,9 @@ async fn bench_topology() {
         "the leader stayed the leader: the figures are one topology's"
     );
     eprintln!("shipped column done");
+    let away = Duration::from_secs(env_or("BENCH_ABSENCE", 60).clamp(5, 600));
+    let absence = absence(&ground, (&a, api_a, &b), away, rate).await;
+    eprintln!("absence done");
 
     // One process: the others stop, and once the leader's Lease no longer
     // names the follower, the leader alone.
@@ -483,6 +564,7 @@ async fn bench_topology() {
         late,
         single,
         shipped,
+        absence,
     });
     drop((a, responder));
     println!("{table}");
@@ -504,6 +586,7 @@ struct Report {
     late: (Duration, f64, f64),
     single: Column,
     shipped: Column,
+    absence: Absence,
 }
 
 fn figures(f: &lease_load::Figures) -> String {
@@ -616,6 +699,20 @@ fn render(r: &Report) -> String {
         "peak RSS (VmHWM) at the column's end (goal ≤ 128 MiB each)",
         per_process(&s.names, &s.peak, " MiB", 1),
         per_process(&t.names, &t.peak, " MiB", 1),
+    );
+    let ab = &r.absence;
+    let _ = writeln!(
+        out,
+        "\nA member away: after the shipped column, `b` was stopped (SIGSTOP) for {} s while the open loop ran at the leader at {:.0} pairs/s: {}; \
+         the leader {} naming `b` in sync. Resumed (SIGCONT), `b` was named in sync again {:.1} s later; \
+         the leader sent {:.0} whole tables meanwhile (0: `b` caught up from the change log), and `b`'s largest delta carried ≤ {:.0} changes (a bucket bound).",
+        ab.away.as_secs(),
+        r.rate,
+        figures(&ab.open),
+        if ab.dropped { "had stopped" } else { "had not stopped" },
+        ab.back_in.as_secs_f64(),
+        ab.wholes,
+        ab.behind,
     );
     out
 }

@@ -42,6 +42,9 @@ pub(super) struct Log {
     /// made in each millisecond and that millisecond (Unix, the leader's
     /// clock), so a member's answer can say how old its oldest change is.
     marks: VecDeque<(u64, u64)>,
+    /// Whether marks went for room since the log started or restarted:
+    /// a version before the oldest mark is then older than it.
+    marks_trimmed: bool,
 }
 
 /// Milliseconds the marks keep: 8,192 of 16 bytes (128 KiB), at least
@@ -61,6 +64,7 @@ impl Log {
             floor: 0,
             cap: cap.max(1),
             marks: VecDeque::new(),
+            marks_trimmed: false,
         }
     }
 
@@ -85,6 +89,7 @@ impl Log {
     pub(super) fn restart(&mut self, version: u64) {
         self.entries.clear();
         self.marks.clear();
+        self.marks_trimmed = false;
         self.floor = version;
     }
 
@@ -97,16 +102,24 @@ impl Log {
         }
         if self.marks.len() >= MAX_MARKS {
             self.marks.pop_front();
+            self.marks_trimmed = true;
         }
         self.marks.push_back((version, ms));
     }
 
     /// When change `version` was made (Unix ms, at most a millisecond
-    /// early); `None` when the marks no longer reach back to it.
+    /// early). Older than the marks reach (more than [`MAX_MARKS`]
+    /// milliseconds with changes ago): the oldest mark's, so a copy that
+    /// was away long counts as at least that far behind instead of not at
+    /// all. `None` before the first mark since the log started or
+    /// restarted: nothing dates it.
     pub(super) fn made_at(&self, version: u64) -> Option<u64> {
         let after = self.marks.partition_point(|&(v, _)| v <= version);
-        let (_, ms) = *self.marks.get(after.checked_sub(1)?)?;
-        Some(ms)
+        match after.checked_sub(1) {
+            Some(i) => self.marks.get(i).map(|&(_, ms)| ms),
+            None if self.marks_trimmed => self.marks.front().map(|&(_, ms)| ms),
+            None => None,
+        }
     }
 
     /// What changed after version `after`, when the log holds all of it.
@@ -178,6 +191,22 @@ mod tests {
             None,
             "a whole table taken in dates nothing before it"
         );
+    }
+
+    #[test]
+    fn a_change_older_than_the_marks_is_dated_by_the_oldest() {
+        let mut log = Log::with_cap(2 * MAX_MARKS);
+        let first = 1_000_000;
+        for i in 0..=MAX_MARKS as u64 {
+            let v = log.push(lease(1));
+            log.stamp(v, first + i);
+        }
+        // Version 1's mark (ms `first`) went; the oldest kept is the next.
+        assert_eq!(log.made_at(1), Some(first + 1));
+        assert_eq!(log.made_at(2), Some(first + 1));
+        assert_eq!(log.made_at(3), Some(first + 2));
+        log.restart(log.version());
+        assert_eq!(log.made_at(1), None, "a restart forgets the trimming too");
     }
 
     #[test]
