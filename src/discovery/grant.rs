@@ -48,9 +48,9 @@ pub(super) async fn transact(
     match s.leases.acquire_among(&members, &req) {
         Ok(lease) => {
             super::pools::asked(s, &filter, &client_name, None);
-            if let Some(k) = request_key {
+            if let Some((k, nonce)) = request_key.zip(s.leases.nonce_of(&lease.id)) {
                 let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
-                r.put(client_name, k, lease.id.clone(), std::time::Instant::now());
+                r.put(&client_name, k, nonce, std::time::Instant::now());
             }
             granted(s, &listing, lease, forwarded).await
         }
@@ -128,11 +128,13 @@ pub(super) fn unconfirmed(message: &str) -> ApiError {
 }
 
 fn granted_before(s: &ApiState, client: &std::sync::Arc<str>, key: &str) -> Option<Lease> {
-    let id = {
+    let nonce = {
         let mut r = s.replays.lock().unwrap_or_else(|p| p.into_inner());
-        r.get(client, key, std::time::Instant::now())?.clone()
+        r.get(client, key, std::time::Instant::now())?
     };
-    s.leases.get(&id).filter(|l| &l.client == client)
+    s.leases
+        .get_by_nonce(&nonce)
+        .filter(|l| &l.client == client)
 }
 
 /// 201 with `lease`, on a proxy of `listing`.

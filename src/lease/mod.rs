@@ -347,11 +347,22 @@ impl LeaseStore {
 
     /// A live lease.
     pub fn get(&self, id: &str) -> Option<Lease> {
-        let slot = self.slot(id)?;
+        self.get_by_nonce(&self.slot(id)?)
+    }
+
+    /// The nonce of the lease `id` names, when this store's key signed it:
+    /// 16 bytes to remember a lease by (`replica::replay`) instead of its
+    /// id of some 125.
+    pub fn nonce_of(&self, id: &str) -> Option<[u8; signed::NONCE_LEN]> {
+        self.slot(id)
+    }
+
+    /// [`LeaseStore::get`] by the lease's nonce ([`LeaseStore::nonce_of`]).
+    pub fn get_by_nonce(&self, nonce: &[u8; signed::NONCE_LEN]) -> Option<Lease> {
         let now = self.clock.now();
         let mut st = self.lock();
         st.expire_leases(now);
-        let held = st.held(&slot)?;
+        let held = st.held(nonce)?;
         drop(st);
         Some(self.answer(held))
     }
