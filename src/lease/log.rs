@@ -42,9 +42,6 @@ pub(super) struct Log {
     /// made in each millisecond and that millisecond (Unix, the leader's
     /// clock), so a member's answer can say how old its oldest change is.
     marks: VecDeque<(u64, u64)>,
-    /// Whether marks went for room since the log started or restarted:
-    /// a version before the oldest mark is then older than it.
-    marks_trimmed: bool,
 }
 
 /// Milliseconds the marks keep: 8,192 of 16 bytes (128 KiB), at least
@@ -64,7 +61,6 @@ impl Log {
             floor: 0,
             cap: cap.max(1),
             marks: VecDeque::new(),
-            marks_trimmed: false,
         }
     }
 
@@ -89,7 +85,6 @@ impl Log {
     pub(super) fn restart(&mut self, version: u64) {
         self.entries.clear();
         self.marks.clear();
-        self.marks_trimmed = false;
         self.floor = version;
     }
 
@@ -102,7 +97,6 @@ impl Log {
         }
         if self.marks.len() >= MAX_MARKS {
             self.marks.pop_front();
-            self.marks_trimmed = true;
         }
         self.marks.push_back((version, ms));
     }
@@ -117,7 +111,9 @@ impl Log {
         let after = self.marks.partition_point(|&(v, _)| v <= version);
         match after.checked_sub(1) {
             Some(i) => self.marks.get(i).map(|&(_, ms)| ms),
-            None if self.marks_trimmed => self.marks.front().map(|&(_, ms)| ms),
+            // Full, the marks lost their oldest for room (they stay full
+            // until a restart clears them): the version is older still.
+            None if self.marks.len() >= MAX_MARKS => self.marks.front().map(|&(_, ms)| ms),
             None => None,
         }
     }
